@@ -1,0 +1,177 @@
+//! The `weir` command: admin commands over metad's gRPC admin API, and `weir dev`.
+
+mod dev;
+mod output;
+
+use clap::{Parser, Subcommand};
+use std::time::Duration;
+use weir_metad::client::MetadClient;
+use weir_metad::model::{Command, CordonBy, Proposer, StreamConfig};
+
+#[derive(Parser)]
+#[command(name = "weir", version, about = "Weir: durable streams on object storage")]
+struct Cli {
+    /// metad replicas to talk to, comma-separated HOST:PORT.
+    #[arg(long, env = "WEIR_METAD", default_value = "127.0.0.1:7400", global = true)]
+    metad: String,
+
+    /// Print JSON instead of tables.
+    #[arg(long, env = "WEIR_JSON", global = true)]
+    json: bool,
+
+    /// Seconds to wait for an answer.
+    #[arg(long, env = "WEIR_TIMEOUT_SEC", default_value_t = 10, global = true)]
+    timeout_sec: u64,
+
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run Weir on local disk in one process (the metadata service for now).
+    Dev(dev::DevArgs),
+    /// Registered nodes.
+    Nodes {
+        #[command(subcommand)]
+        action: NodesCmd,
+    },
+    /// Streams and their owners.
+    Streams {
+        #[command(subcommand)]
+        action: ListCmd,
+    },
+    /// Kafka topics.
+    Topics {
+        #[command(subcommand)]
+        action: TopicsCmd,
+    },
+    /// The metadata log.
+    Metadata {
+        #[command(subcommand)]
+        action: MetadataCmd,
+    },
+    /// Raft status of the replica that answers.
+    Status,
+}
+
+#[derive(Subcommand)]
+enum NodesCmd {
+    List,
+    /// Stop placing streams on NODE (an operator cordon survives restarts).
+    Cordon {
+        node: String,
+    },
+    /// Remove an operator cordon from NODE.
+    Uncordon {
+        node: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ListCmd {
+    List,
+}
+
+#[derive(Subcommand)]
+enum TopicsCmd {
+    List,
+    Create {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+    },
+    Delete {
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum MetadataCmd {
+    /// Applied log entries with index, command and outcome.
+    Dump {
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        #[arg(long, default_value_t = 1000)]
+        limit: u64,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("weir: cannot start the async runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weir: {e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Cmd::Dev(args) = cli.command {
+        return dev::run(args).await;
+    }
+    let addrs: Vec<String> = cli
+        .metad
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let client = MetadClient::new(&addrs, Duration::from_secs(cli.timeout_sec))?;
+    let operator = Proposer::Operator {
+        principal: std::env::var("USER").unwrap_or_else(|_| "cli".into()),
+    };
+    let out = output::Output { json: cli.json };
+    match cli.command {
+        Cmd::Dev(_) => unreachable!("handled above"),
+        Cmd::Status => out.value(&client.admin("status", 0, 0).await?),
+        Cmd::Nodes { action: NodesCmd::List } => out.nodes(&client.admin("nodes", 0, 0).await?),
+        Cmd::Nodes {
+            action: NodesCmd::Cordon { node },
+        } => {
+            let cmd = Command::Cordon {
+                node: weir_shared::ids::NodeId::new(node),
+                by: CordonBy::Operator,
+            };
+            out.outcome(client.propose(&operator, cmd).await?)?
+        }
+        Cmd::Nodes {
+            action: NodesCmd::Uncordon { node },
+        } => {
+            let cmd = Command::Uncordon {
+                node: weir_shared::ids::NodeId::new(node),
+                by: CordonBy::Operator,
+            };
+            out.outcome(client.propose(&operator, cmd).await?)?
+        }
+        Cmd::Streams { action: ListCmd::List } => out.streams(&client.admin("streams", 0, 0).await?),
+        Cmd::Topics {
+            action: TopicsCmd::List,
+        } => out.value(&client.admin("topics", 0, 0).await?),
+        Cmd::Topics {
+            action: TopicsCmd::Create { name, partitions },
+        } => {
+            let cmd = Command::CreateTopic {
+                name,
+                partitions,
+                config: StreamConfig::default(),
+            };
+            out.outcome(client.propose(&operator, cmd).await?)?
+        }
+        Cmd::Topics {
+            action: TopicsCmd::Delete { name },
+        } => out.outcome(client.propose(&operator, Command::DeleteTopic { name }).await?)?,
+        Cmd::Metadata {
+            action: MetadataCmd::Dump { from, limit },
+        } => out.log(&client.admin("log", from, limit).await?),
+    }
+    Ok(())
+}

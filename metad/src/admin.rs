@@ -1,0 +1,125 @@
+//! Operator views of the metadata state, shared by the admin gRPC service and admin HTTP.
+
+use crate::leader::current_leader;
+use crate::model::rows::streams_per_owner;
+use crate::model::State;
+use crate::raft_types::Raft;
+use crate::store::StateMachineStore;
+use serde_json::{json, Value};
+use tonic::{Request, Response, Status};
+use weir_proto::metad::admin_server::Admin;
+use weir_proto::metad::{AdminReply, AdminRequest};
+
+/// Most history entries one dump returns.
+pub const MAX_DUMP: u64 = 10_000;
+
+/// OBS-5: every registered node with its epoch, heartbeats, flags and owned-stream count.
+pub fn nodes_json(state: &State) -> Value {
+    let owned = streams_per_owner(&state.streams);
+    let nodes: Vec<Value> = state
+        .nodes
+        .values()
+        .map(|n| {
+            json!({
+                "node_id": n.id,
+                "kind": n.kind,
+                "epoch": n.epoch,
+                "heartbeats": n.heartbeats,
+                "fenced": n.fenced,
+                "terminating": n.terminating,
+                "cordoned": n.cordon.is_some(),
+                "cordoned_by": n.cordon,
+                "streams": owned.get(&n.id).copied().unwrap_or(0),
+                "addrs": n.addrs,
+                "registered_index": n.registered_index,
+                "last_heartbeat_index": n.last_heartbeat_index,
+                "fenced_index": n.fenced_index,
+            })
+        })
+        .collect();
+    json!({ "applied_index": state.applied_index, "nodes": nodes })
+}
+
+/// The whole state, with token secrets' hashes left out.
+pub fn state_json(state: &State) -> Value {
+    let mut state = state.clone();
+    for token in state.tokens.values_mut() {
+        token.secret_sha256 = "<redacted>".into();
+    }
+    serde_json::to_value(&state).unwrap_or(Value::Null)
+}
+
+/// One section of the state by name.
+pub fn section_json(state: &State, what: &str) -> Option<Value> {
+    let redacted = state_json(state);
+    Some(match what {
+        "nodes" => nodes_json(state),
+        "state" => redacted,
+        "streams" | "topics" | "leases" | "tokens" | "takeovers" | "objects" => json!({
+            "applied_index": state.applied_index,
+            what: redacted.get(what).cloned().unwrap_or(Value::Null),
+        }),
+        "settings" => json!({ "applied_index": state.applied_index, "settings": state.settings }),
+        _ => return None,
+    })
+}
+
+/// Raft's view of this replica.
+pub fn status_json(raft: &Raft) -> Value {
+    let m = raft.metrics().borrow().clone();
+    json!({
+        "id": m.id,
+        "state": format!("{:?}", m.state),
+        "current_term": m.current_term,
+        "current_leader": m.current_leader,
+        "leader_addr": current_leader(raft).map(|(_, a)| a),
+        "last_log_index": m.last_log_index,
+        "last_applied": m.last_applied.map(|l| l.index),
+        "snapshot": m.snapshot.map(|l| l.index),
+        "purged": m.purged.map(|l| l.index),
+        "voters": m.membership_config.membership().voter_ids().collect::<Vec<_>>(),
+    })
+}
+
+/// The applied-command history from `from`, at most `limit` entries.
+pub fn log_json(sm: &StateMachineStore, from: u64, limit: u64) -> Result<Value, String> {
+    let limit = limit.clamp(1, MAX_DUMP) as usize;
+    let entries = sm.history(from, limit).map_err(|e| e.to_string())?;
+    Ok(json!({ "entries": entries }))
+}
+
+/// The admin gRPC service.
+pub struct AdminService {
+    raft: Raft,
+    sm: StateMachineStore,
+}
+
+impl AdminService {
+    pub fn new(raft: Raft, sm: StateMachineStore) -> Self {
+        Self { raft, sm }
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn query(&self, req: Request<AdminRequest>) -> Result<Response<AdminReply>, Status> {
+        let req = req.into_inner();
+        let value = match req.what.as_str() {
+            "status" => status_json(&self.raft),
+            "log" => log_json(&self.sm, req.from_index, if req.limit == 0 { 1000 } else { req.limit })
+                .map_err(Status::internal)?,
+            what => self
+                .sm
+                .hub()
+                .with_state(|s| section_json(s, what))
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "unknown query '{what}'; use status, nodes, streams, topics, leases, tokens, takeovers, objects, settings, state or log"
+                    ))
+                })?,
+        };
+        Ok(Response::new(AdminReply {
+            json: serde_json::to_vec(&value).map_err(|e| Status::internal(e.to_string()))?,
+        }))
+    }
+}

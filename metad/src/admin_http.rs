@@ -1,0 +1,107 @@
+//! Admin HTTP on each replica: `/livez`, `/readyz`, `/ready`, `/admin/nodes`,
+//! `/admin/metadata/log`, `/admin/state/{section}`, `/metrics`.
+
+use crate::admin::{log_json, nodes_json, section_json, status_json};
+use crate::leader::current_leader;
+use crate::raft_types::Raft;
+use crate::store::StateMachineStore;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+#[derive(Clone)]
+struct AdminState {
+    raft: Raft,
+    sm: StateMachineStore,
+    node_id: u64,
+}
+
+/// The admin router for one replica.
+pub fn router(raft: Raft, sm: StateMachineStore, node_id: u64) -> Router {
+    Router::new()
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/ready", get(ready))
+        .route("/admin/nodes", get(nodes))
+        .route("/admin/status", get(status))
+        .route("/admin/metadata/log", get(log))
+        .route("/admin/state/{section}", get(section))
+        .route("/metrics", get(weir_shared::metrics::metrics_handler))
+        .with_state(AdminState { raft, sm, node_id })
+}
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": code, "message": message.into() }))).into_response()
+}
+
+/// A replica is ready once it knows a leader (D-2: for metad, readiness means that).
+fn is_ready(s: &AdminState) -> bool {
+    current_leader(&s.raft).is_some()
+}
+
+async fn readyz(State(s): State<AdminState>) -> StatusCode {
+    if is_ready(&s) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn ready(State(s): State<AdminState>) -> Response {
+    let ready = is_ready(&s);
+    let body = json!({
+        "ready": ready,
+        "node_id": format!("metad-{}", s.node_id),
+        "leader": current_leader(&s.raft).map(|(id, _)| id),
+        "applied_index": s.sm.hub().applied_index(),
+        "fenced": false,
+        "terminating": false,
+        "caught_up": ready,
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+async fn nodes(State(s): State<AdminState>) -> Response {
+    Json(s.sm.hub().with_state(nodes_json)).into_response()
+}
+
+async fn status(State(s): State<AdminState>) -> Response {
+    Json(status_json(&s.raft)).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogParams {
+    from: Option<u64>,
+    limit: Option<u64>,
+}
+
+async fn log(
+    State(s): State<AdminState>,
+    params: Result<Query<LogParams>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Query(params) = match params {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()),
+    };
+    match log_json(&s.sm, params.from.unwrap_or(0), params.limit.unwrap_or(1000)) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+    }
+}
+
+async fn section(State(s): State<AdminState>, Path(what): Path<String>) -> Response {
+    match s.sm.hub().with_state(|st| section_json(st, &what)) {
+        Some(v) => Json(v).into_response(),
+        None => error(StatusCode::NOT_FOUND, "not_found", format!("no state section '{what}'")),
+    }
+}

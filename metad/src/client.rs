@@ -1,0 +1,148 @@
+//! A client of the metadata log for streamd, gatewayd, the CLI and tests: propose,
+//! linearizable read, watch and admin queries against any replica of a list.
+
+use crate::model::codec;
+use crate::model::command::{Command, Outcome, Proposal, Proposer};
+use crate::network::channel;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tonic::transport::Channel;
+use weir_proto::metad::admin_client::AdminClient;
+use weir_proto::metad::metad_client::MetadClient as GrpcMetadClient;
+use weir_proto::metad::{AdminRequest, LinearizableReadRequest, ProposeRequest, WatchEvent, WatchRequest};
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No replica answered, or none had a quorum; retry later. A proposal's outcome is unknown.
+    #[error("metadata log unavailable: {0}")]
+    Unavailable(String),
+    /// The request itself was refused.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// A reply could not be decoded.
+    #[error("malformed reply: {0}")]
+    Malformed(String),
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(s: tonic::Status) -> Self {
+        match s.code() {
+            tonic::Code::InvalidArgument => ClientError::Invalid(s.message().to_string()),
+            _ => ClientError::Unavailable(format!("{}: {}", s.code(), s.message())),
+        }
+    }
+}
+
+/// Talks to whichever replica of `addrs` answers, starting with the last that did.
+pub struct MetadClient {
+    channels: Vec<(String, Channel)>,
+    preferred: AtomicUsize,
+    timeout: Duration,
+}
+
+impl MetadClient {
+    /// A client of the replicas at `addrs` (`host:port`); calls give up after `timeout`.
+    pub fn new(addrs: &[String], timeout: Duration) -> Result<Self, ClientError> {
+        if addrs.is_empty() {
+            return Err(ClientError::Invalid("no metad address given".into()));
+        }
+        let channels = addrs
+            .iter()
+            .map(|a| {
+                channel(a)
+                    .map(|c| (a.clone(), c))
+                    .map_err(|e| ClientError::Invalid(format!("metad address '{a}': {e}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            channels,
+            preferred: AtomicUsize::new(0),
+            timeout,
+        })
+    }
+
+    /// Tries each replica once, from the preferred one, until one answers other than `unavailable`.
+    async fn each<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let start = self.preferred.load(Ordering::Relaxed);
+        let mut last = ClientError::Unavailable("no replica tried".into());
+        for i in 0..self.channels.len() {
+            let idx = (start + i) % self.channels.len();
+            let (addr, ch) = &self.channels[idx];
+            match tokio::time::timeout(self.timeout, call(ch.clone())).await {
+                Ok(Ok(v)) => {
+                    self.preferred.store(idx, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => return Err(status.into()),
+                Ok(Err(status)) => last = ClientError::Unavailable(format!("{addr}: {}", status.message())),
+                Err(_) => last = ClientError::Unavailable(format!("{addr}: no answer within {:?}", self.timeout)),
+            }
+        }
+        Err(last)
+    }
+
+    /// Proposes `command` as `proposer`; returns the applied index and the outcome.
+    pub async fn propose(&self, proposer: &Proposer, command: Command) -> Result<(u64, Outcome), ClientError> {
+        let bytes = codec::encode(&Proposal {
+            proposer: proposer.clone(),
+            command,
+        });
+        let reply = self
+            .each(|ch| {
+                let bytes = bytes.clone();
+                async move {
+                    GrpcMetadClient::new(ch)
+                        .propose(ProposeRequest { command: bytes })
+                        .await
+                }
+            })
+            .await?
+            .into_inner();
+        let outcome = codec::decode(&reply.outcome).map_err(|e| ClientError::Malformed(e.to_string()))?;
+        Ok((reply.log_index, outcome))
+    }
+
+    /// An index the leader confirmed committed with a quorum.
+    pub async fn linearizable_read(&self) -> Result<u64, ClientError> {
+        let reply = self
+            .each(|ch| async move {
+                GrpcMetadClient::new(ch)
+                    .linearizable_read(LinearizableReadRequest {})
+                    .await
+            })
+            .await?;
+        Ok(reply.into_inner().committed_index)
+    }
+
+    /// Opens a watch on some replica, resuming after `after_index` when given.
+    pub async fn watch(&self, after_index: Option<u64>) -> Result<tonic::Streaming<WatchEvent>, ClientError> {
+        let reply = self
+            .each(|ch| async move { GrpcMetadClient::new(ch).watch(WatchRequest { after_index }).await })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// An admin query (`nodes`, `streams`, `log`, ...) answered by some replica.
+    pub async fn admin(&self, what: &str, from_index: u64, limit: u64) -> Result<serde_json::Value, ClientError> {
+        let reply = self
+            .each(|ch| {
+                let what = what.to_string();
+                async move {
+                    AdminClient::new(ch)
+                        .query(AdminRequest {
+                            what,
+                            from_index,
+                            limit,
+                        })
+                        .await
+                }
+            })
+            .await?;
+        serde_json::from_slice(&reply.into_inner().json).map_err(|e| ClientError::Malformed(e.to_string()))
+    }
+}

@@ -1,0 +1,215 @@
+//! The metadata log's client API: propose, linearizable read, and watch.
+
+use crate::leader::{current_leader, PeerChannels, FORWARDED};
+use crate::metrics::metrics;
+use crate::model::codec;
+use crate::model::command::Proposal;
+use crate::raft_types::Raft;
+use crate::store::{ViewHub, WatchItem};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::{Request, Response, Status};
+use weir_proto::metad::metad_client::MetadClient;
+use weir_proto::metad::metad_server::Metad;
+use weir_proto::metad::{
+    watch_event, LinearizableReadReply, LinearizableReadRequest, ProposeReply, ProposeRequest, WatchEvent, WatchRequest,
+};
+
+/// Serves the client API from one replica.
+pub struct ClientService {
+    raft: Raft,
+    hub: Arc<ViewHub>,
+    peers: Arc<PeerChannels>,
+    /// Bound on a proposal or read, after which the caller gets a retryable `unavailable`.
+    timeout: Duration,
+    tasks: TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl ClientService {
+    pub fn new(
+        raft: Raft,
+        hub: Arc<ViewHub>,
+        peers: Arc<PeerChannels>,
+        timeout: Duration,
+        tasks: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            raft,
+            hub,
+            peers,
+            timeout,
+            tasks,
+            cancel,
+        }
+    }
+
+    /// The leader's client, unless this call was already forwarded or no leader is known.
+    fn leader_client(&self, forwarded: bool) -> Result<MetadClient<tonic::transport::Channel>, Status> {
+        if forwarded {
+            return Err(Status::unavailable("metadata leader changed while forwarding; retry"));
+        }
+        let (_, addr) =
+            current_leader(&self.raft).ok_or_else(|| Status::unavailable("no metadata leader is known; retry"))?;
+        Ok(MetadClient::new(self.peers.get(&addr)?))
+    }
+}
+
+fn forwarded<T>(req: &Request<T>) -> bool {
+    req.metadata().contains_key(FORWARDED)
+}
+
+fn mark_forwarded<T>(inner: T, timeout: Duration) -> Request<T> {
+    let mut req = Request::new(inner);
+    req.metadata_mut()
+        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    req.set_timeout(timeout);
+    req
+}
+
+#[tonic::async_trait]
+impl Metad for ClientService {
+    async fn propose(&self, req: Request<ProposeRequest>) -> Result<Response<ProposeReply>, Status> {
+        let was_forwarded = forwarded(&req);
+        let inner = req.into_inner();
+        let proposal: Proposal =
+            codec::decode(&inner.command).map_err(|e| Status::invalid_argument(format!("malformed command: {e}")))?;
+        let result = tokio::time::timeout(self.timeout, self.raft.client_write(proposal)).await;
+        match result {
+            Err(_) => {
+                metrics().proposals.with_label_values(&["unavailable"]).inc();
+                Err(Status::unavailable(format!(
+                    "proposal not committed within {:?}: no metadata quorum; retry",
+                    self.timeout
+                )))
+            }
+            Ok(Ok(resp)) => {
+                let result = if resp.data.is_ok() { "applied" } else { "rejected" };
+                metrics().proposals.with_label_values(&[result]).inc();
+                Ok(Response::new(ProposeReply {
+                    log_index: resp.log_id.index,
+                    outcome: codec::encode(&resp.data),
+                }))
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
+                metrics().proposals.with_label_values(&["forwarded"]).inc();
+                let mut client = self.leader_client(was_forwarded)?;
+                client.propose(mark_forwarded(inner, self.timeout)).await
+            }
+            Ok(Err(e)) => {
+                metrics().proposals.with_label_values(&["unavailable"]).inc();
+                Err(Status::unavailable(format!("metadata log unavailable: {e}")))
+            }
+        }
+    }
+
+    async fn linearizable_read(
+        &self,
+        req: Request<LinearizableReadRequest>,
+    ) -> Result<Response<LinearizableReadReply>, Status> {
+        let was_forwarded = forwarded(&req);
+        let result = tokio::time::timeout(self.timeout, self.raft.ensure_linearizable()).await;
+        match result {
+            Err(_) => Err(Status::unavailable(format!(
+                "leadership not confirmed within {:?}: no metadata quorum; retry",
+                self.timeout
+            ))),
+            Ok(Ok(log_id)) => Ok(Response::new(LinearizableReadReply {
+                committed_index: log_id.map_or(0, |l| l.index),
+            })),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
+                let mut client = self.leader_client(was_forwarded)?;
+                client
+                    .linearizable_read(mark_forwarded(LinearizableReadRequest {}, self.timeout))
+                    .await
+            }
+            Ok(Err(e)) => Err(Status::unavailable(format!("metadata log unavailable: {e}"))),
+        }
+    }
+
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+    async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let after = req.into_inner().after_index;
+        let (tx, rx) = mpsc::channel(256);
+        let hub = self.hub.clone();
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(async move {
+            let watchers = &metrics().watchers;
+            watchers.inc();
+            tokio::select! {
+                _ = feed_watcher(hub, after, &tx) => {}
+                _ = cancel.cancelled() => {
+                    let _ = tx.send(Err(Status::unavailable("metad is shutting down"))).await;
+                }
+            }
+            watchers.dec();
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Sends a watcher a snapshot or backlog, then every delta in order, starting over
+/// from a snapshot when it lags too far or the state is replaced.
+async fn feed_watcher(hub: Arc<ViewHub>, after: Option<u64>, tx: &mpsc::Sender<Result<WatchEvent, Status>>) {
+    let mut last = after;
+    loop {
+        let start = hub.subscribe(last);
+        let mut rx = start.rx;
+        if let Some(state) = start.snapshot {
+            let index = state.applied_index;
+            let event = WatchEvent {
+                index,
+                kind: Some(watch_event::Kind::Snapshot(codec::encode(&state))),
+            };
+            if tx.send(Ok(event)).await.is_err() {
+                return;
+            }
+            last = Some(index);
+        }
+        for delta in start.backlog {
+            if !send_delta(tx, &delta, &mut last).await {
+                return;
+            }
+        }
+        loop {
+            match rx.recv().await {
+                Ok(WatchItem::Delta(delta)) => {
+                    if !send_delta(tx, &delta, &mut last).await {
+                        return;
+                    }
+                }
+                Ok(WatchItem::Reset) => {
+                    last = None;
+                    break;
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => break,
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+}
+
+async fn send_delta(
+    tx: &mpsc::Sender<Result<WatchEvent, Status>>,
+    delta: &crate::model::Delta,
+    last: &mut Option<u64>,
+) -> bool {
+    if last.is_some_and(|l| delta.index <= l) {
+        return true;
+    }
+    let event = WatchEvent {
+        index: delta.index,
+        kind: Some(watch_event::Kind::Delta(codec::encode(delta))),
+    };
+    *last = Some(delta.index);
+    tx.send(Ok(event)).await.is_ok()
+}

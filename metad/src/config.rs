@@ -1,0 +1,121 @@
+//! metad's command-line flags; every flag also reads `WEIR_<FLAG>`.
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use weir_shared::config::{parse_peer_list, ConfigError, HeartbeatArgs, TelemetryArgs};
+
+/// A metadata replica: Raft log and state machine in RocksDB, client, admin and Raft gRPC.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "metad", version, about)]
+pub struct MetadArgs {
+    /// This replica's numeric Raft id (1, 2, 3, ...).
+    #[arg(long, env = "WEIR_ID")]
+    pub id: u64,
+
+    /// gRPC address to listen on (Raft, client and admin APIs).
+    #[arg(long, env = "WEIR_LISTEN", default_value = "127.0.0.1:7400")]
+    pub listen: SocketAddr,
+
+    /// Address peers and clients reach this replica at; defaults to its entry in --peers, else --listen.
+    #[arg(long, env = "WEIR_ADVERTISE")]
+    pub advertise: Option<String>,
+
+    /// HTTP address for health, admin and metrics.
+    #[arg(long, env = "WEIR_HTTP_LISTEN", default_value = "127.0.0.1:7480")]
+    pub http_listen: SocketAddr,
+
+    /// The initial replicas as ID=HOST:PORT,... Used once, to bootstrap; a restarted
+    /// replica finds its peers in its stored membership (RR-FEN-9). Empty: a single replica.
+    #[arg(long, env = "WEIR_PEERS", default_value = "")]
+    pub peers: String,
+
+    /// Directory of the RocksDB store.
+    #[arg(long, env = "WEIR_DATA_DIR", default_value = "./metad-data")]
+    pub data_dir: PathBuf,
+
+    #[command(flatten)]
+    pub heartbeat: HeartbeatArgs,
+
+    /// Milliseconds a proposal or linearizable read may take before it fails as `unavailable`.
+    #[arg(long, env = "WEIR_PROPOSE_TIMEOUT_MS", default_value_t = 5000)]
+    pub propose_timeout_ms: u64,
+
+    /// Raft heartbeat period in milliseconds; elections start after 5 to 10 of them are missed.
+    #[arg(long, env = "WEIR_RAFT_HEARTBEAT_MS", default_value_t = 200)]
+    pub raft_heartbeat_ms: u64,
+
+    /// Log entries since the last snapshot that trigger a new one.
+    #[arg(long, env = "WEIR_SNAPSHOT_LOGS", default_value_t = 10_000)]
+    pub snapshot_logs: u64,
+
+    /// Place closed streams without a live owner on the least loaded streamd (the leader does).
+    #[arg(long, env = "WEIR_AUTO_PLACE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub auto_place: bool,
+
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+/// Validated settings derived from [`MetadArgs`].
+#[derive(Clone, Debug)]
+pub struct MetadConfig {
+    pub args: MetadArgs,
+    /// Initial voters, this replica included.
+    pub peers: Vec<(u64, String)>,
+    pub advertise: String,
+}
+
+impl MetadArgs {
+    /// Validates once at startup; errors name the flag.
+    pub fn validate(self) -> Result<MetadConfig, ConfigError> {
+        if self.id == 0 {
+            return Err(ConfigError::new("--id must be at least 1"));
+        }
+        self.heartbeat.validate()?;
+        self.telemetry.validate()?;
+        if self.propose_timeout_ms == 0 {
+            return Err(ConfigError::new("--propose-timeout-ms must be at least 1"));
+        }
+        if self.raft_heartbeat_ms < 10 {
+            return Err(ConfigError::new("--raft-heartbeat-ms must be at least 10"));
+        }
+        if self.snapshot_logs < 10 {
+            return Err(ConfigError::new("--snapshot-logs must be at least 10"));
+        }
+        let mut peers = parse_peer_list("--peers", &self.peers)?;
+        let advertise = match (&self.advertise, peers.iter().find(|(id, _)| *id == self.id)) {
+            (Some(a), _) => a.clone(),
+            (None, Some((_, a))) => a.clone(),
+            (None, None) => {
+                if self.listen.ip().is_unspecified() {
+                    return Err(ConfigError::new(format!(
+                        "--listen {} is a wildcard address; set --advertise to the address peers reach",
+                        self.listen
+                    )));
+                }
+                self.listen.to_string()
+            }
+        };
+        if !peers.iter().any(|(id, _)| *id == self.id) {
+            if !peers.is_empty() {
+                return Err(ConfigError::new(format!(
+                    "--peers does not list this replica's --id {}",
+                    self.id
+                )));
+            }
+            peers.push((self.id, advertise.clone()));
+        }
+        if peers.len() % 2 == 0 {
+            return Err(ConfigError::new(format!(
+                "--peers lists {} replicas; use an odd number (1, 3 or 5) so a majority survives a failure",
+                peers.len()
+            )));
+        }
+        Ok(MetadConfig {
+            args: self,
+            peers,
+            advertise,
+        })
+    }
+}

@@ -1,0 +1,42 @@
+//! Finding the Raft leader's address and forwarding calls to it, so any replica
+//! can serve the client API.
+
+use crate::network::channel;
+use crate::raft_types::Raft;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use tonic::transport::Channel;
+
+/// gRPC metadata key marking a call already forwarded once; a forwarded call is never
+/// forwarded again, so a stale leader hint cannot make calls bounce.
+pub const FORWARDED: &str = "x-weir-forwarded";
+
+/// Channels to the replicas, by address.
+#[derive(Default)]
+pub struct PeerChannels {
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl PeerChannels {
+    pub fn get(&self, addr: &str) -> Result<Channel, tonic::Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = channels.get(addr) {
+            return Ok(c.clone());
+        }
+        let c = channel(addr).map_err(|e| tonic::Status::unavailable(format!("bad leader address '{addr}': {e}")))?;
+        channels.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+}
+
+/// The current leader's id and address, as this replica knows them.
+pub fn current_leader(raft: &Raft) -> Option<(u64, String)> {
+    let metrics = raft.metrics().borrow().clone();
+    let leader = metrics.current_leader?;
+    let addr = metrics
+        .membership_config
+        .membership()
+        .get_node(&leader)
+        .map(|n| n.addr.clone())?;
+    Some((leader, addr))
+}

@@ -1,0 +1,59 @@
+//! metad's Prometheus metrics, served at `/metrics` on the admin HTTP port.
+
+use prometheus::{IntCounterVec, IntGauge, Opts};
+use std::sync::OnceLock;
+
+/// The metrics of one process (tests embed several replicas; they share these).
+pub struct MetadMetrics {
+    /// Proposals answered through the client API, by result (`applied`, `rejected`, `forwarded`, `unavailable`).
+    pub proposals: IntCounterVec,
+    pub raft_term: IntGauge,
+    pub raft_last_log_index: IntGauge,
+    pub raft_applied_index: IntGauge,
+    /// 1 while this replica is the Raft leader.
+    pub raft_is_leader: IntGauge,
+    /// Open watch streams.
+    pub watchers: IntGauge,
+}
+
+pub fn metrics() -> &'static MetadMetrics {
+    static METRICS: OnceLock<MetadMetrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        use weir_shared::metrics::register;
+        let gauge = |name: &str, help: &str| register(IntGauge::new(name, help).expect("valid metric"));
+        MetadMetrics {
+            proposals: register(
+                IntCounterVec::new(
+                    Opts::new("metad_proposals_total", "Proposals answered by result"),
+                    &["result"],
+                )
+                .expect("valid metric"),
+            ),
+            raft_term: gauge("metad_raft_term", "Current Raft term"),
+            raft_last_log_index: gauge("metad_raft_last_log_index", "Last Raft log index"),
+            raft_applied_index: gauge("metad_raft_applied_index", "Last applied Raft log index"),
+            raft_is_leader: gauge("metad_raft_is_leader", "1 while this replica leads"),
+            watchers: gauge("metad_watchers", "Open watch streams"),
+        }
+    })
+}
+
+/// Mirrors Raft's metrics into the gauges until Raft stops.
+pub async fn follow_raft(raft: crate::raft_types::Raft, id: u64) {
+    let mut rx = raft.metrics();
+    loop {
+        {
+            let m = rx.borrow();
+            let metrics = metrics();
+            metrics.raft_term.set(m.current_term as i64);
+            metrics.raft_last_log_index.set(m.last_log_index.unwrap_or(0) as i64);
+            metrics
+                .raft_applied_index
+                .set(m.last_applied.map_or(0, |l| l.index) as i64);
+            metrics.raft_is_leader.set(i64::from(m.current_leader == Some(id)));
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}

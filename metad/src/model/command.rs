@@ -1,0 +1,263 @@
+//! Commands proposed to the metadata log, who proposes them, and what applying one yields.
+
+use super::rows::*;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use weir_shared::ids::{Epoch, Incarnation, NodeId, ObjectKey, Offset, StreamEpoch, StreamId};
+
+/// Who proposed a command. Node commands are checked against the proposer's
+/// incarnation at apply (FO-FEN-4, FO-FEN-5); operator commands carry the caller's identity.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Proposer {
+    Node(Incarnation),
+    Operator { principal: String },
+}
+
+impl fmt::Display for Proposer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Proposer::Node(i) => write!(f, "node {i}"),
+            Proposer::Operator { principal } => write!(f, "operator {principal}"),
+        }
+    }
+}
+
+/// One entry of the metadata log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub proposer: Proposer,
+    pub command: Command,
+}
+
+/// One committed-object range in a `CommitObjects`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitRange {
+    pub stream: StreamId,
+    /// The stream epoch the records were written at; must be the stream's current one.
+    pub stream_epoch: StreamEpoch,
+    pub start: Offset,
+    pub end: Offset,
+    pub pos: u64,
+    pub len: u64,
+    /// CRC-32C of the range's bytes, checked by readers.
+    pub crc: u32,
+}
+
+/// The commands of the metadata log. Variant and field names are stored format.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Command {
+    /// Fixes the cluster's heartbeat timing; applies once (FO-LIV-13, D-18).
+    InitCluster {
+        settings: ClusterSettings,
+    },
+    /// Registers a new incarnation of `node` at an epoch above every earlier one (FO-LIV-10).
+    RegisterNode {
+        node: NodeId,
+        kind: NodeKind,
+        addrs: NodeAddrs,
+        /// The registering node's timing; refused unless equal to the cluster's (FO-LIV-14).
+        heartbeat_interval_sec: u64,
+        node_timeout_sec: u64,
+    },
+    /// Increments the proposer's heartbeat count (FO-LIV-2).
+    Heartbeat,
+    /// Fences `node` at `epoch` only if its row still shows `seen_heartbeats` (FO-FEN-1, FO-FEN-2).
+    FenceNode {
+        node: NodeId,
+        epoch: Epoch,
+        seen_heartbeats: u64,
+    },
+    /// The proposer fences itself, unconditionally (FO-FEN-3).
+    FenceSelf,
+    /// The proposer is stopping (D-4).
+    MarkTerminating,
+    Cordon {
+        node: NodeId,
+        by: CordonBy,
+    },
+    /// Removes a cordon; `by` must match who set it unless the operator forces it.
+    Uncordon {
+        node: NodeId,
+        by: CordonBy,
+    },
+    CreateTopic {
+        name: String,
+        partitions: u32,
+        config: StreamConfig,
+    },
+    DeleteTopic {
+        name: String,
+    },
+    /// Grows a topic to `partitions` in all.
+    CreatePartitions {
+        name: String,
+        partitions: u32,
+    },
+    CreateStream {
+        name: String,
+        config: StreamConfig,
+    },
+    DeleteStream {
+        name: String,
+    },
+    /// Assigns a closed stream to a live node, which then opens it.
+    PlaceStream {
+        stream: StreamId,
+        node: NodeId,
+    },
+    /// The placed owner opens the stream at its epoch + 1 (INV-6).
+    OpenStream {
+        stream: StreamId,
+    },
+    /// The owner closes the stream after committing everything it acknowledged.
+    CloseStream {
+        stream: StreamId,
+        stream_epoch: StreamEpoch,
+    },
+    /// Makes an uploaded data object visible, from the owner at the current stream epoch,
+    /// each range starting exactly at the stream's committed end.
+    CommitObjects {
+        key: ObjectKey,
+        size: u64,
+        ranges: Vec<CommitRange>,
+    },
+    /// Takes lease `name` if its holder is still `expected` (compare-and-set).
+    AcquireLease {
+        name: String,
+        expected: Option<Incarnation>,
+    },
+    /// The holder renews its lease.
+    RenewLease {
+        name: String,
+    },
+    IssueToken {
+        name: String,
+        secret_sha256: String,
+        scopes: Vec<String>,
+    },
+    RevokeToken {
+        name: String,
+    },
+    /// Allocates `count` Kafka producer ids.
+    AllocateProducerIds {
+        count: u32,
+    },
+    /// Removes a deleted stream's row once its data is reclaimed.
+    DestroyStream {
+        stream: StreamId,
+    },
+    /// Records that `agent` recovers the WAL of the fenced or replaced `(node, epoch)`.
+    BeginTakeover {
+        node: NodeId,
+        epoch: Epoch,
+        agent: NodeId,
+    },
+    /// The agent has uploaded and committed every record of the taken-over WAL.
+    CompleteTakeover {
+        node: NodeId,
+        epoch: Epoch,
+    },
+}
+
+impl Command {
+    /// A short name for logs, metrics and the log dump.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::InitCluster { .. } => "init_cluster",
+            Command::RegisterNode { .. } => "register_node",
+            Command::Heartbeat => "heartbeat",
+            Command::FenceNode { .. } => "fence_node",
+            Command::FenceSelf => "fence_self",
+            Command::MarkTerminating => "mark_terminating",
+            Command::Cordon { .. } => "cordon",
+            Command::Uncordon { .. } => "uncordon",
+            Command::CreateTopic { .. } => "create_topic",
+            Command::DeleteTopic { .. } => "delete_topic",
+            Command::CreatePartitions { .. } => "create_partitions",
+            Command::CreateStream { .. } => "create_stream",
+            Command::DeleteStream { .. } => "delete_stream",
+            Command::PlaceStream { .. } => "place_stream",
+            Command::OpenStream { .. } => "open_stream",
+            Command::CloseStream { .. } => "close_stream",
+            Command::CommitObjects { .. } => "commit_objects",
+            Command::AcquireLease { .. } => "acquire_lease",
+            Command::RenewLease { .. } => "renew_lease",
+            Command::IssueToken { .. } => "issue_token",
+            Command::RevokeToken { .. } => "revoke_token",
+            Command::AllocateProducerIds { .. } => "allocate_producer_ids",
+            Command::DestroyStream { .. } => "destroy_stream",
+            Command::BeginTakeover { .. } => "begin_takeover",
+            Command::CompleteTakeover { .. } => "complete_takeover",
+        }
+    }
+}
+
+/// What an applied command produced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Applied {
+    Done,
+    Registered {
+        epoch: Epoch,
+    },
+    StreamCreated {
+        stream: StreamId,
+    },
+    TopicCreated {
+        streams: Vec<StreamId>,
+    },
+    StreamOpened {
+        stream_epoch: StreamEpoch,
+        committed_end: Offset,
+    },
+    LeaseHeld {
+        generation: u64,
+    },
+    ProducerIds {
+        first: i64,
+        count: u32,
+    },
+}
+
+/// Why apply refused a command; the variants are how a caller reacts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectCode {
+    /// The proposer's incarnation is fenced: it must stop.
+    Fenced,
+    /// The proposer's incarnation was replaced by a newer registration: it must stop.
+    Superseded,
+    /// The proposer is not registered.
+    UnknownNode,
+    NotFound,
+    AlreadyExists,
+    /// A compare-and-set found something else (FenceNode, leases, offsets).
+    Conflict,
+    /// The proposer does not own the stream, or not at that epoch.
+    NotOwner,
+    InvalidArgument,
+    /// The cluster is not initialized yet; retry.
+    NotReady,
+}
+
+/// A refused command. Apply is deterministic, so every replica refuses it the same way.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct Rejection {
+    pub code: RejectCode,
+    pub message: String,
+}
+
+impl Rejection {
+    pub fn new(code: RejectCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// The result of applying one command.
+pub type Outcome = Result<Applied, Rejection>;

@@ -1,0 +1,14 @@
+//! The metadata log's data model: rows, commands, and the pure rules that apply one to the other.
+
+pub mod apply;
+pub mod codec;
+pub mod command;
+pub mod rows;
+pub mod state;
+
+pub use command::{Applied, Command, CommitRange, Outcome, Proposal, Proposer, RejectCode, Rejection};
+pub use rows::*;
+pub use state::{Change, Delta, Row, RowKey, State};
+
+#[cfg(test)]
+mod apply_props;

@@ -1,0 +1,223 @@
+//! The rows of the metadata state. Field names are part of the stored format
+//! (`codec::FORMAT_VERSION`): rename only with a format bump.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use weir_shared::ids::{Epoch, Incarnation, NodeId, ObjectKey, Offset, StreamEpoch, StreamId};
+
+/// What kind of service a node row describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeKind {
+    Metad,
+    Streamd,
+    Gatewayd,
+}
+
+/// Where a node can be reached.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddrs {
+    /// gRPC (data plane for streamd, client API for metad).
+    pub grpc: String,
+    /// HTTP (health, admin, metrics).
+    pub http: String,
+}
+
+/// Who set a node's cordon; a drain releases only the cordon it set itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CordonBy {
+    Operator,
+    Drain,
+}
+
+/// One node's current incarnation and liveness counters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRow {
+    pub id: NodeId,
+    pub kind: NodeKind,
+    /// Registration incarnation; strictly increasing (FO-LIV-10).
+    pub epoch: Epoch,
+    pub addrs: NodeAddrs,
+    /// Heartbeats applied since this incarnation registered (FO-LIV-2).
+    pub heartbeats: u64,
+    /// Log index of the registration and of the last heartbeat.
+    pub registered_index: u64,
+    pub last_heartbeat_index: u64,
+    pub fenced: bool,
+    /// Log index at which the fence applied.
+    pub fenced_index: Option<u64>,
+    pub cordon: Option<CordonBy>,
+    /// Set by a stopping incarnation (D-4); cleared by re-registration.
+    pub terminating: bool,
+}
+
+impl NodeRow {
+    pub fn incarnation(&self) -> Incarnation {
+        Incarnation {
+            node: self.id.clone(),
+            epoch: self.epoch,
+        }
+    }
+
+    /// Registered at its current epoch and not fenced.
+    pub fn is_live(&self) -> bool {
+        !self.fenced
+    }
+
+    /// May receive new streams: live, not terminating, not cordoned.
+    pub fn is_schedulable(&self) -> bool {
+        self.is_live() && !self.terminating && self.cordon.is_none()
+    }
+}
+
+/// A stream's lifecycle state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamState {
+    /// Not being written; may be placed on an owner that has not opened it yet.
+    Closed,
+    /// Opened by its owner at `epoch`.
+    Open,
+    /// Deleted; its data is reclaimed and the row removed once nothing references it.
+    Deleted,
+}
+
+/// Per-stream configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamConfig {
+    /// Records older than this may be trimmed; `None` keeps everything.
+    pub retention_ms: Option<u64>,
+}
+
+/// A contiguous range of one stream's records stored in a data object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRange {
+    pub key: ObjectKey,
+    /// First offset in the range, and the offset after the last.
+    pub start: Offset,
+    pub end: Offset,
+    /// Byte position and length of the range inside the object.
+    pub pos: u64,
+    pub len: u64,
+    /// CRC-32C of the range's bytes.
+    pub crc: u32,
+}
+
+/// One stream (an HTTP stream, or one partition of a topic).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamRow {
+    pub id: StreamId,
+    /// HTTP stream name, or `topic/partition`.
+    pub name: String,
+    pub topic: Option<String>,
+    pub partition: Option<u32>,
+    pub state: StreamState,
+    /// The incarnation that owns (or is placed to own) the stream.
+    pub owner: Option<Incarnation>,
+    /// Incremented on every open (INV-6).
+    pub epoch: StreamEpoch,
+    /// A planned transfer's target node.
+    pub transfer_target: Option<NodeId>,
+    /// First retained offset.
+    pub start_offset: Offset,
+    /// Offset after the last record committed in data objects.
+    pub committed_end: Offset,
+    /// Committed data-object ranges, ordered and contiguous.
+    pub objects: Vec<ObjectRange>,
+    pub config: StreamConfig,
+}
+
+/// A Kafka topic: one stream per partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicRow {
+    pub name: String,
+    /// Kafka topic id (UUID bytes), derived from the creating log index.
+    pub topic_id: [u8; 16],
+    pub partitions: Vec<StreamId>,
+    pub config: StreamConfig,
+}
+
+/// A data object committed to the log, with the streams that reference it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRow {
+    pub key: ObjectKey,
+    pub size: u64,
+    pub committed_index: u64,
+    pub streams: Vec<StreamId>,
+}
+
+/// A named lease; decides which metad runs a loop, never whether it is correct.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRow {
+    pub name: String,
+    pub holder: Incarnation,
+    /// Incremented on every change of holder.
+    pub generation: u64,
+    pub acquired_index: u64,
+    pub renewed_index: u64,
+}
+
+/// Progress of a WAL takeover of a fenced or replaced incarnation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TakeoverState {
+    /// Recorded; waiting for an agent to replay and upload.
+    Pending,
+    /// The agent reported every record uploaded and committed.
+    Recovered,
+    /// The dead incarnation's open streams are closed; nothing left to do.
+    Done,
+}
+
+/// A WAL takeover: `(dead node, dead epoch)` recovered by `agent`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TakeoverRow {
+    pub dead: Incarnation,
+    pub agent: Option<Incarnation>,
+    pub state: TakeoverState,
+}
+
+/// An API token; only a hash of its secret is stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRow {
+    pub name: String,
+    /// Hex SHA-256 of the secret.
+    pub secret_sha256: String,
+    pub scopes: Vec<String>,
+    pub revoked: bool,
+    pub issued_index: u64,
+}
+
+/// Settings fixed at bootstrap and shared by the whole cluster (D-18).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterSettings {
+    pub heartbeat_interval_sec: u64,
+    pub node_timeout_sec: u64,
+}
+
+impl ClusterSettings {
+    /// FO-LIV-4/5: holder heartbeats without a node heartbeat before the node is dead.
+    pub fn missed_heartbeats_threshold(&self) -> u64 {
+        self.node_timeout_sec.div_ceil(self.heartbeat_interval_sec)
+    }
+}
+
+/// Monotonic allocators.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub next_stream_id: u64,
+    /// Next Kafka producer id to hand out (allocated in blocks).
+    pub next_producer_id: i64,
+}
+
+/// Group-by helper for admin listings.
+pub fn streams_per_owner(streams: &BTreeMap<StreamId, StreamRow>) -> BTreeMap<NodeId, usize> {
+    let mut counts = BTreeMap::new();
+    for s in streams.values() {
+        if let (Some(owner), StreamState::Open | StreamState::Closed) = (&s.owner, s.state) {
+            *counts.entry(owner.node.clone()).or_insert(0) += 1;
+        }
+    }
+    counts
+}

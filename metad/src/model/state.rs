@@ -1,0 +1,207 @@
+//! The whole metadata state, addressed row by row so that apply can report
+//! exactly what changed (the watch deltas) and storage can persist only that.
+
+use super::rows::*;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use weir_shared::ids::{Epoch, NodeId, ObjectKey, StreamId};
+
+/// The replicated state machine's state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// Applied log index this state reflects.
+    pub applied_index: u64,
+    pub settings: Option<ClusterSettings>,
+    pub counters: Counters,
+    pub nodes: BTreeMap<NodeId, NodeRow>,
+    pub streams: BTreeMap<StreamId, StreamRow>,
+    pub topics: BTreeMap<String, TopicRow>,
+    pub objects: BTreeMap<ObjectKey, ObjectRow>,
+    pub leases: BTreeMap<String, LeaseRow>,
+    pub takeovers: BTreeMap<(NodeId, Epoch), TakeoverRow>,
+    pub tokens: BTreeMap<String, TokenRow>,
+    /// Name index over `streams`, rebuilt from them; not stored.
+    #[serde(skip)]
+    pub stream_names: BTreeMap<String, StreamId>,
+}
+
+/// Addresses one row. The variant order is stable storage (`codec::row_key_bytes`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowKey {
+    Settings,
+    Counters,
+    Node(NodeId),
+    Stream(StreamId),
+    Topic(String),
+    Object(ObjectKey),
+    Lease(String),
+    Takeover(NodeId, Epoch),
+    Token(String),
+}
+
+/// One row's value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Row {
+    Settings(ClusterSettings),
+    Counters(Counters),
+    Node(NodeRow),
+    Stream(StreamRow),
+    Topic(TopicRow),
+    Object(ObjectRow),
+    Lease(LeaseRow),
+    Takeover(TakeoverRow),
+    Token(TokenRow),
+}
+
+impl Row {
+    pub fn key(&self) -> RowKey {
+        match self {
+            Row::Settings(_) => RowKey::Settings,
+            Row::Counters(_) => RowKey::Counters,
+            Row::Node(r) => RowKey::Node(r.id.clone()),
+            Row::Stream(r) => RowKey::Stream(r.id),
+            Row::Topic(r) => RowKey::Topic(r.name.clone()),
+            Row::Object(r) => RowKey::Object(r.key.clone()),
+            Row::Lease(r) => RowKey::Lease(r.name.clone()),
+            Row::Takeover(r) => RowKey::Takeover(r.dead.node.clone(), r.dead.epoch),
+            Row::Token(r) => RowKey::Token(r.name.clone()),
+        }
+    }
+}
+
+/// A row written (`Some`) or removed (`None`) by one applied entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    pub key: RowKey,
+    pub row: Option<Row>,
+}
+
+/// What one applied log entry changed; watchers apply these in index order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delta {
+    pub index: u64,
+    pub changes: Vec<Change>,
+}
+
+impl State {
+    /// The current value of a row.
+    pub fn row(&self, key: &RowKey) -> Option<Row> {
+        match key {
+            RowKey::Settings => self.settings.map(Row::Settings),
+            RowKey::Counters => Some(Row::Counters(self.counters.clone())),
+            RowKey::Node(id) => self.nodes.get(id).cloned().map(Row::Node),
+            RowKey::Stream(id) => self.streams.get(id).cloned().map(Row::Stream),
+            RowKey::Topic(n) => self.topics.get(n).cloned().map(Row::Topic),
+            RowKey::Object(k) => self.objects.get(k).cloned().map(Row::Object),
+            RowKey::Lease(n) => self.leases.get(n).cloned().map(Row::Lease),
+            RowKey::Takeover(n, e) => self.takeovers.get(&(n.clone(), *e)).cloned().map(Row::Takeover),
+            RowKey::Token(n) => self.tokens.get(n).cloned().map(Row::Token),
+        }
+    }
+
+    /// Every row, in key order (snapshots, storage rebuilds).
+    pub fn rows(&self) -> Vec<Row> {
+        let mut rows = Vec::new();
+        rows.extend(self.settings.map(Row::Settings));
+        rows.push(Row::Counters(self.counters.clone()));
+        rows.extend(self.nodes.values().cloned().map(Row::Node));
+        rows.extend(self.streams.values().cloned().map(Row::Stream));
+        rows.extend(self.topics.values().cloned().map(Row::Topic));
+        rows.extend(self.objects.values().cloned().map(Row::Object));
+        rows.extend(self.leases.values().cloned().map(Row::Lease));
+        rows.extend(self.takeovers.values().cloned().map(Row::Takeover));
+        rows.extend(self.tokens.values().cloned().map(Row::Token));
+        rows
+    }
+
+    /// Writes or removes one row; how replicas rebuild from storage and watchers follow deltas.
+    pub fn set_row(&mut self, key: &RowKey, row: Option<Row>) {
+        match (key, row) {
+            (RowKey::Settings, Some(Row::Settings(s))) => self.settings = Some(s),
+            (RowKey::Settings, None) => self.settings = None,
+            (RowKey::Counters, Some(Row::Counters(c))) => self.counters = c,
+            (RowKey::Counters, None) => self.counters = Counters::default(),
+            (RowKey::Node(_), Some(Row::Node(r))) => {
+                self.nodes.insert(r.id.clone(), r);
+            }
+            (RowKey::Node(id), None) => {
+                self.nodes.remove(id);
+            }
+            (RowKey::Stream(_), Some(Row::Stream(r))) => {
+                // Deleted streams leave the name index so the name can be reused at once.
+                if self.stream_names.get(&r.name) == Some(&r.id) {
+                    self.stream_names.remove(&r.name);
+                }
+                if r.state != StreamState::Deleted {
+                    self.stream_names.insert(r.name.clone(), r.id);
+                }
+                self.streams.insert(r.id, r);
+            }
+            (RowKey::Stream(id), None) => {
+                if let Some(old) = self.streams.remove(id) {
+                    if self.stream_names.get(&old.name) == Some(id) {
+                        self.stream_names.remove(&old.name);
+                    }
+                }
+            }
+            (RowKey::Topic(_), Some(Row::Topic(r))) => {
+                self.topics.insert(r.name.clone(), r);
+            }
+            (RowKey::Topic(n), None) => {
+                self.topics.remove(n);
+            }
+            (RowKey::Object(_), Some(Row::Object(r))) => {
+                self.objects.insert(r.key.clone(), r);
+            }
+            (RowKey::Object(k), None) => {
+                self.objects.remove(k);
+            }
+            (RowKey::Lease(_), Some(Row::Lease(r))) => {
+                self.leases.insert(r.name.clone(), r);
+            }
+            (RowKey::Lease(n), None) => {
+                self.leases.remove(n);
+            }
+            (RowKey::Takeover(..), Some(Row::Takeover(r))) => {
+                self.takeovers.insert((r.dead.node.clone(), r.dead.epoch), r);
+            }
+            (RowKey::Takeover(n, e), None) => {
+                self.takeovers.remove(&(n.clone(), *e));
+            }
+            (RowKey::Token(_), Some(Row::Token(r))) => {
+                self.tokens.insert(r.name.clone(), r);
+            }
+            (RowKey::Token(n), None) => {
+                self.tokens.remove(n);
+            }
+            (key, Some(row)) => {
+                // A row under a key of another kind is a bug in the writer, not data to keep.
+                tracing::error!(?key, row_key = ?row.key(), "row does not match its key; ignored");
+            }
+        }
+    }
+
+    /// Applies a delta received from a watch.
+    pub fn apply_delta(&mut self, delta: &Delta) {
+        for change in &delta.changes {
+            self.set_row(&change.key, change.row.clone());
+        }
+        self.applied_index = delta.index;
+    }
+
+    /// Rebuilds derived indexes after deserializing.
+    pub fn reindex(&mut self) {
+        self.stream_names = self
+            .streams
+            .values()
+            .filter(|s| s.state != StreamState::Deleted)
+            .map(|s| (s.name.clone(), s.id))
+            .collect();
+    }
+
+    pub fn stream_by_name(&self, name: &str) -> Option<&StreamRow> {
+        self.stream_names.get(name).and_then(|id| self.streams.get(id))
+    }
+}

@@ -1,0 +1,151 @@
+//! Placement of closed streams: each tick, the leader assigns every closed stream
+//! without a live owner to the least loaded schedulable streamd. The decision is a pure
+//! function of the state; applying it is a `PlaceStream` CAS that refuses a stream
+//! already placed on a live node, so a stale or doubled decision is harmless.
+
+use crate::model::rows::{NodeKind, StreamState};
+use crate::model::{Command, Proposal, Proposer, State};
+use crate::raft_types::Raft;
+use crate::store::ViewHub;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use weir_shared::ids::{NodeId, StreamId};
+
+/// The placements to make now: (stream, node), balancing by owned-stream count.
+pub fn plan(state: &State) -> Vec<(StreamId, NodeId)> {
+    let mut load: BTreeMap<NodeId, usize> = state
+        .nodes
+        .values()
+        .filter(|n| n.kind == NodeKind::Streamd && n.is_schedulable())
+        .map(|n| (n.id.clone(), 0))
+        .collect();
+    if load.is_empty() {
+        return Vec::new();
+    }
+    let live = |owner: &weir_shared::ids::Incarnation| {
+        state
+            .nodes
+            .get(&owner.node)
+            .is_some_and(|n| n.epoch == owner.epoch && n.is_live())
+    };
+    let mut orphans = Vec::new();
+    for s in state.streams.values() {
+        match (&s.owner, s.state) {
+            (Some(owner), StreamState::Open | StreamState::Closed) if live(owner) => {
+                if let Some(l) = load.get_mut(&owner.node) {
+                    *l += 1;
+                }
+            }
+            (_, StreamState::Closed) => orphans.push(s.id),
+            _ => {}
+        }
+    }
+    let mut out = Vec::with_capacity(orphans.len());
+    for stream in orphans {
+        let (node, count) = load
+            .iter_mut()
+            .min_by_key(|(id, count)| (**count, (*id).clone()))
+            .expect("checked non-empty");
+        *count += 1;
+        out.push((stream, node.clone()));
+    }
+    debug_assert!(out.iter().all(|(_, n)| state.nodes[n].is_schedulable()));
+    out
+}
+
+/// On the leader, places orphaned closed streams once a second.
+pub async fn placement_loop(raft: Raft, hub: Arc<ViewHub>, id: u64, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if raft.metrics().borrow().current_leader != Some(id) {
+            continue;
+        }
+        let decisions = hub.with_state(plan);
+        for (stream, node) in decisions {
+            let proposal = Proposal {
+                proposer: Proposer::Operator {
+                    principal: format!("metad-{id}/placement"),
+                },
+                command: Command::PlaceStream {
+                    stream,
+                    node: node.clone(),
+                },
+            };
+            match raft.client_write(proposal).await {
+                Ok(resp) => match resp.data {
+                    Ok(_) => {
+                        tracing::info!(stream = %stream, node_id = %node, log_index = resp.log_id.index, "placed stream")
+                    }
+                    Err(r) => tracing::debug!(stream = %stream, node_id = %node, rejection = %r, "placement refused"),
+                },
+                Err(e) => {
+                    tracing::debug!(error = %e, "placement not proposed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::rows::ClusterSettings;
+    use crate::model::{Applied, NodeAddrs};
+    use proptest::prelude::*;
+
+    fn op() -> Proposer {
+        Proposer::Operator { principal: "t".into() }
+    }
+
+    proptest! {
+        /// Every orphaned closed stream is placed on a schedulable streamd, and loads
+        /// end up within one of each other when all streams are orphans.
+        #[test]
+        fn plan_places_every_orphan_on_a_schedulable_node_evenly(nodes in 1usize..5, streams in 0usize..40, cordoned in 0usize..5) {
+            let mut s = State::default();
+            let mut i = 0;
+            let mut next = |s: &mut State, c: Command| { i += 1; s.apply(i, &Proposal { proposer: op(), command: c }).0 };
+            next(&mut s, Command::InitCluster { settings: ClusterSettings { heartbeat_interval_sec: 1, node_timeout_sec: 3 } }).unwrap();
+            for n in 0..nodes {
+                next(&mut s, Command::RegisterNode { node: NodeId::new(format!("n{n}")), kind: NodeKind::Streamd, addrs: NodeAddrs::default(), heartbeat_interval_sec: 1, node_timeout_sec: 3 }).unwrap();
+            }
+            if cordoned < nodes {
+                next(&mut s, Command::Cordon { node: NodeId::new(format!("n{cordoned}")), by: crate::model::CordonBy::Operator }).unwrap();
+            }
+            for k in 0..streams {
+                let r = next(&mut s, Command::CreateStream { name: format!("s{k}"), config: Default::default() });
+                let created = matches!(r, Ok(Applied::StreamCreated { .. }));
+                prop_assert!(created);
+            }
+            let decisions = plan(&s);
+            let schedulable = s.nodes.values().filter(|n| n.is_schedulable()).count();
+            if schedulable == 0 {
+                prop_assert!(decisions.is_empty());
+                return Ok(());
+            }
+            prop_assert_eq!(decisions.len(), streams);
+            let mut load: BTreeMap<NodeId, usize> = BTreeMap::new();
+            for (stream, node) in &decisions {
+                prop_assert!(s.nodes[node].is_schedulable());
+                *load.entry(node.clone()).or_default() += 1;
+                let r = next(&mut s, Command::PlaceStream { stream: *stream, node: node.clone() });
+                prop_assert!(r.is_ok(), "{:?}", r);
+            }
+            if streams >= schedulable {
+                let max = load.values().max().copied().unwrap_or(0);
+                let min = load.values().min().copied().unwrap_or(0);
+                prop_assert!(max - min <= 1 && load.len() == schedulable);
+            }
+            // Once placed, nothing is left to place.
+            prop_assert!(plan(&s).is_empty());
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! openraft's type configuration for the metadata log.
+
+use crate::model::command::{Outcome, Proposal};
+use std::io::Cursor;
+
+openraft::declare_raft_types!(
+    /// Entries are proposals; responses are apply outcomes; snapshots are in-memory documents.
+    pub TypeConfig:
+        D = Proposal,
+        R = Outcome,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type NodeId = u64;
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type Vote = openraft::Vote<NodeId>;
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
+pub type Snapshot = openraft::Snapshot<TypeConfig>;
+pub type StorageError = openraft::StorageError<NodeId>;

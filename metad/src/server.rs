@@ -1,0 +1,201 @@
+//! Wires one metad replica together: storage, Raft, gRPC and HTTP servers,
+//! bootstrap, and the cluster-settings initializer.
+
+use crate::admin::AdminService;
+use crate::client_service::ClientService;
+use crate::config::MetadConfig;
+use crate::leader::PeerChannels;
+use crate::model::command::{Command, Proposal, Proposer};
+use crate::model::rows::ClusterSettings;
+use crate::network::{GrpcNetwork, MAX_RAFT_MESSAGE};
+use crate::raft_service::RaftService;
+use crate::raft_types::Raft;
+use crate::store::{open_db, LogStore, StateMachineStore};
+use openraft::{BasicNode, SnapshotPolicy};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use weir_proto::metad::admin_server::AdminServer;
+use weir_proto::metad::metad_server::MetadServer;
+use weir_proto::raft::raft_server::RaftServer;
+
+/// Runs a replica until `shutdown` is cancelled, then stops Raft and waits for storage to be idle.
+pub async fn run(config: MetadConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let args = &config.args;
+    let db = open_db(&args.data_dir)?;
+    let log_store = LogStore::new(db.clone());
+    let sm = StateMachineStore::open(db.clone())?;
+    let hub = sm.hub();
+
+    let raft_config = openraft::Config {
+        cluster_name: "weir-metad".into(),
+        heartbeat_interval: args.raft_heartbeat_ms,
+        election_timeout_min: args.raft_heartbeat_ms * 5,
+        election_timeout_max: args.raft_heartbeat_ms * 10,
+        install_snapshot_timeout: 10_000,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(args.snapshot_logs),
+        max_in_snapshot_log_to_keep: args.snapshot_logs / 2,
+        purge_batch_size: (args.snapshot_logs / 2).clamp(1, 256),
+        ..Default::default()
+    }
+    .validate()?;
+    let raft = Raft::new(args.id, Arc::new(raft_config), GrpcNetwork, log_store, sm.clone()).await?;
+
+    let tasks = TaskTracker::new();
+    let grpc_listener = TcpListener::bind(args.listen).await?;
+    let http_listener = TcpListener::bind(args.http_listen).await?;
+    tracing::info!(
+        id = args.id,
+        grpc = %grpc_listener.local_addr()?,
+        http = %http_listener.local_addr()?,
+        advertise = %config.advertise,
+        "metad listening"
+    );
+
+    let peers = Arc::new(PeerChannels::default());
+    let timeout = Duration::from_millis(args.propose_timeout_ms);
+    let grpc = tonic::transport::Server::builder()
+        .add_service(
+            RaftServer::new(RaftService::new(raft.clone()))
+                .max_decoding_message_size(MAX_RAFT_MESSAGE)
+                .max_encoding_message_size(MAX_RAFT_MESSAGE),
+        )
+        .add_service(MetadServer::new(ClientService::new(
+            raft.clone(),
+            hub.clone(),
+            peers,
+            timeout,
+            tasks.clone(),
+            shutdown.child_token(),
+        )))
+        .add_service(AdminServer::new(AdminService::new(raft.clone(), sm.clone())))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            shutdown.clone().cancelled_owned(),
+        );
+    let grpc_task = tasks.spawn(grpc);
+
+    let http = axum::serve(
+        http_listener,
+        crate::admin_http::router(raft.clone(), sm.clone(), args.id),
+    )
+    .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let http_task = tasks.spawn(async move { http.await });
+
+    tasks.spawn(crate::metrics::follow_raft(raft.clone(), args.id));
+    bootstrap(&raft, &config).await?;
+    if args.auto_place {
+        tasks.spawn(crate::placement::placement_loop(
+            raft.clone(),
+            hub.clone(),
+            args.id,
+            shutdown.child_token(),
+        ));
+    }
+    tasks.spawn(init_cluster_settings(
+        raft.clone(),
+        hub.clone(),
+        config.clone(),
+        shutdown.child_token(),
+    ));
+
+    shutdown.cancelled().await;
+    tracing::info!("metad stopping: shutting down raft");
+    if let Err(e) = raft.shutdown().await {
+        tracing::warn!(error = %e, "raft shutdown reported an error");
+    }
+    tasks.close();
+    tasks.wait().await;
+    if let Ok(Err(e)) = grpc_task.await {
+        tracing::warn!(error = %e, "grpc server ended with an error");
+    }
+    if let Ok(Err(e)) = http_task.await {
+        tracing::warn!(error = %e, "http server ended with an error");
+    }
+    // Flush RocksDB before the handle is released.
+    db.flush_wal(true)?;
+    tracing::info!("metad stopped");
+    Ok(())
+}
+
+/// Initializes the cluster once: only on a replica with no stored state, and only on
+/// the lowest id among the initial voters, so two replicas can never bootstrap twice.
+async fn bootstrap(raft: &Raft, config: &MetadConfig) -> anyhow::Result<()> {
+    if raft.is_initialized().await? {
+        tracing::info!("resuming from stored raft state");
+        return Ok(());
+    }
+    let lowest = config.peers.iter().map(|(id, _)| *id).min().unwrap_or(config.args.id);
+    if lowest != config.args.id {
+        tracing::info!(
+            bootstrapper = lowest,
+            "waiting to be joined by the bootstrapping replica"
+        );
+        return Ok(());
+    }
+    let members: BTreeMap<u64, BasicNode> = config
+        .peers
+        .iter()
+        .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+        .collect();
+    tracing::info!(voters = ?members.keys().collect::<Vec<_>>(), "bootstrapping the metadata cluster");
+    match raft.initialize(members).await {
+        Ok(()) => Ok(()),
+        Err(openraft::error::RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Once this replica leads a cluster without settings, proposes its configured
+/// heartbeat timing; the first to apply wins and later ones must match (FO-LIV-14).
+async fn init_cluster_settings(
+    raft: Raft,
+    hub: Arc<crate::store::ViewHub>,
+    config: MetadConfig,
+    cancel: CancellationToken,
+) {
+    let settings = ClusterSettings {
+        heartbeat_interval_sec: config.args.heartbeat.heartbeat_interval_sec,
+        node_timeout_sec: config.args.heartbeat.node_timeout_sec,
+    };
+    let mut metrics = raft.metrics();
+    loop {
+        if let Some(current) = hub.with_state(|s| s.settings) {
+            if current != settings {
+                tracing::warn!(
+                    cluster_interval = current.heartbeat_interval_sec,
+                    cluster_timeout = current.node_timeout_sec,
+                    local_interval = settings.heartbeat_interval_sec,
+                    local_timeout = settings.node_timeout_sec,
+                    "this replica's --heartbeat-interval-sec/--node-timeout-sec differ from the cluster's; the cluster's apply"
+                );
+            }
+            return;
+        }
+        let leading = metrics.borrow().current_leader == Some(config.args.id);
+        if leading {
+            let proposal = Proposal {
+                proposer: Proposer::Operator {
+                    principal: format!("metad-{}", config.args.id),
+                },
+                command: Command::InitCluster { settings },
+            };
+            match raft.client_write(proposal).await {
+                Ok(resp) => {
+                    tracing::info!(log_index = resp.log_id.index, outcome = ?resp.data, "cluster settings proposed")
+                }
+                Err(e) => tracing::debug!(error = %e, "cluster settings not proposed yet"),
+            }
+            continue;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = metrics.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}

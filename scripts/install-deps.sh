@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building and testing Weir needs beyond the Rust toolchain, on Debian/Ubuntu.
+# Idempotent: does nothing when everything is present.
+set -euo pipefail
+
+need=()
+dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)   # bindgen, for RocksDB
+dpkg -s clang >/dev/null 2>&1 || need+=(clang)
+command -v g++ >/dev/null 2>&1 || need+=(g++)                    # RocksDB is C++
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+fi
+rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy 2>/dev/null || true
+
+# The S3-protocol server the tests run against (real SigV4, ready in 0.1 s).
+tools="${WEIR_TOOLS_DIR:-/var/cache/weir/tools}"
+if [ ! -x "$tools/bin/s3s-fs" ] && ! command -v s3s-fs >/dev/null 2>&1; then
+  mkdir -p "$tools"
+  CARGO_TARGET_DIR="$tools/target" cargo install --locked s3s-fs@0.14.1 --features binary --root "$tools"
+  rm -rf "$tools/target"
+fi

@@ -1,0 +1,8 @@
+//! What every Weir binary shares: configuration habits, ids, tracing and metrics.
+
+pub mod batch;
+pub mod config;
+pub mod ids;
+pub mod metrics;
+pub mod signals;
+pub mod telemetry;

@@ -1,0 +1,124 @@
+//! streamd's command-line flags; every flag also reads `WEIR_<FLAG>`.
+
+use clap::{Parser, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use weir_shared::config::{ConfigError, HeartbeatArgs, TelemetryArgs};
+
+/// Which WAL backend a node writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WalBackend {
+    /// Segment files under --wal-dir, a volume every streamd can reach.
+    File,
+    /// Segment objects in the object store.
+    Object,
+}
+
+/// A stream node: owns streams, writes a fenced WAL, uploads data objects.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "streamd", version, about)]
+pub struct StreamdArgs {
+    /// This node's stable name.
+    #[arg(long, env = "WEIR_ID")]
+    pub id: String,
+
+    /// metad replicas, comma-separated HOST:PORT.
+    #[arg(long, env = "WEIR_METAD")]
+    pub metad: String,
+
+    /// Local state directory.
+    #[arg(long, env = "WEIR_DATA_DIR", default_value = "./streamd-data")]
+    pub data_dir: PathBuf,
+
+    /// Object store for data objects: file:///dir or s3://bucket[/prefix].
+    #[arg(long, env = "WEIR_OBJECT_STORE")]
+    pub object_store: String,
+
+    #[arg(long, env = "WEIR_WAL_BACKEND", value_enum, default_value_t = WalBackend::File)]
+    pub wal_backend: WalBackend,
+
+    /// Root of the file WAL, shared by every streamd (default: <data-dir>/wal).
+    #[arg(long, env = "WEIR_WAL_DIR")]
+    pub wal_dir: Option<PathBuf>,
+
+    /// Bytes the WAL may hold before appends are refused with a retryable error.
+    #[arg(long, env = "WEIR_WAL_MAX_BYTES", default_value_t = 1 << 30)]
+    pub wal_max_bytes: u64,
+
+    /// gRPC data-plane address.
+    #[arg(long, env = "WEIR_LISTEN", default_value = "127.0.0.1:7500")]
+    pub listen: SocketAddr,
+
+    /// HTTP address for health and metrics.
+    #[arg(long, env = "WEIR_HTTP_LISTEN", default_value = "127.0.0.1:7580")]
+    pub http_listen: SocketAddr,
+
+    /// Address gatewayd reaches the data plane at (default: --listen).
+    #[arg(long, env = "WEIR_ADVERTISE")]
+    pub advertise: Option<String>,
+
+    #[command(flatten)]
+    pub heartbeat: HeartbeatArgs,
+
+    /// Upload buffered records at least this often (milliseconds).
+    #[arg(long, env = "WEIR_UPLOAD_INTERVAL_MS", default_value_t = 250)]
+    pub upload_interval_ms: u64,
+
+    /// Upload as soon as this many bytes are buffered.
+    #[arg(long, env = "WEIR_UPLOAD_BYTES", default_value_t = 8 << 20)]
+    pub upload_bytes: u64,
+
+    /// Bytes of object ranges cached in memory for reads.
+    #[arg(long, env = "WEIR_CACHE_BYTES", default_value_t = 256 << 20)]
+    pub cache_bytes: u64,
+
+    /// Largest single append, in bytes.
+    #[arg(long, env = "WEIR_MAX_APPEND_BYTES", default_value_t = 8 << 20)]
+    pub max_append_bytes: usize,
+
+    /// Seconds after which an uploaded but uncommitted object may be garbage-collected.
+    #[arg(long, env = "WEIR_GC_DELAY_SEC", default_value_t = 3600)]
+    pub gc_delay_sec: u64,
+
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+impl StreamdArgs {
+    /// Validates once at startup; errors name the flag.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        weir_metad::model::apply::validate_name("node", &self.id)
+            .map_err(|e| ConfigError::new(format!("--id: {}", e.message)))?;
+        if self.metad_addrs().is_empty() {
+            return Err(ConfigError::new("--metad needs at least one HOST:PORT"));
+        }
+        self.heartbeat.validate()?;
+        self.telemetry.validate()?;
+        for (flag, v) in [
+            ("--upload-interval-ms", self.upload_interval_ms),
+            ("--upload-bytes", self.upload_bytes),
+            ("--wal-max-bytes", self.wal_max_bytes),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::new(format!("{flag} must be at least 1")));
+            }
+        }
+        if self.gc_delay_sec < 60 {
+            return Err(ConfigError::new("--gc-delay-sec must be at least 60"));
+        }
+        Ok(())
+    }
+
+    pub fn metad_addrs(&self) -> Vec<String> {
+        self.metad
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect()
+    }
+
+    pub fn wal_root(&self) -> PathBuf {
+        self.wal_dir.clone().unwrap_or_else(|| self.data_dir.join("wal"))
+    }
+}

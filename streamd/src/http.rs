@@ -1,0 +1,52 @@
+//! Health and metrics over HTTP: `/livez`, `/readyz`, `/ready`, `/metrics`.
+
+use crate::node::Node;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use std::sync::Arc;
+
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/ready", get(ready))
+        .route("/metrics", get(weir_shared::metrics::metrics_handler))
+        .with_state(node)
+}
+
+/// D-2: ready once caught up, and not fenced.
+fn is_ready(node: &Node) -> bool {
+    node.is_admitted() && !node.fenced.is_cancelled()
+}
+
+async fn readyz(State(node): State<Arc<Node>>) -> StatusCode {
+    if is_ready(&node) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+async fn ready(State(node): State<Arc<Node>>) -> Response {
+    let ready = is_ready(&node);
+    let body = json!({
+        "ready": ready,
+        "node_id": node.me.node,
+        "epoch": node.me.epoch,
+        "fenced": node.fenced.is_cancelled(),
+        "terminating": false,
+        "caught_up": node.is_admitted(),
+        "streams": node.all_streams().len(),
+        "wal_bytes": node.wal.bytes(),
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}

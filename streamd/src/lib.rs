@@ -1,0 +1,17 @@
+//! streamd: owns streams, acknowledges appends once durable in a fenced write-ahead
+//! log, uploads them as data objects to object storage, and serves reads.
+
+pub mod config;
+pub mod error;
+pub mod http;
+pub mod lifecycle;
+pub mod node;
+pub mod object;
+pub mod server;
+pub mod service;
+pub mod stream;
+pub mod view;
+pub mod wal;
+
+pub use config::StreamdArgs;
+pub use server::{run, Exit};

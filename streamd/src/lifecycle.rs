@@ -1,0 +1,85 @@
+//! Registration at a new epoch on every start, and the heartbeat that keeps the
+//! incarnation alive in the failover clock (FO-LIV-1, FO-LIV-10).
+
+use crate::node::Node;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use weir_metad::client::{ClientError, MetadClient};
+use weir_metad::model::{Applied, Command, NodeAddrs, NodeKind, Proposer, RejectCode};
+use weir_shared::config::HeartbeatArgs;
+use weir_shared::ids::{Epoch, Incarnation, NodeId};
+
+/// Registers `node` and returns its new incarnation; retries while metad is unavailable
+/// or not yet initialized, and fails on a refusal (such as a clock mismatch, FO-LIV-14).
+pub async fn register(
+    metad: &MetadClient,
+    node: &NodeId,
+    addrs: NodeAddrs,
+    timing: HeartbeatArgs,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Incarnation> {
+    let command = Command::RegisterNode {
+        node: node.clone(),
+        kind: NodeKind::Streamd,
+        addrs,
+        heartbeat_interval_sec: timing.heartbeat_interval_sec,
+        node_timeout_sec: timing.node_timeout_sec,
+    };
+    let proposer = Proposer::Operator {
+        principal: node.to_string(),
+    };
+    let mut warned = false;
+    loop {
+        match metad.propose(&proposer, command.clone()).await {
+            Ok((index, Ok(Applied::Registered { epoch }))) => {
+                tracing::info!(node_id = %node, epoch = %epoch, log_index = index, "registered");
+                return Ok(Incarnation {
+                    node: node.clone(),
+                    epoch: Epoch(epoch.0),
+                });
+            }
+            Ok((_, Err(r))) if r.code == RejectCode::NotReady => {}
+            Ok((_, Err(r))) => anyhow::bail!("registration refused: {}", r.message),
+            Ok((_, Ok(other))) => anyhow::bail!("unexpected answer to registration: {other:?}"),
+            Err(ClientError::Unavailable(e)) => {
+                if !warned {
+                    tracing::warn!(error = %e, "metadata log unavailable; retrying registration");
+                    warned = true;
+                }
+            }
+            Err(e) => anyhow::bail!("registration failed: {e}"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => anyhow::bail!("stopped before registering"),
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+/// Proposes a heartbeat every interval until `cancel` or the node is fenced.
+pub async fn heartbeat_loop(node: Arc<Node>, interval: Duration, cancel: CancellationToken) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = node.fenced.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        match node.metad.propose(&node.proposer(), Command::Heartbeat).await {
+            Ok((_, Ok(_))) => {}
+            Ok((_, Err(r)))
+                if matches!(
+                    r.code,
+                    RejectCode::Fenced | RejectCode::Superseded | RejectCode::UnknownNode
+                ) =>
+            {
+                node.fence(&r.message);
+                return;
+            }
+            Ok((_, Err(r))) => tracing::warn!(rejection = %r, "heartbeat refused"),
+            Err(e) => tracing::debug!(error = %e, "heartbeat not landed"),
+        }
+    }
+}

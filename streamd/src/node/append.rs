@@ -1,0 +1,140 @@
+//! Appends: validate the batches, assign offsets under the stream's lock, queue the
+//! WAL record in that same order, and acknowledge only once it is durable (RR-WAL-2).
+
+use super::Node;
+use crate::error::StreamdError;
+use crate::stream::Buffered;
+use crate::wal::{WalError, WalRecord};
+use bytes::{Bytes, BytesMut};
+use weir_shared::batch::{set_base_offset, split_batches};
+
+/// What an acknowledged append was assigned.
+#[derive(Debug, Clone)]
+pub struct Appended {
+    pub base_offset: u64,
+    pub end_offset: u64,
+    pub stream_epoch: u64,
+    pub batch_base_offsets: Vec<u64>,
+}
+
+impl Node {
+    /// Appends concatenated v2 record batches to `stream`.
+    pub async fn append(
+        &self,
+        stream: &str,
+        batches: &[u8],
+        match_next_offset: Option<u64>,
+    ) -> Result<Appended, StreamdError> {
+        if batches.len() > self.tunables.max_append_bytes {
+            return Err(StreamdError::InvalidArgument(format!(
+                "append of {} bytes is over the {} byte limit",
+                batches.len(),
+                self.tunables.max_append_bytes
+            )));
+        }
+        let parsed = split_batches(batches).map_err(|e| StreamdError::InvalidArgument(e.to_string()))?;
+        if parsed.is_empty() {
+            return Err(StreamdError::InvalidArgument(
+                "an append needs at least one record batch".into(),
+            ));
+        }
+        let handle = self.stream(stream)?;
+        self.wal.check().map_err(wal_error)?;
+
+        let (durable, appended) = {
+            let mut inner = handle.inner.lock().await;
+            if !handle.is_serving() {
+                return Err(StreamdError::NotOwner {
+                    stream: stream.to_string(),
+                    owner: None,
+                });
+            }
+            if inner.closing {
+                return Err(StreamdError::Unavailable(format!("stream '{stream}' is closing")));
+            }
+            if let Some(expected) = match_next_offset {
+                if expected != inner.next_offset {
+                    return Err(StreamdError::OffsetMismatch {
+                        expected,
+                        actual: inner.next_offset,
+                    });
+                }
+            }
+            let base = inner.next_offset;
+            let mut next = base;
+            let mut all = BytesMut::with_capacity(batches.len());
+            let mut offsets = Vec::with_capacity(parsed.len());
+            let mut buffered = Vec::with_capacity(parsed.len());
+            for (header, bytes) in &parsed {
+                let mut b = BytesMut::from(*bytes);
+                set_base_offset(&mut b, next as i64);
+                let end = next + header.offset_count();
+                offsets.push(next);
+                let frozen: Bytes = b.freeze();
+                all.extend_from_slice(&frozen);
+                buffered.push(Buffered {
+                    start: next,
+                    end,
+                    data: frozen,
+                });
+                next = end;
+            }
+            let record = WalRecord {
+                stream: handle.id,
+                stream_epoch: handle.epoch,
+                base_offset: base,
+                offset_count: u32::try_from(next - base)
+                    .map_err(|_| StreamdError::InvalidArgument("append spans too many offsets".into()))?,
+                batches: all.freeze(),
+            };
+            // Queue while holding the lock: WAL order is offset order.
+            let durable = match self.wal.submit(&record).await {
+                Ok(d) => d,
+                Err(e) => return Err(self.wal_failed(e)),
+            };
+            inner.next_offset = next;
+            inner.buffer.extend(buffered);
+            (
+                durable,
+                Appended {
+                    base_offset: base,
+                    end_offset: next,
+                    stream_epoch: handle.epoch.0,
+                    batch_base_offsets: offsets,
+                },
+            )
+        };
+        if let Err(e) = durable.await {
+            return Err(self.wal_failed(e));
+        }
+        handle.mark_durable(appended.end_offset);
+        if handle.inner.lock().await.buffered_bytes() >= self.tunables.upload_bytes {
+            self.upload_now.notify_one();
+        }
+        Ok(appended)
+    }
+
+    /// A WAL failure after offsets may have been assigned: nothing more can be
+    /// acknowledged in order, so the incarnation stops (FO-FEN-8 for a takeover).
+    fn wal_failed(&self, e: WalError) -> StreamdError {
+        match e {
+            WalError::Full(n) => StreamdError::WalFull(n),
+            WalError::Fenced => {
+                self.fence("write-ahead log was taken over");
+                StreamdError::Fenced
+            }
+            other => {
+                self.fence(&format!("write-ahead log failed: {other}"));
+                StreamdError::Unavailable(other.to_string())
+            }
+        }
+    }
+}
+
+fn wal_error(e: WalError) -> StreamdError {
+    match e {
+        WalError::Full(n) => StreamdError::WalFull(n),
+        WalError::Fenced => StreamdError::Fenced,
+        other => StreamdError::Unavailable(other.to_string()),
+    }
+}

@@ -1,0 +1,168 @@
+//! The node: the streams it serves, and the tasks that keep them (reconciling
+//! ownership with the view, uploading, heartbeating).
+
+mod append;
+mod close;
+mod read;
+mod reconcile;
+mod uploader;
+
+use crate::error::StreamdError;
+use crate::object::cache::BlockCache;
+use crate::stream::StreamHandle;
+use crate::view::View;
+use crate::wal::WalWriter;
+use object_store::ObjectStore;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use weir_metad::client::MetadClient;
+use weir_metad::model::Proposer;
+use weir_shared::ids::{Incarnation, StreamId};
+
+pub use reconcile::reconcile_loop;
+pub use uploader::upload_loop;
+
+/// Tunables of the data plane.
+#[derive(Clone, Debug)]
+pub struct Tunables {
+    /// Upload at least this often while anything is buffered.
+    pub upload_interval: Duration,
+    /// Upload as soon as this many bytes are buffered.
+    pub upload_bytes: u64,
+    /// Re-put an object whose commit has been retried this long, so GC cannot have taken it.
+    pub reupload_after: Duration,
+    /// Largest append accepted.
+    pub max_append_bytes: usize,
+}
+
+/// One streamd incarnation's data plane.
+pub struct Node {
+    pub me: Incarnation,
+    pub metad: Arc<MetadClient>,
+    pub view: Arc<View>,
+    pub wal: WalWriter,
+    pub store: Arc<dyn ObjectStore>,
+    pub cache: BlockCache,
+    pub tunables: Tunables,
+    streams: RwLock<HashMap<StreamId, Arc<StreamHandle>>>,
+    /// Final committed ends of streams no longer served, for WAL reclaim.
+    closed_ends: RwLock<HashMap<StreamId, u64>>,
+    /// Passed the catch-up fence; serves nothing before.
+    admitted: AtomicBool,
+    /// Wakes the uploader early (buffer over threshold, or a close waiting).
+    pub upload_now: Notify,
+    /// Serializes upload rounds (the uploader task and closes).
+    upload_lock: tokio::sync::Mutex<()>,
+    /// Cancelled when this incarnation is fenced or replaced: the process exits 75.
+    pub fenced: CancellationToken,
+}
+
+impl Node {
+    pub fn new(
+        me: Incarnation,
+        metad: Arc<MetadClient>,
+        view: Arc<View>,
+        wal: WalWriter,
+        store: Arc<dyn ObjectStore>,
+        cache_bytes: u64,
+        tunables: Tunables,
+    ) -> Self {
+        Self {
+            me,
+            metad,
+            view,
+            wal,
+            store,
+            cache: BlockCache::new(cache_bytes),
+            tunables,
+            streams: RwLock::new(HashMap::new()),
+            closed_ends: RwLock::new(HashMap::new()),
+            admitted: AtomicBool::new(false),
+            upload_now: Notify::new(),
+            upload_lock: tokio::sync::Mutex::new(()),
+            fenced: CancellationToken::new(),
+        }
+    }
+
+    pub fn proposer(&self) -> Proposer {
+        Proposer::Node(self.me.clone())
+    }
+
+    pub fn admit(&self) {
+        self.admitted.store(true, Ordering::Release);
+    }
+
+    pub fn is_admitted(&self) -> bool {
+        self.admitted.load(Ordering::Acquire)
+    }
+
+    /// Marks this incarnation fenced: every stream stops at once and the process exits 75.
+    pub fn fence(&self, why: &str) {
+        if !self.fenced.is_cancelled() {
+            tracing::error!(node_id = %self.me.node, epoch = %self.me.epoch, reason = why, "this incarnation is fenced; stopping");
+        }
+        self.fenced.cancel();
+        for handle in self.all_streams() {
+            handle.stop();
+        }
+    }
+
+    pub fn all_streams(&self) -> Vec<Arc<StreamHandle>> {
+        self.streams
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    fn insert_stream(&self, handle: Arc<StreamHandle>) {
+        self.streams
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle.id, handle);
+    }
+
+    fn remove_stream(&self, id: StreamId, end: u64) -> Option<Arc<StreamHandle>> {
+        let removed = self.streams.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        self.closed_ends
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, end);
+        if let Some(h) = &removed {
+            h.stop();
+        }
+        removed
+    }
+
+    /// The served stream named `name`, or why it is not served here.
+    pub fn stream(&self, name: &str) -> Result<Arc<StreamHandle>, StreamdError> {
+        if self.fenced.is_cancelled() {
+            return Err(StreamdError::Fenced);
+        }
+        if !self.is_admitted() {
+            return Err(StreamdError::Unavailable(
+                "node is catching up with the metadata log".into(),
+            ));
+        }
+        let (id, owner) = self
+            .view
+            .with(|s| {
+                s.stream_by_name(name)
+                    .map(|row| (row.id, row.owner.as_ref().map(|o| o.to_string())))
+            })
+            .ok_or_else(|| StreamdError::NotFound(name.to_string()))?;
+        let handle = self.streams.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
+        match handle {
+            Some(h) if h.is_serving() => Ok(h),
+            _ => Err(StreamdError::NotOwner {
+                stream: name.to_string(),
+                owner,
+            }),
+        }
+    }
+}

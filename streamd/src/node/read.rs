@@ -1,0 +1,163 @@
+//! Reads by offset: from the in-memory tail, the block cache, or ranged GETs of
+//! committed data objects; a read at the end can wait for new data.
+
+use super::Node;
+use crate::error::StreamdError;
+use crate::stream::StreamHandle;
+use bytes::{Bytes, BytesMut};
+use object_store::{GetOptions, GetRange};
+use std::sync::Arc;
+use std::time::Duration;
+use weir_metad::model::ObjectRange;
+use weir_shared::batch::split_batches;
+
+/// A read's answer.
+#[derive(Debug, Clone)]
+pub struct ReadResult {
+    pub batches: Bytes,
+    pub next_offset: u64,
+    pub start_offset: u64,
+    pub end_offset: u64,
+}
+
+impl Node {
+    /// Reads whole batches from `offset`, at most `max_bytes` (but at least one batch),
+    /// waiting up to `wait` when `offset` is the durable end.
+    pub async fn read(
+        &self,
+        stream: &str,
+        offset: u64,
+        max_bytes: usize,
+        wait: Duration,
+    ) -> Result<ReadResult, StreamdError> {
+        let handle = self.stream(stream)?;
+        let mut durable_rx = handle.durable.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let end = handle.durable_end();
+            let start = handle.inner.lock().await.start_offset;
+            if offset < start || offset > end {
+                return Err(StreamdError::OffsetOutOfRange { offset, start, end });
+            }
+            if offset < end {
+                let batches = self.read_at(&handle, offset, end, max_bytes.max(1)).await?;
+                let next_offset = last_end(&batches).unwrap_or(offset);
+                return Ok(ReadResult {
+                    batches,
+                    next_offset,
+                    start_offset: start,
+                    end_offset: end,
+                });
+            }
+            // At the tail: wait for an append, the deadline, or the stream stopping.
+            let woke = tokio::select! {
+                r = durable_rx.changed() => r.is_ok(),
+                _ = tokio::time::sleep_until(deadline) => false,
+                _ = self.fenced.cancelled() => false,
+            };
+            if !handle.is_serving() {
+                return Err(StreamdError::NotOwner {
+                    stream: stream.to_string(),
+                    owner: None,
+                });
+            }
+            if !woke {
+                return Ok(ReadResult {
+                    batches: Bytes::new(),
+                    next_offset: offset,
+                    start_offset: start,
+                    end_offset: end,
+                });
+            }
+        }
+    }
+
+    async fn read_at(
+        &self,
+        handle: &Arc<StreamHandle>,
+        offset: u64,
+        durable_end: u64,
+        max_bytes: usize,
+    ) -> Result<Bytes, StreamdError> {
+        // The tail buffer covers offsets from its first batch on.
+        let (from_buffer, range) = {
+            let inner = handle.inner.lock().await;
+            if inner.buffer.front().is_some_and(|b| b.start <= offset) {
+                let mut out = BytesMut::new();
+                for b in inner.buffer.iter().filter(|b| b.end > offset && b.start < durable_end) {
+                    if !out.is_empty() && out.len() + b.data.len() > max_bytes {
+                        break;
+                    }
+                    out.extend_from_slice(&b.data);
+                }
+                (Some(out.freeze()), None)
+            } else {
+                let range = inner
+                    .ranges
+                    .iter()
+                    .find(|r| r.start.0 <= offset && offset < r.end.0)
+                    .cloned();
+                (None, range)
+            }
+        };
+        if let Some(b) = from_buffer {
+            return Ok(b);
+        }
+        let range = range.ok_or_else(|| {
+            StreamdError::Internal(format!(
+                "no committed object holds offset {offset} of '{}'",
+                handle.name
+            ))
+        })?;
+        let chunk = self.fetch_range(&range).await?;
+        let parsed = split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;
+        let mut out = BytesMut::new();
+        for (header, bytes) in parsed {
+            let start = header.base_offset as u64;
+            if start + header.offset_count() <= offset {
+                continue;
+            }
+            if !out.is_empty() && out.len() + bytes.len() > max_bytes {
+                break;
+            }
+            out.extend_from_slice(bytes);
+        }
+        Ok(out.freeze())
+    }
+
+    /// One committed range's bytes, from the cache or a ranged GET, checked against its CRC.
+    pub async fn fetch_range(&self, range: &ObjectRange) -> Result<Bytes, StreamdError> {
+        if let Some(b) = self.cache.get(&range.key.0, range.pos) {
+            return Ok(b);
+        }
+        let path = object_store::path::Path::from(range.key.0.as_str());
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(range.pos..range.pos + range.len)),
+            ..Default::default()
+        };
+        let bytes = self
+            .store
+            .get_opts(&path, opts)
+            .await
+            .map_err(|e| StreamdError::Unavailable(format!("reading object {}: {e}", range.key)))?
+            .bytes()
+            .await
+            .map_err(|e| StreamdError::Unavailable(format!("reading object {}: {e}", range.key)))?;
+        if bytes.len() as u64 != range.len || crc32c::crc32c(&bytes) != range.crc {
+            return Err(StreamdError::Corrupt(format!(
+                "object {} range {}..{} fails its checksum; it is not served",
+                range.key, range.start, range.end
+            )));
+        }
+        self.cache.insert(&range.key.0, range.pos, bytes.clone());
+        Ok(bytes)
+    }
+}
+
+/// The offset after the last batch in `batches`.
+fn last_end(batches: &[u8]) -> Option<u64> {
+    split_batches(batches)
+        .ok()?
+        .last()
+        .map(|(h, _)| h.base_offset as u64 + h.offset_count())
+}

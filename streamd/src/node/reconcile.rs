@@ -1,0 +1,105 @@
+//! Keeps what the node serves equal to what the view says it owns: opens streams
+//! placed on it (at stream epoch + 1), stops serving streams now owned by another
+//! `(node, epoch)` (FO-FEN-9), and stops the node when its own row is fenced or
+//! replaced (FO-FEN-8, SD-TRG-3).
+
+use super::Node;
+use crate::stream::StreamHandle;
+use std::sync::Arc;
+use weir_metad::model::{Applied, Command, StreamState};
+use weir_shared::ids::StreamId;
+
+/// Reconciles on every view change until the node is fenced or `cancel` fires.
+pub async fn reconcile_loop(node: Arc<Node>, cancel: tokio_util::sync::CancellationToken) {
+    let mut applied = node.view.subscribe();
+    loop {
+        if node.is_admitted() {
+            reconcile(&node).await;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = node.fenced.cancelled() => return,
+            changed = applied.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+async fn reconcile(node: &Arc<Node>) {
+    let me = node.me.clone();
+    // Our own row: fenced or superseded means stop at once.
+    let row_state = node.view.with(|s| s.nodes.get(&me.node).map(|r| (r.epoch, r.fenced)));
+    match row_state {
+        Some((epoch, fenced)) if epoch == me.epoch && !fenced => {}
+        Some((epoch, true)) if epoch == me.epoch => return node.fence("its node row is fenced"),
+        Some((epoch, _)) => return node.fence(&format!("a newer registration (epoch {epoch}) replaced it")),
+        None => return,
+    }
+    // Streams served that the view gives to someone else, or closed, or deleted.
+    for handle in node.all_streams() {
+        let keep = node.view.with(|s| {
+            s.streams.get(&handle.id).is_some_and(|row| {
+                row.owner.as_ref() == Some(&me) && row.state == StreamState::Open && row.epoch == handle.epoch
+            })
+        });
+        if !keep {
+            let end = handle.inner.lock().await.committed_end;
+            tracing::info!(stream = %handle.name, stream_epoch = %handle.epoch, "ownership moved; no longer serving the stream");
+            node.remove_stream(handle.id, end);
+        }
+    }
+    // Streams placed on this incarnation that it does not serve yet.
+    let to_open: Vec<(StreamId, String)> = node.view.with(|s| {
+        s.streams
+            .values()
+            .filter(|row| row.owner.as_ref() == Some(&me) && row.state != StreamState::Deleted)
+            .map(|row| (row.id, row.name.clone()))
+            .collect()
+    });
+    let served: Vec<StreamId> = node.all_streams().iter().map(|h| h.id).collect();
+    for (id, name) in to_open.into_iter().filter(|(id, _)| !served.contains(id)) {
+        open_stream(node, id, &name).await;
+    }
+}
+
+/// Opens a placed stream; a retried open after an unknown outcome gets the same epoch.
+async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) {
+    let result = node
+        .metad
+        .propose(&node.proposer(), Command::OpenStream { stream: id })
+        .await;
+    match result {
+        Ok((
+            index,
+            Ok(Applied::StreamOpened {
+                stream_epoch,
+                committed_end,
+            }),
+        )) => {
+            // Apply through the open so the committed ranges we start from are current.
+            node.view.wait_applied(index).await;
+            let row = node.view.with(|s| s.streams.get(&id).cloned());
+            let Some(row) = row.filter(|r| r.epoch == stream_epoch && r.owner.as_ref() == Some(&node.me)) else {
+                return;
+            };
+            let handle = StreamHandle::new(
+                id,
+                name.to_string(),
+                stream_epoch,
+                row.start_offset.0,
+                committed_end.0,
+                row.objects.clone(),
+            );
+            tracing::info!(stream = name, stream_epoch = %stream_epoch, offset = committed_end.0, log_index = index, "opened stream");
+            node.insert_stream(Arc::new(handle));
+        }
+        Ok((_, Ok(other))) => tracing::warn!(stream = name, ?other, "unexpected answer to OpenStream"),
+        Ok((_, Err(rejection))) => {
+            use weir_metad::model::RejectCode;
+            match rejection.code {
+                RejectCode::Fenced | RejectCode::Superseded => node.fence(&rejection.message),
+                _ => tracing::debug!(stream = name, %rejection, "stream not opened"),
+            }
+        }
+        Err(e) => tracing::warn!(stream = name, error = %e, "cannot open stream yet; will retry"),
+    }
+}

@@ -1,0 +1,199 @@
+//! The uploader: gathers the durable, not yet uploaded batches of every served stream
+//! into one data object, PUTs it, and commits it with CommitObjects. Commits retry with
+//! backoff through metadata outages (FO-MDO-2); only a committed object is ever read
+//! (RR-WAL-4), and once committed its records' WAL space is reclaimed.
+
+use super::Node;
+use crate::object::format::{Chunk, ObjectBuilder};
+use bytes::Bytes;
+use object_store::{ObjectStoreExt, PutPayload};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weir_metad::client::ClientError;
+use weir_metad::model::{Command, CommitRange, RejectCode};
+use weir_shared::ids::{ObjectKey, Offset, StreamId};
+
+/// Runs upload rounds until `cancel` (a final round is the caller's, via close).
+pub async fn upload_loop(node: Arc<Node>, cancel: tokio_util::sync::CancellationToken) {
+    let mut seq: u64 = 0;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = node.fenced.cancelled() => return,
+            _ = node.upload_now.notified() => {}
+            _ = tokio::time::sleep(node.tunables.upload_interval) => {}
+        }
+        seq += 1;
+        node.upload_round(seq).await;
+    }
+}
+
+/// A stream's part of one upload.
+struct Part {
+    stream: StreamId,
+    chunk: Chunk,
+    batches: Vec<Bytes>,
+}
+
+impl Node {
+    /// Uploads and commits everything durable and not yet uploaded; returns once committed
+    /// (or once the node is fenced). Serialized by the uploader task and by closes.
+    pub async fn upload_round(&self, seq: u64) {
+        let _round = self.upload_lock.lock().await;
+        let mut builder = ObjectBuilder::new();
+        let mut parts = Vec::new();
+        for handle in self.all_streams() {
+            let durable = handle.durable_end();
+            let mut inner = handle.inner.lock().await;
+            let from = inner.uploaded_end;
+            let batches: Vec<_> = inner
+                .buffer
+                .iter()
+                .filter(|b| b.start >= from && b.end <= durable)
+                .cloned()
+                .collect();
+            let Some(last) = batches.last() else { continue };
+            let end = last.end;
+            let data: Vec<Bytes> = batches.iter().map(|b| b.data.clone()).collect();
+            let chunk = builder.add(handle.id, handle.epoch, from, end, &data).clone();
+            inner.uploaded_end = end;
+            parts.push(Part {
+                stream: handle.id,
+                chunk,
+                batches: data,
+            });
+        }
+        if parts.is_empty() {
+            return;
+        }
+        let (object, _) = builder.finish();
+        let key = ObjectKey(format!(
+            "data/{}/{:020}/{seq:016}-{:08x}.wdo",
+            self.me.node,
+            self.me.epoch.0,
+            rand::random::<u32>()
+        ));
+        let committed = self.put_and_commit(&key, object, &parts).await;
+        self.finish_round(&key, &parts, committed).await;
+    }
+
+    /// PUTs the object and commits it, retrying through outages; `false` if refused.
+    async fn put_and_commit(&self, key: &ObjectKey, object: Bytes, parts: &[Part]) -> bool {
+        let path = object_store::path::Path::from(key.0.as_str());
+        let ranges: Vec<CommitRange> = parts
+            .iter()
+            .map(|p| CommitRange {
+                stream: p.stream,
+                stream_epoch: p.chunk.stream_epoch,
+                start: Offset(p.chunk.start),
+                end: Offset(p.chunk.end),
+                pos: p.chunk.pos,
+                len: p.chunk.len,
+                crc: p.chunk.crc,
+            })
+            .collect();
+        let command = Command::CommitObjects {
+            key: key.clone(),
+            size: object.len() as u64,
+            ranges,
+        };
+        let mut backoff = Duration::from_millis(100);
+        let mut put_at: Option<Instant> = None;
+        loop {
+            if self.fenced.is_cancelled() {
+                return false;
+            }
+            // (Re-)put when never put, or when a long outage may have let GC take it.
+            if put_at.is_none_or(|t| t.elapsed() > self.tunables.reupload_after) {
+                match self.store.put(&path, PutPayload::from_bytes(object.clone())).await {
+                    Ok(_) => put_at = Some(Instant::now()),
+                    Err(e) => {
+                        tracing::warn!(object_key = %key, error = %e, "data object upload failed; retrying");
+                        self.backoff(&mut backoff).await;
+                        continue;
+                    }
+                }
+            }
+            match self.metad.propose(&self.proposer(), command.clone()).await {
+                Ok((index, Ok(_))) => {
+                    tracing::debug!(object_key = %key, log_index = index, "committed data object");
+                    return true;
+                }
+                // A retry after an unknown outcome: the first attempt committed it.
+                Ok((_, Err(r))) if r.code == RejectCode::AlreadyExists => return true,
+                Ok((_, Err(r))) => {
+                    if matches!(r.code, RejectCode::Fenced | RejectCode::Superseded) {
+                        self.fence(&r.message);
+                    } else {
+                        tracing::warn!(object_key = %key, rejection = %r, "data object commit refused");
+                    }
+                    if let Err(e) = self.store.delete(&path).await {
+                        tracing::debug!(object_key = %key, error = %e, "cannot delete refused object; GC will");
+                    }
+                    return false;
+                }
+                Err(ClientError::Unavailable(e)) => {
+                    tracing::warn!(object_key = %key, error = %e, "metadata log unavailable; commit will be retried");
+                    self.backoff(&mut backoff).await;
+                }
+                Err(e) => {
+                    tracing::error!(object_key = %key, error = %e, "data object commit failed");
+                    self.backoff(&mut backoff).await;
+                }
+            }
+        }
+    }
+
+    async fn backoff(&self, backoff: &mut Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(*backoff) => {}
+            _ = self.fenced.cancelled() => {}
+        }
+        *backoff = (*backoff * 2).min(Duration::from_secs(5));
+    }
+
+    /// Applies a round's result to each stream: advance committed ends and trim buffers,
+    /// or let the next round retry what was refused.
+    async fn finish_round(&self, key: &ObjectKey, parts: &[Part], committed: bool) {
+        let streams: HashMap<StreamId, _> = self.all_streams().into_iter().map(|h| (h.id, h)).collect();
+        for part in parts {
+            let Some(handle) = streams.get(&part.stream) else {
+                continue;
+            };
+            let mut inner = handle.inner.lock().await;
+            if committed {
+                inner.committed_end = part.chunk.end;
+                inner.ranges.push(weir_metad::model::ObjectRange {
+                    key: key.clone(),
+                    start: Offset(part.chunk.start),
+                    end: Offset(part.chunk.end),
+                    pos: part.chunk.pos,
+                    len: part.chunk.len,
+                    crc: part.chunk.crc,
+                });
+                inner.trim_committed();
+                let mut joined = Vec::with_capacity(part.chunk.len as usize);
+                for b in &part.batches {
+                    joined.extend_from_slice(b);
+                }
+                // Write-through, so tail readers just past the buffer stay off object storage.
+                self.cache.insert(&key.0, part.chunk.pos, Bytes::from(joined));
+            } else {
+                inner.uploaded_end = inner.committed_end;
+            }
+        }
+        if committed {
+            self.wal.reclaim(self.committed_ends().await);
+        }
+    }
+
+    /// Committed end of every stream this incarnation has served.
+    pub async fn committed_ends(&self) -> HashMap<StreamId, u64> {
+        let mut ends = self.closed_ends.read().unwrap_or_else(|p| p.into_inner()).clone();
+        for h in self.all_streams() {
+            ends.insert(h.id, h.inner.lock().await.committed_end);
+        }
+        ends
+    }
+}

@@ -1,0 +1,6 @@
+//! Data objects: batches of several streams uploaded together, their format, the
+//! uploader that commits them, and the reader that serves ranges of them.
+
+pub mod cache;
+pub mod format;
+pub mod store;

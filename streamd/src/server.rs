@@ -1,0 +1,141 @@
+//! Wires one streamd incarnation together and runs it until stopped or fenced.
+
+use crate::config::{StreamdArgs, WalBackend};
+use crate::node::{reconcile_loop, upload_loop, Node, Tunables};
+use crate::service::DataPlane;
+use crate::view::{catch_up, follow, View};
+use crate::wal::{file::FileSink, object::ObjectSink, Sink, WalWriter};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use weir_metad::client::MetadClient;
+use weir_metad::model::{Command, NodeAddrs};
+use weir_proto::streamd::streamd_server::StreamdServer;
+use weir_shared::ids::NodeId;
+
+/// How a streamd run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Stopped on request, after handing off.
+    Clean,
+    /// Fenced or replaced: exit 75 so a supervisor restarts it (D-5).
+    Fenced,
+}
+
+/// Largest gRPC message: an append of `--max-append-bytes` plus framing.
+fn max_message(args: &StreamdArgs) -> usize {
+    args.max_append_bytes + 64 * 1024
+}
+
+pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Result<Exit> {
+    let store = crate::object::store::open(&args.object_store)?;
+    let metad = Arc::new(MetadClient::new(&args.metad_addrs(), Duration::from_secs(5))?);
+    let grpc_listener = TcpListener::bind(args.listen).await?;
+    let http_listener = TcpListener::bind(args.http_listen).await?;
+    let grpc_addr = args
+        .advertise
+        .clone()
+        .unwrap_or(grpc_listener.local_addr()?.to_string());
+    let addrs = NodeAddrs {
+        grpc: grpc_addr,
+        http: http_listener.local_addr()?.to_string(),
+    };
+    let node_id = NodeId::new(args.id.clone());
+    let me = crate::lifecycle::register(&metad, &node_id, addrs.clone(), args.heartbeat, &shutdown).await?;
+
+    let tasks = TaskTracker::new();
+    let sink = match args.wal_backend {
+        WalBackend::File => Sink::File(FileSink::create(
+            &args.wal_root(),
+            &node_id,
+            me.epoch,
+            crate::wal::file::DEFAULT_SEGMENT_BYTES,
+        )?),
+        WalBackend::Object => Sink::Object(ObjectSink::create(store.clone(), &node_id, me.epoch)),
+    };
+    let stop = shutdown.child_token();
+    let wal = WalWriter::start(sink, args.wal_max_bytes, &tasks, stop.clone());
+    let view = Arc::new(View::default());
+    let tunables = Tunables {
+        upload_interval: Duration::from_millis(args.upload_interval_ms),
+        upload_bytes: args.upload_bytes,
+        reupload_after: Duration::from_secs(args.gc_delay_sec / 2),
+        max_append_bytes: args.max_append_bytes,
+    };
+    let node = Arc::new(Node::new(
+        me.clone(),
+        metad.clone(),
+        view.clone(),
+        wal,
+        store,
+        args.cache_bytes,
+        tunables,
+    ));
+
+    tasks.spawn(follow(view.clone(), metad.clone(), stop.clone()));
+    tasks.spawn(crate::lifecycle::heartbeat_loop(
+        node.clone(),
+        Duration::from_secs(args.heartbeat.heartbeat_interval_sec),
+        stop.clone(),
+    ));
+    tasks.spawn(reconcile_loop(node.clone(), stop.clone()));
+    tasks.spawn(upload_loop(node.clone(), stop.clone()));
+
+    let servers_stop = CancellationToken::new();
+    let grpc = tonic::transport::Server::builder()
+        .add_service(
+            StreamdServer::new(DataPlane::new(node.clone()))
+                .max_decoding_message_size(max_message(&args))
+                .max_encoding_message_size(max_message(&args)),
+        )
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            servers_stop.clone().cancelled_owned(),
+        );
+    tasks.spawn(grpc);
+    let http = axum::serve(http_listener, crate::http::router(node.clone()))
+        .with_graceful_shutdown(servers_stop.clone().cancelled_owned());
+    tasks.spawn(async move { http.await });
+    tracing::info!(node_id = %me.node, epoch = %me.epoch, grpc = %addrs.grpc, http = %addrs.http, "streamd listening");
+
+    tokio::select! {
+        admitted = catch_up(&view, &metad, &stop) => if admitted.is_some() {
+            node.admit();
+            node.upload_now.notify_one();
+        },
+        _ = node.fenced.cancelled() => {}
+    }
+
+    let exit = tokio::select! {
+        _ = shutdown.cancelled() => Exit::Clean,
+        _ = node.fenced.cancelled() => Exit::Fenced,
+    };
+    if exit == Exit::Clean {
+        hand_off(&node).await;
+    }
+    stop.cancel();
+    servers_stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(exit)
+}
+
+/// A clean stop (F "Clean shutdown" steps 5–6): close every stream, uploading its
+/// buffered records, then fence itself so failover places the streams at once.
+async fn hand_off(node: &Arc<Node>) {
+    for handle in node.all_streams() {
+        match node.close_stream(&handle.name).await {
+            Ok(end) => tracing::info!(stream = %handle.name, offset = end, "closed stream for shutdown"),
+            Err(e) => tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it"),
+        }
+    }
+    match node.metad.propose(&node.proposer(), Command::FenceSelf).await {
+        Ok((index, Ok(_))) => tracing::info!(log_index = index, "fenced self"),
+        Ok((_, Err(r))) => tracing::warn!(rejection = %r, "self-fence refused"),
+        Err(e) => tracing::warn!(error = %e, "self-fence not landed; the node timeout will fence it"),
+    }
+    node.fence("clean shutdown");
+}

@@ -1,0 +1,75 @@
+//! The data-plane gRPC service gatewayd calls.
+
+use crate::node::Node;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+use weir_proto::streamd::streamd_server::Streamd;
+use weir_proto::streamd::*;
+
+/// Longest wait a read may ask for.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+pub struct DataPlane {
+    node: Arc<Node>,
+}
+
+impl DataPlane {
+    pub fn new(node: Arc<Node>) -> Self {
+        Self { node }
+    }
+}
+
+#[tonic::async_trait]
+impl Streamd for DataPlane {
+    async fn append(&self, req: Request<AppendRequest>) -> Result<Response<AppendReply>, Status> {
+        let req = req.into_inner();
+        let a = self
+            .node
+            .append(&req.stream, &req.batches, req.match_next_offset)
+            .await?;
+        Ok(Response::new(AppendReply {
+            base_offset: a.base_offset,
+            end_offset: a.end_offset,
+            stream_epoch: a.stream_epoch,
+            batch_base_offsets: a.batch_base_offsets,
+        }))
+    }
+
+    async fn read(&self, req: Request<ReadRequest>) -> Result<Response<ReadReply>, Status> {
+        let req = req.into_inner();
+        let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_WAIT);
+        let max_bytes = if req.max_bytes == 0 {
+            1024 * 1024
+        } else {
+            req.max_bytes as usize
+        };
+        let r = self.node.read(&req.stream, req.offset, max_bytes, wait).await?;
+        Ok(Response::new(ReadReply {
+            batches: r.batches.to_vec(),
+            next_offset: r.next_offset,
+            start_offset: r.start_offset,
+            end_offset: r.end_offset,
+        }))
+    }
+
+    async fn status(&self, req: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        let name = req.into_inner().stream;
+        let h = self.node.stream(&name)?;
+        let inner = h.inner.lock().await;
+        Ok(Response::new(StatusReply {
+            stream: name,
+            stream_id: h.id.0,
+            stream_epoch: h.epoch.0,
+            start_offset: inner.start_offset,
+            end_offset: h.durable_end(),
+            committed_end: inner.committed_end,
+            buffered_bytes: inner.buffered_bytes(),
+        }))
+    }
+
+    async fn close_stream(&self, req: Request<CloseStreamRequest>) -> Result<Response<CloseStreamReply>, Status> {
+        let end = self.node.close_stream(&req.into_inner().stream).await?;
+        Ok(Response::new(CloseStreamReply { end_offset: end }))
+    }
+}

@@ -1,0 +1,111 @@
+//! One served stream at one stream epoch.
+
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::{watch, Mutex};
+use weir_metad::model::ObjectRange;
+use weir_shared::ids::{StreamEpoch, StreamId};
+
+/// One batch in the tail buffer, with its assigned offsets.
+#[derive(Clone, Debug)]
+pub struct Buffered {
+    pub start: u64,
+    pub end: u64,
+    pub data: Bytes,
+}
+
+/// State changed under the stream's lock.
+pub struct StreamInner {
+    /// The next offset to assign.
+    pub next_offset: u64,
+    pub start_offset: u64,
+    /// Batches not yet in a committed object, in offset order (some may not be durable yet).
+    pub buffer: VecDeque<Buffered>,
+    /// End of what the uploader has taken into an object (committed or in flight).
+    pub uploaded_end: u64,
+    /// End of what is committed in data objects.
+    pub committed_end: u64,
+    /// Committed object ranges, in order; the view's copy may lag our own commits.
+    pub ranges: Vec<ObjectRange>,
+    /// Set while closing: no new appends.
+    pub closing: bool,
+}
+
+impl StreamInner {
+    pub fn buffered_bytes(&self) -> u64 {
+        self.buffer.iter().map(|b| b.data.len() as u64).sum()
+    }
+
+    /// Drops buffered batches now covered by committed objects.
+    pub fn trim_committed(&mut self) {
+        while self.buffer.front().is_some_and(|b| b.end <= self.committed_end) {
+            self.buffer.pop_front();
+        }
+    }
+}
+
+/// A stream this node owns and has opened at `epoch`.
+pub struct StreamHandle {
+    pub id: StreamId,
+    pub name: String,
+    pub epoch: StreamEpoch,
+    pub inner: Mutex<StreamInner>,
+    /// The durable end offset; readers wait on it.
+    pub durable: watch::Sender<u64>,
+    serving: AtomicBool,
+}
+
+impl StreamHandle {
+    pub fn new(
+        id: StreamId,
+        name: String,
+        epoch: StreamEpoch,
+        start_offset: u64,
+        committed_end: u64,
+        ranges: Vec<ObjectRange>,
+    ) -> Self {
+        Self {
+            id,
+            name,
+            epoch,
+            inner: Mutex::new(StreamInner {
+                next_offset: committed_end,
+                start_offset,
+                buffer: VecDeque::new(),
+                uploaded_end: committed_end,
+                committed_end,
+                ranges,
+                closing: false,
+            }),
+            durable: watch::channel(committed_end).0,
+            serving: AtomicBool::new(true),
+        }
+    }
+
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
+    }
+
+    /// Stops serving (ownership moved, or the node stops); wakes waiting readers.
+    pub fn stop(&self) {
+        self.serving.store(false, Ordering::Release);
+        self.durable.send_modify(|_| {});
+    }
+
+    pub fn durable_end(&self) -> u64 {
+        *self.durable.borrow()
+    }
+
+    /// Advances the durable end; appends complete in WAL order, so it only grows.
+    pub fn mark_durable(&self, end: u64) {
+        self.durable.send_if_modified(|d| {
+            if end > *d {
+                *d = end;
+                true
+            } else {
+                false
+            }
+        });
+    }
+}

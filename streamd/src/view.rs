@@ -1,0 +1,143 @@
+//! The node's mirror of the metadata state, followed through metad's watch API,
+//! and the catch-up fence that admits the node only once it has applied through a
+//! linearizable read index (RR-FEN-1, RR-FEN-3, RR-FEN-5).
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use weir_metad::client::MetadClient;
+use weir_metad::model::{codec, Delta, State};
+use weir_proto::metad::watch_event::Kind;
+
+/// The mirrored state and a signal of its applied index.
+pub struct View {
+    state: RwLock<State>,
+    applied: watch::Sender<u64>,
+}
+
+impl Default for View {
+    fn default() -> Self {
+        Self {
+            state: RwLock::new(State::default()),
+            applied: watch::channel(0).0,
+        }
+    }
+}
+
+impl View {
+    pub fn with<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&self.state.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub fn applied_index(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    /// Waits until the view has applied through `index`.
+    pub async fn wait_applied(&self, index: u64) {
+        let mut rx = self.subscribe();
+        let _ = rx.wait_for(|i| *i >= index).await;
+    }
+
+    fn replace(&self, mut state: State) {
+        state.reindex();
+        let index = state.applied_index;
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+        self.applied.send_replace(index);
+    }
+
+    fn apply(&self, delta: &Delta) {
+        self.state.write().unwrap_or_else(|p| p.into_inner()).apply_delta(delta);
+        self.applied.send_replace(delta.index);
+    }
+}
+
+/// Follows metad's watch into `view` until `cancel`, reconnecting (and resuming from the
+/// last applied index) whenever the stream breaks.
+pub async fn follow(view: Arc<View>, metad: Arc<MetadClient>, cancel: CancellationToken) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let after = (view.applied_index() > 0).then(|| view.applied_index());
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => return,
+            s = metad.watch(after) => s,
+        };
+        match stream {
+            Ok(mut stream) => loop {
+                let event = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    e = stream.message() => e,
+                };
+                match event {
+                    Ok(Some(event)) => {
+                        backoff = Duration::from_millis(100);
+                        match event.kind {
+                            Some(Kind::Snapshot(bytes)) => match codec::decode::<State>(&bytes) {
+                                Ok(state) => view.replace(state),
+                                Err(e) => {
+                                    tracing::error!(error = %e, "undecodable metadata snapshot");
+                                    break;
+                                }
+                            },
+                            Some(Kind::Delta(bytes)) => match codec::decode::<Delta>(&bytes) {
+                                Ok(delta) => view.apply(&delta),
+                                Err(e) => {
+                                    tracing::error!(error = %e, "undecodable metadata delta");
+                                    break;
+                                }
+                            },
+                            None => {}
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::debug!(error = %status, "metadata watch broke; reconnecting");
+                        break;
+                    }
+                }
+            },
+            Err(e) => tracing::debug!(error = %e, "cannot open metadata watch; retrying"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// RR-FEN-1, RR-FEN-5: retries a linearizable read every 0.5 s until one succeeds, then
+/// waits for the view to apply through its index. Returns the admitted index.
+pub async fn catch_up(view: &View, metad: &MetadClient, cancel: &CancellationToken) -> Option<u64> {
+    let mut warned = false;
+    loop {
+        match metad.linearizable_read().await {
+            Ok(index) => {
+                tokio::select! {
+                    _ = cancel.cancelled() => return None,
+                    _ = view.wait_applied(index) => {}
+                }
+                tracing::info!(
+                    committed_log_index = index,
+                    "runtime execution admitted after linearizable consensus catch-up"
+                );
+                return Some(index);
+            }
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(error = %e, "runtime execution is waiting for linearizable consensus catch-up");
+                    warned = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return None,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}

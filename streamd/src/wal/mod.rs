@@ -1,0 +1,62 @@
+//! The write-ahead log of one streamd incarnation: appends are acknowledged only once
+//! durable, and a WAL taken over by another process acknowledges nothing more (INV-7).
+//! Two backends: segment files in a per-incarnation directory on a shared volume
+//! (`file`), or segment objects written with put-if-absent (`object`).
+
+pub mod file;
+pub mod object;
+pub mod record;
+pub mod writer;
+
+pub use record::WalRecord;
+pub use writer::WalWriter;
+
+/// Why a WAL operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WalError {
+    /// The WAL was taken over: this writer must acknowledge nothing more and stop.
+    #[error("write-ahead log was taken over (fenced)")]
+    Fenced,
+    /// Over `--wal-max-bytes`; retry once uploads reclaim space.
+    #[error("write-ahead log holds {0} bytes, over its limit")]
+    Full(u64),
+    #[error("write-ahead log I/O failed: {0}")]
+    Io(String),
+    #[error("write-ahead log is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// Sequence number of a segment (file or object) within one incarnation's WAL.
+pub type SegmentId = u64;
+
+/// The WAL backend a node writes to.
+pub enum Sink {
+    File(file::FileSink),
+    Object(object::ObjectSink),
+}
+
+impl Sink {
+    /// Makes `group` (whole encoded records) durable; returns the segment holding it.
+    pub async fn persist(&mut self, group: bytes::Bytes) -> Result<(SegmentId, u64), WalError> {
+        match self {
+            Sink::File(f) => f.persist(group).await,
+            Sink::Object(o) => o.persist(group).await,
+        }
+    }
+
+    /// Deletes a segment whose records are all committed in data objects.
+    pub async fn delete(&mut self, segment: SegmentId) -> Result<(), WalError> {
+        match self {
+            Sink::File(f) => f.delete(segment).await,
+            Sink::Object(o) => o.delete(segment).await,
+        }
+    }
+
+    /// The segment new records go to; never deleted while active.
+    pub fn active_segment(&self) -> Option<SegmentId> {
+        match self {
+            Sink::File(f) => f.active_segment(),
+            Sink::Object(_) => None,
+        }
+    }
+}

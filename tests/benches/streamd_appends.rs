@@ -1,0 +1,104 @@
+//! Benchmark: streamd's acknowledged appends next to what the disk can do.
+//! Prints, asserts nothing:
+//! - raw write+fdatasync of 4 KiB in a loop (syncs/s) vs streamd appends/s at concurrency 1;
+//! - the disk's sequential write bandwidth vs streamd MB/s for 1 KiB appends at
+//!   concurrency 64, with p50/p99 acknowledgement latency.
+//! Run: `cargo bench -p weir-tests --bench streamd_appends` (needs s3s-fs, see .ci/run).
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weir_proto::streamd::AppendRequest;
+use weir_tests::batches::batch;
+use weir_tests::streamd::{Backend, Stack};
+
+const RUN: Duration = Duration::from_secs(8);
+
+fn raw_sync_rate(dir: &std::path::Path) -> f64 {
+    let mut f = std::fs::File::create(dir.join("raw")).expect("raw file");
+    let block = vec![7u8; 4096];
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < Duration::from_secs(3) {
+        f.write_all(&block).expect("write");
+        f.sync_data().expect("fdatasync");
+        n += 1;
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+fn sequential_bandwidth(dir: &std::path::Path) -> f64 {
+    let mut f = std::fs::File::create(dir.join("seq")).expect("seq file");
+    let block = vec![7u8; 1 << 20];
+    let started = Instant::now();
+    for _ in 0..256 {
+        f.write_all(&block).expect("write");
+    }
+    f.sync_data().expect("fdatasync");
+    256.0 / started.elapsed().as_secs_f64()
+}
+
+async fn load(stack: &Stack, stream: &str, concurrency: usize, value: usize) -> (usize, f64, Vec<Duration>) {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    let payload = Arc::new(batch(&vec![b'v'; value]));
+    for _ in 0..concurrency {
+        let mut client = stack.nodes[0].client().await;
+        let payload = payload.clone();
+        let stream = stream.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while started.elapsed() < RUN {
+                let t = Instant::now();
+                let req = AppendRequest {
+                    stream: stream.clone(),
+                    batches: payload.to_vec(),
+                    match_next_offset: None,
+                };
+                if client.append(req).await.is_ok() {
+                    lat.push(t.elapsed());
+                }
+            }
+            lat
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    all.sort();
+    (all.len(), started.elapsed().as_secs_f64(), all)
+}
+
+fn pct(v: &[Duration], p: f64) -> Duration {
+    v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() {
+    let stack = Stack::start(1, Backend::FileWal, &[]).await;
+    let raw = raw_sync_rate(stack.dir.path());
+    let seq = sequential_bandwidth(stack.dir.path());
+    stack.create_stream("bench-1", 0).await;
+    stack.create_stream("bench-64", 0).await;
+    let (n1, s1, l1) = load(&stack, "bench-1", 1, 4096 - 80).await;
+    let (n64, s64, l64) = load(&stack, "bench-64", 64, 1024).await;
+    println!("disk: raw 4 KiB write+fdatasync {raw:.0}/s, sequential write {seq:.0} MB/s");
+    println!(
+        "streamd concurrency 1 (4 KiB): {:.0} appends/s ({:.0}% of raw), p50 {:?} p99 {:?}",
+        n1 as f64 / s1,
+        100.0 * n1 as f64 / s1 / raw,
+        pct(&l1, 0.5),
+        pct(&l1, 0.99)
+    );
+    let mbs = n64 as f64 * 1024.0 / s64 / 1e6;
+    println!(
+        "streamd concurrency 64 (1 KiB): {:.0} appends/s, {mbs:.1} MB/s ({:.0}% of sequential), p50 {:?} p99 {:?}",
+        n64 as f64 / s64,
+        100.0 * mbs / seq,
+        pct(&l64, 0.5),
+        pct(&l64, 0.99)
+    );
+}

@@ -1,0 +1,236 @@
+//! Real streamd processes and a small stack (one metad, S3, streamd nodes) for tests.
+
+use crate::metad::Cluster;
+use crate::s3::S3Server;
+use crate::{bin_path, free_port, signal, wait_for};
+use nix::sys::signal::Signal;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tonic::transport::Channel;
+use weir_metad::model::{Applied, Command as MetaCommand, Proposer, StreamConfig};
+use weir_proto::streamd::streamd_client::StreamdClient;
+use weir_shared::ids::{NodeId, StreamId};
+
+/// One streamd process.
+pub struct Streamd {
+    pub id: String,
+    pub grpc: String,
+    pub http: String,
+    pub log_path: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+}
+
+impl Streamd {
+    pub fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("log");
+        let child = Command::new(bin_path("streamd"))
+            .args(&self.args)
+            .args(["--listen", &self.grpc, "--http-listen", &self.http])
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn streamd");
+        self.child = Some(child);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn term(&self) {
+        signal(self.pid(), Signal::SIGTERM);
+    }
+
+    /// Waits for the process to exit by itself; its exit code.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let status = wait_for("streamd to exit", timeout, || {
+            let s = child.try_wait().ok().flatten();
+            async move { s }
+        })
+        .await;
+        status.code()
+    }
+
+    pub async fn client(&self) -> StreamdClient<Channel> {
+        let ch = weir_metad::network::channel(&self.grpc).expect("channel");
+        StreamdClient::new(ch).max_decoding_message_size(64 << 20)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn wait_ready(&self) {
+        let url = format!("http://{}/readyz", self.http);
+        wait_for(
+            &format!("streamd {} ready", self.id),
+            Duration::from_secs(30),
+            || async {
+                let r = reqwest::get(&url).await.ok()?;
+                r.status().is_success().then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+impl Drop for Streamd {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            signal(c.id(), Signal::SIGCONT);
+        }
+        self.kill();
+    }
+}
+
+/// Which WAL backend and object store a stack uses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// File WAL on a shared directory, data objects in S3.
+    FileWal,
+    /// Object WAL and data objects in S3.
+    ObjectWal,
+}
+
+/// One metad, one S3 server, and streamd nodes sharing a WAL root.
+pub struct Stack {
+    pub metad: Cluster,
+    pub s3: S3Server,
+    pub nodes: Vec<Streamd>,
+    pub wal_root: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl Stack {
+    pub async fn start(nodes: usize, backend: Backend, extra: &[&str]) -> Stack {
+        // Tests place streams themselves, on the node they name.
+        let metad = Cluster::start(1, &["--auto-place", "false"]).await;
+        let s3 = S3Server::start().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let wal_root = dir.path().join("wal");
+        let mut stack = Stack {
+            metad,
+            s3,
+            nodes: Vec::new(),
+            wal_root,
+            dir,
+        };
+        for i in 0..nodes {
+            stack.add_node(&format!("streamd-{}", i + 1), backend, extra);
+        }
+        for n in &stack.nodes {
+            n.wait_ready().await;
+        }
+        stack
+    }
+
+    pub fn add_node(&mut self, id: &str, backend: Backend, extra: &[&str]) {
+        let mut args: Vec<String> = vec![
+            "--id".into(),
+            id.into(),
+            "--metad".into(),
+            self.metad.replicas[0].grpc.clone(),
+            "--data-dir".into(),
+            self.dir.path().join(id).display().to_string(),
+            "--object-store".into(),
+            self.s3.url(),
+            "--wal-dir".into(),
+            self.wal_root.display().to_string(),
+            "--heartbeat-interval-sec".into(),
+            "1".into(),
+            "--node-timeout-sec".into(),
+            "3".into(),
+            "--log-format".into(),
+            "json".into(),
+        ];
+        // Flags given in `extra` replace the defaults above.
+        for flag in extra.iter().filter(|f| f.starts_with("--")) {
+            if let Some(i) = args.iter().position(|a| a == flag) {
+                args.drain(i..i + 2);
+            }
+        }
+        if backend == Backend::ObjectWal {
+            args.extend(["--wal-backend".into(), "object".into()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut node = Streamd {
+            id: id.into(),
+            grpc: format!("127.0.0.1:{}", free_port()),
+            http: format!("127.0.0.1:{}", free_port()),
+            log_path: self.dir.path().join(format!("{id}.log")),
+            args,
+            env: self.s3.env(),
+            child: None,
+        };
+        node.start();
+        self.nodes.push(node);
+    }
+
+    /// Creates stream `name` and places it on node `on`; waits until that node serves it.
+    pub async fn create_stream(&self, name: &str, on: usize) -> StreamId {
+        let client = self.metad.client();
+        let op = Proposer::Operator {
+            principal: "test".into(),
+        };
+        let (_, outcome) = client
+            .propose(
+                &op,
+                MetaCommand::CreateStream {
+                    name: name.into(),
+                    config: StreamConfig::default(),
+                },
+            )
+            .await
+            .expect("create stream");
+        let Ok(Applied::StreamCreated { stream }) = outcome else {
+            panic!("create stream: {outcome:?}")
+        };
+        self.place(stream, on).await;
+        self.wait_serving(name, on).await;
+        stream
+    }
+
+    pub async fn place(&self, stream: StreamId, on: usize) {
+        let client = self.metad.client();
+        let op = Proposer::Operator {
+            principal: "test".into(),
+        };
+        let node = NodeId::new(self.nodes[on].id.clone());
+        let (_, outcome) = client
+            .propose(&op, MetaCommand::PlaceStream { stream, node })
+            .await
+            .expect("place");
+        outcome.expect("placed");
+    }
+
+    pub async fn wait_serving(&self, name: &str, on: usize) {
+        let client = self.nodes[on].client().await;
+        wait_for(
+            &format!("{} serves {name}", self.nodes[on].id),
+            Duration::from_secs(20),
+            || {
+                let req = weir_proto::streamd::StatusRequest { stream: name.into() };
+                let mut client = client.clone();
+                async move { client.status(req).await.ok().map(|_| ()) }
+            },
+        )
+        .await;
+    }
+}

@@ -1,0 +1,368 @@
+//! Three real metad processes under process faults: leader loss, a paused replica,
+//! a full restart, snapshot catch-up, linearizable reads, and a lost quorum.
+
+use std::time::{Duration, Instant};
+use weir_metad::client::{ClientError, MetadClient};
+use weir_metad::model::{Command, Proposer, StreamConfig};
+use weir_tests::metad::Cluster;
+use weir_tests::wait_for;
+
+const TEST_TIMEOUT: Duration = Duration::from_secs(180);
+
+fn operator() -> Proposer {
+    Proposer::Operator {
+        principal: "test".into(),
+    }
+}
+
+fn topic(name: &str) -> Command {
+    Command::CreateTopic {
+        name: name.into(),
+        partitions: 2,
+        config: StreamConfig::default(),
+    }
+}
+
+/// Proposes, retrying while the log is unavailable; returns the applied index.
+async fn propose_until_applied(client: &MetadClient, command: Command) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.propose(&operator(), command.clone()).await {
+            Ok((index, outcome)) => {
+                // A retry after an unknown outcome may find the topic already there.
+                if let Err(r) = &outcome {
+                    assert_eq!(r.code, weir_metad::model::RejectCode::AlreadyExists, "{r}");
+                }
+                return index;
+            }
+            Err(ClientError::Unavailable(e)) => {
+                assert!(Instant::now() < deadline, "still unavailable after 30 s: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("proposal failed: {e}"),
+        }
+    }
+}
+
+async fn topics_of(cluster: &Cluster, i: usize) -> Option<Vec<String>> {
+    let v = cluster.replicas[i].http_json("/admin/state/topics").await?;
+    Some(v["topics"].as_object()?.keys().cloned().collect())
+}
+
+async fn with_timeout(f: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(TEST_TIMEOUT, f).await.expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_sigkill_then_proposals_resume_with_every_committed_entry_kept() {
+    with_timeout(async {
+        let mut cluster = Cluster::start(3, &[]).await;
+        let client = cluster.client();
+        for i in 0..20 {
+            propose_until_applied(&client, topic(&format!("t{i}"))).await;
+        }
+        let leader = cluster.wait_leader(&[]).await;
+        let killed_at = Instant::now();
+        cluster.replicas[leader].kill();
+        propose_until_applied(&client, topic("after-kill")).await;
+        let recovery = killed_at.elapsed();
+        // 100 ms raft heartbeats: elections after 0.5–1 s; a few election timeouts at most.
+        assert!(
+            recovery < Duration::from_secs(10),
+            "proposals resumed only after {recovery:?}"
+        );
+        let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+        for &i in &survivors {
+            let topics = wait_for("survivor has every topic", Duration::from_secs(10), || async {
+                topics_of(&cluster, i).await.filter(|t| t.len() == 21)
+            })
+            .await;
+            for n in 0..20 {
+                assert!(topics.contains(&format!("t{n}")), "replica {i} lost t{n}");
+            }
+        }
+        // The killed replica comes back from its data directory and converges.
+        cluster.replicas[leader].start();
+        wait_for("restarted replica converges", Duration::from_secs(30), || async {
+            topics_of(&cluster, leader).await.filter(|t| t.len() == 21)
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_replica_catches_up_after_resume() {
+    with_timeout(async {
+        let cluster = Cluster::start(3, &[]).await;
+        let client = cluster.client();
+        let leader = cluster.wait_leader(&[]).await;
+        let follower = (leader + 1) % 3;
+        cluster.replicas[follower].pause();
+        for i in 0..30 {
+            propose_until_applied(&client, topic(&format!("p{i}"))).await;
+        }
+        cluster.replicas[follower].resume();
+        let want = cluster.state_of(leader).await.expect("leader state");
+        wait_for(
+            "resumed follower matches the leader",
+            Duration::from_secs(30),
+            || async {
+                let leader_now = cluster.state_of(leader).await?;
+                let got = cluster.state_of(follower).await?;
+                (got == leader_now && got["topics"].as_object()?.len() == 30).then_some(())
+            },
+        )
+        .await;
+        assert_eq!(want["topics"].as_object().map(|t| t.len()), Some(30));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_of_all_three_replicas_keeps_identical_state() {
+    with_timeout(async {
+        let mut cluster = Cluster::start(3, &[]).await;
+        let client = cluster.client();
+        for i in 0..15 {
+            propose_until_applied(&client, topic(&format!("r{i}"))).await;
+        }
+        propose_until_applied(&client, Command::DeleteTopic { name: "r3".into() }).await;
+        let leader = cluster.wait_leader(&[]).await;
+        let before = cluster.state_of(leader).await.expect("state");
+        wait_for("all replicas applied", Duration::from_secs(20), || async {
+            for i in 0..3 {
+                if cluster.state_of(i).await? != before {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
+        for r in &mut cluster.replicas {
+            r.kill();
+        }
+        for r in &mut cluster.replicas {
+            r.start();
+        }
+        cluster.wait_leader(&[]).await;
+        for i in 0..3 {
+            let after = wait_for("replica state after restart", Duration::from_secs(20), || async {
+                cluster.state_of(i).await.filter(|s| *s == before)
+            })
+            .await;
+            assert_eq!(after, before, "replica {i} differs after restart");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_behind_the_purged_log_catches_up_by_snapshot() {
+    with_timeout(async {
+        let mut cluster = Cluster::start(3, &["--snapshot-logs", "20"]).await;
+        let client = cluster.client();
+        let leader = cluster.wait_leader(&[]).await;
+        let follower = (leader + 1) % 3;
+        cluster.replicas[follower].kill();
+        for i in 0..120 {
+            propose_until_applied(&client, topic(&format!("s{i}"))).await;
+        }
+        // The survivors have snapshotted and purged the entries the follower lacks.
+        wait_for("leader purged its log", Duration::from_secs(20), || async {
+            let st = cluster.replicas[leader].http_json("/admin/status").await?;
+            (st["purged"].as_u64()? > 20).then_some(())
+        })
+        .await;
+        // RR-INT-6: the first install dies between staging and replacing the state...
+        cluster.replicas[follower].start_with_env(&[("WEIR_FAILPOINT_SNAPSHOT_INSTALL_MID", "1")]);
+        let code = cluster.replicas[follower].wait_exit(Duration::from_secs(30)).await;
+        assert_eq!(code, Some(86), "the failpoint should have stopped the install midway");
+        // ...and the next start redoes it in full before serving.
+        cluster.replicas[follower].start();
+        let want = cluster.state_of(leader).await.expect("leader state");
+        wait_for(
+            "follower state equals the leader's",
+            Duration::from_secs(30),
+            || async { (cluster.state_of(follower).await? == want).then_some(()) },
+        )
+        .await;
+        let log = cluster.replicas[follower].log_text();
+        assert!(
+            log.contains("redoing an interrupted snapshot install"),
+            "no redo at restart"
+        );
+        assert!(
+            log.contains("installed metadata snapshot"),
+            "the follower caught up without a snapshot"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn linearizable_read_after_leader_change_sees_every_acknowledged_write() {
+    with_timeout(async {
+        let mut cluster = Cluster::start(3, &[]).await;
+        let client = cluster.client();
+        let mut last = 0;
+        for i in 0..10 {
+            last = propose_until_applied(&client, topic(&format!("l{i}"))).await;
+        }
+        let leader = cluster.wait_leader(&[]).await;
+        cluster.replicas[leader].kill();
+        let new_leader = cluster.wait_leader(&[leader]).await;
+        // Ask a survivor that may be a follower: it forwards to the leader.
+        let survivor = (0..3)
+            .find(|i| *i != leader && *i != new_leader)
+            .expect("two survivors");
+        let read_client = cluster.replicas[survivor].client();
+        let committed = wait_for("linearizable read", Duration::from_secs(20), || async {
+            read_client.linearizable_read().await.ok()
+        })
+        .await;
+        assert!(
+            committed >= last,
+            "read index {committed} is before the acknowledged write at {last}"
+        );
+        let topics = wait_for(
+            "survivor applied through the read index",
+            Duration::from_secs(10),
+            || async {
+                let v = cluster.replicas[survivor].http_json("/admin/state/topics").await?;
+                (v["applied_index"].as_u64()? >= committed).then(|| v["topics"].as_object().map(|t| t.len()))
+            },
+        )
+        .await;
+        assert_eq!(topics, Some(10));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proposal_without_a_quorum_fails_as_unavailable_within_its_bound() {
+    with_timeout(async {
+        let mut cluster = Cluster::start(3, &[]).await;
+        let leader = cluster.wait_leader(&[]).await;
+        for i in 0..3 {
+            if i != leader {
+                cluster.replicas[i].kill();
+            }
+        }
+        let client = cluster.replicas[leader].client();
+        let started = Instant::now();
+        let result = client.propose(&operator(), topic("no-quorum")).await;
+        let took = started.elapsed();
+        assert!(matches!(result, Err(ClientError::Unavailable(_))), "{result:?}");
+        // --propose-timeout-ms 3000, plus the client's own bound.
+        assert!(took < Duration::from_secs(8), "took {took:?}");
+    })
+    .await;
+}
+
+/// FO-LIV-13: startup refuses a node timeout not above the heartbeat interval, naming both flags.
+#[test]
+fn metad_refuses_node_timeout_not_above_heartbeat_interval() {
+    for (interval, timeout) in [("5", "5"), ("5", "4")] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let started = Instant::now();
+        let out = std::process::Command::new(weir_tests::bin_path("metad"))
+            .args([
+                "--id",
+                "1",
+                "--heartbeat-interval-sec",
+                interval,
+                "--node-timeout-sec",
+                timeout,
+            ])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .output()
+            .expect("run metad");
+        assert!(!out.status.success());
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--node-timeout-sec") && stderr.contains("--heartbeat-interval-sec"),
+            "{stderr}"
+        );
+    }
+}
+
+/// RR-FEN-9: a restarted replica finds its peers in its stored membership, whatever
+/// `--peers` says now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_replica_rejoins_through_its_stored_membership() {
+    with_timeout(async {
+        let mut cluster = Cluster::start(3, &[]).await;
+        let client = cluster.client();
+        let leader = cluster.wait_leader(&[]).await;
+        let follower = (leader + 1) % 3;
+        cluster.replicas[follower].kill();
+        for i in 0..5 {
+            propose_until_applied(&client, topic(&format!("m{i}"))).await;
+        }
+        // No --peers at all now: only the stored membership can lead it back.
+        cluster.replicas[follower].set_peers("");
+        cluster.replicas[follower].start();
+        wait_for("replica rejoined without --peers", Duration::from_secs(30), || async {
+            topics_of(&cluster, follower).await.filter(|t| t.len() == 5)
+        })
+        .await;
+    })
+    .await;
+}
+
+/// The watch API: a snapshot at an index, then every delta in order; resumable from an index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_a_snapshot_then_ordered_deltas_and_resumes_from_an_index() {
+    use weir_metad::model::{codec, Delta, State};
+    use weir_proto::metad::watch_event::Kind;
+    with_timeout(async {
+        let cluster = Cluster::start(3, &[]).await;
+        let client = cluster.client();
+        let leader = cluster.wait_leader(&[]).await;
+        let follower = (leader + 1) % 3;
+        let watcher = cluster.replicas[follower].client();
+        let mut stream = watcher.watch(None).await.expect("watch");
+        let first = stream.message().await.expect("event").expect("open stream");
+        let Some(Kind::Snapshot(bytes)) = first.kind else {
+            panic!("first event is not a snapshot")
+        };
+        let mut mirror: State = codec::decode(&bytes).expect("snapshot");
+        mirror.reindex();
+        assert_eq!(mirror.applied_index, first.index);
+        for i in 0..5 {
+            propose_until_applied(&client, topic(&format!("w{i}"))).await;
+        }
+        let mut indexes = Vec::new();
+        while mirror.topics.len() < 5 {
+            let event = stream.message().await.expect("event").expect("open stream");
+            let Some(Kind::Delta(bytes)) = event.kind else {
+                panic!("unexpected snapshot mid-stream")
+            };
+            let delta: Delta = codec::decode(&bytes).expect("delta");
+            assert_eq!(delta.index, event.index);
+            mirror.apply_delta(&delta);
+            indexes.push(event.index);
+        }
+        // Every applied index arrives once, in order, with no gap.
+        assert!(indexes.windows(2).all(|w| w[1] == w[0] + 1), "{indexes:?}");
+        assert_eq!(indexes[0], first.index + 1);
+        let mut served = cluster.replicas[follower]
+            .http_json("/admin/state/state")
+            .await
+            .expect("state");
+        let mut mine = weir_metad::admin::state_json(&mirror);
+        served.as_object_mut().unwrap().remove("applied_index");
+        mine.as_object_mut().unwrap().remove("applied_index");
+        assert_eq!(mine, served);
+        // Resuming after an index replays the deltas after it, without a snapshot.
+        let resume_after = indexes[1];
+        let mut resumed = watcher.watch(Some(resume_after)).await.expect("watch");
+        let event = resumed.message().await.expect("event").expect("open stream");
+        assert!(matches!(event.kind, Some(Kind::Delta(_))), "resume sent a snapshot");
+        assert_eq!(event.index, resume_after + 1);
+    })
+    .await;
+}

@@ -1,0 +1,530 @@
+//! streamd over real processes and a real S3-protocol server (s3s-fs): appends,
+//! uploads and commits, reads from the tail and from objects, WAL replay after
+//! SIGKILL, WAL fencing, and corruption detection.
+
+use std::time::{Duration, Instant};
+use weir_proto::streamd::{AppendRequest, CloseStreamRequest, ReadRequest, StatusRequest};
+use weir_shared::ids::{Epoch, NodeId};
+use weir_tests::batches::{batch, values};
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::wait_for;
+
+const TEST_TIMEOUT: Duration = Duration::from_secs(180);
+
+async fn with_timeout(f: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(TEST_TIMEOUT, f).await.expect("test timed out");
+}
+
+/// Reads every record of `stream` from `offset` on through node `on`.
+async fn read_all(stack: &Stack, on: usize, stream: &str, from: u64, until: u64) -> Vec<(u64, Vec<u8>)> {
+    let mut client = stack.nodes[on].client().await;
+    let mut out = Vec::new();
+    let mut offset = from;
+    while offset < until {
+        let r = client
+            .read(ReadRequest {
+                stream: stream.into(),
+                offset,
+                max_bytes: 64 * 1024,
+                wait_ms: 0,
+            })
+            .await
+            .expect("read")
+            .into_inner();
+        assert!(r.next_offset > offset, "read made no progress at {offset}");
+        out.extend(values(&r.batches));
+        offset = r.next_offset;
+    }
+    out
+}
+
+fn expect_sequence(got: &[(u64, Vec<u8>)], n: usize, prefix: &str) {
+    assert_eq!(got.len(), n, "record count");
+    for (i, (offset, value)) in got.iter().enumerate() {
+        assert_eq!(*offset, i as u64, "offset of record {i}");
+        assert_eq!(value, format!("{prefix}-{i}").as_bytes(), "value at {i}");
+    }
+}
+
+/// RR-WAL-2, RR-WAL-4: acknowledged appends read back from the tail, are uploaded to S3
+/// and committed; after a close and a move, the new owner serves them by ranged GETs.
+async fn append_upload_and_read_back(backend: Backend) {
+    let stack = Stack::start(2, backend, &["--upload-interval-ms", "100"]).await;
+    stack.create_stream("orders", 0).await;
+    let mut a = stack.nodes[0].client().await;
+    for i in 0..200 {
+        let reply = a
+            .append(AppendRequest {
+                stream: "orders".into(),
+                batches: batch(format!("r-{i}").as_bytes()),
+                match_next_offset: None,
+            })
+            .await
+            .expect("append")
+            .into_inner();
+        assert_eq!(reply.base_offset, i);
+        assert_eq!(reply.end_offset, i + 1);
+    }
+    expect_sequence(&read_all(&stack, 0, "orders", 0, 200).await, 200, "r");
+    // The uploader commits everything within a few intervals.
+    wait_for("upload committed", Duration::from_secs(20), || {
+        let mut a = a.clone();
+        async move {
+            let s = a
+                .status(StatusRequest {
+                    stream: "orders".into(),
+                })
+                .await
+                .ok()?
+                .into_inner();
+            (s.committed_end == 200 && s.buffered_bytes == 0).then_some(())
+        }
+    })
+    .await;
+    let objects: Vec<_> = walk(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
+    assert!(!objects.is_empty(), "no data object in S3");
+    // Close on A and move to B: B reads everything from objects (range GETs).
+    let end = a
+        .close_stream(CloseStreamRequest {
+            stream: "orders".into(),
+        })
+        .await
+        .expect("close")
+        .into_inner()
+        .end_offset;
+    assert_eq!(end, 200);
+    let id = stack.metad.client().admin("streams", 0, 0).await.expect("streams")["streams"]
+        .as_object()
+        .and_then(|m| m.values().find(|s| s["name"] == "orders").map(|s| s["id"].as_u64()))
+        .flatten()
+        .expect("stream id");
+    // FO-FEN-9: the former owner refuses the stream at once, naming no stale epoch.
+    let err = a
+        .append(AppendRequest {
+            stream: "orders".into(),
+            batches: batch(b"late"),
+            match_next_offset: None,
+        })
+        .await
+        .expect_err("closed stream accepted an append");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert_eq!(weir_streamd::error::error_code(&err), Some("not_owner"));
+    stack.place(weir_shared::ids::StreamId(id), 1).await;
+    stack.wait_serving("orders", 1).await;
+    expect_sequence(&read_all(&stack, 1, "orders", 0, 200).await, 200, "r");
+    // Range reads from the middle of an object.
+    let mid = read_all(&stack, 1, "orders", 137, 200).await;
+    assert_eq!(mid.first().map(|(o, _)| *o), Some(137));
+    // New appends on B continue the offsets.
+    let mut b = stack.nodes[1].client().await;
+    let r = b
+        .append(AppendRequest {
+            stream: "orders".into(),
+            batches: batch(b"r-200"),
+            match_next_offset: Some(200),
+        })
+        .await
+        .expect("append on B")
+        .into_inner();
+    assert_eq!(r.base_offset, 200);
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_wal_appends_upload_to_s3_and_read_back_after_a_move() {
+    with_timeout(append_upload_and_read_back(Backend::FileWal)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_wal_appends_upload_to_s3_and_read_back_after_a_move() {
+    with_timeout(append_upload_and_read_back(Backend::ObjectWal)).await;
+}
+
+/// A long poll wakes on an append; a read past the end is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
+    with_timeout(async {
+        let stack = Stack::start(1, Backend::FileWal, &[]).await;
+        stack.create_stream("tail", 0).await;
+        let mut reader = stack.nodes[0].client().await;
+        let waiting = tokio::spawn(async move {
+            let started = Instant::now();
+            let r = reader
+                .read(ReadRequest {
+                    stream: "tail".into(),
+                    offset: 0,
+                    max_bytes: 0,
+                    wait_ms: 10_000,
+                })
+                .await
+                .expect("long poll")
+                .into_inner();
+            (r, started.elapsed())
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut writer = stack.nodes[0].client().await;
+        writer
+            .append(AppendRequest {
+                stream: "tail".into(),
+                batches: batch(b"woke"),
+                match_next_offset: None,
+            })
+            .await
+            .expect("append");
+        let (r, took) = waiting.await.expect("reader");
+        assert_eq!(values(&r.batches), vec![(0, b"woke".to_vec())]);
+        assert!(took < Duration::from_secs(5), "long poll did not wake: {took:?}");
+        let mut c = stack.nodes[0].client().await;
+        let err = c
+            .read(ReadRequest {
+                stream: "tail".into(),
+                offset: 5,
+                max_bytes: 0,
+                wait_ms: 0,
+            })
+            .await
+            .expect_err("past the end");
+        assert_eq!(err.code(), tonic::Code::OutOfRange);
+        let err = c
+            .append(AppendRequest {
+                stream: "tail".into(),
+                batches: b"not a batch".to_vec(),
+                match_next_offset: None,
+            })
+            .await
+            .expect_err("garbage");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        let err = c
+            .append(AppendRequest {
+                stream: "tail".into(),
+                batches: batch(b"x"),
+                match_next_offset: Some(0),
+            })
+            .await
+            .expect_err("stale match");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    })
+    .await;
+}
+
+/// SIGKILL right after acknowledgements: replaying the WAL yields every acknowledged
+/// record, in order, exactly once (both backends).
+async fn sigkill_then_replay(backend: Backend) {
+    // A long upload interval keeps records in the WAL only.
+    let mut stack = Stack::start(
+        1,
+        backend,
+        &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
+    )
+    .await;
+    let id = stack.create_stream("acks", 0).await;
+    let mut client = stack.nodes[0].client().await;
+    let mut acked = Vec::new();
+    for i in 0..300u64 {
+        let r = client
+            .append(AppendRequest {
+                stream: "acks".into(),
+                batches: batch(format!("k-{i}").as_bytes()),
+                match_next_offset: None,
+            })
+            .await
+            .expect("append")
+            .into_inner();
+        acked.push(r.base_offset);
+    }
+    let epoch = Epoch(1);
+    stack.nodes[0].kill();
+    let node = NodeId::new("streamd-1");
+    let records = match backend {
+        Backend::FileWal => weir_streamd::wal::file::take_over(&stack.wal_root, &node, epoch, "test").expect("replay"),
+        Backend::ObjectWal => {
+            let store = s3_store(&stack);
+            weir_streamd::wal::object::take_over(store, &node, epoch, "test")
+                .await
+                .expect("replay")
+        }
+    };
+    let mut replayed = Vec::new();
+    for r in records.iter().filter(|r| r.stream == id) {
+        replayed.extend(values(&r.batches));
+    }
+    assert_eq!(replayed.len(), 300, "every acknowledged record once");
+    for (i, (offset, value)) in replayed.iter().enumerate() {
+        assert_eq!(*offset, acked[i]);
+        assert_eq!(value, format!("k-{i}").as_bytes());
+    }
+    // RR-FEN-6, INV-12: the restarted node is a new incarnation that owns nothing from before.
+    stack.nodes[0].start();
+    stack.nodes[0].wait_ready().await;
+    let mut client = stack.nodes[0].client().await;
+    let err = client
+        .status(StatusRequest { stream: "acks".into() })
+        .await
+        .expect_err("restarted node serves the stream");
+    assert_eq!(weir_streamd::error::error_code(&err), Some("not_owner"));
+    let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
+    assert_eq!(nodes["nodes"][0]["epoch"], 2);
+}
+
+fn s3_store(stack: &Stack) -> std::sync::Arc<dyn object_store::ObjectStore> {
+    let s3 = object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(&stack.s3.endpoint)
+        .with_bucket_name(weir_tests::s3::BUCKET)
+        .with_access_key_id(weir_tests::s3::ACCESS_KEY)
+        .with_secret_access_key(weir_tests::s3::SECRET_KEY)
+        .with_region("us-east-1")
+        .with_allow_http(true)
+        .build()
+        .expect("s3 client");
+    std::sync::Arc::new(s3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_wal_replay_after_sigkill_returns_every_acknowledged_record_once() {
+    with_timeout(sigkill_then_replay(Backend::FileWal)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_wal_replay_after_sigkill_returns_every_acknowledged_record_once() {
+    with_timeout(sigkill_then_replay(Backend::ObjectWal)).await;
+}
+
+/// INV-7, FO-FEN-8: a takeover (racing the writer's appends where the store's
+/// conditional put is atomic) fences the writer: it acknowledges nothing afterwards,
+/// exits 75, and every record it acknowledged is in the replay. s3s-fs's put-if-absent
+/// is check-then-write, so against it the object WAL is fenced between appends.
+async fn takeover_races_appends(backend: Backend) {
+    let racing = backend == Backend::FileWal;
+    let mut stack = Stack::start(
+        1,
+        backend,
+        &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
+    )
+    .await;
+    let id = stack.create_stream("race", 0).await;
+    let (pause_tx, mut pause_rx) = tokio::sync::watch::channel(false);
+    let writer = {
+        let mut client = stack.nodes[0].client().await;
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0..100_000u64 {
+                if i == 50 && !racing {
+                    // Wait for the takeover, then try once more.
+                    let _ = pause_rx.wait_for(|p| *p).await;
+                }
+                let req = AppendRequest {
+                    stream: "race".into(),
+                    batches: batch(format!("x-{i}").as_bytes()),
+                    match_next_offset: None,
+                };
+                match client.append(req).await {
+                    Ok(r) => acked.push((r.into_inner().base_offset, i)),
+                    Err(_) => break,
+                }
+            }
+            acked
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let node = NodeId::new("streamd-1");
+    let records = match backend {
+        Backend::FileWal => {
+            weir_streamd::wal::file::take_over(&stack.wal_root, &node, Epoch(1), "test").expect("takeover")
+        }
+        Backend::ObjectWal => weir_streamd::wal::object::take_over(s3_store(&stack), &node, Epoch(1), "test")
+            .await
+            .expect("takeover"),
+    };
+    pause_tx.send_replace(true);
+    let acked = writer.await.expect("writer");
+    if !racing {
+        assert_eq!(acked.len(), 50, "an append after the takeover was acknowledged");
+    }
+    assert!(!acked.is_empty(), "the writer acknowledged nothing before the takeover");
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(code, Some(75), "a taken-over writer exits 75");
+    let replayed: std::collections::HashMap<u64, Vec<u8>> = records
+        .iter()
+        .filter(|r| r.stream == id)
+        .flat_map(|r| values(&r.batches))
+        .collect();
+    for (offset, i) in &acked {
+        assert_eq!(
+            replayed.get(offset).map(Vec::as_slice),
+            Some(format!("x-{i}").as_bytes()),
+            "acknowledged offset {offset} lost"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_wal_takeover_racing_appends_fences_the_writer_and_loses_no_ack() {
+    with_timeout(takeover_races_appends(Backend::FileWal)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_wal_takeover_fences_the_writer_and_loses_no_ack() {
+    with_timeout(takeover_races_appends(Backend::ObjectWal)).await;
+}
+
+/// A torn WAL tail is cut, and a corrupted data object is reported, never served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
+    with_timeout(async {
+        let mut stack = Stack::start(2, Backend::FileWal, &["--upload-interval-ms", "100"]).await;
+        let id = stack.create_stream("c", 0).await;
+        let mut a = stack.nodes[0].client().await;
+        for i in 0..10 {
+            a.append(AppendRequest {
+                stream: "c".into(),
+                batches: batch(format!("c-{i}").as_bytes()),
+                match_next_offset: None,
+            })
+            .await
+            .expect("append");
+        }
+        a.close_stream(CloseStreamRequest { stream: "c".into() })
+            .await
+            .expect("close");
+        // Corrupt the one data object on the S3 server's disk.
+        let objects = walk(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
+        for path in objects.iter().filter(|p| p.extension().is_some_and(|e| e == "wdo")) {
+            let mut data = std::fs::read(path).expect("object");
+            data[20] ^= 0xff;
+            std::fs::write(path, data).expect("rewrite");
+        }
+        stack.place(id, 1).await;
+        stack.wait_serving("c", 1).await;
+        let mut b = stack.nodes[1].client().await;
+        let err = b
+            .read(ReadRequest {
+                stream: "c".into(),
+                offset: 0,
+                max_bytes: 0,
+                wait_ms: 0,
+            })
+            .await
+            .expect_err("corrupt data served");
+        assert_eq!(err.code(), tonic::Code::DataLoss);
+        assert!(err.message().contains("checksum"), "{}", err.message());
+        // A torn tail: kill A's successor writes, then append garbage to its last segment.
+        stack.nodes[0].kill();
+        let dir = weir_streamd::wal::file::incarnation_dir(&stack.wal_root, &NodeId::new("streamd-1"), Epoch(1));
+        let mut segments: Vec<_> = std::fs::read_dir(&dir)
+            .expect("wal dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        segments.sort();
+        let last = segments.last().expect("a segment").clone();
+        let clean_len = std::fs::metadata(&last).expect("segment").len();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&last).expect("segment");
+        std::io::Write::write_all(&mut f, &[0, 0, 1, 0, 0xde, 0xad]).expect("tear");
+        drop(f);
+        let records = weir_streamd::wal::file::take_over(&stack.wal_root, &NodeId::new("streamd-1"), Epoch(1), "test")
+            .expect("replay");
+        assert_eq!(
+            records
+                .iter()
+                .filter(|r| r.stream == id)
+                .flat_map(|r| values(&r.batches))
+                .count(),
+            10
+        );
+        let taken = dir
+            .with_extension("taken-by-test")
+            .join(last.file_name().expect("name"));
+        assert_eq!(
+            std::fs::metadata(taken).expect("segment").len(),
+            clean_len,
+            "torn tail not cut"
+        );
+    })
+    .await;
+}
+
+/// SD-TRG-3, FO-FEN-8: a node whose row is fenced, or replaced by a newer registration,
+/// stops at once and exits 75.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_or_replaced_node_exits_75() {
+    use weir_metad::model::{Command, NodeAddrs, NodeKind, Proposer};
+    with_timeout(async {
+        let mut stack = Stack::start(2, Backend::FileWal, &[]).await;
+        let client = stack.metad.client();
+        let op = Proposer::Operator {
+            principal: "test".into(),
+        };
+        // Fence streamd-1 with the exact (epoch, heartbeats) CAS; retry while it heartbeats.
+        wait_for("FenceNode to apply", Duration::from_secs(20), || async {
+            let nodes = client.admin("nodes", 0, 0).await.ok()?;
+            let row = nodes["nodes"]
+                .as_array()?
+                .iter()
+                .find(|n| n["node_id"] == "streamd-1")?
+                .clone();
+            let cmd = Command::FenceNode {
+                node: NodeId::new("streamd-1"),
+                epoch: Epoch(row["epoch"].as_u64()?),
+                seen_heartbeats: row["heartbeats"].as_u64()?,
+            };
+            client.propose(&op, cmd).await.ok()?.1.ok().map(|_| ())
+        })
+        .await;
+        assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(10)).await, Some(75));
+        // Replace streamd-2 by registering the same id again.
+        let register = Command::RegisterNode {
+            node: NodeId::new("streamd-2"),
+            kind: NodeKind::Streamd,
+            addrs: NodeAddrs::default(),
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        client
+            .propose(&op, register)
+            .await
+            .expect("register")
+            .1
+            .expect("registered");
+        assert_eq!(stack.nodes[1].wait_exit(Duration::from_secs(10)).await, Some(75));
+        assert!(
+            stack.nodes[1].log_text().contains("newer registration"),
+            "no log line naming the cause"
+        );
+    })
+    .await;
+}
+
+/// FO-LIV-14: a streamd whose heartbeat timing differs from the cluster's is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamd_with_another_heartbeat_timing_is_refused() {
+    with_timeout(async {
+        let mut stack = Stack::start(0, Backend::FileWal, &[]).await;
+        stack.add_node(
+            "odd",
+            Backend::FileWal,
+            &["--heartbeat-interval-sec", "2", "--node-timeout-sec", "10"],
+        );
+        let code = stack.nodes[0].wait_exit(Duration::from_secs(20)).await;
+        assert_eq!(code, Some(1));
+        let log = stack.nodes[0].log_text();
+        assert!(
+            log.contains("--heartbeat-interval-sec 2") && log.contains("--heartbeat-interval-sec 1"),
+            "{log}"
+        );
+    })
+    .await;
+}
