@@ -1,6 +1,6 @@
 //! `weir dev`: Weir on local disk in one process, no other setup.
 
-use clap::Args;
+use clap::{Args, Parser};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +20,14 @@ pub struct DevArgs {
     /// metad's admin HTTP address.
     #[arg(long, env = "WEIR_METAD_HTTP_LISTEN", default_value = "127.0.0.1:7480")]
     metad_http_listen: SocketAddr,
+
+    /// streamd's data-plane gRPC address.
+    #[arg(long, env = "WEIR_STREAMD_LISTEN", default_value = "127.0.0.1:7500")]
+    streamd_listen: SocketAddr,
+
+    /// streamd's health HTTP address.
+    #[arg(long, env = "WEIR_STREAMD_HTTP_LISTEN", default_value = "127.0.0.1:7580")]
+    streamd_http_listen: SocketAddr,
 
     #[command(flatten)]
     telemetry: TelemetryArgs,
@@ -48,15 +56,48 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         },
     }
     .validate()?;
+    std::fs::create_dir_all(&args.data_dir)?;
+    let data_dir = std::fs::canonicalize(&args.data_dir)?;
+    let streamd = weir_streamd::StreamdArgs::parse_from([
+        "streamd",
+        "--id",
+        "dev-streamd",
+        "--metad",
+        &args.metad_listen.to_string(),
+        "--data-dir",
+        &data_dir.join("streamd").display().to_string(),
+        "--object-store",
+        &format!("file://{}", data_dir.join("objects").display()),
+        "--wal-dir",
+        &data_dir.join("wal").display().to_string(),
+        "--listen",
+        &args.streamd_listen.to_string(),
+        "--http-listen",
+        &args.streamd_http_listen.to_string(),
+    ]);
+    streamd.validate()?;
     println!("weir dev: data in {}", args.data_dir.display());
     println!(
         "weir dev: metad gRPC on {} (weir --metad {} nodes list)",
         args.metad_listen, args.metad_listen
     );
     println!("weir dev: metad admin HTTP on http://{}", args.metad_http_listen);
+    println!(
+        "weir dev: streamd data plane on {} (health on http://{})",
+        args.streamd_listen, args.streamd_http_listen
+    );
     let shutdown = CancellationToken::new();
     let signals = weir_shared::signals::stop_on_signal(shutdown.clone());
-    let result = weir_metad::run(metad, shutdown).await;
+    // streamd hands off before metad stops: it stops first, then metad.
+    let metad_stop = CancellationToken::new();
+    let metad_task = tokio::spawn(weir_metad::run(metad, metad_stop.clone()));
+    let streamd_result = weir_streamd::run(streamd, shutdown.clone()).await;
+    metad_stop.cancel();
+    let metad_result = metad_task.await?;
     signals.abort();
-    result
+    match streamd_result? {
+        weir_streamd::Exit::Clean => {}
+        weir_streamd::Exit::Fenced => anyhow::bail!("the dev streamd was fenced"),
+    }
+    metad_result
 }

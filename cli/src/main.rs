@@ -29,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run Weir on local disk in one process (the metadata service for now).
+    /// Run Weir on local disk in one process: metad and streamd (the gateway is next).
     Dev(dev::DevArgs),
     /// Registered nodes.
     Nodes {

@@ -45,6 +45,10 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_WAL_MAX_BYTES", default_value_t = 1 << 30)]
     pub wal_max_bytes: u64,
 
+    /// Size at which the file WAL starts a new segment; whole segments are reclaimed.
+    #[arg(long, env = "WEIR_WAL_SEGMENT_BYTES", default_value_t = 64 << 20)]
+    pub wal_segment_bytes: u64,
+
     /// gRPC data-plane address.
     #[arg(long, env = "WEIR_LISTEN", default_value = "127.0.0.1:7500")]
     pub listen: SocketAddr,
@@ -103,8 +107,11 @@ impl StreamdArgs {
                 return Err(ConfigError::new(format!("{flag} must be at least 1")));
             }
         }
-        if self.gc_delay_sec < 60 {
-            return Err(ConfigError::new("--gc-delay-sec must be at least 60"));
+        if self.gc_delay_sec == 0 {
+            return Err(ConfigError::new("--gc-delay-sec must be at least 1"));
+        }
+        if self.wal_segment_bytes < 4096 {
+            return Err(ConfigError::new("--wal-segment-bytes must be at least 4096"));
         }
         Ok(())
     }

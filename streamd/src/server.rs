@@ -52,7 +52,7 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
             &args.wal_root(),
             &node_id,
             me.epoch,
-            crate::wal::file::DEFAULT_SEGMENT_BYTES,
+            args.wal_segment_bytes,
         )?),
         WalBackend::Object => Sink::Object(ObjectSink::create(store.clone(), &node_id, me.epoch)),
     };
@@ -83,6 +83,14 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
     ));
     tasks.spawn(reconcile_loop(node.clone(), stop.clone()));
     tasks.spawn(upload_loop(node.clone(), stop.clone()));
+    let gc_delay = Duration::from_secs(args.gc_delay_sec);
+    tasks.spawn(crate::object::gc::gc_loop(
+        node.store.clone(),
+        view.clone(),
+        gc_delay,
+        (gc_delay / 4).clamp(Duration::from_secs(1), Duration::from_secs(300)),
+        stop.clone(),
+    ));
 
     let servers_stop = CancellationToken::new();
     let grpc = tonic::transport::Server::builder()

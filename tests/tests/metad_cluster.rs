@@ -366,3 +366,113 @@ async fn watch_streams_a_snapshot_then_ordered_deltas_and_resumes_from_an_index(
     })
     .await;
 }
+
+/// OBS-5 and the operator surface: admin HTTP (`/livez`, `/readyz`, `/admin/nodes`, the
+/// log dump, `/metrics`) and the `weir` CLI in human and JSON form, against a live cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_http_and_cli_report_nodes_streams_and_the_log() {
+    with_timeout(async {
+        let cluster = Cluster::start(3, &[]).await;
+        let client = cluster.client();
+        propose_until_applied(&client, topic("audited")).await;
+        let register = Command::RegisterNode {
+            node: weir_shared::ids::NodeId::new("streamd-x"),
+            kind: weir_metad::model::NodeKind::Streamd,
+            addrs: weir_metad::model::NodeAddrs::default(),
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        propose_until_applied(&client, register).await;
+        let r = &cluster.replicas[0];
+        let http = reqwest::Client::new();
+        for (path, status) in [("/livez", 200), ("/readyz", 200), ("/admin/nodes", 200), ("/nope", 404)] {
+            let resp = http.get(format!("http://{}{path}", r.http)).send().await.expect("http");
+            assert_eq!(resp.status().as_u16(), status, "{path}");
+        }
+        // Every replica answers /admin/nodes the same once applied.
+        for i in 0..3 {
+            let nodes = wait_for("node row on every replica", Duration::from_secs(10), || async {
+                let v = cluster.replicas[i].http_json("/admin/nodes").await?;
+                (v["nodes"].as_array()?.len() == 1).then_some(v)
+            })
+            .await;
+            let row = &nodes["nodes"][0];
+            assert_eq!(row["node_id"], "streamd-x");
+            assert_eq!(row["epoch"], 1);
+            assert_eq!(row["fenced"], false);
+            assert_eq!(row["cordoned"], false);
+        }
+        let log = r
+            .http_json("/admin/metadata/log?from=0&limit=100")
+            .await
+            .expect("log dump");
+        let kinds: Vec<String> = log["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter_map(|e| e["proposal"]["command"]["type"].as_str().map(String::from))
+            .collect();
+        assert!(
+            kinds.contains(&"create_topic".to_string()) && kinds.contains(&"register_node".to_string()),
+            "{kinds:?}"
+        );
+        let bad = http
+            .get(format!("http://{}/admin/metadata/log?bogus=1", r.http))
+            .send()
+            .await
+            .expect("http");
+        assert_eq!(bad.status().as_u16(), 400);
+        let metrics = http
+            .get(format!("http://{}/metrics", r.http))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(
+            metrics.contains("weir_metad_raft_term") && metrics.contains("weir_metad_raft_applied_index"),
+            "{metrics}"
+        );
+
+        let addrs: Vec<String> = cluster.replicas.iter().map(|r| r.grpc.clone()).collect();
+        let weir = |args: &[&str]| {
+            let out = std::process::Command::new(weir_tests::bin_path("weir"))
+                .arg("--metad")
+                .arg(addrs.join(","))
+                .args(args)
+                .output()
+                .expect("run weir");
+            assert!(
+                out.status.success(),
+                "weir {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        let human = weir(&["nodes", "list"]);
+        assert!(human.starts_with("NODE") && human.contains("streamd-x"), "{human}");
+        let json: serde_json::Value = serde_json::from_str(&weir(&["--json", "nodes", "list"])).expect("json");
+        assert_eq!(json["nodes"][0]["node_id"], "streamd-x");
+        let streams = weir(&["streams", "list"]);
+        assert!(
+            streams.contains("audited/0") && streams.contains("audited/1"),
+            "{streams}"
+        );
+        let dump = weir(&["metadata", "dump"]);
+        assert!(
+            dump.contains("create_topic") && dump.contains("register_node"),
+            "{dump}"
+        );
+        let dump: serde_json::Value = serde_json::from_str(&weir(&["--json", "metadata", "dump"])).expect("json");
+        assert!(dump["entries"].as_array().is_some_and(|e| !e.is_empty()));
+        // A refused command is a CLI error naming why.
+        let out = std::process::Command::new(weir_tests::bin_path("weir"))
+            .args(["--metad", &addrs.join(","), "topics", "create", "audited"])
+            .output()
+            .expect("run weir");
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    })
+    .await;
+}

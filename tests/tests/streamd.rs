@@ -267,6 +267,11 @@ async fn sigkill_then_replay(backend: Backend) {
         assert_eq!(*offset, acked[i]);
         assert_eq!(value, format!("k-{i}").as_bytes());
     }
+    // RR-FEN-5: the catch-up boundary is logged with the index it admitted at.
+    assert!(stack.nodes[0]
+        .log_text()
+        .contains("runtime execution admitted after linearizable consensus catch-up"));
+    assert!(stack.nodes[0].log_text().contains("committed_log_index"));
     // RR-FEN-6, INV-12: the restarted node is a new incarnation that owns nothing from before.
     stack.nodes[0].start();
     stack.nodes[0].wait_ready().await;
@@ -278,6 +283,13 @@ async fn sigkill_then_replay(backend: Backend) {
     assert_eq!(weir_streamd::error::error_code(&err), Some("not_owner"));
     let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
     assert_eq!(nodes["nodes"][0]["epoch"], 2);
+    // FO-LIV-1, FO-LIV-2: the new incarnation heartbeats every second.
+    let first = nodes["nodes"][0]["heartbeats"].as_u64().expect("count");
+    wait_for("heartbeats land", Duration::from_secs(10), || async {
+        let v = stack.metad.client().admin("nodes", 0, 0).await.ok()?;
+        (v["nodes"][0]["heartbeats"].as_u64()? >= first + 2).then_some(())
+    })
+    .await;
 }
 
 fn s3_store(stack: &Stack) -> std::sync::Arc<dyn object_store::ObjectStore> {
@@ -525,6 +537,171 @@ async fn streamd_with_another_heartbeat_timing_is_refused() {
             log.contains("--heartbeat-interval-sec 2") && log.contains("--heartbeat-interval-sec 1"),
             "{log}"
         );
+    })
+    .await;
+}
+
+async fn ready_json(stack: &Stack, on: usize) -> Option<serde_json::Value> {
+    reqwest::get(format!("http://{}/ready", stack.nodes[on].http))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
+}
+
+/// FO-MDO-7: past `--wal-max-bytes`, appends get a retryable `wal_full` error, and
+/// committed uploads reclaim whole segments so appends are accepted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_growth_is_bounded_and_reclaimed_after_commits() {
+    with_timeout(async {
+        let flags = [
+            "--wal-max-bytes",
+            "65536",
+            "--wal-segment-bytes",
+            "8192",
+            "--upload-interval-ms",
+            "600000",
+            "--upload-bytes",
+            "1000000000",
+        ];
+        let stack = Stack::start(1, Backend::FileWal, &flags).await;
+        stack.create_stream("full", 0).await;
+        let mut c = stack.nodes[0].client().await;
+        let value = vec![b'f'; 1000];
+        let mut acked = 0u64;
+        let err = loop {
+            match c
+                .append(AppendRequest {
+                    stream: "full".into(),
+                    batches: batch(&value),
+                    match_next_offset: None,
+                })
+                .await
+            {
+                Ok(_) => acked += 1,
+                Err(e) => break e,
+            }
+            assert!(acked < 1000, "the WAL never filled up");
+        };
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(weir_streamd::error::error_code(&err), Some("wal_full"));
+        // Closing uploads and commits everything; the committed segments are reclaimed.
+        let end = c
+            .close_stream(CloseStreamRequest { stream: "full".into() })
+            .await
+            .expect("close")
+            .into_inner()
+            .end_offset;
+        assert_eq!(end, acked);
+        for _ in 0..100 {
+            let wal = ready_json(&stack, 0).await.and_then(|v| v["wal_bytes"].as_u64());
+            if wal.is_some_and(|w| w <= 8192 + 2048) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("WAL segments not reclaimed; node log:\n{}", stack.nodes[0].log_text());
+    })
+    .await;
+}
+
+/// FO-MDO-1, FO-MDO-2: while the metadata log is down, the owner keeps acknowledging
+/// appends (durable in its WAL) and retries its commits, which land once metad is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() {
+    with_timeout(async {
+        let mut stack = Stack::start(1, Backend::FileWal, &["--upload-interval-ms", "100"]).await;
+        stack.create_stream("outage", 0).await;
+        let mut c = stack.nodes[0].client().await;
+        stack.metad.replicas[0].kill();
+        for i in 0..50 {
+            c.append(AppendRequest {
+                stream: "outage".into(),
+                batches: batch(format!("o-{i}").as_bytes()),
+                match_next_offset: None,
+            })
+            .await
+            .expect("append during the outage");
+        }
+        let s = c
+            .status(StatusRequest {
+                stream: "outage".into(),
+            })
+            .await
+            .expect("status")
+            .into_inner();
+        assert_eq!(s.end_offset, 50);
+        assert!(s.committed_end < 50, "a commit landed without metad");
+        expect_sequence(&read_all(&stack, 0, "outage", 0, 50).await, 50, "o");
+        stack.metad.replicas[0].start();
+        wait_for("commits land after the outage", Duration::from_secs(30), || {
+            let mut c = c.clone();
+            async move {
+                let s = c
+                    .status(StatusRequest {
+                        stream: "outage".into(),
+                    })
+                    .await
+                    .ok()?
+                    .into_inner();
+                (s.committed_end == 50).then_some(())
+            }
+        })
+        .await;
+    })
+    .await;
+}
+
+/// RR-WAL-4, RR-WAL-5, INV-17: an uploaded but uncommitted object is never read and is
+/// collected after the safety delay; committed objects stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncommitted_objects_are_collected_after_the_safety_delay() {
+    use object_store::{ObjectStoreExt, PutPayload};
+    with_timeout(async {
+        let stack = Stack::start(
+            1,
+            Backend::FileWal,
+            &["--upload-interval-ms", "100", "--gc-delay-sec", "2"],
+        )
+        .await;
+        stack.create_stream("gc", 0).await;
+        let mut c = stack.nodes[0].client().await;
+        c.append(AppendRequest {
+            stream: "gc".into(),
+            batches: batch(b"kept"),
+            match_next_offset: None,
+        })
+        .await
+        .expect("append");
+        let store = s3_store(&stack);
+        let orphan = object_store::path::Path::from("data/streamd-9/00000000000000000001/orphan.wdo");
+        store
+            .put(&orphan, PutPayload::from_static(b"never committed"))
+            .await
+            .expect("put orphan");
+        wait_for("orphan collected", Duration::from_secs(30), || {
+            let store = store.clone();
+            let orphan = orphan.clone();
+            async move { store.head(&orphan).await.is_err().then_some(()) }
+        })
+        .await;
+        // The committed object is still there and readable.
+        wait_for("committed", Duration::from_secs(10), || {
+            let mut c = c.clone();
+            async move {
+                let s = c.status(StatusRequest { stream: "gc".into() }).await.ok()?.into_inner();
+                (s.committed_end == 1).then_some(())
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let committed = walk(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
+        assert!(
+            committed.iter().any(|p| p.extension().is_some_and(|e| e == "wdo")),
+            "a committed object was collected"
+        );
+        assert_eq!(read_all(&stack, 0, "gc", 0, 1).await, vec![(0, b"kept".to_vec())]);
     })
     .await;
 }

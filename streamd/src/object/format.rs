@@ -41,10 +41,15 @@ pub enum ObjectFormatError {
 }
 
 /// Builds an object from per-stream chunks of batches.
-#[derive(Default)]
 pub struct ObjectBuilder {
     body: BytesMut,
     chunks: Vec<Chunk>,
+}
+
+impl Default for ObjectBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl ObjectBuilder {

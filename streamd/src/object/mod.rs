@@ -3,4 +3,5 @@
 
 pub mod cache;
 pub mod format;
+pub mod gc;
 pub mod store;

@@ -13,9 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use weir_shared::ids::{Epoch, NodeId};
 
-/// Default size at which a new segment file is started.
-pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
-
 fn io(e: std::io::Error) -> WalError {
     WalError::Io(e.to_string())
 }

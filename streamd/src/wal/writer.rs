@@ -198,6 +198,12 @@ async fn reclaim(
     bytes: &AtomicU64,
 ) {
     let active = sink.active_segment();
+    tracing::debug!(
+        segments = segments.len(),
+        ?active,
+        ?committed,
+        "reclaiming WAL segments"
+    );
     let reclaimable: Vec<SegmentId> = segments
         .iter()
         .take_while(|(id, info)| {
