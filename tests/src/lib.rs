@@ -4,6 +4,7 @@
 
 pub mod batches;
 pub mod metad;
+pub mod process;
 pub mod s3;
 pub mod streamd;
 

@@ -1,23 +1,22 @@
 //! Real metad processes: a replica and a cluster of them.
 
-use crate::{bin_path, free_port, signal, wait_for};
-use nix::sys::signal::Signal;
+use crate::process::Proc;
+use crate::{bin_path, free_port, wait_for};
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 use weir_metad::client::MetadClient;
 
-/// One metad process and where it keeps its data and log.
+/// One metad process and where it keeps its data.
 pub struct Replica {
     pub id: u64,
     pub grpc: String,
     pub http: String,
     pub data_dir: PathBuf,
-    pub log_path: PathBuf,
     peers: String,
     extra: Vec<String>,
-    child: Option<Child>,
+    proc: Proc,
 }
 
 impl Replica {
@@ -28,12 +27,8 @@ impl Replica {
 
     /// Starts the process with extra environment variables (failpoints).
     pub fn start_with_env(&mut self, env: &[(&str, &str)]) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .expect("open replica log");
-        let child = Command::new(bin_path("metad"))
+        let mut command = Command::new(bin_path("metad"));
+        command
             .args(["--id", &self.id.to_string()])
             .args(["--listen", &self.grpc])
             .args(["--http-listen", &self.http])
@@ -44,12 +39,8 @@ impl Replica {
             .args(["--propose-timeout-ms", "3000", "--raft-heartbeat-ms", "100"])
             .args(["--log-format", "json"])
             .args(&self.extra)
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn metad");
-        self.child = Some(child);
+            .envs(env.iter().copied());
+        self.proc.spawn(command);
     }
 
     /// Restarts with `--peers` replaced, as an operator would after the first boot.
@@ -57,35 +48,24 @@ impl Replica {
         self.peers = peers.to_string();
     }
 
-    /// Waits for the process to exit by itself; returns its exit code.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let mut child = self.child.take()?;
-        let status = wait_for("metad to exit", timeout, || {
-            let status = child.try_wait().ok().flatten();
-            async move { status }
-        })
-        .await;
-        status.code()
+        self.proc.wait_exit(timeout).await
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("replica is running").id()
-    }
-
-    /// SIGKILL, and reap the process.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.proc.kill();
     }
 
     pub fn pause(&self) {
-        signal(self.pid(), Signal::SIGSTOP);
+        self.proc.pause();
     }
 
     pub fn resume(&self) {
-        signal(self.pid(), Signal::SIGCONT);
+        self.proc.resume();
+    }
+
+    pub fn log_text(&self) -> String {
+        self.proc.log_text()
     }
 
     pub fn client(&self) -> MetadClient {
@@ -101,19 +81,6 @@ impl Replica {
             .await
             .ok()?;
         resp.json().await.ok()
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        if let Some(child) = &self.child {
-            signal(child.id(), Signal::SIGCONT);
-        }
-        self.kill();
     }
 }
 
@@ -140,10 +107,12 @@ impl Cluster {
                 grpc: grpc[i as usize].clone(),
                 http: format!("127.0.0.1:{}", free_port()),
                 data_dir: dir.path().join(format!("metad-{}", i + 1)),
-                log_path: dir.path().join(format!("metad-{}.log", i + 1)),
                 peers: peers.clone(),
                 extra: extra.iter().map(|s| s.to_string()).collect(),
-                child: None,
+                proc: Proc::new(
+                    format!("metad-{}", i + 1),
+                    dir.path().join(format!("metad-{}.log", i + 1)),
+                ),
             })
             .collect();
         for r in &mut replicas {

@@ -1,11 +1,11 @@
 //! Real streamd processes and a small stack (one metad, S3, streamd nodes) for tests.
 
 use crate::metad::Cluster;
+use crate::process::Proc;
 use crate::s3::S3Server;
-use crate::{bin_path, free_port, signal, wait_for};
-use nix::sys::signal::Signal;
+use crate::{bin_path, free_port, wait_for};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 use tonic::transport::Channel;
 use weir_metad::model::{Applied, Command as MetaCommand, Proposer, StreamConfig};
@@ -17,63 +17,40 @@ pub struct Streamd {
     pub id: String,
     pub grpc: String,
     pub http: String,
-    pub log_path: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
-    child: Option<Child>,
+    proc: Proc,
 }
 
 impl Streamd {
     pub fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .expect("log");
-        let child = Command::new(bin_path("streamd"))
+        let mut command = Command::new(bin_path("streamd"));
+        command
             .args(&self.args)
             .args(["--listen", &self.grpc, "--http-listen", &self.http])
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn streamd");
-        self.child = Some(child);
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        self.proc.spawn(command);
     }
 
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.proc.kill();
     }
 
     pub fn term(&self) {
-        signal(self.pid(), Signal::SIGTERM);
+        self.proc.term();
     }
 
-    /// Waits for the process to exit by itself; its exit code.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let mut child = self.child.take()?;
-        let status = wait_for("streamd to exit", timeout, || {
-            let s = child.try_wait().ok().flatten();
-            async move { s }
-        })
-        .await;
-        status.code()
+        self.proc.wait_exit(timeout).await
+    }
+
+    pub fn log_text(&self) -> String {
+        self.proc.log_text()
     }
 
     pub async fn client(&self) -> StreamdClient<Channel> {
         let ch = weir_metad::network::channel(&self.grpc).expect("channel");
         StreamdClient::new(ch).max_decoding_message_size(64 << 20)
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
     /// Waits until `/readyz` answers 200.
@@ -88,15 +65,6 @@ impl Streamd {
             },
         )
         .await;
-    }
-}
-
-impl Drop for Streamd {
-    fn drop(&mut self) {
-        if let Some(c) = &self.child {
-            signal(c.id(), Signal::SIGCONT);
-        }
-        self.kill();
     }
 }
 
@@ -174,10 +142,9 @@ impl Stack {
             id: id.into(),
             grpc: format!("127.0.0.1:{}", free_port()),
             http: format!("127.0.0.1:{}", free_port()),
-            log_path: self.dir.path().join(format!("{id}.log")),
             args,
             env: self.s3.env(),
-            child: None,
+            proc: Proc::new(id, self.dir.path().join(format!("{id}.log"))),
         };
         node.start();
         self.nodes.push(node);

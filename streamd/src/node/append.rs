@@ -93,7 +93,7 @@ impl Node {
                 Err(e) => return Err(self.wal_failed(e)),
             };
             inner.next_offset = next;
-            inner.buffer.extend(buffered);
+            inner.push(buffered);
             (
                 durable,
                 Appended {

@@ -30,17 +30,29 @@ pub struct StreamInner {
     pub ranges: Vec<ObjectRange>,
     /// Set while closing: no new appends.
     pub closing: bool,
+    /// Bytes in `buffer`, kept so the append path need not sum it.
+    buffered: u64,
 }
 
 impl StreamInner {
     pub fn buffered_bytes(&self) -> u64 {
-        self.buffer.iter().map(|b| b.data.len() as u64).sum()
+        self.buffered
+    }
+
+    /// Adds batches at the end of the tail buffer.
+    pub fn push(&mut self, batches: impl IntoIterator<Item = Buffered>) {
+        for b in batches {
+            self.buffered += b.data.len() as u64;
+            self.buffer.push_back(b);
+        }
     }
 
     /// Drops buffered batches now covered by committed objects.
     pub fn trim_committed(&mut self) {
         while self.buffer.front().is_some_and(|b| b.end <= self.committed_end) {
-            self.buffer.pop_front();
+            if let Some(b) = self.buffer.pop_front() {
+                self.buffered -= b.data.len() as u64;
+            }
         }
     }
 }
@@ -77,6 +89,7 @@ impl StreamHandle {
                 committed_end,
                 ranges,
                 closing: false,
+                buffered: 0,
             }),
             durable: watch::channel(committed_end).0,
             serving: AtomicBool::new(true),

@@ -1,0 +1,91 @@
+//! A child process under test: started with its stderr appended to a log file,
+//! signalled, killed and reaped; shared by every service wrapper.
+
+use crate::{signal, wait_for};
+use nix::sys::signal::Signal;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// One service process and the file its log goes to.
+pub struct Proc {
+    pub name: String,
+    pub log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    pub fn new(name: impl Into<String>, log_path: PathBuf) -> Self {
+        Self {
+            name: name.into(),
+            log_path,
+            child: None,
+        }
+    }
+
+    /// Spawns `command` with stdout discarded and stderr appended to the log.
+    pub fn spawn(&mut self, mut command: Command) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("open process log");
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.name));
+        self.child = Some(child);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} is not running", self.name))
+            .id()
+    }
+
+    /// SIGKILL, and reap the process.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn pause(&self) {
+        signal(self.pid(), Signal::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        signal(self.pid(), Signal::SIGCONT);
+    }
+
+    pub fn term(&self) {
+        signal(self.pid(), Signal::SIGTERM);
+    }
+
+    /// Waits for the process to exit by itself; returns its exit code.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let status = wait_for(&format!("{} to exit", self.name), timeout, || {
+            let status = child.try_wait().ok().flatten();
+            async move { status }
+        })
+        .await;
+        status.code()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            signal(child.id(), Signal::SIGCONT);
+        }
+        self.kill();
+    }
+}
