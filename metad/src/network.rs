@@ -81,10 +81,10 @@ impl PeerClient {
         let payload = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let request = RaftRequest { payload };
         let ttl = option.hard_ttl();
-        let rpc_kind = match rpc {
-            Rpc::Append => Rpc::Append,
-            Rpc::Snapshot => Rpc::Snapshot,
-            Rpc::Vote => Rpc::Vote,
+        let action = match rpc {
+            Rpc::Append => RPCTypes::AppendEntries,
+            Rpc::Snapshot => RPCTypes::InstallSnapshot,
+            Rpc::Vote => RPCTypes::Vote,
         };
         let call = async {
             match rpc {
@@ -96,11 +96,7 @@ impl PeerClient {
         let reply = match tokio::time::timeout(ttl, call).await {
             Err(_) => {
                 return Err(RPCError::Timeout(Timeout {
-                    action: match rpc_kind {
-                        Rpc::Append => RPCTypes::AppendEntries,
-                        Rpc::Snapshot => RPCTypes::InstallSnapshot,
-                        Rpc::Vote => RPCTypes::Vote,
-                    },
+                    action,
                     id: 0,
                     target: self.target,
                     timeout: ttl,

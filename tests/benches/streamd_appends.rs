@@ -3,6 +3,7 @@
 //! - raw write+fdatasync of 4 KiB in a loop (syncs/s) vs streamd appends/s at concurrency 1;
 //! - the disk's sequential write bandwidth vs streamd MB/s for 1 KiB appends at
 //!   concurrency 64, with p50/p99 acknowledgement latency.
+//!
 //! Run: `cargo bench -p weir-tests --bench streamd_appends` (needs s3s-fs, see .ci/run).
 
 use std::io::Write;
