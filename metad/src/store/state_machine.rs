@@ -195,6 +195,7 @@ impl StateMachineStore {
             let staged: StoredSnapshot = codec::decode(&staged)?;
             tracing::warn!(snapshot_id = %staged.meta.snapshot_id, "redoing an interrupted snapshot install");
             replace_state(&db, &staged)?;
+            tracing::info!(snapshot_id = %staged.meta.snapshot_id, "installed metadata snapshot (redone at startup)");
         }
         let (state, last_applied, membership) = load_state(&db)?;
         Ok(Self {
