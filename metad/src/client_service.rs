@@ -77,6 +77,7 @@ fn mark_forwarded<T>(inner: T, timeout: Duration) -> Request<T> {
 
 #[tonic::async_trait]
 impl Metad for ClientService {
+    #[tracing::instrument(name = "metad.propose", level = "info", skip_all, fields(log_index))]
     async fn propose(&self, req: Request<ProposeRequest>) -> Result<Response<ProposeReply>, Status> {
         let was_forwarded = forwarded(&req);
         let inner = req.into_inner();
@@ -93,6 +94,7 @@ impl Metad for ClientService {
             }
             Ok(Ok(resp)) => {
                 let result = if resp.data.is_ok() { "applied" } else { "rejected" };
+                tracing::Span::current().record("log_index", resp.log_id.index);
                 metrics().proposals.with_label_values(&[result]).inc();
                 Ok(Response::new(ProposeReply {
                     log_index: resp.log_id.index,

@@ -476,3 +476,34 @@ async fn admin_http_and_cli_report_nodes_streams_and_the_log() {
     })
     .await;
 }
+
+/// With `--otlp-endpoint`, spans are exported over OTLP/gRPC: the exporter connects to the
+/// endpoint after proposals; a malformed endpoint is refused at startup naming the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otlp_endpoint_receives_trace_exports_and_bad_values_are_refused() {
+    with_timeout(async {
+        let collector = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let endpoint = format!("http://{}", collector.local_addr().expect("addr"));
+        let cluster = Cluster::start(1, &["--otlp-endpoint", &endpoint]).await;
+        let client = cluster.client();
+        for i in 0..5 {
+            propose_until_applied(&client, topic(&format!("traced{i}"))).await;
+        }
+        // The batch exporter sends within its schedule (5 s by default).
+        tokio::time::timeout(Duration::from_secs(20), collector.accept())
+            .await
+            .expect("no OTLP export reached the collector")
+            .expect("accept");
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = std::process::Command::new(weir_tests::bin_path("metad"))
+            .args(["--id", "1", "--otlp-endpoint", "ftp://nowhere"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .output()
+            .expect("run metad");
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--otlp-endpoint"));
+    })
+    .await;
+}
