@@ -56,7 +56,9 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
         )?),
         WalBackend::Object => Sink::Object(ObjectSink::create(store.clone(), &node_id, me.epoch)),
     };
-    let stop = shutdown.child_token();
+    // Background work stops only after the hand-off, which needs the uploader, the
+    // heartbeat and the view; so `stop` is not a child of `shutdown`.
+    let stop = CancellationToken::new();
     let wal = WalWriter::start(sink, args.wal_max_bytes, &tasks, stop.clone());
     let view = Arc::new(View::default());
     let tunables = Tunables {
@@ -115,6 +117,7 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
             node.upload_now.notify_one();
         },
         _ = node.fenced.cancelled() => {}
+        _ = shutdown.cancelled() => {}
     }
 
     let exit = tokio::select! {
@@ -131,13 +134,24 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
     Ok(exit)
 }
 
+/// Bound on closing streams at a clean stop (the full shutdown orchestrator refines this).
+const HAND_OFF: Duration = Duration::from_secs(20);
+
 /// A clean stop (F "Clean shutdown" steps 5–6): close every stream, uploading its
 /// buffered records, then fence itself so failover places the streams at once.
 async fn hand_off(node: &Arc<Node>) {
+    // Bounded, so an unreachable metadata log or object store cannot hold the stop.
+    let deadline = tokio::time::Instant::now() + HAND_OFF;
     for handle in node.all_streams() {
-        match node.close_stream(&handle.name).await {
-            Ok(end) => tracing::info!(stream = %handle.name, offset = end, "closed stream for shutdown"),
-            Err(e) => tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it"),
+        match tokio::time::timeout_at(deadline, node.close_stream(&handle.name)).await {
+            Ok(Ok(end)) => tracing::info!(stream = %handle.name, offset = end, "closed stream for shutdown"),
+            Ok(Err(e)) => {
+                tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it")
+            }
+            Err(_) => {
+                tracing::warn!(stream = %handle.name, "hand-off deadline passed; failover will recover the rest");
+                break;
+            }
         }
     }
     match node.metad.propose(&node.proposer(), Command::FenceSelf).await {

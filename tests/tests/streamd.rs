@@ -705,3 +705,42 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
     })
     .await;
 }
+
+/// F "Clean shutdown" steps 5–6 (FO-FEN-3): on SIGTERM a node closes its streams,
+/// uploading every buffered record first, fences itself, and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_streams_with_every_record_committed_then_fences_itself() {
+    with_timeout(async {
+        let mut stack = Stack::start(
+            1,
+            Backend::FileWal,
+            &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
+        )
+        .await;
+        stack.create_stream("bye", 0).await;
+        let mut c = stack.nodes[0].client().await;
+        for i in 0..25 {
+            c.append(AppendRequest {
+                stream: "bye".into(),
+                batches: batch(format!("b-{i}").as_bytes()),
+                match_next_offset: None,
+            })
+            .await
+            .expect("append");
+        }
+        stack.nodes[0].term();
+        assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(30)).await, Some(0));
+        let client = stack.metad.client();
+        let streams = client.admin("streams", 0, 0).await.expect("streams");
+        let row = streams["streams"]
+            .as_object()
+            .and_then(|m| m.values().find(|s| s["name"] == "bye"))
+            .expect("row")
+            .clone();
+        assert_eq!(row["state"], "closed");
+        assert_eq!(row["committed_end"], 25);
+        let nodes = client.admin("nodes", 0, 0).await.expect("nodes");
+        assert_eq!(nodes["nodes"][0]["fenced"], true);
+    })
+    .await;
+}

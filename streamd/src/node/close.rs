@@ -9,6 +9,8 @@ use weir_metad::model::{Command, RejectCode};
 
 /// How long a close waits for in-flight appends to become durable.
 const DRAIN_APPENDS: Duration = Duration::from_secs(30);
+/// How long a close waits for its buffered records to be uploaded and committed.
+const CLOSE_UPLOAD: Duration = Duration::from_secs(30);
 
 impl Node {
     /// Closes `stream`; returns the end offset every acknowledged record lies below.
@@ -24,7 +26,9 @@ impl Node {
             .await
             .map_err(|_| StreamdError::Unavailable("in-flight appends did not become durable in time".into()))?
             .map_err(|_| StreamdError::Unavailable("stream stopped while closing".into()))?;
-        let mut round = u64::MAX / 2;
+        // The uploader task commits (an upload round is never cancelled midway, or its
+        // batches would be left marked as in flight); the close only waits, up to a deadline.
+        let deadline = tokio::time::Instant::now() + CLOSE_UPLOAD;
         while handle.inner.lock().await.committed_end < target {
             if !handle.is_serving() || self.fenced.is_cancelled() {
                 return Err(StreamdError::NotOwner {
@@ -32,8 +36,17 @@ impl Node {
                     owner: None,
                 });
             }
-            round += 1;
-            self.upload_round(round).await;
+            if tokio::time::Instant::now() >= deadline {
+                handle.inner.lock().await.closing = false;
+                return Err(StreamdError::Unavailable(format!(
+                    "stream '{stream}' could not commit its buffered records within {CLOSE_UPLOAD:?}"
+                )));
+            }
+            self.upload_now.notify_one();
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                _ = self.fenced.cancelled() => {}
+            }
         }
         let command = Command::CloseStream {
             stream: handle.id,

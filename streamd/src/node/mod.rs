@@ -55,8 +55,6 @@ pub struct Node {
     admitted: AtomicBool,
     /// Wakes the uploader early (buffer over threshold, or a close waiting).
     pub upload_now: Notify,
-    /// Serializes upload rounds (the uploader task and closes).
-    upload_lock: tokio::sync::Mutex<()>,
     /// Cancelled when this incarnation is fenced or replaced: the process exits 75.
     pub fenced: CancellationToken,
 }
@@ -83,7 +81,6 @@ impl Node {
             closed_ends: RwLock::new(HashMap::new()),
             admitted: AtomicBool::new(false),
             upload_now: Notify::new(),
-            upload_lock: tokio::sync::Mutex::new(()),
             fenced: CancellationToken::new(),
         }
     }

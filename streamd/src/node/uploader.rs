@@ -38,9 +38,9 @@ struct Part {
 
 impl Node {
     /// Uploads and commits everything durable and not yet uploaded; returns once committed
-    /// (or once the node is fenced). Serialized by the uploader task and by closes.
-    pub async fn upload_round(&self, seq: u64) {
-        let _round = self.upload_lock.lock().await;
+    /// (or once the node is fenced). Only the uploader task runs rounds, one at a time, and
+    /// never cancels one midway: its batches are marked in flight until it finishes.
+    async fn upload_round(&self, seq: u64) {
         let mut builder = ObjectBuilder::new();
         let mut parts = Vec::new();
         for handle in self.all_streams() {
