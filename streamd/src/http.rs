@@ -14,8 +14,16 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/ready", get(ready))
-        .route("/metrics", get(weir_shared::metrics::metrics_handler))
+        .route("/metrics", get(metrics))
         .with_state(node)
+}
+
+/// Refreshes the gauges, then renders the registry.
+async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
+    let m = crate::metrics::metrics();
+    m.wal_bytes.set(node.wal.bytes() as i64);
+    m.streams_served.set(node.all_streams().len() as i64);
+    weir_shared::metrics::metrics_handler().await
 }
 
 /// D-2: ready once caught up, and not fenced.

@@ -5,6 +5,7 @@ pub mod config;
 pub mod error;
 pub mod http;
 pub mod lifecycle;
+pub mod metrics;
 pub mod node;
 pub mod object;
 pub mod server;

@@ -24,10 +24,18 @@ impl DataPlane {
 impl Streamd for DataPlane {
     async fn append(&self, req: Request<AppendRequest>) -> Result<Response<AppendReply>, Status> {
         let req = req.into_inner();
-        let a = self
-            .node
-            .append(&req.stream, &req.batches, req.match_next_offset)
-            .await?;
+        let started = std::time::Instant::now();
+        let result = self.node.append(&req.stream, &req.batches, req.match_next_offset).await;
+        let m = crate::metrics::metrics();
+        match &result {
+            Ok(_) => {
+                m.appends.with_label_values(&["ok"]).inc();
+                m.appended_bytes.inc_by(req.batches.len() as u64);
+                m.append_latency.observe(started.elapsed().as_secs_f64());
+            }
+            Err(e) => m.appends.with_label_values(&[e.code()]).inc(),
+        }
+        let a = result?;
         Ok(Response::new(AppendReply {
             base_offset: a.base_offset,
             end_offset: a.end_offset,

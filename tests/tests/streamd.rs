@@ -81,6 +81,17 @@ async fn append_upload_and_read_back(backend: Backend) {
         }
     })
     .await;
+    let metrics = reqwest::get(format!("http://{}/metrics", stack.nodes[0].http))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("weir_streamd_appends_total{result=\"ok\"} 200"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("weir_streamd_objects_committed_total"), "{metrics}");
     let objects: Vec<_> = walk(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
     assert!(!objects.is_empty(), "no data object in S3");
     // Close on A and move to B: B reads everything from objects (range GETs).

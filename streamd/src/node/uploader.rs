@@ -74,7 +74,15 @@ impl Node {
             self.me.epoch.0,
             rand::random::<u32>()
         ));
+        let size = object.len() as u64;
         let committed = self.put_and_commit(&key, object, &parts).await;
+        let m = crate::metrics::metrics();
+        if committed {
+            m.objects_committed.inc();
+            m.uploaded_bytes.inc_by(size);
+        } else {
+            m.objects_refused.inc();
+        }
         self.finish_round(&key, &parts, committed).await;
     }
 

@@ -43,6 +43,7 @@ pub async fn collect(
             match store.delete(path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                     deleted += 1;
+                    crate::metrics::metrics().gc_deleted.inc();
                     tracing::info!(object_key = %path, "deleted uncommitted data object");
                 }
                 Err(e) => tracing::warn!(object_key = %path, error = %e, "cannot delete uncommitted data object"),

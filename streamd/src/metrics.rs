@@ -1,0 +1,55 @@
+//! streamd's Prometheus metrics, served at `/metrics` on its HTTP port.
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
+use std::sync::OnceLock;
+
+pub struct StreamdMetrics {
+    /// Appends answered, by result (`ok` or the error code).
+    pub appends: IntCounterVec,
+    pub appended_bytes: IntCounter,
+    /// Seconds from receiving an append to acknowledging it.
+    pub append_latency: Histogram,
+    pub wal_bytes: IntGauge,
+    /// Data objects committed, and commits refused.
+    pub objects_committed: IntCounter,
+    pub objects_refused: IntCounter,
+    pub uploaded_bytes: IntCounter,
+    pub streams_served: IntGauge,
+    pub gc_deleted: IntCounter,
+}
+
+pub fn metrics() -> &'static StreamdMetrics {
+    static METRICS: OnceLock<StreamdMetrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        use weir_shared::metrics::register;
+        let counter = |name: &str, help: &str| register(IntCounter::new(name, help).expect("valid metric"));
+        StreamdMetrics {
+            appends: register(
+                IntCounterVec::new(
+                    Opts::new("streamd_appends_total", "Appends answered, by result"),
+                    &["result"],
+                )
+                .expect("valid metric"),
+            ),
+            appended_bytes: counter("streamd_appended_bytes_total", "Bytes of acknowledged appends"),
+            append_latency: register(
+                Histogram::with_opts(
+                    HistogramOpts::new("streamd_append_seconds", "Time to acknowledge an append").buckets(vec![
+                        0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                    ]),
+                )
+                .expect("valid metric"),
+            ),
+            wal_bytes: register(
+                IntGauge::new("streamd_wal_bytes", "Bytes held in live WAL segments").expect("valid metric"),
+            ),
+            objects_committed: counter("streamd_objects_committed_total", "Data objects committed"),
+            objects_refused: counter("streamd_objects_refused_total", "Data object commits refused"),
+            uploaded_bytes: counter("streamd_uploaded_bytes_total", "Bytes of committed data objects"),
+            streams_served: register(
+                IntGauge::new("streamd_streams_served", "Streams this node serves").expect("valid metric"),
+            ),
+            gc_deleted: counter("streamd_gc_deleted_objects_total", "Uncommitted data objects collected"),
+        }
+    })
+}
