@@ -1,7 +1,7 @@
 //! A child process under test: started with its stderr appended to a log file,
 //! signalled, killed and reaped; shared by every service wrapper.
 
-use crate::{signal, wait_for};
+use crate::signal;
 use nix::sys::signal::Signal;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -65,15 +65,22 @@ impl Proc {
         signal(self.pid(), Signal::SIGTERM);
     }
 
-    /// Waits for the process to exit by itself; returns its exit code.
+    /// Waits for the process to exit by itself; returns its exit code. On timeout the
+    /// process is killed (never leaked) and the test fails.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let mut child = self.child.take()?;
-        let status = wait_for(&format!("{} to exit", self.name), timeout, || {
-            let status = child.try_wait().ok().flatten();
-            async move { status }
-        })
-        .await;
-        status.code()
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return status.code();
+            }
+            if std::time::Instant::now() >= deadline {
+                self.kill();
+                panic!("timed out after {timeout:?} waiting for {} to exit", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn log_text(&self) -> String {
