@@ -16,6 +16,8 @@ pub struct StreamdMetrics {
     pub uploaded_bytes: IntCounter,
     pub streams_served: IntGauge,
     pub gc_deleted: IntCounter,
+    /// Garbage-collection passes run.
+    pub gc_passes: IntCounter,
 }
 
 pub fn metrics() -> &'static StreamdMetrics {
@@ -50,6 +52,7 @@ pub fn metrics() -> &'static StreamdMetrics {
                 IntGauge::new("streamd_streams_served", "Streams this node serves").expect("valid metric"),
             ),
             gc_deleted: counter("streamd_gc_deleted_objects_total", "Uncommitted data objects collected"),
+            gc_passes: counter("streamd_gc_passes_total", "Garbage-collection passes run"),
         }
     })
 }

@@ -59,3 +59,20 @@ pub fn signal(pid: u32, signal: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(pid as i32);
     let _ = nix::sys::signal::kill(pid, signal);
 }
+
+/// The body of a GET, failing the test if it cannot be fetched.
+pub async fn get_text(url: &str) -> String {
+    reqwest::get(url)
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .text()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+}
+
+/// The value of a Prometheus sample line `name` (labels included) in `metrics`.
+pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}

@@ -422,14 +422,7 @@ async fn admin_http_and_cli_report_nodes_streams_and_the_log() {
             .await
             .expect("http");
         assert_eq!(bad.status().as_u16(), 400);
-        let metrics = http
-            .get(format!("http://{}/metrics", r.http))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
+        let metrics = weir_tests::get_text(&format!("http://{}/metrics", r.http)).await;
         assert!(
             metrics.contains("weir_metad_raft_term") && metrics.contains("weir_metad_raft_applied_index"),
             "{metrics}"

@@ -38,6 +38,34 @@ async fn read_all(stack: &Stack, on: usize, stream: &str, from: u64, until: u64)
     out
 }
 
+/// Waits until node `on` reports every record of `stream` below `end` committed.
+async fn wait_committed(stack: &Stack, on: usize, stream: &str, end: u64) {
+    let client = stack.nodes[on].client().await;
+    wait_for(
+        &format!("{stream} committed through {end}"),
+        Duration::from_secs(30),
+        || {
+            let mut c = client.clone();
+            let req = StatusRequest { stream: stream.into() };
+            async move {
+                let s = c.status(req).await.ok()?.into_inner();
+                (s.committed_end == end && s.buffered_bytes == 0).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// The metadata row of the stream named `name`.
+async fn stream_row(stack: &Stack, name: &str) -> serde_json::Value {
+    let streams = stack.metad.client().admin("streams", 0, 0).await.expect("streams");
+    streams["streams"]
+        .as_object()
+        .and_then(|m| m.values().find(|s| s["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no stream row named {name}"))
+}
+
 fn expect_sequence(got: &[(u64, Vec<u8>)], n: usize, prefix: &str) {
     assert_eq!(got.len(), n, "record count");
     for (i, (offset, value)) in got.iter().enumerate() {
@@ -67,26 +95,8 @@ async fn append_upload_and_read_back(backend: Backend) {
     }
     expect_sequence(&read_all(&stack, 0, "orders", 0, 200).await, 200, "r");
     // The uploader commits everything within a few intervals.
-    wait_for("upload committed", Duration::from_secs(20), || {
-        let mut a = a.clone();
-        async move {
-            let s = a
-                .status(StatusRequest {
-                    stream: "orders".into(),
-                })
-                .await
-                .ok()?
-                .into_inner();
-            (s.committed_end == 200 && s.buffered_bytes == 0).then_some(())
-        }
-    })
-    .await;
-    let metrics = reqwest::get(format!("http://{}/metrics", stack.nodes[0].http))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    wait_committed(&stack, 0, "orders", 200).await;
+    let metrics = weir_tests::get_text(&format!("http://{}/metrics", stack.nodes[0].http)).await;
     assert!(
         metrics.contains("weir_streamd_appends_total{result=\"ok\"} 200"),
         "{metrics}"
@@ -104,11 +114,7 @@ async fn append_upload_and_read_back(backend: Backend) {
         .into_inner()
         .end_offset;
     assert_eq!(end, 200);
-    let id = stack.metad.client().admin("streams", 0, 0).await.expect("streams")["streams"]
-        .as_object()
-        .and_then(|m| m.values().find(|s| s["name"] == "orders").map(|s| s["id"].as_u64()))
-        .flatten()
-        .expect("stream id");
+    let id = stream_row(&stack, "orders").await["id"].as_u64().expect("stream id");
     // FO-FEN-9: the former owner refuses the stream at once, naming no stale epoch.
     let err = a
         .append(AppendRequest {
@@ -186,7 +192,9 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
                 .into_inner();
             (r, started.elapsed())
         });
+        // Give the read time to park at the tail; it must still be waiting then.
         tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "the read returned before any append");
         let mut writer = stack.nodes[0].client().await;
         writer
             .append(AppendRequest {
@@ -362,7 +370,20 @@ async fn takeover_races_appends(backend: Backend) {
             acked
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Take over once the writer is well under way.
+    let status_client = stack.nodes[0].client().await;
+    wait_for("50 appends acknowledged", Duration::from_secs(20), || {
+        let mut c = status_client.clone();
+        async move {
+            let s = c
+                .status(StatusRequest { stream: "race".into() })
+                .await
+                .ok()?
+                .into_inner();
+            (s.end_offset >= 50).then_some(())
+        }
+    })
+    .await;
     let node = NodeId::new("streamd-1");
     let records = match backend {
         Backend::FileWal => {
@@ -646,20 +667,7 @@ async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() 
         assert!(s.committed_end < 50, "a commit landed without metad");
         expect_sequence(&read_all(&stack, 0, "outage", 0, 50).await, 50, "o");
         stack.metad.replicas[0].start();
-        wait_for("commits land after the outage", Duration::from_secs(30), || {
-            let mut c = c.clone();
-            async move {
-                let s = c
-                    .status(StatusRequest {
-                        stream: "outage".into(),
-                    })
-                    .await
-                    .ok()?
-                    .into_inner();
-                (s.committed_end == 50).then_some(())
-            }
-        })
-        .await;
+        wait_committed(&stack, 0, "outage", 50).await;
     })
     .await;
 }
@@ -697,16 +705,16 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
             async move { store.head(&orphan).await.is_err().then_some(()) }
         })
         .await;
-        // The committed object is still there and readable.
-        wait_for("committed", Duration::from_secs(10), || {
-            let mut c = c.clone();
-            async move {
-                let s = c.status(StatusRequest { stream: "gc".into() }).await.ok()?.into_inner();
-                (s.committed_end == 1).then_some(())
-            }
+        // The committed object outlives GC passes run after it became older than the delay.
+        wait_committed(&stack, 0, "gc", 1).await;
+        let metrics_url = format!("http://{}/metrics", stack.nodes[0].http);
+        let passes = |m: &str| weir_tests::metric_value(m, "weir_streamd_gc_passes_total").unwrap_or(0.0);
+        let before = passes(&weir_tests::get_text(&metrics_url).await);
+        wait_for("three more GC passes", Duration::from_secs(30), || {
+            let url = metrics_url.clone();
+            async move { (passes(&weir_tests::get_text(&url).await) >= before + 3.0).then_some(()) }
         })
         .await;
-        tokio::time::sleep(Duration::from_secs(3)).await;
         let committed = walk(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
         assert!(
             committed.iter().any(|p| p.extension().is_some_and(|e| e == "wdo")),
@@ -742,12 +750,7 @@ async fn sigterm_closes_streams_with_every_record_committed_then_fences_itself()
         stack.nodes[0].term();
         assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(30)).await, Some(0));
         let client = stack.metad.client();
-        let streams = client.admin("streams", 0, 0).await.expect("streams");
-        let row = streams["streams"]
-            .as_object()
-            .and_then(|m| m.values().find(|s| s["name"] == "bye"))
-            .expect("row")
-            .clone();
+        let row = stream_row(&stack, "bye").await;
         assert_eq!(row["state"], "closed");
         assert_eq!(row["committed_end"], 25);
         let nodes = client.admin("nodes", 0, 0).await.expect("nodes");

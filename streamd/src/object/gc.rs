@@ -70,8 +70,9 @@ pub async fn gc_loop(
         if view.applied_index() == 0 {
             continue;
         }
-        if let Err(e) = collect(store.as_ref(), &view, delay, &cancel).await {
-            tracing::warn!(error = %e, "object garbage collection failed; will retry");
+        match collect(store.as_ref(), &view, delay, &cancel).await {
+            Ok(_) => crate::metrics::metrics().gc_passes.inc(),
+            Err(e) => tracing::warn!(error = %e, "object garbage collection failed; will retry"),
         }
     }
 }
