@@ -53,6 +53,7 @@ async fn with_timeout(f: impl std::future::Future<Output = ()>) {
     tokio::time::timeout(TEST_TIMEOUT, f).await.expect("test timed out");
 }
 
+/// RR-WAL-3: every committed entry survives the leader's SIGKILL and its restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_sigkill_then_proposals_resume_with_every_committed_entry_kept() {
     with_timeout(async {
@@ -119,6 +120,7 @@ async fn paused_replica_catches_up_after_resume() {
     .await;
 }
 
+/// RR-WAL-3: a restart of the whole quorum keeps every applied row, identically on each replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_of_all_three_replicas_keeps_identical_state() {
     with_timeout(async {
@@ -239,6 +241,8 @@ async fn linearizable_read_after_leader_change_sees_every_acknowledged_write() {
     .await;
 }
 
+/// FO-MDO-3 (metad side): a metadata change without a quorum fails as retryable `unavailable`
+/// within its bound instead of hanging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proposal_without_a_quorum_fails_as_unavailable_within_its_bound() {
     with_timeout(async {

@@ -240,8 +240,8 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
     .await;
 }
 
-/// SIGKILL right after acknowledgements: replaying the WAL yields every acknowledged
-/// record, in order, exactly once (both backends).
+/// RR-WAL-2: SIGKILL right after acknowledgements: replaying the WAL yields every
+/// acknowledged record, in order, exactly once (both backends).
 async fn sigkill_then_replay(backend: Backend) {
     // A long upload interval keeps records in the WAL only.
     let mut stack = Stack::start(
@@ -638,8 +638,9 @@ async fn wal_growth_is_bounded_and_reclaimed_after_commits() {
     .await;
 }
 
-/// FO-MDO-1, FO-MDO-2: while the metadata log is down, the owner keeps acknowledging
-/// appends (durable in its WAL) and retries its commits, which land once metad is back.
+/// FO-MDO-1, FO-MDO-2, FO-MDO-5: while the metadata log is down, the owner stays ready,
+/// keeps acknowledging appends (durable in its WAL) and retries its commits, which land
+/// once metad is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() {
     with_timeout(async {
@@ -665,6 +666,10 @@ async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() 
             .into_inner();
         assert_eq!(s.end_offset, 50);
         assert!(s.committed_end < 50, "a commit landed without metad");
+        let readyz = reqwest::get(format!("http://{}/readyz", stack.nodes[0].http))
+            .await
+            .expect("readyz");
+        assert_eq!(readyz.status().as_u16(), 200, "readiness failed because metad is down");
         expect_sequence(&read_all(&stack, 0, "outage", 0, 50).await, 50, "o");
         stack.metad.replicas[0].start();
         wait_committed(&stack, 0, "outage", 50).await;
