@@ -26,12 +26,28 @@ pub fn bin_path(name: &str) -> PathBuf {
     path
 }
 
-/// A loopback port free at the time of the call.
+/// A loopback port free at the time of the call, taken below the kernel's ephemeral
+/// range so an outgoing connection cannot grab it before the service binds it.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const LOW: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    // Start each test binary at a different place, so a port a previous binary left in
+    // TIME_WAIT is unlikely to come up again.
+    let _ = NEXT.compare_exchange(
+        0,
+        1 + (std::process::id() % u32::from(SPAN)) as u16,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..SPAN {
+        let port = LOW + NEXT.fetch_add(1, Ordering::SeqCst) % SPAN;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN);
 }
 
 /// Polls `check` every 50 ms until it yields `Some`, or fails the test after `timeout`

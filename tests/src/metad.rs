@@ -139,7 +139,23 @@ impl Cluster {
 
     /// Waits until a replica not in `excluding` reports itself leader; returns its index.
     pub async fn wait_leader(&self, excluding: &[usize]) -> usize {
-        wait_for("a metad leader", Duration::from_secs(30), || async {
+        let logs = || {
+            self.replicas
+                .iter()
+                .map(|r| format!("--- metad-{} log:\n{}", r.id, r.log_text()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let what = "a metad leader";
+        let found = tokio::time::timeout(Duration::from_secs(30), self.find_leader(excluding)).await;
+        match found {
+            Ok(i) => i,
+            Err(_) => panic!("timed out waiting for {what}\n{}", logs()),
+        }
+    }
+
+    async fn find_leader(&self, excluding: &[usize]) -> usize {
+        wait_for("a metad leader", Duration::from_secs(3600), || async {
             for (i, r) in self.replicas.iter().enumerate() {
                 if excluding.contains(&i) {
                     continue;
