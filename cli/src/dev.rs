@@ -13,6 +13,10 @@ pub struct DevArgs {
     #[arg(long, env = "WEIR_DATA_DIR", default_value = "./weir-data")]
     data_dir: PathBuf,
 
+    /// The HTTP API's address.
+    #[arg(long, env = "WEIR_HTTP_LISTEN", default_value = "127.0.0.1:8080")]
+    http_listen: SocketAddr,
+
     /// metad's gRPC address (admin commands use it).
     #[arg(long, env = "WEIR_METAD_LISTEN", default_value = "127.0.0.1:7400")]
     metad_listen: SocketAddr,
@@ -76,6 +80,17 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         &args.streamd_http_listen.to_string(),
     ]);
     streamd.validate()?;
+    let gatewayd = weir_gatewayd::GatewaydArgs::parse_from([
+        "gatewayd",
+        "--id",
+        "dev-gatewayd",
+        "--metad",
+        &args.metad_listen.to_string(),
+        "--http-listen",
+        &args.http_listen.to_string(),
+    ]);
+    gatewayd.validate()?;
+    println!("weir dev: HTTP API on http://{}", args.http_listen);
     println!("weir dev: data in {}", args.data_dir.display());
     println!(
         "weir dev: metad gRPC on {} (weir --metad {} nodes list)",
@@ -91,13 +106,19 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // streamd hands off before metad stops: it stops first, then metad.
     let metad_stop = CancellationToken::new();
     let metad_task = tokio::spawn(weir_metad::run(metad, metad_stop.clone()));
+    let gatewayd_task = tokio::spawn(weir_gatewayd::run(gatewayd, shutdown.clone()));
     let streamd_result = weir_streamd::run(streamd, shutdown.clone()).await;
+    let gatewayd_result = gatewayd_task.await?;
     metad_stop.cancel();
     let metad_result = metad_task.await?;
     signals.abort();
     match streamd_result? {
         weir_streamd::Exit::Clean => {}
         weir_streamd::Exit::Fenced => anyhow::bail!("the dev streamd was fenced"),
+    }
+    match gatewayd_result? {
+        weir_gatewayd::Exit::Clean => {}
+        weir_gatewayd::Exit::Fenced => anyhow::bail!("the dev gatewayd was fenced"),
     }
     metad_result
 }

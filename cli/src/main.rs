@@ -29,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run Weir on local disk in one process: metad and streamd (the gateway is next).
+    /// Run Weir on local disk in one process: metad, streamd and gatewayd.
     Dev(dev::DevArgs),
     /// Registered nodes.
     Nodes {
@@ -51,8 +51,28 @@ enum Cmd {
         #[command(subcommand)]
         action: MetadataCmd,
     },
+    /// API tokens for the gateway's `--auth` (the secret is printed once).
+    Tokens {
+        #[command(subcommand)]
+        action: TokensCmd,
+    },
     /// Raft status of the replica that answers.
     Status,
+}
+
+#[derive(Subcommand)]
+enum TokensCmd {
+    List,
+    /// Issue a token NAME and print its secret.
+    Issue {
+        name: String,
+        /// Let the token use admin endpoints (tokens, nodes).
+        #[arg(long)]
+        admin: bool,
+    },
+    Revoke {
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -172,6 +192,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Metadata {
             action: MetadataCmd::Dump { from, limit },
         } => out.log(&client.admin("log", from, limit).await?),
+        Cmd::Tokens {
+            action: TokensCmd::List,
+        } => out.value(&client.admin("tokens", 0, 0).await?),
+        Cmd::Tokens {
+            action: TokensCmd::Issue { name, admin },
+        } => {
+            let secret = weir_gatewayd::api::tokens::new_secret();
+            let cmd = Command::IssueToken {
+                name: name.clone(),
+                secret_sha256: weir_gatewayd::api::auth::secret_hash(&secret),
+                scopes: if admin { vec!["admin".into()] } else { vec![] },
+            };
+            let (_, outcome) = client.propose(&operator, cmd).await?;
+            outcome.map_err(|r| anyhow::anyhow!("token not issued: {}", r.message))?;
+            if cli.json {
+                println!("{}", serde_json::json!({"name": name, "token": secret}));
+            } else {
+                println!("{secret}");
+            }
+        }
+        Cmd::Tokens {
+            action: TokensCmd::Revoke { name },
+        } => out.outcome(client.propose(&operator, Command::RevokeToken { name }).await?)?,
     }
     Ok(())
 }

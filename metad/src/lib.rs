@@ -7,7 +7,10 @@ pub mod admin_http;
 pub mod client;
 pub mod client_service;
 pub mod config;
+pub mod failover;
+pub mod failover_plan;
 pub mod leader;
+pub mod membership;
 pub mod metrics;
 pub mod model;
 pub mod network;
@@ -16,6 +19,7 @@ pub mod raft_service;
 pub mod raft_types;
 pub mod server;
 pub mod store;
+pub mod view;
 
 pub use config::{MetadArgs, MetadConfig};
 pub use server::run;

@@ -14,6 +14,10 @@ pub struct MetadMetrics {
     pub raft_is_leader: IntGauge,
     /// Open watch streams.
     pub watchers: IntGauge,
+    /// Failover actions applied by this replica's loop, by action (OBS-18).
+    pub failover_actions: IntCounterVec,
+    /// 1 while this replica holds the failover lease.
+    pub failover_holder: IntGauge,
 }
 
 pub fn metrics() -> &'static MetadMetrics {
@@ -34,6 +38,14 @@ pub fn metrics() -> &'static MetadMetrics {
             raft_applied_index: gauge("metad_raft_applied_index", "Last applied Raft log index"),
             raft_is_leader: gauge("metad_raft_is_leader", "1 while this replica leads"),
             watchers: gauge("metad_watchers", "Open watch streams"),
+            failover_actions: register(
+                IntCounterVec::new(
+                    Opts::new("metad_failover_actions_total", "Failover actions applied, by action"),
+                    &["action"],
+                )
+                .expect("valid metric"),
+            ),
+            failover_holder: gauge("metad_failover_holder", "1 while this replica holds the failover lease"),
         }
     })
 }

@@ -55,14 +55,83 @@ pub fn plan(state: &State) -> Vec<(StreamId, NodeId)> {
     out
 }
 
-/// On the leader, places orphaned closed streams once a second.
+/// How long after this process starts placement waits for registered nodes to return.
+pub const RESTART_GRACE: Duration = Duration::from_secs(10);
+
+/// RR-GRC-1, RR-GRC-2: which registered streamd nodes this process has seen heartbeat
+/// since it started, kept whether or not it leads, and dropped after the grace.
+#[derive(Debug)]
+pub struct RestartGrace {
+    started: std::time::Instant,
+    /// Heartbeat count of each incarnation when first observed, and whether it has moved.
+    observed: BTreeMap<(NodeId, weir_shared::ids::Epoch), (u64, bool)>,
+    /// The applied index first seen: a node registered after it is back by definition.
+    start_index: Option<u64>,
+    over: bool,
+}
+
+impl RestartGrace {
+    pub fn new() -> Self {
+        Self {
+            started: std::time::Instant::now(),
+            observed: BTreeMap::new(),
+            start_index: None,
+            over: false,
+        }
+    }
+
+    /// Records what `state` shows; true while placement should still wait.
+    pub fn defer(&mut self, state: &State) -> bool {
+        if self.over {
+            return false;
+        }
+        let start_index = *self.start_index.get_or_insert(state.applied_index);
+        let mut waiting = false;
+        for n in state
+            .nodes
+            .values()
+            .filter(|n| n.kind == NodeKind::Streamd && n.is_live() && n.registered_index <= start_index)
+        {
+            let entry = self
+                .observed
+                .entry((n.id.clone(), n.epoch))
+                .or_insert((n.heartbeats, false));
+            if n.heartbeats != entry.0 {
+                entry.1 = true;
+            }
+            waiting |= !entry.1;
+        }
+        if !waiting || self.started.elapsed() >= RESTART_GRACE {
+            if waiting {
+                tracing::info!("restart grace over; placing streams of nodes that did not return");
+            }
+            self.over = true;
+            self.observed.clear();
+            return false;
+        }
+        true
+    }
+}
+
+impl Default for RestartGrace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// On the leader, places orphaned closed streams once a second (after the restart grace).
 pub async fn placement_loop(raft: Raft, hub: Arc<ViewHub>, id: u64, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut grace = RestartGrace::new();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        // Observed on every replica, leader or not, so a leadership change keeps the deadline.
+        if hub.with_state(|s| grace.defer(s)) {
+            continue;
         }
         if raft.metrics().borrow().current_leader != Some(id) {
             continue;
@@ -147,5 +216,56 @@ mod tests {
             // Once placed, nothing is left to place.
             prop_assert!(plan(&s).is_empty());
         }
+    }
+
+    /// RR-GRC-1: after a restart, placement waits for registered nodes to heartbeat;
+    /// a node registered after the process started counts as back.
+    #[test]
+    fn restart_grace_waits_for_returning_nodes_only() {
+        let mut s = State::default();
+        let mut i = 0;
+        let mut next = |s: &mut State, p: Proposer, c: Command| {
+            i += 1;
+            s.apply(
+                i,
+                &Proposal {
+                    proposer: p,
+                    command: c,
+                },
+            )
+            .0
+        };
+        next(
+            &mut s,
+            op(),
+            Command::InitCluster {
+                settings: ClusterSettings {
+                    heartbeat_interval_sec: 1,
+                    node_timeout_sec: 3,
+                },
+            },
+        )
+        .unwrap();
+        let register = |name: &str| Command::RegisterNode {
+            node: NodeId::new(name),
+            kind: NodeKind::Streamd,
+            addrs: NodeAddrs::default(),
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        let Ok(Applied::Registered { epoch }) = next(&mut s, op(), register("old")) else {
+            panic!()
+        };
+        let mut grace = RestartGrace::new();
+        assert!(grace.defer(&s), "the old node has not heartbeated since the restart");
+        next(&mut s, op(), register("new")).unwrap();
+        assert!(grace.defer(&s), "a new node does not end the wait for the old one");
+        let old = weir_shared::ids::Incarnation {
+            node: NodeId::new("old"),
+            epoch,
+        };
+        next(&mut s, Proposer::Node(old), Command::Heartbeat).unwrap();
+        assert!(!grace.defer(&s), "every registered node is back");
+        assert!(!grace.defer(&s), "the grace is over for good");
     }
 }

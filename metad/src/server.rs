@@ -96,6 +96,13 @@ pub async fn run(config: MetadConfig, shutdown: CancellationToken) -> anyhow::Re
             shutdown.child_token(),
         ));
     }
+    tasks.spawn(crate::failover::run(
+        config.advertise.clone(),
+        hub.clone(),
+        args.id,
+        args.heartbeat,
+        shutdown.child_token(),
+    ));
     tasks.spawn(init_cluster_settings(
         raft.clone(),
         hub.clone(),

@@ -10,6 +10,21 @@ const LOG_OVERHEAD: usize = 12;
 /// The CRC covers everything from `attributes` on.
 const CRC_START: usize = 21;
 
+/// Producer ids at or above this are derived from HTTP idempotency keys; Kafka
+/// producer ids are allocated from 0 and never get near it.
+pub const IDEMPOTENCY_KEY_PRODUCER_BASE: i64 = 1 << 62;
+
+/// The producer id an HTTP idempotency key maps to: a retried append with the same
+/// key is a retry of the same idempotent batch (producer epoch 0, sequence 0), which
+/// the stream owner answers with the original offsets.
+pub fn idempotency_producer_id(key: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(key.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    IDEMPOTENCY_KEY_PRODUCER_BASE | (i64::from_be_bytes(first) & (IDEMPOTENCY_KEY_PRODUCER_BASE - 1))
+}
+
 /// Why a batch was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BatchError {
@@ -141,23 +156,28 @@ pub fn recompute_crc(batch: &mut [u8]) {
     batch[17..21].copy_from_slice(&crc.to_be_bytes());
 }
 
+/// A valid v2 batch header claiming `count` records over opaque `payload` bytes (tests
+/// of framing, which never look inside records).
+pub fn opaque_batch(count: i32, payload: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; HEADER_LEN];
+    b.extend_from_slice(payload);
+    let len = (b.len() - LOG_OVERHEAD) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    b[16] = 2;
+    b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
+    b[43..51].copy_from_slice(&(-1i64).to_be_bytes());
+    b[53..57].copy_from_slice(&(-1i32).to_be_bytes());
+    b[57..61].copy_from_slice(&count.to_be_bytes());
+    recompute_crc(&mut b);
+    b
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
-    /// A minimal valid v2 batch of `count` empty-ish records (records are opaque here).
     pub fn batch(count: i32, payload: &[u8]) -> Vec<u8> {
-        let mut b = vec![0u8; HEADER_LEN];
-        b.extend_from_slice(payload);
-        let len = (b.len() - LOG_OVERHEAD) as i32;
-        b[8..12].copy_from_slice(&len.to_be_bytes());
-        b[16] = 2;
-        b[23..27].copy_from_slice(&(count - 1).to_be_bytes());
-        b[43..51].copy_from_slice(&(-1i64).to_be_bytes());
-        b[53..57].copy_from_slice(&(-1i32).to_be_bytes());
-        b[57..61].copy_from_slice(&count.to_be_bytes());
-        recompute_crc(&mut b);
-        b
+        opaque_batch(count, payload)
     }
 
     #[test]
@@ -190,5 +210,13 @@ pub(crate) mod tests {
         let mut b = batch(1, b"");
         b[8..12].copy_from_slice(&3i32.to_be_bytes());
         assert!(matches!(split_batches(&b), Err(BatchError::Malformed(_))));
+    }
+
+    #[test]
+    fn idempotency_keys_map_above_kafka_producer_ids() {
+        let a = idempotency_producer_id("order-1");
+        assert!(a >= IDEMPOTENCY_KEY_PRODUCER_BASE);
+        assert_eq!(a, idempotency_producer_id("order-1"));
+        assert_ne!(a, idempotency_producer_id("order-2"));
     }
 }

@@ -80,6 +80,11 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_MAX_APPEND_BYTES", default_value_t = 8 << 20)]
     pub max_append_bytes: usize,
 
+    /// Committed bytes per stream replayed at open to rebuild idempotent-producer state
+    /// (duplicate detection of retried batches across moves and failover).
+    #[arg(long, env = "WEIR_PRODUCER_STATE_BYTES", default_value_t = 16 << 20)]
+    pub producer_state_bytes: u64,
+
     /// Seconds after which an uploaded but uncommitted object may be garbage-collected.
     #[arg(long, env = "WEIR_GC_DELAY_SEC", default_value_t = 3600)]
     pub gc_delay_sec: u64,

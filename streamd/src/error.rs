@@ -23,6 +23,12 @@ pub enum StreamdError {
     /// `match_next_offset` did not match.
     #[error("stream's next offset is {actual}, not {expected}")]
     OffsetMismatch { expected: u64, actual: u64 },
+    /// An idempotent producer's epoch is older than the stream has seen.
+    #[error("{0}")]
+    InvalidProducerEpoch(String),
+    /// An idempotent producer's sequence has a gap or goes backwards.
+    #[error("{0}")]
+    OutOfOrderSequence(String),
     /// Transient: retry.
     #[error("unavailable: {0}")]
     Unavailable(String),
@@ -44,6 +50,8 @@ impl StreamdError {
             StreamdError::NotFound(_) => "not_found",
             StreamdError::InvalidArgument(_) => "invalid_argument",
             StreamdError::OffsetMismatch { .. } => "offset_mismatch",
+            StreamdError::InvalidProducerEpoch(_) => "invalid_producer_epoch",
+            StreamdError::OutOfOrderSequence(_) => "out_of_order_sequence",
             StreamdError::Unavailable(_) => "unavailable",
             StreamdError::Corrupt(_) => "corrupt",
             StreamdError::Internal(_) => "internal",
@@ -61,7 +69,9 @@ impl From<StreamdError> for tonic::Status {
             StreamdError::OffsetOutOfRange { .. } => tonic::Code::OutOfRange,
             StreamdError::NotFound(_) => tonic::Code::NotFound,
             StreamdError::InvalidArgument(_) => tonic::Code::InvalidArgument,
-            StreamdError::OffsetMismatch { .. } => tonic::Code::FailedPrecondition,
+            StreamdError::OffsetMismatch { .. }
+            | StreamdError::InvalidProducerEpoch(_)
+            | StreamdError::OutOfOrderSequence(_) => tonic::Code::FailedPrecondition,
             StreamdError::Corrupt(_) => tonic::Code::DataLoss,
             StreamdError::Internal(_) => tonic::Code::Internal,
         };

@@ -4,14 +4,12 @@
 pub mod config;
 pub mod error;
 pub mod http;
-pub mod lifecycle;
 pub mod metrics;
 pub mod node;
 pub mod object;
 pub mod server;
 pub mod service;
 pub mod stream;
-pub mod view;
 pub mod wal;
 
 pub use config::StreamdArgs;

@@ -1,9 +1,8 @@
 //! Wires one streamd incarnation together and runs it until stopped or fenced.
 
 use crate::config::{StreamdArgs, WalBackend};
-use crate::node::{reconcile_loop, upload_loop, Node, Tunables};
+use crate::node::{reconcile_loop, upload_loop, Node, Tunables, WalSource};
 use crate::service::DataPlane;
-use crate::view::{catch_up, follow, View};
 use crate::wal::{file::FileSink, object::ObjectSink, Sink, WalWriter};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +11,8 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_metad::client::MetadClient;
-use weir_metad::model::{Command, NodeAddrs};
+use weir_metad::model::{Command, NodeAddrs, NodeKind};
+use weir_metad::view::{catch_up, follow, View};
 use weir_proto::streamd::streamd_server::StreamdServer;
 use weir_shared::ids::NodeId;
 
@@ -44,7 +44,15 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
         http: http_listener.local_addr()?.to_string(),
     };
     let node_id = NodeId::new(args.id.clone());
-    let me = crate::lifecycle::register(&metad, &node_id, addrs.clone(), args.heartbeat, &shutdown).await?;
+    let me = weir_metad::membership::register(
+        &metad,
+        &node_id,
+        NodeKind::Streamd,
+        addrs.clone(),
+        args.heartbeat,
+        &shutdown,
+    )
+    .await?;
 
     let tasks = TaskTracker::new();
     let sink = match args.wal_backend {
@@ -66,6 +74,7 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
         upload_bytes: args.upload_bytes,
         reupload_after: Duration::from_secs(args.gc_delay_sec / 2),
         max_append_bytes: args.max_append_bytes,
+        producer_state_bytes: args.producer_state_bytes,
     };
     let node = Arc::new(Node::new(
         me.clone(),
@@ -75,14 +84,27 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
         store,
         args.cache_bytes,
         tunables,
+        match args.wal_backend {
+            WalBackend::File => WalSource::File(args.wal_root()),
+            WalBackend::Object => WalSource::Object,
+        },
     ));
 
     tasks.spawn(follow(view.clone(), metad.clone(), stop.clone()));
-    tasks.spawn(crate::lifecycle::heartbeat_loop(
-        node.clone(),
-        Duration::from_secs(args.heartbeat.heartbeat_interval_sec),
-        stop.clone(),
-    ));
+    let heartbeat_interval = Duration::from_secs(args.heartbeat.heartbeat_interval_sec);
+    tasks.spawn({
+        let (node, stop) = (node.clone(), stop.clone());
+        async move {
+            let cancel = stop.child_token();
+            let stopped = tokio::select! {
+                r = weir_metad::membership::heartbeat_loop(&node.metad, &node.me, heartbeat_interval, &cancel) => r,
+                _ = node.fenced.cancelled() => None,
+            };
+            if let Some(why) = stopped {
+                node.fence(&why);
+            }
+        }
+    });
     tasks.spawn(reconcile_loop(node.clone(), stop.clone()));
     tasks.spawn(upload_loop(node.clone(), stop.clone()));
     let gc_delay = Duration::from_secs(args.gc_delay_sec);

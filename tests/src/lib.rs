@@ -3,6 +3,8 @@
 //! injects process faults (SIGKILL, SIGSTOP/SIGCONT, SIGTERM).
 
 pub mod batches;
+pub mod gateway;
+pub mod history;
 pub mod metad;
 pub mod process;
 pub mod s3;
@@ -91,4 +93,13 @@ pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The row of node `id` in an `/admin/nodes` (or `weir nodes`) answer; `Null` when absent.
+pub fn node_row<'a>(nodes: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    static NULL: serde_json::Value = serde_json::Value::Null;
+    nodes["nodes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["node_id"] == id))
+        .unwrap_or(&NULL)
 }

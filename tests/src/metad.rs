@@ -171,6 +171,16 @@ impl Cluster {
         .await
     }
 
+    /// The state without the rows that change on their own (node heartbeats and
+    /// registrations, the failover lease): what clients wrote.
+    pub async fn data_state_of(&self, i: usize) -> Option<Value> {
+        let mut v = self.state_of(i).await?;
+        let o = v.as_object_mut()?;
+        o.remove("nodes");
+        o.remove("leases");
+        Some(v)
+    }
+
     /// The state (without its applied index) as replica `i` has applied it.
     pub async fn state_of(&self, i: usize) -> Option<Value> {
         let mut v = self.replicas[i].http_json("/admin/state/state").await?;

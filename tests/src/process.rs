@@ -65,6 +65,23 @@ impl Proc {
         signal(self.pid(), Signal::SIGTERM);
     }
 
+    /// Waits up to `timeout` for the process to exit by itself; `None` if it is still
+    /// running (it is left running).
+    pub async fn exited_within(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return status.code();
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits for the process to exit by itself; returns its exit code. On timeout the
     /// process is killed (never leaked) and the test fails.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {

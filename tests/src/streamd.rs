@@ -40,8 +40,22 @@ impl Streamd {
         self.proc.term();
     }
 
+    /// SIGSTOP: the process hangs, holding its sockets and files.
+    pub fn pause(&self) {
+        self.proc.pause();
+    }
+
+    pub fn resume(&self) {
+        self.proc.resume();
+    }
+
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
         self.proc.wait_exit(timeout).await
+    }
+
+    /// The exit code if the process exits within `timeout`; `None` while it runs on.
+    pub async fn wait_exit_if_exited(&mut self, timeout: Duration) -> Option<i32> {
+        self.proc.exited_within(timeout).await
     }
 
     pub fn log_text(&self) -> String {
@@ -87,9 +101,14 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// A stack where tests place streams themselves, on the node they name.
     pub async fn start(nodes: usize, backend: Backend, extra: &[&str]) -> Stack {
-        // Tests place streams themselves, on the node they name.
-        let metad = Cluster::start(1, &["--auto-place", "false"]).await;
+        Self::start_with(nodes, backend, extra, &["--auto-place", "false"]).await
+    }
+
+    /// A stack whose metad runs with `metad_extra` flags.
+    pub async fn start_with(nodes: usize, backend: Backend, extra: &[&str], metad_extra: &[&str]) -> Stack {
+        let metad = Cluster::start(1, metad_extra).await;
         let s3 = S3Server::start().await;
         let dir = tempfile::tempdir().expect("temp dir");
         let wal_root = dir.path().join("wal");
@@ -110,6 +129,11 @@ impl Stack {
     }
 
     pub fn add_node(&mut self, id: &str, backend: Backend, extra: &[&str]) {
+        self.add_node_with_env(id, backend, extra, &[]);
+    }
+
+    /// Adds a node with extra environment variables (failpoints).
+    pub fn add_node_with_env(&mut self, id: &str, backend: Backend, extra: &[&str], env: &[(&str, &str)]) {
         let mut args: Vec<String> = vec![
             "--id".into(),
             id.into(),
@@ -143,7 +167,12 @@ impl Stack {
             grpc: format!("127.0.0.1:{}", free_port()),
             http: format!("127.0.0.1:{}", free_port()),
             args,
-            env: self.s3.env(),
+            env: self
+                .s3
+                .env()
+                .into_iter()
+                .chain(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+                .collect(),
             proc: Proc::new(id, self.dir.path().join(format!("{id}.log"))),
         };
         node.start();

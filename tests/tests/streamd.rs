@@ -301,12 +301,14 @@ async fn sigkill_then_replay(backend: Backend) {
         .expect_err("restarted node serves the stream");
     assert_eq!(weir_streamd::error::error_code(&err), Some("not_owner"));
     let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
-    assert_eq!(nodes["nodes"][0]["epoch"], 2);
+    assert_eq!(weir_tests::node_row(&nodes, "streamd-1")["epoch"], 2);
     // FO-LIV-1, FO-LIV-2: the new incarnation heartbeats every second.
-    let first = nodes["nodes"][0]["heartbeats"].as_u64().expect("count");
+    let first = weir_tests::node_row(&nodes, "streamd-1")["heartbeats"]
+        .as_u64()
+        .expect("count");
     wait_for("heartbeats land", Duration::from_secs(10), || async {
         let v = stack.metad.client().admin("nodes", 0, 0).await.ok()?;
-        (v["nodes"][0]["heartbeats"].as_u64()? >= first + 2).then_some(())
+        (weir_tests::node_row(&v, "streamd-1")["heartbeats"].as_u64()? >= first + 2).then_some(())
     })
     .await;
 }
@@ -759,7 +761,7 @@ async fn sigterm_closes_streams_with_every_record_committed_then_fences_itself()
         assert_eq!(row["state"], "closed");
         assert_eq!(row["committed_end"], 25);
         let nodes = client.admin("nodes", 0, 0).await.expect("nodes");
-        assert_eq!(nodes["nodes"][0]["fenced"], true);
+        assert_eq!(weir_tests::node_row(&nodes, "streamd-1")["fenced"], true);
     })
     .await;
 }

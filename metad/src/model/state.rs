@@ -18,6 +18,8 @@ pub struct State {
     pub topics: BTreeMap<String, TopicRow>,
     pub objects: BTreeMap<ObjectKey, ObjectRow>,
     pub leases: BTreeMap<String, LeaseRow>,
+    /// Stored as a list of rows: JSON map keys must be strings, and the key is in the row.
+    #[serde(with = "takeover_list")]
     pub takeovers: BTreeMap<(NodeId, Epoch), TakeoverRow>,
     pub tokens: BTreeMap<String, TokenRow>,
     /// Name index over `streams`, rebuilt from them; not stored.
@@ -203,5 +205,38 @@ impl State {
 
     pub fn stream_by_name(&self, name: &str) -> Option<&StreamRow> {
         self.stream_names.get(name).and_then(|id| self.streams.get(id))
+    }
+}
+
+/// (De)serializes the takeover map as the list of its rows.
+mod takeover_list {
+    use super::TakeoverRow;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+    use weir_shared::ids::{Epoch, NodeId};
+
+    type Map = BTreeMap<(NodeId, Epoch), TakeoverRow>;
+
+    pub fn serialize<S: Serializer>(map: &Map, s: S) -> Result<S::Ok, S::Error> {
+        map.values().collect::<Vec<_>>().serialize(s)
+    }
+
+    /// Also reads the empty map that states without takeovers were once written with.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Stored {
+        List(Vec<TakeoverRow>),
+        Empty(BTreeMap<String, serde::de::IgnoredAny>),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Map, D::Error> {
+        Ok(match Stored::deserialize(d)? {
+            Stored::List(rows) => rows
+                .into_iter()
+                .map(|r| ((r.dead.node.clone(), r.dead.epoch), r))
+                .collect(),
+            Stored::Empty(m) if m.is_empty() => Map::new(),
+            Stored::Empty(_) => return Err(serde::de::Error::custom("takeovers must be a list of rows")),
+        })
     }
 }

@@ -3,7 +3,8 @@
 
 use super::Node;
 use crate::error::StreamdError;
-use crate::stream::Buffered;
+use crate::stream::producers::{Decision, SequenceError};
+use crate::stream::{Buffered, StreamHandle};
 use crate::wal::{WalError, WalRecord};
 use bytes::{Bytes, BytesMut};
 use weir_shared::batch::{set_base_offset, split_batches};
@@ -52,6 +53,12 @@ impl Node {
             if inner.closing {
                 return Err(StreamdError::Unavailable(format!("stream '{stream}' is closing")));
             }
+            // A retry is answered with its original offsets, even when the stream moved on.
+            let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();
+            if let Decision::Duplicate(offsets) = inner.producers.check(&headers).map_err(sequence_error)? {
+                drop(inner);
+                return self.answer_duplicate(&handle, &offsets).await;
+            }
             if let Some(expected) = match_next_offset {
                 if expected != inner.next_offset {
                     return Err(StreamdError::OffsetMismatch {
@@ -93,6 +100,8 @@ impl Node {
                 Err(e) => return Err(self.wal_failed(e)),
             };
             inner.next_offset = next;
+            let spans: Vec<(u64, u64)> = buffered.iter().map(|b| (b.start, b.end)).collect();
+            inner.producers.record(&headers, &spans);
             inner.push(buffered);
             (
                 durable,
@@ -114,6 +123,26 @@ impl Node {
         Ok(appended)
     }
 
+    /// The answer to a retried append: its original offsets, once they are durable (a
+    /// retry can overtake the original's WAL write, and must not be acknowledged first).
+    async fn answer_duplicate(&self, handle: &StreamHandle, offsets: &[(u64, u64)]) -> Result<Appended, StreamdError> {
+        let end = offsets.last().map_or(0, |o| o.1);
+        let mut durable = handle.durable.subscribe();
+        tokio::select! {
+            r = durable.wait_for(|d| *d >= end) => { r.map_err(|_| StreamdError::Unavailable("stream stopped".into()))?; }
+            _ = self.fenced.cancelled() => return Err(StreamdError::Fenced),
+        }
+        if !handle.is_serving() && handle.durable_end() < end {
+            return Err(StreamdError::Unavailable(format!("stream '{}' stopped", handle.name)));
+        }
+        Ok(Appended {
+            base_offset: offsets.first().map_or(0, |o| o.0),
+            end_offset: end,
+            stream_epoch: handle.epoch.0,
+            batch_base_offsets: offsets.iter().map(|o| o.0).collect(),
+        })
+    }
+
     /// A WAL failure after offsets may have been assigned: nothing more can be
     /// acknowledged in order, so the incarnation stops (FO-FEN-8 for a takeover).
     fn wal_failed(&self, e: WalError) -> StreamdError {
@@ -123,10 +152,21 @@ impl Node {
                 self.fence("write-ahead log was taken over");
                 StreamdError::Fenced
             }
+            // The record may still be recovered from the WAL: the outcome is unknown,
+            // which `fenced` tells a caller (only `unavailable` means "not applied").
             other => {
                 self.fence(&format!("write-ahead log failed: {other}"));
-                StreamdError::Unavailable(other.to_string())
+                StreamdError::Fenced
             }
+        }
+    }
+}
+
+fn sequence_error(e: SequenceError) -> StreamdError {
+    match e {
+        SequenceError::InvalidProducerEpoch { .. } => StreamdError::InvalidProducerEpoch(e.to_string()),
+        SequenceError::OutOfOrder { .. } | SequenceError::PartialRetry => {
+            StreamdError::OutOfOrderSequence(e.to_string())
         }
     }
 }

@@ -3,14 +3,15 @@
 
 mod append;
 mod close;
+mod producers;
 mod read;
 mod reconcile;
+mod takeover;
 mod uploader;
 
 use crate::error::StreamdError;
 use crate::object::cache::BlockCache;
 use crate::stream::StreamHandle;
-use crate::view::View;
 use crate::wal::WalWriter;
 use object_store::ObjectStore;
 use std::collections::HashMap;
@@ -21,9 +22,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use weir_metad::client::MetadClient;
 use weir_metad::model::Proposer;
+use weir_metad::view::View;
 use weir_shared::ids::{Incarnation, StreamId};
 
 pub use reconcile::reconcile_loop;
+pub use takeover::WalSource;
 pub use uploader::upload_loop;
 
 /// Tunables of the data plane.
@@ -37,6 +40,8 @@ pub struct Tunables {
     pub reupload_after: Duration,
     /// Largest append accepted.
     pub max_append_bytes: usize,
+    /// Committed bytes replayed at open to rebuild idempotent-producer state.
+    pub producer_state_bytes: u64,
 }
 
 /// One streamd incarnation's data plane.
@@ -57,6 +62,10 @@ pub struct Node {
     pub upload_now: Notify,
     /// Cancelled when this incarnation is fenced or replaced: the process exits 75.
     pub fenced: CancellationToken,
+    /// Where dead incarnations' WALs are taken over from.
+    pub wal_source: WalSource,
+    /// Takeovers this incarnation is running as agent.
+    takeovers_running: std::sync::Mutex<std::collections::HashSet<Incarnation>>,
 }
 
 impl Node {
@@ -68,6 +77,7 @@ impl Node {
         store: Arc<dyn ObjectStore>,
         cache_bytes: u64,
         tunables: Tunables,
+        wal_source: WalSource,
     ) -> Self {
         Self {
             me,
@@ -82,6 +92,8 @@ impl Node {
             admitted: AtomicBool::new(false),
             upload_now: Notify::new(),
             fenced: CancellationToken::new(),
+            wal_source,
+            takeovers_running: Default::default(),
         }
     }
 

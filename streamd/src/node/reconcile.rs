@@ -59,6 +59,8 @@ async fn reconcile(node: &Arc<Node>) {
     for (id, name) in to_open.into_iter().filter(|(id, _)| !served.contains(id)) {
         open_stream(node, id, &name).await;
     }
+    // WAL takeovers this incarnation is the agent of (FO-TKO-3).
+    node.start_takeovers();
 }
 
 /// Opens a placed stream; a retried open after an unknown outcome gets the same epoch.
@@ -81,6 +83,18 @@ async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) {
             let Some(row) = row.filter(|r| r.epoch == stream_epoch && r.owner.as_ref() == Some(&node.me)) else {
                 return;
             };
+            let producers = match node.rebuild_producers(&row.objects).await {
+                Ok(p) => p,
+                // Damaged data is never served, but must not keep the stream closed to appends.
+                Err(e @ crate::error::StreamdError::Corrupt(_)) => {
+                    tracing::error!(stream = name, error = %e, "producer state not rebuilt from damaged data; duplicates of earlier idempotent batches are not detected");
+                    Default::default()
+                }
+                Err(e) => {
+                    tracing::warn!(stream = name, error = %e, "cannot rebuild producer state; will retry the open");
+                    return;
+                }
+            };
             let handle = StreamHandle::new(
                 id,
                 name.to_string(),
@@ -88,6 +102,7 @@ async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) {
                 row.start_offset.0,
                 committed_end.0,
                 row.objects.clone(),
+                producers,
             );
             tracing::info!(stream = name, stream_epoch = %stream_epoch, offset = committed_end.0, log_index = index, "opened stream");
             node.insert_stream(Arc::new(handle));

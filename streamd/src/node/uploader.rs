@@ -30,10 +30,10 @@ pub async fn upload_loop(node: Arc<Node>, cancel: tokio_util::sync::Cancellation
 }
 
 /// A stream's part of one upload.
-struct Part {
-    stream: StreamId,
-    chunk: Chunk,
-    batches: Vec<Bytes>,
+pub(super) struct Part {
+    pub stream: StreamId,
+    pub chunk: Chunk,
+    pub batches: Vec<Bytes>,
 }
 
 impl Node {
@@ -87,7 +87,7 @@ impl Node {
     }
 
     /// PUTs the object and commits it, retrying through outages; `false` if refused.
-    async fn put_and_commit(&self, key: &ObjectKey, object: Bytes, parts: &[Part]) -> bool {
+    pub(super) async fn put_and_commit(&self, key: &ObjectKey, object: Bytes, parts: &[Part]) -> bool {
         let path = object_store::path::Path::from(key.0.as_str());
         let ranges: Vec<CommitRange> = parts
             .iter()

@@ -3,13 +3,13 @@
 //! safety delay and still absent from the metadata log (RR-WAL-4, RR-WAL-5, INV-17).
 //! Deletes in bounded batches and checks for cancellation between them.
 
-use crate::view::View;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use weir_metad::view::View;
 use weir_shared::ids::ObjectKey;
 
 /// Objects deleted per batch.

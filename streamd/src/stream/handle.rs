@@ -1,5 +1,6 @@
 //! One served stream at one stream epoch.
 
+use super::producers::ProducerTable;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +31,8 @@ pub struct StreamInner {
     pub ranges: Vec<ObjectRange>,
     /// Set while closing: no new appends.
     pub closing: bool,
+    /// Idempotent producers' recent batches (duplicate and sequence checks).
+    pub producers: ProducerTable,
     /// Bytes in `buffer`, kept so the append path need not sum it.
     buffered: u64,
 }
@@ -76,6 +79,7 @@ impl StreamHandle {
         start_offset: u64,
         committed_end: u64,
         ranges: Vec<ObjectRange>,
+        producers: ProducerTable,
     ) -> Self {
         Self {
             id,
@@ -89,6 +93,7 @@ impl StreamHandle {
                 committed_end,
                 ranges,
                 closing: false,
+                producers,
                 buffered: 0,
             }),
             durable: watch::channel(committed_end).0,

@@ -1,27 +1,27 @@
-//! Registration at a new epoch on every start, and the heartbeat that keeps the
-//! incarnation alive in the failover clock (FO-LIV-1, FO-LIV-10).
+//! Registration at a new epoch on every start, and the heartbeat that keeps an
+//! incarnation alive in the failover clock (FO-LIV-1, FO-LIV-10). Used by streamd
+//! and gatewayd.
 
-use crate::node::Node;
-use std::sync::Arc;
+use crate::client::{ClientError, MetadClient};
+use crate::model::{Applied, Command, NodeAddrs, NodeKind, Proposer, RejectCode};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use weir_metad::client::{ClientError, MetadClient};
-use weir_metad::model::{Applied, Command, NodeAddrs, NodeKind, Proposer, RejectCode};
 use weir_shared::config::HeartbeatArgs;
 use weir_shared::ids::{Epoch, Incarnation, NodeId};
 
-/// Registers `node` and returns its new incarnation; retries while metad is unavailable
-/// or not yet initialized, and fails on a refusal (such as a clock mismatch, FO-LIV-14).
+/// Registers `node` as a `kind` and returns its new incarnation; retries while metad is
+/// unavailable or not yet initialized, and fails on a refusal (such as a clock mismatch, FO-LIV-14).
 pub async fn register(
     metad: &MetadClient,
     node: &NodeId,
+    kind: NodeKind,
     addrs: NodeAddrs,
     timing: HeartbeatArgs,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Incarnation> {
     let command = Command::RegisterNode {
         node: node.clone(),
-        kind: NodeKind::Streamd,
+        kind,
         addrs,
         heartbeat_interval_sec: timing.heartbeat_interval_sec,
         node_timeout_sec: timing.node_timeout_sec,
@@ -57,17 +57,23 @@ pub async fn register(
     }
 }
 
-/// Proposes a heartbeat every interval until `cancel` or the node is fenced.
-pub async fn heartbeat_loop(node: Arc<Node>, interval: Duration, cancel: CancellationToken) {
+/// Proposes a heartbeat for `me` every interval until `cancel`; returns the reason when
+/// the incarnation turns out fenced, replaced or unknown (the caller must stop).
+pub async fn heartbeat_loop(
+    metad: &MetadClient,
+    me: &Incarnation,
+    interval: Duration,
+    cancel: &CancellationToken,
+) -> Option<String> {
+    let proposer = Proposer::Node(me.clone());
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = node.fenced.cancelled() => return,
+            _ = cancel.cancelled() => return None,
             _ = ticker.tick() => {}
         }
-        match node.metad.propose(&node.proposer(), Command::Heartbeat).await {
+        match metad.propose(&proposer, Command::Heartbeat).await {
             Ok((_, Ok(_))) => {}
             Ok((_, Err(r)))
                 if matches!(
@@ -75,8 +81,7 @@ pub async fn heartbeat_loop(node: Arc<Node>, interval: Duration, cancel: Cancell
                     RejectCode::Fenced | RejectCode::Superseded | RejectCode::UnknownNode
                 ) =>
             {
-                node.fence(&r.message);
-                return;
+                return Some(r.message);
             }
             Ok((_, Err(r))) => tracing::warn!(rejection = %r, "heartbeat refused"),
             Err(e) => tracing::debug!(error = %e, "heartbeat not landed"),

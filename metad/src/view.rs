@@ -1,13 +1,13 @@
-//! The node's mirror of the metadata state, followed through metad's watch API,
+//! A node's mirror of the metadata state (streamd, gatewayd), followed through metad's watch API,
 //! and the catch-up fence that admits the node only once it has applied through a
 //! linearizable read index (RR-FEN-1, RR-FEN-3, RR-FEN-5).
 
+use crate::client::MetadClient;
+use crate::model::{codec, Delta, State};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use weir_metad::client::MetadClient;
-use weir_metad::model::{codec, Delta, State};
 use weir_proto::metad::watch_event::Kind;
 
 /// The mirrored state and a signal of its applied index.

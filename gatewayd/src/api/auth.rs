@@ -1,0 +1,60 @@
+//! Bearer-token authentication: with `--auth`, every API request carries a token issued
+//! through the metadata log; only its SHA-256 is stored and compared.
+
+use super::error::{ApiError, Code};
+use super::{Gateway, Principal};
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
+/// Hex SHA-256 of a token secret, as stored in the token row.
+pub fn secret_hash(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+fn unauthorized(message: impl Into<String>) -> Response {
+    ApiError::new(StatusCode::UNAUTHORIZED, Code::Unauthorized, message).into_response()
+}
+
+pub async fn require_token(State(gw): State<Arc<Gateway>>, mut req: Request, next: Next) -> Response {
+    if !gw.auth {
+        req.extensions_mut().insert(Principal("anonymous".into()));
+        return next.run(req).await;
+    }
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        return unauthorized("this gateway requires 'Authorization: Bearer <token>'");
+    };
+    let Some(secret) = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+    else {
+        return unauthorized("the Authorization header must be 'Bearer <token>'");
+    };
+    let hash = secret_hash(secret);
+    let token = gw
+        .routes
+        .view()
+        .with(|s| s.tokens.values().find(|t| t.secret_sha256 == hash).cloned());
+    let Some(token) = token else {
+        return unauthorized("unknown token");
+    };
+    if token.revoked {
+        return unauthorized(format!("token '{}' is revoked", token.name));
+    }
+    let path = req.uri().path();
+    if (path.starts_with("/v1/admin/") || path.starts_with("/admin/")) && !token.scopes.iter().any(|s| s == "admin") {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            Code::Unauthorized,
+            format!("token '{}' lacks the 'admin' scope this endpoint needs", token.name),
+        )
+        .into_response();
+    }
+    req.extensions_mut().insert(Principal(token.name));
+    next.run(req).await
+}

@@ -1,0 +1,125 @@
+//! The HTTP API (`/v1`, JSON), health, admin and metrics endpoints of gatewayd.
+
+pub mod append;
+pub mod auth;
+pub mod error;
+pub mod health;
+pub mod read;
+pub mod sse;
+pub mod streams;
+pub mod tokens;
+
+use crate::route::Routes;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use axum::Router;
+use error::{ApiError, Code};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use weir_metad::client::MetadClient;
+use weir_metad::model::Proposer;
+use weir_shared::ids::Incarnation;
+
+/// What every handler shares.
+pub struct Gateway {
+    pub routes: Routes,
+    pub metad: Arc<MetadClient>,
+    pub me: Incarnation,
+    /// Require bearer tokens on the API.
+    pub auth: bool,
+    pub max_body_bytes: usize,
+    /// Cancelled when this incarnation is fenced or replaced.
+    pub fenced: CancellationToken,
+    /// Cancelled when the gateway stops: live reads (long polls, SSE) end.
+    pub stopping: CancellationToken,
+}
+
+impl Gateway {
+    /// Waits (bounded) until the view has applied a change this gateway made, so the
+    /// caller's next request sees it.
+    pub async fn settle(&self, index: u64) {
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            self.routes.view().wait_applied(index),
+        )
+        .await;
+    }
+}
+
+/// Who made a request (the token's name, or `anonymous` without auth); metadata
+/// changes are proposed in their name.
+#[derive(Clone, Debug)]
+pub struct Principal(pub String);
+
+impl Principal {
+    pub fn proposer(&self) -> Proposer {
+        Proposer::Operator {
+            principal: self.0.clone(),
+        }
+    }
+}
+
+/// The OpenAPI document of this API (kept in `docs/api/openapi.json`).
+const OPENAPI: &str = include_str!("../../../docs/api/openapi.json");
+
+pub fn router(gw: Arc<Gateway>) -> Router {
+    let api = Router::new()
+        .route("/v1/streams", get(streams::list).post(streams::create))
+        .route("/v1/streams/{name}", get(streams::describe).delete(streams::delete))
+        .route(
+            "/v1/streams/{name}/records",
+            get(read::read_or_subscribe).post(append::append),
+        )
+        .route("/v1/streams/{name}/records/tail", get(read::tail))
+        .route("/v1/admin/tokens", get(tokens::list).post(tokens::issue))
+        .route("/v1/admin/tokens/{name}", delete(tokens::revoke))
+        .route("/admin/nodes", get(health::nodes))
+        .route_layer(middleware::from_fn_with_state(gw.clone(), auth::require_token));
+    Router::new()
+        .route("/livez", get(health::livez))
+        .route("/readyz", get(health::readyz))
+        .route("/ready", get(health::ready))
+        .route("/metrics", get(health::metrics))
+        .route(
+            "/v1/openapi.json",
+            get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI) }),
+        )
+        .merge(api)
+        .fallback(|| async {
+            ApiError::not_found("no such endpoint; see /v1/openapi.json for the API").into_response()
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                Code::InvalidArgument,
+                "method not allowed on this endpoint; see /v1/openapi.json",
+            )
+            .into_response()
+        })
+        .layer(DefaultBodyLimit::max(gw.max_body_bytes))
+        .layer(middleware::from_fn(count_requests))
+        .with_state(gw)
+}
+
+/// OBS: requests by route, method and status, and their latency.
+async fn count_requests(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().to_string();
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    let m = crate::metrics::metrics();
+    m.http_requests
+        .with_label_values(&[&route, &method, response.status().as_str()])
+        .inc();
+    m.http_latency
+        .with_label_values(&[&route, &method])
+        .observe(started.elapsed().as_secs_f64());
+    response
+}

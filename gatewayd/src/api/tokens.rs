@@ -1,0 +1,91 @@
+//! API tokens: issued and revoked through the metadata log by an admin; the secret is
+//! shown once, only its SHA-256 is stored.
+
+use super::auth::secret_hash;
+use super::error::ApiError;
+use super::{Gateway, Principal};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use rand::RngCore;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use weir_metad::model::Command;
+
+/// Scopes a token may carry; without `admin` it may use the data and stream APIs only.
+pub const SCOPES: &[&str] = &["admin"];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IssueBody {
+    name: String,
+    #[serde(default)]
+    scopes: Vec<String>,
+}
+
+/// A fresh secret: 32 random bytes, hex, with a prefix that makes it recognisable.
+pub fn new_secret() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!("weir_{}", hex::encode(bytes))
+}
+
+pub async fn issue(
+    State(gw): State<Arc<Gateway>>,
+    Extension(who): Extension<Principal>,
+    body: Result<Json<IssueBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    if let Some(bad) = body.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {
+        return Err(ApiError::invalid(format!(
+            "unknown scope '{bad}'; scopes are {SCOPES:?}"
+        )));
+    }
+    let secret = new_secret();
+    let (index, outcome) = gw
+        .metad
+        .propose(
+            &who.proposer(),
+            Command::IssueToken {
+                name: body.name.clone(),
+                secret_sha256: secret_hash(&secret),
+                scopes: body.scopes.clone(),
+            },
+        )
+        .await?;
+    outcome?;
+    gw.settle(index).await;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"name": body.name, "token": secret, "scopes": body.scopes})),
+    )
+        .into_response())
+}
+
+pub async fn list(State(gw): State<Arc<Gateway>>) -> Json<Value> {
+    let tokens: Vec<Value> = gw.routes.view().with(|s| {
+        s.tokens
+            .values()
+            .map(|t| json!({"name": t.name, "scopes": t.scopes, "revoked": t.revoked, "issued_index": t.issued_index}))
+            .collect()
+    });
+    Json(json!({ "tokens": tokens }))
+}
+
+/// Revokes a token; answered once this gateway refuses it.
+pub async fn revoke(
+    State(gw): State<Arc<Gateway>>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (index, outcome) = gw
+        .metad
+        .propose(&who.proposer(), Command::RevokeToken { name: name.clone() })
+        .await?;
+    outcome?;
+    gw.settle(index).await;
+    Ok(Json(json!({"name": name, "revoked": true})))
+}

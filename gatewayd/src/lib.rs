@@ -1,0 +1,12 @@
+//! gatewayd: Weir's stateless gateway. It follows the metadata view, and routes every
+//! HTTP request to the streamd that owns its stream.
+
+pub mod api;
+pub mod config;
+pub mod metrics;
+pub mod records;
+pub mod route;
+pub mod server;
+
+pub use config::GatewaydArgs;
+pub use server::{run, Exit};

@@ -1,0 +1,63 @@
+//! gatewayd's Prometheus metrics, served at `/metrics`.
+
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts};
+use std::sync::OnceLock;
+
+pub struct GatewayMetrics {
+    /// HTTP requests by matched route, method and status.
+    pub http_requests: IntCounterVec,
+    pub http_latency: HistogramVec,
+    /// Appends routed, by result (`ok`, `error`).
+    pub appends: IntCounterVec,
+    pub appended_records: IntCounter,
+    pub append_latency: Histogram,
+    /// The metadata index this gateway's view has applied.
+    pub applied_index: IntGauge,
+}
+
+const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+
+pub fn metrics() -> &'static GatewayMetrics {
+    static METRICS: OnceLock<GatewayMetrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        use weir_shared::metrics::register;
+        GatewayMetrics {
+            http_requests: register(
+                IntCounterVec::new(
+                    Opts::new("gatewayd_http_requests_total", "HTTP requests answered"),
+                    &["route", "method", "status"],
+                )
+                .expect("valid metric"),
+            ),
+            http_latency: register(
+                HistogramVec::new(
+                    HistogramOpts::new("gatewayd_http_request_seconds", "Time to answer an HTTP request")
+                        .buckets(BUCKETS.to_vec()),
+                    &["route", "method"],
+                )
+                .expect("valid metric"),
+            ),
+            appends: register(
+                IntCounterVec::new(
+                    Opts::new("gatewayd_appends_total", "Appends routed, by result"),
+                    &["result"],
+                )
+                .expect("valid metric"),
+            ),
+            appended_records: register(
+                IntCounter::new("gatewayd_appended_records_total", "Records acknowledged").expect("valid metric"),
+            ),
+            append_latency: register(
+                Histogram::with_opts(
+                    HistogramOpts::new("gatewayd_append_seconds", "Time from receiving an append to its answer")
+                        .buckets(BUCKETS.to_vec()),
+                )
+                .expect("valid metric"),
+            ),
+            applied_index: register(
+                IntGauge::new("gatewayd_view_applied_index", "Metadata log index the view has applied")
+                    .expect("valid metric"),
+            ),
+        }
+    })
+}

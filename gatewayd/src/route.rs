@@ -1,0 +1,186 @@
+//! Routing by ownership: every request goes to the streamd incarnation the view says
+//! owns its stream, never to a fenced one (FO-FEN-6), and nothing is routed before the
+//! gateway has passed the catch-up fence (RR-FEN-2). While a stream has no live owner
+//! (placed but not open, moving, recovering) a call waits for the view to change, for
+//! a bounded time, and then reports the stream as unavailable (FO-TKO-11, FO-TKO-12).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tonic::transport::Channel;
+use weir_metad::model::{StreamRow, StreamState};
+use weir_metad::view::View;
+use weir_proto::streamd::streamd_client::StreamdClient;
+use weir_shared::ids::Incarnation;
+
+/// Why a request could not be routed or was refused by the owner.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("stream '{0}' does not exist")]
+    NotFound(String),
+    /// No live owner right now; retry shortly.
+    #[error("stream '{stream}' has no live owner right now ({why}); retry shortly")]
+    NoOwner { stream: String, why: String },
+    #[error("the gateway is catching up with the metadata log; retry shortly")]
+    CatchingUp,
+    /// The owner answered with an error (carrying `x-weir-error`).
+    #[error("{}", .0.message())]
+    Streamd(tonic::Status),
+    /// The request may or may not have been applied (the owner failed mid-request).
+    #[error("outcome unknown: {0}; retry with an idempotency key to be safe")]
+    Unknown(String),
+}
+
+/// Whether a failed call may be sent again.
+enum Retry {
+    /// Refused before anything was applied.
+    Yes,
+    /// May have been applied: retried only when that is harmless (reads, keyed appends).
+    IfSafe,
+    No,
+}
+
+/// The stable error code the owner put in `x-weir-error`, if any.
+pub fn error_code(status: &tonic::Status) -> Option<&str> {
+    status.metadata().get("x-weir-error").and_then(|v| v.to_str().ok())
+}
+
+fn classify(status: &tonic::Status) -> Retry {
+    match error_code(status) {
+        Some("not_owner") | Some("unavailable") => Retry::Yes,
+        Some("fenced") => Retry::IfSafe,
+        Some(_) => Retry::No,
+        // No code: the transport failed (connection refused, reset, timed out).
+        None => match status.code() {
+            tonic::Code::Unavailable
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Unknown => Retry::IfSafe,
+            _ => Retry::No,
+        },
+    }
+}
+
+/// The gateway's routing table: the view, and one client per owner incarnation.
+pub struct Routes {
+    view: Arc<View>,
+    admitted: AtomicBool,
+    clients: Mutex<HashMap<Incarnation, StreamdClient<Channel>>>,
+    retry_for: Duration,
+    max_message: usize,
+}
+
+impl Routes {
+    pub fn new(view: Arc<View>, retry_for: Duration, max_message: usize) -> Self {
+        Self {
+            view,
+            admitted: AtomicBool::new(false),
+            clients: Mutex::new(HashMap::new()),
+            retry_for,
+            max_message,
+        }
+    }
+
+    pub fn view(&self) -> &Arc<View> {
+        &self.view
+    }
+
+    /// RR-FEN-2: routes only after this.
+    pub fn admit(&self) {
+        self.admitted.store(true, Ordering::Release);
+    }
+
+    pub fn is_admitted(&self) -> bool {
+        self.admitted.load(Ordering::Acquire)
+    }
+
+    /// The stream's row, if it exists and is not deleted.
+    pub fn stream(&self, name: &str) -> Option<StreamRow> {
+        self.view.with(|s| s.stream_by_name(name).cloned())
+    }
+
+    /// A client of the stream's live owner.
+    fn owner(&self, name: &str) -> Result<StreamdClient<Channel>, RouteError> {
+        if !self.is_admitted() {
+            return Err(RouteError::CatchingUp);
+        }
+        let no_owner = |why: &str| RouteError::NoOwner {
+            stream: name.to_string(),
+            why: why.to_string(),
+        };
+        let (owner, addr) = self.view.with(|s| {
+            let row = s
+                .stream_by_name(name)
+                .ok_or_else(|| RouteError::NotFound(name.to_string()))?;
+            if row.state != StreamState::Open {
+                return Err(no_owner("it is being placed, moved or recovered"));
+            }
+            let owner = row.owner.clone().ok_or_else(|| no_owner("it is not placed"))?;
+            match s.nodes.get(&owner.node) {
+                Some(node) if node.epoch == owner.epoch && !node.fenced => Ok((owner, node.addrs.grpc.clone())),
+                _ => Err(no_owner("its owner is fenced; failover is recovering it")),
+            }
+        })?;
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = clients.get(&owner) {
+            return Ok(c.clone());
+        }
+        let channel =
+            weir_metad::network::channel(&addr).map_err(|e| no_owner(&format!("owner address {addr}: {e}")))?;
+        let client = StreamdClient::new(channel)
+            .max_decoding_message_size(self.max_message)
+            .max_encoding_message_size(self.max_message);
+        // Incarnations that no longer own anything are dropped as new ones appear.
+        clients.retain(|inc, _| {
+            self.view
+                .with(|s| s.nodes.get(&inc.node).is_some_and(|n| n.epoch == inc.epoch))
+        });
+        clients.insert(owner, client.clone());
+        Ok(client)
+    }
+
+    /// Calls the stream's owner with `f`, following ownership changes for up to the
+    /// route retry time. `safe_to_retry` says whether a call that may have been applied
+    /// can be sent again (reads, appends with an idempotency key).
+    pub async fn call<T, F, Fut>(&self, stream: &str, safe_to_retry: bool, mut f: F) -> Result<T, RouteError>
+    where
+        F: FnMut(StreamdClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.retry_for;
+        let mut changed = self.view.subscribe();
+        loop {
+            let err = match self.owner(stream) {
+                Ok(client) => match f(client).await {
+                    Ok(reply) => return Ok(reply.into_inner()),
+                    Err(status) => match classify(&status) {
+                        Retry::Yes => RouteError::Streamd(status),
+                        Retry::IfSafe if safe_to_retry => RouteError::Streamd(status),
+                        Retry::IfSafe => return Err(RouteError::Unknown(status.message().to_string())),
+                        Retry::No => return Err(RouteError::Streamd(status)),
+                    },
+                },
+                Err(e @ (RouteError::NoOwner { .. } | RouteError::CatchingUp)) => e,
+                Err(e) => return Err(e),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(match err {
+                    RouteError::Streamd(s) => RouteError::NoOwner {
+                        stream: stream.to_string(),
+                        why: s.message().to_string(),
+                    },
+                    e => e,
+                });
+            }
+            // Ownership changes arrive through the view; a short pause covers an owner
+            // that refuses before our view has caught up with the move.
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

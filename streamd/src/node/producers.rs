@@ -1,0 +1,33 @@
+//! Rebuilding a stream's idempotent-producer state from its stored batches when the
+//! stream is opened, so duplicate detection survives moves and failover.
+
+use super::Node;
+use crate::error::StreamdError;
+use crate::stream::producers::ProducerTable;
+use weir_metad::model::ObjectRange;
+use weir_shared::batch::split_batches;
+
+impl Node {
+    /// Replays the batch headers of the last `--producer-state-bytes` of committed data.
+    pub async fn rebuild_producers(&self, ranges: &[ObjectRange]) -> Result<ProducerTable, StreamdError> {
+        let mut table = ProducerTable::default();
+        let mut covered = 0u64;
+        let mut first = ranges.len();
+        while first > 0 && covered < self.tunables.producer_state_bytes {
+            first -= 1;
+            covered += ranges[first].len;
+        }
+        for range in &ranges[first..] {
+            let chunk = self.fetch_range(range).await?;
+            let parsed =
+                split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;
+            let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();
+            let spans: Vec<(u64, u64)> = headers
+                .iter()
+                .map(|h| (h.base_offset as u64, h.base_offset as u64 + h.offset_count()))
+                .collect();
+            table.record(&headers, &spans);
+        }
+        Ok(table)
+    }
+}

@@ -1,0 +1,229 @@
+//! The WAL takeover agent (FO-TKO-3 to FO-TKO-8, INV-7). When the metadata log names
+//! this incarnation the agent of a takeover of a fenced or replaced incarnation, it
+//! fences that WAL (rename of the file WAL's directory, or a fence marker in the object
+//! WAL), replays it, uploads exactly the records of the dead owner's still-open streams
+//! past their committed ends, commits them, and reports `CompleteTakeover`. The failover
+//! loop then closes those streams and placement moves them. Every step is idempotent:
+//! a repeated run replays the already-fenced WAL and commits only what is still missing.
+
+use super::uploader::Part;
+use super::Node;
+use crate::object::format::ObjectBuilder;
+use crate::wal::{file, object, WalRecord};
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use weir_metad::model::{Command, RejectCode, StreamState, TakeoverState};
+use weir_shared::batch::split_batches;
+use weir_shared::ids::{Incarnation, ObjectKey, StreamEpoch, StreamId};
+
+/// Where dead incarnations' WALs are read from: this node's own backend.
+#[derive(Clone, Debug)]
+pub enum WalSource {
+    /// The shared root of the file WAL.
+    File(PathBuf),
+    Object,
+}
+
+impl Node {
+    /// Starts every pending takeover this incarnation is the agent of and is not running yet.
+    pub fn start_takeovers(self: &Arc<Self>) {
+        let mine: Vec<Incarnation> = self.view.with(|s| {
+            s.takeovers
+                .values()
+                .filter(|t| t.state == TakeoverState::Pending && t.agent.as_ref() == Some(&self.me))
+                .map(|t| t.dead.clone())
+                .collect()
+        });
+        for dead in mine {
+            let fresh = self
+                .takeovers_running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(dead.clone());
+            if !fresh {
+                continue;
+            }
+            let node = self.clone();
+            tokio::spawn(async move {
+                match node.take_over(&dead).await {
+                    Ok(()) => {}
+                    Err(e) => {
+                        tracing::warn!(node_id = %dead.node, epoch = %dead.epoch, error = %e, "WAL takeover failed; will retry")
+                    }
+                }
+                node.takeovers_running
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&dead);
+                // Retried on a later view change while the row stays pending.
+            });
+        }
+    }
+
+    async fn take_over(&self, dead: &Incarnation) -> Result<(), String> {
+        let agent = format!("{}-{}", self.me.node, self.me.epoch);
+        tracing::info!(node_id = %dead.node, epoch = %dead.epoch, "taking over the WAL of a dead incarnation");
+        let records = match &self.wal_source {
+            WalSource::File(root) => {
+                let (root, node, epoch) = (root.clone(), dead.node.clone(), dead.epoch);
+                tokio::task::spawn_blocking(move || file::take_over(&root, &node, epoch, &agent))
+                    .await
+                    .map_err(|e| e.to_string())?
+            }
+            WalSource::Object => object::take_over(self.store.clone(), &dead.node, dead.epoch, &agent).await,
+        }
+        .map_err(|e| e.to_string())?;
+        if std::env::var_os("WEIR_FAILPOINT_TAKEOVER_BEFORE_COMMIT").is_some() {
+            // Tests: the agent dies after fencing and replaying, before committing anything.
+            tracing::error!("failpoint: exiting in the middle of a WAL takeover");
+            std::process::exit(86);
+        }
+        let targets: HashMap<StreamId, (StreamEpoch, u64)> = self.view.with(|s| {
+            s.streams
+                .values()
+                .filter(|r| r.state == StreamState::Open && r.owner.as_ref() == Some(dead))
+                .map(|r| (r.id, (r.epoch, r.committed_end.0)))
+                .collect()
+        });
+        let missing = missing_batches(&records, &targets)?;
+        let mut builder = ObjectBuilder::new();
+        let mut parts = Vec::new();
+        let mut recovered = 0u64;
+        for (stream, (epoch, start, end, batches)) in &missing {
+            let chunk = builder.add(*stream, *epoch, *start, *end, batches).clone();
+            recovered += end - start;
+            parts.push(Part {
+                stream: *stream,
+                chunk,
+                batches: batches.clone(),
+            });
+        }
+        if !parts.is_empty() {
+            let (object, _) = builder.finish();
+            let key = ObjectKey(format!(
+                "data/{}/{:020}/takeover-{}-{}-{:08x}.wdo",
+                self.me.node,
+                self.me.epoch.0,
+                dead.node,
+                dead.epoch.0,
+                rand::random::<u32>()
+            ));
+            if !self.put_and_commit(&key, object, &parts).await {
+                return Err("the recovered records' commit was refused".into());
+            }
+        }
+        let command = Command::CompleteTakeover {
+            node: dead.node.clone(),
+            epoch: dead.epoch,
+        };
+        match self.metad.propose(&self.proposer(), command).await {
+            Ok((index, Ok(_))) => {
+                tracing::info!(
+                    node_id = %dead.node, epoch = %dead.epoch, streams = missing.len(), records = recovered,
+                    log_index = index, "WAL takeover completed"
+                );
+                Ok(())
+            }
+            Ok((_, Err(r))) if r.code == RejectCode::NotOwner => Ok(()),
+            Ok((_, Err(r))) => Err(format!("CompleteTakeover refused: {r}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Per stream: epoch, first and end offset, and the batches of the records the dead
+/// owner acknowledged past the committed end, contiguous from it. Records of other
+/// epochs (older opens) or of streams no longer open under the dead owner are skipped.
+type Missing = BTreeMap<StreamId, (StreamEpoch, u64, u64, Vec<Bytes>)>;
+
+fn missing_batches(records: &[WalRecord], targets: &HashMap<StreamId, (StreamEpoch, u64)>) -> Result<Missing, String> {
+    let mut per_stream: BTreeMap<StreamId, Vec<(u64, u64, Bytes)>> = BTreeMap::new();
+    for r in records {
+        let Some((epoch, _)) = targets.get(&r.stream) else {
+            continue;
+        };
+        if r.stream_epoch != *epoch {
+            continue;
+        }
+        let batches = split_batches(&r.batches).map_err(|e| format!("WAL record of stream {}: {e}", r.stream))?;
+        for (header, bytes) in batches {
+            let start = header.base_offset as u64;
+            per_stream.entry(r.stream).or_default().push((
+                start,
+                start + header.offset_count(),
+                Bytes::copy_from_slice(bytes),
+            ));
+        }
+    }
+    let mut out = Missing::new();
+    for (stream, mut batches) in per_stream {
+        let (epoch, committed) = targets[&stream];
+        batches.sort_by_key(|b| b.0);
+        let mut next = committed;
+        let mut taken = Vec::new();
+        for (start, end, bytes) in batches {
+            if end <= next {
+                continue;
+            }
+            // Acknowledged records are contiguous: a gap ends what was acknowledged.
+            if start != next {
+                break;
+            }
+            taken.push(bytes);
+            next = end;
+        }
+        if next > committed {
+            out.insert(stream, (epoch, committed, next, taken));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+
+    fn batch_at(base: i64, count: i32) -> Bytes {
+        let mut b = BytesMut::from(&weir_shared::batch::opaque_batch(count, b"x")[..]);
+        weir_shared::batch::set_base_offset(&mut b, base);
+        b.freeze()
+    }
+
+    fn record(stream: u64, epoch: u64, base: u64, count: i32) -> WalRecord {
+        WalRecord {
+            stream: StreamId(stream),
+            stream_epoch: StreamEpoch(epoch),
+            base_offset: base,
+            offset_count: count as u32,
+            batches: batch_at(base as i64, count),
+        }
+    }
+
+    /// FO-TKO-6: exactly the acknowledged records past the committed end are recovered.
+    #[test]
+    fn only_records_past_the_committed_end_at_the_current_epoch_are_recovered() {
+        let records = vec![
+            record(1, 2, 0, 2),
+            record(1, 2, 2, 3),
+            record(1, 2, 5, 1),
+            record(1, 1, 6, 1), // an older epoch's record: not this open's
+            record(2, 1, 0, 1), // a stream no longer open under the dead owner
+        ];
+        let targets = HashMap::from([(StreamId(1), (StreamEpoch(2), 2))]);
+        let missing = missing_batches(&records, &targets).expect("replay");
+        assert_eq!(missing.len(), 1);
+        let (epoch, start, end, batches) = &missing[&StreamId(1)];
+        assert_eq!((*epoch, *start, *end, batches.len()), (StreamEpoch(2), 2, 6, 2));
+    }
+
+    #[test]
+    fn a_gap_ends_the_recovered_range() {
+        let records = vec![record(1, 1, 0, 1), record(1, 1, 3, 1)];
+        let targets = HashMap::from([(StreamId(1), (StreamEpoch(1), 0))]);
+        let missing = missing_batches(&records, &targets).expect("replay");
+        assert_eq!(missing[&StreamId(1)].2, 1);
+    }
+}

@@ -1,0 +1,203 @@
+//! A real gatewayd process and an HTTP client of its API for tests.
+
+use crate::process::Proc;
+use crate::{bin_path, free_port, wait_for};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// One gatewayd process.
+pub struct Gatewayd {
+    pub id: String,
+    pub http: String,
+    args: Vec<String>,
+    proc: Proc,
+    http_client: reqwest::Client,
+    /// Sent as `Authorization: Bearer` when set.
+    pub token: Option<String>,
+}
+
+impl Gatewayd {
+    /// Starts gatewayd `id` against metad `metad` with `extra` flags (1 s heartbeats).
+    pub fn start(id: &str, metad: &str, dir: &Path, extra: &[&str]) -> Gatewayd {
+        let mut args: Vec<String> = vec![
+            "--id".into(),
+            id.into(),
+            "--metad".into(),
+            metad.into(),
+            "--heartbeat-interval-sec".into(),
+            "1".into(),
+            "--node-timeout-sec".into(),
+            "3".into(),
+            "--log-format".into(),
+            "json".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut g = Gatewayd {
+            id: id.into(),
+            http: format!("127.0.0.1:{}", free_port()),
+            args,
+            proc: Proc::new(id, dir.join(format!("{id}.log"))),
+            http_client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(90))
+                .build()
+                .expect("http client"),
+            token: None,
+        };
+        g.spawn();
+        g
+    }
+
+    pub fn spawn(&mut self) {
+        let mut command = Command::new(bin_path("gatewayd"));
+        command.args(&self.args).args(["--http-listen", &self.http]);
+        self.proc.spawn(command);
+    }
+
+    pub fn proc(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
+
+    pub fn log_text(&self) -> String {
+        self.proc.log_text()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    pub async fn wait_ready(&self) {
+        let url = self.url("/readyz");
+        wait_for(
+            &format!("gatewayd {} ready", self.id),
+            Duration::from_secs(30),
+            || async {
+                let r = reqwest::get(&url).await.ok()?;
+                r.status().is_success().then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// A request to the API, with the bearer token when set.
+    pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http_client.request(method, self.url(path));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    /// Sends a request and returns its status and JSON body (`null` when not JSON).
+    pub async fn send(&self, req: reqwest::RequestBuilder) -> (StatusCode, Value) {
+        let r = req.send().await.expect("request sent");
+        let status = r.status();
+        let body = r.json::<Value>().await.unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    pub async fn create_stream(&self, name: &str) -> Value {
+        let (status, body) = self
+            .send(
+                self.request(Method::POST, "/v1/streams")
+                    .json(&json!({ "stream": name })),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "create {name}: {body}");
+        body
+    }
+
+    /// Appends text records; returns `(start, end)` sequence numbers.
+    pub async fn append(&self, stream: &str, bodies: &[&str]) -> (u64, u64) {
+        let records: Vec<Value> = bodies.iter().map(|b| json!({ "body": b })).collect();
+        let (status, body) = self
+            .send(
+                self.request(Method::POST, &format!("/v1/streams/{stream}/records"))
+                    .json(&json!({ "records": records })),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "append to {stream}: {body}");
+        (
+            body["start_seq_num"].as_u64().expect("start"),
+            body["end_seq_num"].as_u64().expect("end"),
+        )
+    }
+
+    /// Reads every record from 0 to the tail, page by page.
+    pub async fn read_all(&self, stream: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut next = 0;
+        loop {
+            let (status, body) = self
+                .send(self.request(Method::GET, &format!("/v1/streams/{stream}/records?seq_num={next}")))
+                .await;
+            assert_eq!(status, StatusCode::OK, "read {stream} at {next}: {body}");
+            let records = body["records"].as_array().cloned().unwrap_or_default();
+            out.extend(records);
+            next = body["next_seq_num"].as_u64().expect("next_seq_num");
+            if next >= body["tail"].as_u64().expect("tail") {
+                return out;
+            }
+        }
+    }
+
+    /// Waits until the stream has a live owner that answers (its tail is readable).
+    pub async fn wait_open(&self, stream: &str) {
+        let path = format!("/v1/streams/{stream}/records/tail");
+        wait_for(&format!("{stream} open"), Duration::from_secs(90), || async {
+            let r = self.request(Method::GET, &path).send().await.ok()?;
+            r.status().is_success().then_some(())
+        })
+        .await;
+    }
+}
+
+/// One parsed server-sent event.
+#[derive(Debug, Clone, Default)]
+pub struct SseEvent {
+    pub event: String,
+    pub id: Option<String>,
+    pub data: String,
+}
+
+/// Reads server-sent events from a streaming response.
+pub struct SseReader {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl SseReader {
+    pub fn new(response: reqwest::Response) -> Self {
+        Self {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event (comments and keep-alives skipped), or `None` when the stream ends.
+    pub async fn next(&mut self) -> Option<SseEvent> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut ev = SseEvent::default();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        ev.event = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("id:") {
+                        ev.id = Some(v.trim().to_string());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        ev.data.push_str(v.trim_start());
+                    }
+                }
+                if ev.event.is_empty() && ev.data.is_empty() {
+                    continue;
+                }
+                return Some(ev);
+            }
+            let chunk = self.response.chunk().await.ok()??;
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! Failover over real processes: a streamd that is killed or hangs is fenced on the
+//! holder's heartbeat clock, its WAL is taken over, every acknowledged record is
+//! recovered, and its streams move to a live node. Clients go through a gateway and
+//! record every append; the check reads each stream back.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::time::Duration;
+use weir_tests::gateway::Gatewayd;
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::wait_for;
+
+/// Two streamd nodes (1 s heartbeats, 3 s timeout), metad placing streams, one gateway.
+/// Uploads wait 10 minutes, so every acknowledged record lives only in the WAL and a
+/// takeover must recover it.
+async fn cluster(backend: Backend) -> (Stack, Gatewayd) {
+    let stack = Stack::start_with(
+        2,
+        backend,
+        &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
+        &[],
+    )
+    .await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    (stack, gw)
+}
+
+/// The node index owning `stream` per the gateway, when open.
+async fn owner(stack: &Stack, gw: &Gatewayd, stream: &str) -> Option<(usize, u64)> {
+    let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{stream}"))).await;
+    if d["state"] != "open" {
+        return None;
+    }
+    let node = d["owner"]["node"].as_str()?;
+    let i = stack.nodes.iter().position(|n| n.id == node)?;
+    Some((i, d["owner"]["epoch"].as_u64()?))
+}
+
+/// Appends `n` records one by one; every one is acknowledged (the owner is healthy).
+async fn append_n(gw: &Gatewayd, stream: &str, prefix: &str, n: usize) -> Vec<String> {
+    let mut acked = Vec::new();
+    for i in 0..n {
+        let body = format!("{prefix}-{i}");
+        gw.append(stream, &[&body]).await;
+        acked.push(body);
+    }
+    acked
+}
+
+/// INV-2: every acknowledged record is read back exactly once, in order.
+async fn assert_all_read_back(gw: &Gatewayd, stream: &str, acked: &[String]) {
+    let records = gw.read_all(stream).await;
+    let bodies: Vec<String> = records
+        .iter()
+        .map(|r| r["body"].as_str().expect("body").to_string())
+        .collect();
+    let unique: HashSet<&String> = bodies.iter().collect();
+    assert_eq!(unique.len(), bodies.len(), "no record twice: {bodies:?}");
+    assert_eq!(&bodies, acked, "every acknowledged record, in order");
+}
+
+async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
+    let (mut stack, gw) = cluster(backend).await;
+    let streams = ["k-a", "k-b", "k-c", "k-d"];
+    for s in streams {
+        gw.create_stream(s).await;
+        gw.wait_open(s).await;
+    }
+    let mut acked = Vec::new();
+    for s in streams {
+        acked.push(append_n(&gw, s, s, 20).await);
+    }
+    let victim = owner(&stack, &gw, "k-a").await.expect("k-a is open").0;
+    stack.nodes[victim].kill();
+    let survivor = 1 - victim;
+    for (s, acked) in streams.iter().zip(&acked) {
+        wait_for(
+            &format!("{s} open on the survivor"),
+            Duration::from_secs(60),
+            || async { owner(&stack, &gw, s).await.filter(|(i, _)| *i == survivor).map(|_| ()) },
+        )
+        .await;
+        assert_all_read_back(&gw, s, acked).await;
+    }
+    // The stream takes new appends at its new owner.
+    gw.append("k-a", &["after"]).await;
+    let log = stack.metad.replicas[0].log_text();
+    assert!(
+        log.contains("fenced a node that missed the heartbeat threshold"),
+        "OBS-18"
+    );
+    assert!(log.contains("WAL takeover started"), "OBS-18");
+}
+
+/// FO-LIV-6, FO-TKO-1 to FO-TKO-8, INV-2 with the file WAL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_streamd_is_fenced_and_its_acknowledged_records_recovered_file_wal() {
+    sigkill_recovers_everything_acknowledged(Backend::FileWal).await;
+}
+
+/// The same with the object WAL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_streamd_is_fenced_and_its_acknowledged_records_recovered_object_wal() {
+    sigkill_recovers_everything_acknowledged(Backend::ObjectWal).await;
+}
+
+/// FO-LIV-6, FO-FEN-8, INV-3: a hung streamd is fenced and its streams move; when it
+/// resumes it notices the fence, acknowledges nothing more, and exits 75.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_streamd_is_fenced_and_exits_75_when_it_resumes() {
+    let (mut stack, gw) = cluster(Backend::FileWal).await;
+    gw.create_stream("hung").await;
+    gw.wait_open("hung").await;
+    let acked = append_n(&gw, "hung", "h", 10).await;
+    let (victim, _) = owner(&stack, &gw, "hung").await.expect("open");
+    stack.nodes[victim].pause();
+    let survivor = 1 - victim;
+    wait_for("hung moved", Duration::from_secs(60), || async {
+        owner(&stack, &gw, "hung")
+            .await
+            .filter(|(i, _)| *i == survivor)
+            .map(|_| ())
+    })
+    .await;
+    let mut acked = acked;
+    acked.extend(append_n(&gw, "hung", "after", 5).await);
+    stack.nodes[victim].resume();
+    assert_eq!(stack.nodes[victim].wait_exit(Duration::from_secs(30)).await, Some(75));
+    assert_all_read_back(&gw, "hung", &acked).await;
+}
+
+/// FO-TKO-3, FO-LIV-10: a streamd restarted before its timeout re-registers at a new
+/// epoch and recovers its own WAL; its streams come back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_streamd_recovers_its_own_wal() {
+    let (mut stack, gw) = cluster(Backend::FileWal).await;
+    gw.create_stream("own").await;
+    gw.wait_open("own").await;
+    let acked = append_n(&gw, "own", "o", 15).await;
+    let (victim, epoch) = owner(&stack, &gw, "own").await.expect("open");
+    stack.nodes[victim].kill();
+    stack.nodes[victim].start();
+    wait_for("own reopened", Duration::from_secs(60), || async {
+        owner(&stack, &gw, "own").await.filter(|(_, e)| *e != epoch).map(|_| ())
+    })
+    .await;
+    assert_all_read_back(&gw, "own", &acked).await;
+    let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
+    let text = dump.to_string();
+    assert!(
+        text.contains("begin_takeover") && text.contains("complete_takeover"),
+        "{text}"
+    );
+}
+
+/// FO-LIV-9, INV-10: a metadata outage of three node timeouts fences nobody.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_metadata_outage_fences_nobody() {
+    let (stack, gw) = cluster(Backend::FileWal).await;
+    gw.create_stream("calm").await;
+    gw.wait_open("calm").await;
+    let before = owner(&stack, &gw, "calm").await.expect("open");
+    // The quorum is gone for three node timeouts.
+    let metad = &stack.metad.replicas[0];
+    metad.pause();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    metad.resume();
+    // Several holder ticks after the outage: still nobody fenced.
+    for _ in 0..4 {
+        let nodes = wait_for("nodes", Duration::from_secs(10), || metad.http_json("/admin/nodes")).await;
+        let fenced: Vec<&Value> = nodes["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .filter(|n| n["fenced"] == json!(true))
+            .collect();
+        assert!(fenced.is_empty(), "fenced after an outage: {fenced:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(owner(&stack, &gw, "calm").await, Some(before));
+    let (status, _) = gw
+        .send(
+            gw.request(Method::POST, "/v1/streams/calm/records")
+                .json(&json!({"records": [{"body": "x"}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// FO-LIV-6, FO-FEN-2: a streamd paused for less than the node timeout is never fenced
+/// and keeps its streams at the same epoch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_streamd_paused_shorter_than_the_timeout_is_never_fenced() {
+    let (stack, gw) = cluster(Backend::FileWal).await;
+    gw.create_stream("short").await;
+    gw.wait_open("short").await;
+    let before = owner(&stack, &gw, "short").await.expect("open");
+    stack.nodes[before.0].pause();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stack.nodes[before.0].resume();
+    // Well past the timeout after the pause: the node heartbeats again and stays.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
+    let row = weir_tests::node_row(&nodes, &stack.nodes[before.0].id);
+    assert_eq!(row["fenced"], false, "{row}");
+    assert_eq!(owner(&stack, &gw, "short").await, Some(before));
+    gw.append("short", &["still here"]).await;
+}
+
+/// FO-TKO-4, FO-TKO-9: a recovery agent that dies in the middle of a takeover (after
+/// fencing and replaying the WAL, before committing) is replaced, and the next agent
+/// recovers every acknowledged record.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recovery_agent_killed_midway_is_replaced() {
+    let wal_only = ["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"];
+    let mut stack = Stack::start_with(1, Backend::FileWal, &wal_only, &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    gw.create_stream("agent").await;
+    gw.wait_open("agent").await;
+    let acked = append_n(&gw, "agent", "a", 12).await;
+    // The only other node dies in the middle of any takeover it runs.
+    stack.add_node_with_env(
+        "streamd-2",
+        Backend::FileWal,
+        &wal_only,
+        &[("WEIR_FAILPOINT_TAKEOVER_BEFORE_COMMIT", "1")],
+    );
+    stack.nodes[1].wait_ready().await;
+    stack.nodes[0].kill();
+    assert_eq!(stack.nodes[1].wait_exit(Duration::from_secs(60)).await, Some(86));
+    // A healthy node joins; the dead agent is fenced and the takeover moves to it.
+    stack.add_node("streamd-3", Backend::FileWal, &wal_only);
+    wait_for("agent reopened on streamd-3", Duration::from_secs(60), || async {
+        owner(&stack, &gw, "agent").await.filter(|(i, _)| *i == 2).map(|_| ())
+    })
+    .await;
+    assert_all_read_back(&gw, "agent", &acked).await;
+}
+
+/// RR-GRC-1 to RR-GRC-4: after a whole-cluster restart nobody is fenced for the
+/// downtime, the nodes that return share the streams, and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_whole_cluster_restart_loses_nothing_and_fences_nobody_for_the_downtime() {
+    let (mut stack, gw) = cluster(Backend::FileWal).await;
+    let streams = ["w-a", "w-b", "w-c", "w-d"];
+    let mut acked = Vec::new();
+    for s in streams {
+        gw.create_stream(s).await;
+        gw.wait_open(s).await;
+        acked.push(append_n(&gw, s, s, 8).await);
+    }
+    for n in &mut stack.nodes {
+        n.kill();
+    }
+    stack.metad.replicas[0].kill();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stack.metad.replicas[0].start();
+    for n in &mut stack.nodes {
+        n.start();
+    }
+    let mut owners = HashSet::new();
+    for (s, acked) in streams.iter().zip(&acked) {
+        let (i, _) = wait_for(&format!("{s} open again"), Duration::from_secs(90), || {
+            owner(&stack, &gw, s)
+        })
+        .await;
+        owners.insert(i);
+        assert_all_read_back(&gw, s, acked).await;
+    }
+    // Placement waited for both returning nodes: each got a share.
+    assert_eq!(owners.len(), 2, "streams spread over both returning nodes");
+    let dump = stack
+        .metad
+        .client()
+        .admin("log", 0, 100_000)
+        .await
+        .expect("log dump")
+        .to_string();
+    assert!(!dump.contains("fence_node"), "nobody is fenced for the downtime");
+}

@@ -1,0 +1,762 @@
+//! Black-box tests of gatewayd's HTTP API over real processes: metad, S3, streamd
+//! nodes and a gateway on loopback.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use weir_metad::model::{Command, Proposer};
+use weir_proto::streamd::CloseStreamRequest;
+use weir_shared::ids::NodeId;
+use weir_tests::gateway::{Gatewayd, SseReader};
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::wait_for;
+
+/// A stack with metad placing streams itself, and one gateway.
+async fn stack(nodes: usize, gateway_extra: &[&str]) -> (Stack, Gatewayd) {
+    let stack = Stack::start_with(nodes, Backend::FileWal, &[], &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), gateway_extra);
+    gw.wait_ready().await;
+    (stack, gw)
+}
+
+/// A stack where the test places streams itself, and one gateway.
+async fn manual_stack(nodes: usize) -> (Stack, Gatewayd) {
+    let stack = Stack::start(nodes, Backend::FileWal, &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    (stack, gw)
+}
+
+fn bodies(records: &[Value]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| r["body"].as_str().expect("body").to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn append_then_read_back_with_keys_headers_and_base64() {
+    let (_stack, gw) = stack(1, &[]).await;
+    let created = gw.create_stream("orders").await;
+    assert_eq!(created["name"], "orders");
+    gw.wait_open("orders").await;
+
+    assert_eq!(gw.append("orders", &["a", "b"]).await, (0, 2));
+    let (status, body) = gw
+        .send(gw.request(Method::POST, "/v1/streams/orders/records").json(&json!({
+            "records": [{"body": "c", "key": "user-1", "headers": [["trace", "t-1"], ["empty", null]], "timestamp": 1700000000000i64}]
+        })))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["start_seq_num"], 2);
+    // Binary bodies travel as base64.
+    let (status, _) = gw
+        .send(
+            gw.request(Method::POST, "/v1/streams/orders/records?format=base64")
+                .json(&json!({"records": [{"body": "AAEC/w=="}]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+
+    let records = gw.read_all("orders").await;
+    assert_eq!(records.len(), 4);
+    assert_eq!(bodies(&records[..3]), ["a", "b", "c"]);
+    let seqs: Vec<u64> = records.iter().map(|r| r["seq_num"].as_u64().expect("seq")).collect();
+    assert_eq!(seqs, [0, 1, 2, 3]);
+    assert_eq!(records[2]["key"], "user-1");
+    assert_eq!(records[2]["headers"], json!([["trace", "t-1"], ["empty", null]]));
+    assert_eq!(records[2]["timestamp"], 1700000000000i64);
+    let (_, b64) = gw
+        .send(gw.request(Method::GET, "/v1/streams/orders/records?seq_num=3&format=base64"))
+        .await;
+    assert_eq!(b64["records"][0]["body"], "AAEC/w==");
+
+    // Paging: count bounds a read and next_seq_num continues it.
+    let (_, page) = gw
+        .send(gw.request(Method::GET, "/v1/streams/orders/records?seq_num=1&count=2"))
+        .await;
+    assert_eq!(bodies(page["records"].as_array().expect("records")), ["b", "c"]);
+    assert_eq!(page["next_seq_num"], 3);
+    assert_eq!(page["tail"], 4);
+
+    let (_, tail) = gw
+        .send(gw.request(Method::GET, "/v1/streams/orders/records/tail"))
+        .await;
+    assert_eq!(tail["tail"], 4);
+    let (_, described) = gw.send(gw.request(Method::GET, "/v1/streams/orders")).await;
+    assert_eq!(described["state"], "open");
+    assert_eq!(described["tail"], 4);
+    assert!(described["owner"]["node"].is_string());
+
+    let (_, listed) = gw.send(gw.request(Method::GET, "/v1/streams?prefix=ord")).await;
+    assert_eq!(listed["streams"][0]["name"], "orders");
+    assert_eq!(listed["has_more"], false);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_pages_through_streams_in_name_order() {
+    let (_stack, gw) = stack(1, &[]).await;
+    for name in ["a-1", "a-2", "a-3", "b-1"] {
+        gw.create_stream(name).await;
+    }
+    let (_, first) = gw.send(gw.request(Method::GET, "/v1/streams?prefix=a-&limit=2")).await;
+    let names: Vec<&str> = first["streams"]
+        .as_array()
+        .expect("streams")
+        .iter()
+        .map(|s| s["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["a-1", "a-2"]);
+    assert_eq!(first["has_more"], true);
+    let (_, second) = gw
+        .send(gw.request(Method::GET, "/v1/streams?prefix=a-&limit=2&start_after=a-2"))
+        .await;
+    assert_eq!(second["streams"][0]["name"], "a-3");
+    assert_eq!(second["has_more"], false);
+
+    let (status, _) = gw.send(gw.request(Method::DELETE, "/v1/streams/a-1")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, body) = gw.send(gw.request(Method::GET, "/v1/streams/a-1")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["code"], "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn long_poll_wakes_on_an_append() {
+    let (_stack, gw) = stack(1, &[]).await;
+    gw.create_stream("polled").await;
+    gw.wait_open("polled").await;
+    let gw = Arc::new(gw);
+    let reader = {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let (status, body) = gw
+                .send(gw.request(Method::GET, "/v1/streams/polled/records?seq_num=0&wait=30"))
+                .await;
+            (status, body, started.elapsed())
+        })
+    };
+    // The poll is parked at the tail before the append arrives.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw.append("polled", &["woke"]).await;
+    let (status, body, took) = tokio::time::timeout(Duration::from_secs(20), reader)
+        .await
+        .expect("the long poll answered")
+        .expect("reader task");
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(bodies(body["records"].as_array().expect("records")), ["woke"]);
+    assert!(
+        took < Duration::from_secs(25),
+        "woke by the append, not the timeout: {took:?}"
+    );
+
+    // With nothing to read, a short wait answers empty at the tail.
+    let (status, empty) = gw
+        .send(gw.request(Method::GET, "/v1/streams/polled/records?seq_num=1&wait=1"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(empty["records"], json!([]));
+    assert_eq!(empty["next_seq_num"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sse_delivers_appends_in_order_and_resumes_from_last_event_id() {
+    let (_stack, gw) = stack(1, &[]).await;
+    gw.create_stream("events").await;
+    gw.wait_open("events").await;
+    gw.append("events", &["e0", "e1"]).await;
+
+    let response = gw
+        .request(Method::GET, "/v1/streams/events/records?seq_num=0")
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("subscribe");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers()["content-type"]
+        .to_str()
+        .expect("content type")
+        .starts_with("text/event-stream"));
+    let mut events = SseReader::new(response);
+    let mut seen = Vec::new();
+    for i in 0..5u64 {
+        if i == 2 {
+            // Records appended while subscribed arrive too.
+            gw.append("events", &["e2", "e3", "e4"]).await;
+        }
+        let ev = tokio::time::timeout(Duration::from_secs(20), events.next())
+            .await
+            .expect("an event in time")
+            .expect("the subscription is open");
+        assert_eq!(ev.event, "record");
+        assert_eq!(ev.id.as_deref(), Some(i.to_string().as_str()));
+        let record: Value = serde_json::from_str(&ev.data).expect("record JSON");
+        seen.push(record["body"].as_str().expect("body").to_string());
+    }
+    assert_eq!(seen, ["e0", "e1", "e2", "e3", "e4"]);
+    drop(events);
+
+    // Reconnecting with Last-Event-ID resumes right after it.
+    gw.append("events", &["e5"]).await;
+    let response = gw
+        .request(Method::GET, "/v1/streams/events/records")
+        .header("accept", "text/event-stream")
+        .header("last-event-id", "3")
+        .send()
+        .await
+        .expect("resubscribe");
+    let mut events = SseReader::new(response);
+    let mut resumed = Vec::new();
+    for _ in 0..2 {
+        let ev = tokio::time::timeout(Duration::from_secs(20), events.next())
+            .await
+            .expect("an event in time")
+            .expect("open");
+        resumed.push((
+            ev.id.expect("id"),
+            serde_json::from_str::<Value>(&ev.data).expect("json")["body"].clone(),
+        ));
+    }
+    assert_eq!(
+        resumed,
+        [("4".to_string(), json!("e4")), ("5".to_string(), json!("e5"))]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_appenders_get_distinct_contiguous_offsets() {
+    let (_stack, gw) = stack(1, &[]).await;
+    gw.create_stream("shared").await;
+    gw.wait_open("shared").await;
+    let gw = Arc::new(gw);
+    let mut tasks = Vec::new();
+    for client in 0..8 {
+        let gw = gw.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0..25 {
+                let n = 1 + (i % 3);
+                let names: Vec<String> = (0..n).map(|j| format!("c{client}-{i}-{j}")).collect();
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                let (start, end) = gw.append("shared", &refs).await;
+                assert_eq!(end - start, n as u64);
+                acked.push((start, end, names));
+            }
+            acked
+        }));
+    }
+    let mut ranges = Vec::new();
+    for t in tasks {
+        ranges.extend(t.await.expect("appender"));
+    }
+    ranges.sort_by_key(|r| r.0);
+    let mut expected_start = 0;
+    for (start, end, _) in &ranges {
+        assert_eq!(*start, expected_start, "ranges are contiguous and disjoint");
+        expected_start = *end;
+    }
+    let records = gw.read_all("shared").await;
+    assert_eq!(records.len() as u64, expected_start);
+    for (start, _, names) in &ranges {
+        for (j, name) in names.iter().enumerate() {
+            assert_eq!(records[*start as usize + j]["body"], json!(name));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retried_append_with_the_same_idempotency_key_is_applied_once_even_after_a_move() {
+    let (stack, gw) = manual_stack(2).await;
+    stack.create_stream("idem", 0).await;
+    gw.wait_open("idem").await;
+    let append = |key: &str, body: &str| {
+        gw.request(Method::POST, "/v1/streams/idem/records")
+            .header("idempotency-key", key)
+            .json(&json!({"records": [{"body": body}, {"body": format!("{body}-2")}]}))
+    };
+    let (status, first) = gw.send(append("k-1", "once")).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let (_, retry) = gw.send(append("k-1", "once")).await;
+    assert_eq!(retry["start_seq_num"], first["start_seq_num"]);
+    assert_eq!(retry["end_seq_num"], first["end_seq_num"]);
+    // The key can also be in the body.
+    let (_, other) = gw
+        .send(
+            gw.request(Method::POST, "/v1/streams/idem/records")
+                .json(&json!({"records": [{"body": "next"}], "idempotency_key": "k-2"})),
+        )
+        .await;
+    assert_eq!(other["start_seq_num"], 2);
+
+    // Move the stream: the new owner rebuilds the keys from the stored batches.
+    let owner = owner_index(&stack, &gw, "idem").await;
+    let mut client = stack.nodes[owner].client().await;
+    client
+        .close_stream(CloseStreamRequest { stream: "idem".into() })
+        .await
+        .expect("close");
+    let moved_to = 1 - owner;
+    place(&stack, "idem", moved_to).await;
+    wait_for("idem moved", Duration::from_secs(30), || async {
+        (owner_index(&stack, &gw, "idem").await == moved_to).then_some(())
+    })
+    .await;
+    let (status, after_move) = gw.send(append("k-1", "once")).await;
+    assert_eq!(status, StatusCode::OK, "{after_move}");
+    assert_eq!(after_move["start_seq_num"], first["start_seq_num"]);
+    let records = gw.read_all("idem").await;
+    assert_eq!(bodies(&records), ["once", "once-2", "next"]);
+}
+
+/// The index of the stack node that owns `stream` as the gateway describes it.
+async fn owner_index(stack: &Stack, gw: &Gatewayd, stream: &str) -> usize {
+    let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{stream}"))).await;
+    let node = d["owner"]["node"].as_str().unwrap_or_default().to_string();
+    if d["state"] != "open" {
+        return usize::MAX;
+    }
+    stack.nodes.iter().position(|n| n.id == node).unwrap_or(usize::MAX)
+}
+
+async fn place(stack: &Stack, stream: &str, on: usize) {
+    let client = stack.metad.client();
+    let id = wait_for("closed stream row", Duration::from_secs(20), || async {
+        let state = stack.metad.state_of(0).await?;
+        let row = state["streams"]
+            .as_object()?
+            .values()
+            .find(|r| r["name"] == stream && r["state"] == "closed")?
+            .clone();
+        row["id"].as_u64()
+    })
+    .await;
+    let op = Proposer::Operator {
+        principal: "test".into(),
+    };
+    let (_, outcome) = client
+        .propose(
+            &op,
+            Command::PlaceStream {
+                stream: weir_shared::ids::StreamId(id),
+                node: NodeId::new(stack.nodes[on].id.clone()),
+            },
+        )
+        .await
+        .expect("place");
+    outcome.expect("placed");
+}
+
+/// Routing follows ownership: appenders run while the stream moves between nodes, and
+/// every acknowledged record is read back exactly once, in acknowledgement order.
+#[tokio::test(flavor = "multi_thread")]
+async fn appends_follow_the_stream_while_it_moves_and_nothing_acknowledged_is_lost() {
+    let (stack, gw) = manual_stack(2).await;
+    stack.create_stream("moving", 0).await;
+    gw.wait_open("moving").await;
+    let gw = Arc::new(gw);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let (gw, stop) = (gw.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut acked: Vec<(u64, String)> = Vec::new();
+            let mut unknown = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let body = format!("w{w}-{i}");
+                i += 1;
+                let r = gw
+                    .request(Method::POST, "/v1/streams/moving/records")
+                    .json(&json!({"records": [{"body": body}]}))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == StatusCode::OK => {
+                        let v: Value = r.json().await.expect("json");
+                        acked.push((v["start_seq_num"].as_u64().expect("seq"), body));
+                    }
+                    // Refused before anything was applied: retryable 503.
+                    Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                        assert!(r.headers().contains_key("retry-after"));
+                        let v: Value = r.json().await.unwrap_or(Value::Null);
+                        if v["error"]["message"].as_str().unwrap_or("").contains("outcome unknown") {
+                            unknown.push(body);
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Ok(r) => panic!("unexpected status {}", r.status()),
+                    Err(_) => unknown.push(body),
+                }
+            }
+            (acked, unknown)
+        }));
+    }
+    // Three moves, back and forth, while the writers run.
+    for m in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let from = owner_index(&stack, &gw, "moving").await;
+        assert!(from < 2, "the stream has an owner before move {m}");
+        let mut client = stack.nodes[from].client().await;
+        client
+            .close_stream(CloseStreamRequest {
+                stream: "moving".into(),
+            })
+            .await
+            .expect("close");
+        place(&stack, "moving", 1 - from).await;
+        wait_for("moved", Duration::from_secs(30), || async {
+            (owner_index(&stack, &gw, "moving").await == 1 - from).then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = Vec::new();
+    let mut unknown = HashSet::new();
+    for w in writers {
+        let (a, u) = w.await.expect("writer");
+        // Each writer's acknowledgements come in offset order.
+        assert!(a.windows(2).all(|p| p[0].0 < p[1].0), "per-writer order");
+        acked.extend(a);
+        unknown.extend(u);
+    }
+    assert!(acked.len() > 20, "writers made progress: {}", acked.len());
+    let records = gw.read_all("moving").await;
+    let mut seen = HashSet::new();
+    for r in &records {
+        let body = r["body"].as_str().expect("body").to_string();
+        assert!(seen.insert(body.clone()), "{body} read twice");
+    }
+    for (seq, body) in &acked {
+        assert_eq!(
+            records[*seq as usize]["body"],
+            json!(body),
+            "acknowledged record at {seq}"
+        );
+    }
+    for body in &seen {
+        assert!(
+            acked.iter().any(|(_, b)| b == body) || unknown.contains(body),
+            "{body} was read back but never appended"
+        );
+    }
+}
+
+/// FO-TKO-11, FO-TKO-12: a stream without a live owner is a retryable 503, never 404.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_without_a_live_owner_is_a_retryable_503() {
+    // metad does not place streams here, so a created stream stays ownerless.
+    let stack = Stack::start(1, Backend::FileWal, &[]).await;
+    let gw = Gatewayd::start(
+        "gw-1",
+        &stack.metad.replicas[0].grpc,
+        stack.dir.path(),
+        &["--route-retry-ms", "300"],
+    );
+    gw.wait_ready().await;
+    gw.create_stream("unplaced").await;
+    let r = gw
+        .request(Method::POST, "/v1/streams/unplaced/records")
+        .json(&json!({"records": [{"body": "x"}]}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "unavailable");
+    let (status, _) = gw
+        .send(gw.request(Method::GET, "/v1/streams/unplaced/records?seq_num=0"))
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+/// FO-MDO-1, FO-MDO-3, FO-MDO-5: with the metadata quorum gone the gateway keeps
+/// routing by its last view, and metadata changes are refused with a retryable 503.
+#[tokio::test(flavor = "multi_thread")]
+async fn during_a_metadata_outage_data_keeps_flowing_and_changes_are_refused() {
+    let (mut stack, gw) = stack(1, &[]).await;
+    gw.create_stream("steady").await;
+    gw.wait_open("steady").await;
+    gw.append("steady", &["before"]).await;
+    stack.metad.replicas[0].kill();
+
+    assert_eq!(gw.append("steady", &["during"]).await, (1, 2));
+    let records = gw.read_all("steady").await;
+    assert_eq!(bodies(&records), ["before", "during"]);
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/streams")
+                .json(&json!({"stream": "new-one"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "unavailable");
+}
+
+/// Bad inputs, each with its documented status and code; none changes anything.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_inputs_get_their_documented_status_and_code() {
+    let (_stack, gw) = stack(1, &["--max-body-bytes", "4096"]).await;
+    gw.create_stream("valid").await;
+    gw.wait_open("valid").await;
+    gw.append("valid", &["only"]).await;
+    let big = "x".repeat(8192);
+    let json_post = |path: &str, body: Value| gw.request(Method::POST, path).json(&body);
+    let cases: Vec<(&str, reqwest::RequestBuilder, StatusCode, &str)> = vec![
+        (
+            "invalid stream name",
+            json_post("/v1/streams", json!({"stream": "bad name!"})),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "existing stream",
+            json_post("/v1/streams", json!({"stream": "valid"})),
+            StatusCode::CONFLICT,
+            "conflict",
+        ),
+        (
+            "unknown field in create",
+            json_post("/v1/streams", json!({"stream": "x", "colour": "red"})),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "malformed JSON",
+            gw.request(Method::POST, "/v1/streams/valid/records")
+                .header("content-type", "application/json")
+                .body("{\"records\": [}"),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "body that is not JSON",
+            gw.request(Method::POST, "/v1/streams/valid/records").body("plain"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_argument",
+        ),
+        (
+            "body over the limit",
+            json_post("/v1/streams/valid/records", json!({"records": [{"body": big}]})),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+        ),
+        (
+            "no records",
+            json_post("/v1/streams/valid/records", json!({"records": []})),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "bad base64",
+            json_post(
+                "/v1/streams/valid/records?format=base64",
+                json!({"records": [{"body": "!!"}]}),
+            ),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "unknown format",
+            gw.request(Method::GET, "/v1/streams/valid/records?format=hex"),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "append to a missing stream",
+            json_post("/v1/streams/missing/records", json!({"records": [{"body": "x"}]})),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            "match_seq_num mismatch",
+            json_post(
+                "/v1/streams/valid/records",
+                json!({"records": [{"body": "x"}], "match_seq_num": 7}),
+            ),
+            StatusCode::CONFLICT,
+            "conflict",
+        ),
+        (
+            "read past the tail",
+            gw.request(Method::GET, "/v1/streams/valid/records?seq_num=99"),
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            "invalid_argument",
+        ),
+        (
+            "unknown query parameter",
+            gw.request(Method::GET, "/v1/streams/valid/records?seqnum=0"),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "negative seq_num",
+            gw.request(Method::GET, "/v1/streams/valid/records?seq_num=-1"),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "count out of range",
+            gw.request(Method::GET, "/v1/streams/valid/records?count=0"),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "wait too long",
+            gw.request(Method::GET, "/v1/streams/valid/records?wait=3600"),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "read a missing stream",
+            gw.request(Method::GET, "/v1/streams/missing/records"),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            "unknown endpoint",
+            gw.request(Method::GET, "/v1/nothing-here"),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            "wrong method",
+            gw.request(Method::PUT, "/v1/streams"),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_argument",
+        ),
+        (
+            "unknown token scope",
+            json_post("/v1/admin/tokens", json!({"name": "t", "scopes": ["root"]})),
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        ),
+        (
+            "delete a missing stream",
+            gw.request(Method::DELETE, "/v1/streams/missing"),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+    ];
+    for (what, request, status, code) in cases {
+        let r = request.send().await.unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got = r.status();
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        assert_eq!(got, status, "{what}: {body}");
+        assert_eq!(body["error"]["code"], code, "{what}: {body}");
+        assert!(
+            body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{what} has a message"
+        );
+    }
+    // Nothing half-applied: the stream holds exactly what was acknowledged.
+    assert_eq!(bodies(&gw.read_all("valid").await), ["only"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_auth_every_request_needs_a_live_token() {
+    let (stack, mut gw) = stack(1, &["--auth"]).await;
+    // The first admin token comes from an operator through metad (as `weir tokens issue`).
+    let secret = "weir_test-admin-secret";
+    let (_, outcome) = stack
+        .metad
+        .client()
+        .propose(
+            &Proposer::Operator {
+                principal: "test".into(),
+            },
+            Command::IssueToken {
+                name: "root".into(),
+                secret_sha256: weir_gatewayd::api::auth::secret_hash(secret),
+                scopes: vec!["admin".into()],
+            },
+        )
+        .await
+        .expect("issue");
+    outcome.expect("issued");
+
+    let (status, body) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["error"]["code"], "unauthorized");
+    gw.token = Some("weir_wrong".into());
+    let (status, _) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Health endpoints stay open.
+    let (status, _) = gw.send(gw.request(Method::GET, "/ready")).await;
+    assert_eq!(status, StatusCode::OK);
+
+    gw.token = Some(secret.into());
+    wait_for("root token known", Duration::from_secs(10), || async {
+        let (s, _) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
+        (s == StatusCode::OK).then_some(())
+    })
+    .await;
+    let (status, issued) = gw
+        .send(
+            gw.request(Method::POST, "/v1/admin/tokens")
+                .json(&json!({"name": "app"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{issued}");
+    let app = issued["token"].as_str().expect("secret").to_string();
+
+    gw.token = Some(app.clone());
+    let (status, _) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
+    assert_eq!(status, StatusCode::OK, "a data token reads");
+    let (status, body) = gw.send(gw.request(Method::GET, "/v1/admin/tokens")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "unauthorized");
+
+    gw.token = Some(secret.into());
+    let (status, _) = gw.send(gw.request(Method::DELETE, "/v1/admin/tokens/app")).await;
+    assert_eq!(status, StatusCode::OK);
+    gw.token = Some(app);
+    let (status, body) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a revoked token is refused at once");
+    assert!(body["error"]["message"].as_str().expect("message").contains("revoked"));
+}
+
+/// OBS-2, OBS-3, OBS-4: readiness as JSON, liveness, and Prometheus metrics.
+#[tokio::test(flavor = "multi_thread")]
+async fn health_readiness_and_metrics() {
+    let (_stack, gw) = stack(1, &[]).await;
+    let (status, ready) = gw.send(gw.request(Method::GET, "/ready")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ready["ready"], true);
+    assert_eq!(ready["caught_up"], true);
+    assert_eq!(ready["fenced"], false);
+    assert_eq!(ready["terminating"], false);
+    assert_eq!(ready["node_id"], "gw-1");
+    assert!(ready["epoch"].as_u64().is_some());
+    let live = gw.request(Method::GET, "/livez").send().await.expect("livez");
+    assert_eq!(live.status(), StatusCode::OK);
+    let (_, nodes) = gw.send(gw.request(Method::GET, "/admin/nodes")).await;
+    assert!(nodes.to_string().contains("gw-1"), "{nodes}");
+    let (status, openapi) = gw.send(gw.request(Method::GET, "/v1/openapi.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(openapi["openapi"], "3.0.3");
+
+    gw.create_stream("m").await;
+    gw.wait_open("m").await;
+    gw.append("m", &["x"]).await;
+    let metrics = weir_tests::get_text(&gw.url("/metrics")).await;
+    assert!(
+        metrics.contains("weir_gatewayd_appends_total{result=\"ok\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains(
+        "weir_gatewayd_http_requests_total{method=\"POST\",route=\"/v1/streams/{name}/records\",status=\"200\"}"
+    ));
+}
+
+/// SD-TRG-3 for a gateway: SIGTERM stops it cleanly with exit 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_the_gateway_cleanly() {
+    let (_stack, mut gw) = stack(1, &[]).await;
+    gw.proc().term();
+    assert_eq!(gw.proc().wait_exit(Duration::from_secs(30)).await, Some(0));
+}
