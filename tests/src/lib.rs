@@ -7,6 +7,7 @@ pub mod gateway;
 pub mod history;
 pub mod metad;
 pub mod process;
+pub mod proxy;
 pub mod s3;
 pub mod streamd;
 

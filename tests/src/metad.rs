@@ -35,7 +35,12 @@ impl Replica {
             .args(["--peers", &self.peers])
             .arg("--data-dir")
             .arg(&self.data_dir)
-            .args(["--heartbeat-interval-sec", "1", "--node-timeout-sec", "3"])
+            // Short timing unless the test sets its own.
+            .args(if self.extra.iter().any(|a| a == "--heartbeat-interval-sec") {
+                &[][..]
+            } else {
+                &["--heartbeat-interval-sec", "1", "--node-timeout-sec", "3"][..]
+            })
             .args(["--propose-timeout-ms", "3000", "--raft-heartbeat-ms", "100"])
             .args(["--log-format", "json"])
             .args(&self.extra)

@@ -108,7 +108,18 @@ impl Stack {
 
     /// A stack whose metad runs with `metad_extra` flags.
     pub async fn start_with(nodes: usize, backend: Backend, extra: &[&str], metad_extra: &[&str]) -> Stack {
-        let metad = Cluster::start(1, metad_extra).await;
+        Self::start_replicas(1, nodes, backend, extra, metad_extra).await
+    }
+
+    /// A stack with `replicas` metad replicas.
+    pub async fn start_replicas(
+        replicas: u64,
+        nodes: usize,
+        backend: Backend,
+        extra: &[&str],
+        metad_extra: &[&str],
+    ) -> Stack {
+        let metad = Cluster::start(replicas, metad_extra).await;
         let s3 = S3Server::start().await;
         let dir = tempfile::tempdir().expect("temp dir");
         let wal_root = dir.path().join("wal");
@@ -138,7 +149,7 @@ impl Stack {
             "--id".into(),
             id.into(),
             "--metad".into(),
-            self.metad.replicas[0].grpc.clone(),
+            self.metad_addrs(),
             "--data-dir".into(),
             self.dir.path().join(id).display().to_string(),
             "--object-store".into(),
@@ -177,6 +188,16 @@ impl Stack {
         };
         node.start();
         self.nodes.push(node);
+    }
+
+    /// Every metad replica's gRPC address, comma-separated (the `--metad` flag).
+    pub fn metad_addrs(&self) -> String {
+        self.metad
+            .replicas
+            .iter()
+            .map(|r| r.grpc.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Creates stream `name` and places it on node `on`; waits until that node serves it.

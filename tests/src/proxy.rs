@@ -1,0 +1,128 @@
+//! A fault-injecting TCP proxy for one link: it forwards connections to a target and
+//! can cut the link (drop every connection and refuse new ones), blackhole it (accept
+//! and forward nothing), delay it, or heal it.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mode {
+    Pass = 0,
+    /// Existing connections are closed; new ones are closed at once.
+    Cut = 1,
+    /// Connections stay open but nothing is forwarded either way.
+    Blackhole = 2,
+}
+
+struct Shared {
+    mode: AtomicU8,
+    delay_ms: AtomicU64,
+    /// Bumped on every cut, so live connections notice and close.
+    generation: watch::Sender<u64>,
+}
+
+/// A proxy listening on `addr`, forwarding to `target`.
+pub struct Proxy {
+    pub addr: String,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(target: &str) -> Proxy {
+        let listener = TcpListener::bind(("127.0.0.1", crate::free_port()))
+            .await
+            .expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr").to_string();
+        let shared = Arc::new(Shared {
+            mode: AtomicU8::new(Mode::Pass as u8),
+            delay_ms: AtomicU64::new(0),
+            generation: watch::channel(0).0,
+        });
+        let target = target.to_string();
+        let task = tokio::spawn({
+            let shared = shared.clone();
+            async move {
+                loop {
+                    let Ok((client, _)) = listener.accept().await else {
+                        return;
+                    };
+                    let (shared, target) = (shared.clone(), target.clone());
+                    tokio::spawn(async move { serve(client, &target, shared).await });
+                }
+            }
+        });
+        Proxy { addr, shared, task }
+    }
+
+    pub fn set(&self, mode: Mode) {
+        self.shared.mode.store(mode as u8, Ordering::SeqCst);
+        if mode == Mode::Cut {
+            self.shared.generation.send_modify(|g| *g += 1);
+        }
+    }
+
+    /// Adds `delay` to every forwarded chunk.
+    pub fn delay(&self, delay: Duration) {
+        self.shared.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    fn mode(shared: &Shared) -> u8 {
+        shared.mode.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(client: TcpStream, target: &str, shared: Arc<Shared>) {
+    if Proxy::mode(&shared) == Mode::Cut as u8 {
+        return;
+    }
+    let Ok(server) = TcpStream::connect(target).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let mut cut = shared.generation.subscribe();
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
+    tokio::select! {
+        _ = pipe(cr, sw, shared.clone()) => {}
+        _ = pipe(sr, cw, shared.clone()) => {}
+        _ = cut.changed() => {}
+    }
+}
+
+async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, shared: Arc<Shared>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        loop {
+            match Proxy::mode(&shared) {
+                m if m == Mode::Cut as u8 => return,
+                // Hold the bytes until the link heals (or is cut).
+                m if m == Mode::Blackhole as u8 => tokio::time::sleep(Duration::from_millis(20)).await,
+                _ => break,
+            }
+        }
+        let delay = shared.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
