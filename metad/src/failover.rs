@@ -19,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 use weir_shared::config::HeartbeatArgs;
 use weir_shared::ids::{Incarnation, NodeId};
 
+/// How often the holder looks for takeover steps to take.
+const STEP_TICK: Duration = Duration::from_millis(250);
+
 /// Runs until `cancel`: registers (again whenever this incarnation is fenced), heartbeats,
 /// and runs the failover ticks.
 pub async fn run(own_addr: String, hub: Arc<ViewHub>, id: u64, timing: HeartbeatArgs, cancel: CancellationToken) {
@@ -63,8 +66,10 @@ pub async fn run(own_addr: String, hub: Arc<ViewHub>, id: u64, timing: Heartbeat
 }
 
 async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, stop: &CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // Takeover steps follow each other quickly; liveness is judged once a second (FO-LIV-3).
+    let mut tick = tokio::time::interval(STEP_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_judged: Option<tokio::time::Instant> = None;
     let mut clock = Clock::default();
     let mut holding = false;
     let proposer = Proposer::Node(me.clone());
@@ -90,8 +95,16 @@ async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, stop: &Canc
             crate::metrics::metrics().failover_holder.set(1);
             tracing::info!(node_id = %me.node, epoch = %me.epoch, "holding the failover lease");
         }
+        let judge = last_judged.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if judge {
+            last_judged = Some(tokio::time::Instant::now());
+        }
         let commands = hub.with_state(|s| {
-            let mut c = dead_nodes(s, me, &mut clock);
+            let mut c = if judge {
+                dead_nodes(s, me, &mut clock)
+            } else {
+                Vec::new()
+            };
             c.extend(takeover_steps(s));
             c
         });

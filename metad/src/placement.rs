@@ -119,9 +119,10 @@ impl Default for RestartGrace {
     }
 }
 
-/// On the leader, places orphaned closed streams once a second (after the restart grace).
+/// On the leader, places orphaned closed streams four times a second (after the
+/// restart grace), so a stream closed by a move or a takeover is reopened quickly.
 pub async fn placement_loop(raft: Raft, hub: Arc<ViewHub>, id: u64, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut grace = RestartGrace::new();
     loop {

@@ -104,31 +104,61 @@ impl Gatewayd {
         (status, body)
     }
 
+    /// Creates `name`, retrying a retryable 503 as a client should (a retry after an
+    /// unknown outcome may find the stream already created).
     pub async fn create_stream(&self, name: &str) -> Value {
-        let (status, body) = self
-            .send(
-                self.request(Method::POST, "/v1/streams")
-                    .json(&json!({ "stream": name })),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "create {name}: {body}");
-        body
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut retried = false;
+        loop {
+            let (status, body) = self
+                .send(
+                    self.request(Method::POST, "/v1/streams")
+                        .json(&json!({ "stream": name })),
+                )
+                .await;
+            match status {
+                StatusCode::CREATED => return body,
+                StatusCode::CONFLICT if retried => {
+                    return self
+                        .send(self.request(Method::GET, &format!("/v1/streams/{name}")))
+                        .await
+                        .1
+                }
+                StatusCode::SERVICE_UNAVAILABLE if std::time::Instant::now() < deadline => {
+                    retried = true;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                _ => panic!("create {name}: {status} {body}"),
+            }
+        }
     }
 
     /// Appends text records; returns `(start, end)` sequence numbers.
     pub async fn append(&self, stream: &str, bodies: &[&str]) -> (u64, u64) {
         let records: Vec<Value> = bodies.iter().map(|b| json!({ "body": b })).collect();
-        let (status, body) = self
-            .send(
-                self.request(Method::POST, &format!("/v1/streams/{stream}/records"))
-                    .json(&json!({ "records": records })),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "append to {stream}: {body}");
-        (
-            body["start_seq_num"].as_u64().expect("start"),
-            body["end_seq_num"].as_u64().expect("end"),
-        )
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, body) = self
+                .send(
+                    self.request(Method::POST, &format!("/v1/streams/{stream}/records"))
+                        .json(&json!({ "records": records })),
+                )
+                .await;
+            // A 503 that says nothing was applied is retried, as a client would.
+            let not_applied = status == StatusCode::SERVICE_UNAVAILABLE
+                && !body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("outcome unknown"));
+            if not_applied && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            assert_eq!(status, StatusCode::OK, "append to {stream}: {body}");
+            return (
+                body["start_seq_num"].as_u64().expect("start"),
+                body["end_seq_num"].as_u64().expect("end"),
+            );
+        }
     }
 
     /// Reads every record from 0 to the tail, page by page.
