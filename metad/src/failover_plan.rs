@@ -103,6 +103,7 @@ pub fn choose_agent(state: &State, dead: &Incarnation) -> Option<NodeId> {
 }
 
 /// The takeover steps to take now (FO-TKO-1 to FO-TKO-10), each one idempotent:
+/// destroy deleted streams no live node holds;
 /// record a takeover (or a new agent for one whose agent died) for every dead
 /// incarnation that still owns open streams, and close the open streams of every
 /// incarnation whose takeover has recovered its WAL, so placement moves them.
@@ -115,7 +116,13 @@ pub fn takeover_steps(state: &State) -> Vec<Command> {
             }
         }
     }
-    let mut out = Vec::new();
+    // FO-TKO: a deleted stream without a live owner is destroyed; its data needs no recovery.
+    let mut out: Vec<Command> = state
+        .streams
+        .values()
+        .filter(|s| s.state == StreamState::Deleted && !s.owner.as_ref().is_some_and(|o| live(state, o)))
+        .map(|s| Command::DestroyStream { stream: s.id })
+        .collect();
     for (dead, streams) in open_by_dead {
         match state.takeovers.get(&(dead.node.clone(), dead.epoch)) {
             Some(t) if t.state != TakeoverState::Pending => {
@@ -363,5 +370,21 @@ mod tests {
         assert!(matches!(&steps[..], [Command::CloseStream { stream: s, .. }] if *s == stream));
         w.apply(Proposer::Node(b.clone()), steps[0].clone()).expect("close");
         assert!(takeover_steps(&w.s).is_empty());
+        // A deleted stream whose owner is dead is destroyed.
+        w.apply(
+            op(),
+            Command::PlaceStream {
+                stream,
+                node: a2.node.clone(),
+            },
+        )
+        .expect("place");
+        w.apply(Proposer::Node(a2.clone()), Command::OpenStream { stream })
+            .expect("open");
+        w.apply(op(), Command::DeleteStream { name: "s".into() })
+            .expect("delete");
+        assert!(takeover_steps(&w.s).is_empty(), "its live owner destroys it");
+        w.apply(Proposer::Node(a2.clone()), Command::FenceSelf).expect("fence");
+        assert_eq!(takeover_steps(&w.s), vec![Command::DestroyStream { stream }]);
     }
 }

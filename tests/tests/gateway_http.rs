@@ -97,7 +97,7 @@ async fn append_then_read_back_with_keys_headers_and_base64() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn list_pages_through_streams_in_name_order() {
-    let (_stack, gw) = stack(1, &[]).await;
+    let (stack, gw) = stack(1, &[]).await;
     for name in ["a-1", "a-2", "a-3", "b-1"] {
         gw.create_stream(name).await;
     }
@@ -121,6 +121,13 @@ async fn list_pages_through_streams_in_name_order() {
     let (status, body) = gw.send(gw.request(Method::GET, "/v1/streams/a-1")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["error"]["code"], "not_found");
+    // Its owner stops serving it and destroys its row (FO-TKO: deleted streams are destroyed).
+    wait_for("a-1 destroyed", Duration::from_secs(30), || async {
+        let state = stack.metad.state_of(0).await?;
+        let rows = state["streams"].as_object()?.clone();
+        (!rows.values().any(|r| r["name"] == "a-1")).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -515,8 +515,10 @@ impl Txn<'_> {
         if row.state != StreamState::Deleted {
             return Err(reject(RejectCode::Conflict, format!("stream {id} is not deleted")));
         }
+        // A live owner destroys it itself once it has stopped serving it; anyone else waits.
         if let Some(owner) = &row.owner {
-            if self.incarnation_live(owner) {
+            let by_owner = matches!(proposer, Proposer::Node(who) if who == owner);
+            if self.incarnation_live(owner) && !by_owner {
                 return Err(reject(
                     RejectCode::Conflict,
                     format!("stream {id} is still held by live owner {owner}"),

@@ -47,6 +47,25 @@ async fn reconcile(node: &Arc<Node>) {
             node.remove_stream(handle.id, end);
         }
     }
+    // Deleted streams this incarnation holds: it has stopped serving them, so it destroys them.
+    let deleted: Vec<StreamId> = node.view.with(|s| {
+        s.streams
+            .values()
+            .filter(|row| row.owner.as_ref() == Some(&me) && row.state == StreamState::Deleted)
+            .map(|row| row.id)
+            .collect()
+    });
+    for stream in deleted {
+        match node
+            .metad
+            .propose(&node.proposer(), Command::DestroyStream { stream })
+            .await
+        {
+            Ok((index, Ok(_))) => tracing::info!(stream = %stream, log_index = index, "destroyed deleted stream"),
+            Ok((_, Err(r))) => tracing::debug!(stream = %stream, rejection = %r, "deleted stream not destroyed"),
+            Err(e) => tracing::debug!(stream = %stream, error = %e, "deleted stream not destroyed yet"),
+        }
+    }
     // Streams placed on this incarnation that it does not serve yet.
     let to_open: Vec<(StreamId, String)> = node.view.with(|s| {
         s.streams
