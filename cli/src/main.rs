@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run Weir on local disk in one process: metad, streamd and gatewayd.
-    Dev(dev::DevArgs),
+    Dev(Box<dev::DevArgs>),
     /// Registered nodes.
     Nodes {
         #[command(subcommand)]
@@ -137,7 +137,7 @@ fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Cmd::Dev(args) = cli.command {
-        return dev::run(args).await;
+        return dev::run(*args).await;
     }
     let addrs: Vec<String> = cli
         .metad

@@ -75,6 +75,7 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
         reupload_after: Duration::from_secs(args.gc_delay_sec / 2),
         max_append_bytes: args.max_append_bytes,
         producer_state_bytes: args.producer_state_bytes,
+        cache_bytes: args.cache_bytes,
     };
     let node = Arc::new(Node::new(
         me.clone(),
@@ -82,7 +83,6 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
         view.clone(),
         wal,
         store,
-        args.cache_bytes,
         tunables,
         match args.wal_backend {
             WalBackend::File => WalSource::File(args.wal_root()),

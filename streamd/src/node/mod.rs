@@ -42,6 +42,8 @@ pub struct Tunables {
     pub max_append_bytes: usize,
     /// Committed bytes replayed at open to rebuild idempotent-producer state.
     pub producer_state_bytes: u64,
+    /// Bytes of object ranges cached for reads.
+    pub cache_bytes: u64,
 }
 
 /// One streamd incarnation's data plane.
@@ -75,7 +77,6 @@ impl Node {
         view: Arc<View>,
         wal: WalWriter,
         store: Arc<dyn ObjectStore>,
-        cache_bytes: u64,
         tunables: Tunables,
         wal_source: WalSource,
     ) -> Self {
@@ -85,7 +86,7 @@ impl Node {
             view,
             wal,
             store,
-            cache: BlockCache::new(cache_bytes),
+            cache: BlockCache::new(tunables.cache_bytes),
             tunables,
             streams: RwLock::new(HashMap::new()),
             closed_ends: RwLock::new(HashMap::new()),
