@@ -139,12 +139,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Cmd::Dev(args) = cli.command {
         return dev::run(*args).await;
     }
-    let addrs: Vec<String> = cli
-        .metad
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
+    let addrs = weir_shared::config::addr_list(&cli.metad);
     let client = MetadClient::new(&addrs, Duration::from_secs(cli.timeout_sec))?;
     let operator = Proposer::Operator {
         principal: std::env::var("USER").unwrap_or_else(|_| "cli".into()),

@@ -62,11 +62,6 @@ impl GatewaydArgs {
     }
 
     pub fn metad_addrs(&self) -> Vec<String> {
-        self.metad
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect()
+        weir_shared::config::addr_list(&self.metad)
     }
 }

@@ -161,8 +161,7 @@ pub fn encode_batch(records: &[AppendRecord], format: Format, stamp: Option<Prod
 }
 
 /// Decodes whole batches into records at offsets `from` and later, at most `limit` of
-/// them; control records are skipped. Returns the records and the offset after the last
-/// one returned (or after the last batch when `limit` was not reached).
+/// them; control records are skipped.
 pub fn decode_batches(mut batches: Bytes, from: u64, limit: usize, format: Format) -> Result<Vec<ReadRecord>, String> {
     let sets =
         RecordBatchDecoder::decode_all(&mut batches).map_err(|e| format!("cannot decode stored batches: {e}"))?;

@@ -9,7 +9,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_metad::client::MetadClient;
-use weir_metad::model::{Command, NodeAddrs, NodeKind, Proposer};
+use weir_metad::model::{NodeAddrs, NodeKind};
 use weir_metad::view::{catch_up, follow, View};
 use weir_shared::ids::NodeId;
 
@@ -86,11 +86,7 @@ pub async fn run(args: GatewaydArgs, shutdown: CancellationToken) -> anyhow::Res
     // Live reads end first, so graceful HTTP shutdown does not wait on long polls.
     gw.stopping.cancel();
     if exit == Exit::Clean {
-        match metad.propose(&Proposer::Node(me.clone()), Command::FenceSelf).await {
-            Ok((index, Ok(_))) => tracing::info!(log_index = index, "fenced self"),
-            Ok((_, Err(r))) => tracing::warn!(rejection = %r, "self-fence refused"),
-            Err(e) => tracing::warn!(error = %e, "self-fence not landed; the node timeout will fence it"),
-        }
+        weir_metad::membership::fence_self(&metad, &me).await;
     }
     servers_stop.cancel();
     stop.cancel();

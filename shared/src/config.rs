@@ -89,6 +89,16 @@ impl HeartbeatArgs {
     }
 }
 
+/// A comma-separated `HOST:PORT` list (`--metad`), blanks dropped.
+pub fn addr_list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 /// FO-LIV-13: refuses a timing where the timeout is not greater than the interval,
 /// naming both flags.
 pub fn check_heartbeat_timing(interval_sec: u64, timeout_sec: u64) -> Result<(), ConfigError> {

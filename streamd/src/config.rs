@@ -122,12 +122,7 @@ impl StreamdArgs {
     }
 
     pub fn metad_addrs(&self) -> Vec<String> {
-        self.metad
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect()
+        weir_shared::config::addr_list(&self.metad)
     }
 
     pub fn wal_root(&self) -> PathBuf {

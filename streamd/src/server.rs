@@ -11,7 +11,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_metad::client::MetadClient;
-use weir_metad::model::{Command, NodeAddrs, NodeKind};
+use weir_metad::model::{NodeAddrs, NodeKind};
 use weir_metad::view::{catch_up, follow, View};
 use weir_proto::streamd::streamd_server::StreamdServer;
 use weir_shared::ids::NodeId;
@@ -176,10 +176,6 @@ async fn hand_off(node: &Arc<Node>) {
             }
         }
     }
-    match node.metad.propose(&node.proposer(), Command::FenceSelf).await {
-        Ok((index, Ok(_))) => tracing::info!(log_index = index, "fenced self"),
-        Ok((_, Err(r))) => tracing::warn!(rejection = %r, "self-fence refused"),
-        Err(e) => tracing::warn!(error = %e, "self-fence not landed; the node timeout will fence it"),
-    }
+    weir_metad::membership::fence_self(&node.metad, &node.me).await;
     node.fence("clean shutdown");
 }

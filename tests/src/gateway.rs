@@ -34,13 +34,7 @@ impl Gatewayd {
             "--log-format".into(),
             "json".into(),
         ];
-        // Flags given in `extra` replace the defaults above.
-        for flag in extra.iter().filter(|f| f.starts_with("--")) {
-            if let Some(i) = args.iter().position(|a| a == flag) {
-                args.drain(i..i + 2);
-            }
-        }
-        args.extend(extra.iter().map(|s| s.to_string()));
+        crate::override_flags(&mut args, extra);
         let mut g = Gatewayd {
             id: id.into(),
             http: format!("127.0.0.1:{}", free_port()),

@@ -53,6 +53,17 @@ pub fn free_port() -> u16 {
     panic!("no free loopback port in {LOW}..{}", LOW + SPAN);
 }
 
+/// Appends `extra` to `args`, first dropping each default flag (and its value) that
+/// `extra` sets again, so tests override defaults without clap's duplicate-flag error.
+pub fn override_flags(args: &mut Vec<String>, extra: &[&str]) {
+    for flag in extra.iter().filter(|f| f.starts_with("--")) {
+        if let Some(i) = args.iter().position(|a| a == flag) {
+            args.drain(i..(i + 2).min(args.len()));
+        }
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+}
+
 /// Polls `check` every 50 ms until it yields `Some`, or fails the test after `timeout`
 /// naming `what`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T

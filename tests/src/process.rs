@@ -85,18 +85,14 @@ impl Proc {
     /// Waits for the process to exit by itself; returns its exit code. On timeout the
     /// process is killed (never leaked) and the test fails.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let child = self.child.as_mut()?;
-            if let Ok(Some(status)) = child.try_wait() {
-                self.child = None;
-                return status.code();
-            }
-            if std::time::Instant::now() >= deadline {
+        self.child.as_ref()?;
+        match self.exited_within(timeout).await {
+            Some(code) => Some(code),
+            None if self.child.is_none() => None,
+            None => {
                 self.kill();
                 panic!("timed out after {timeout:?} waiting for {} to exit", self.name);
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

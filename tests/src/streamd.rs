@@ -163,16 +163,10 @@ impl Stack {
             "--log-format".into(),
             "json".into(),
         ];
-        // Flags given in `extra` replace the defaults above.
-        for flag in extra.iter().filter(|f| f.starts_with("--")) {
-            if let Some(i) = args.iter().position(|a| a == flag) {
-                args.drain(i..i + 2);
-            }
-        }
         if backend == Backend::ObjectWal {
             args.extend(["--wal-backend".into(), "object".into()]);
         }
-        args.extend(extra.iter().map(|s| s.to_string()));
+        crate::override_flags(&mut args, extra);
         let mut node = Streamd {
             id: id.into(),
             grpc: format!("127.0.0.1:{}", free_port()),
