@@ -3,9 +3,9 @@
 use clap::{Args, Parser};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use tokio_util::sync::CancellationToken;
 use weir_metad::MetadArgs;
 use weir_shared::config::{HeartbeatArgs, LogFormat, TelemetryArgs};
+use weir_shared::shutdown::{Shutdown, ShutdownArgs};
 
 #[derive(Args)]
 pub struct DevArgs {
@@ -16,6 +16,10 @@ pub struct DevArgs {
     /// The HTTP API's address.
     #[arg(long, env = "WEIR_HTTP_LISTEN", default_value = "127.0.0.1:8080")]
     http_listen: SocketAddr,
+
+    /// The Kafka protocol's address (point Kafka clients' bootstrap servers here).
+    #[arg(long, env = "WEIR_KAFKA_LISTEN", default_value = "127.0.0.1:9092")]
+    kafka_listen: SocketAddr,
 
     /// metad's gRPC address (admin commands use it).
     #[arg(long, env = "WEIR_METAD_LISTEN", default_value = "127.0.0.1:7400")]
@@ -35,9 +39,14 @@ pub struct DevArgs {
 
     #[command(flatten)]
     telemetry: TelemetryArgs,
+
+    #[command(flatten)]
+    shutdown: ShutdownArgs,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    // SD-TRG-6: the signal handlers come before any other work.
+    let shutdown = Shutdown::install(&args.shutdown);
     let _telemetry = weir_shared::telemetry::init("weir-dev", &args.telemetry)?;
     let metad = MetadArgs {
         id: 1,
@@ -58,6 +67,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             log_format: LogFormat::Human,
             ..args.telemetry.clone()
         },
+        shutdown: args.shutdown.clone(),
     }
     .validate()?;
     std::fs::create_dir_all(&args.data_dir)?;
@@ -88,9 +98,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         &args.metad_listen.to_string(),
         "--http-listen",
         &args.http_listen.to_string(),
+        "--kafka-listen",
+        &args.kafka_listen.to_string(),
     ]);
     gatewayd.validate()?;
     println!("weir dev: HTTP API on http://{}", args.http_listen);
+    println!(
+        "weir dev: Kafka on {} (bootstrap.servers={})",
+        args.kafka_listen, args.kafka_listen
+    );
     println!("weir dev: data in {}", args.data_dir.display());
     println!(
         "weir dev: metad gRPC on {} (weir --metad {} nodes list)",
@@ -101,17 +117,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "weir dev: streamd data plane on {} (health on http://{})",
         args.streamd_listen, args.streamd_http_listen
     );
-    let shutdown = CancellationToken::new();
-    let signals = weir_shared::signals::stop_on_signal(shutdown.clone());
-    // streamd hands off before metad stops: it stops first, then metad.
-    let metad_stop = CancellationToken::new();
+    // streamd hands off before metad stops: it stops first, then metad, which has a
+    // shutdown of its own (same deadline) requested once the others are done.
+    let metad_stop = weir_shared::shutdown::Shutdown::new(&args.shutdown);
     let metad_task = tokio::spawn(weir_metad::run(metad, metad_stop.clone()));
     let gatewayd_task = tokio::spawn(weir_gatewayd::run(gatewayd, shutdown.clone()));
     let streamd_result = weir_streamd::run(streamd, shutdown.clone()).await;
     let gatewayd_result = gatewayd_task.await?;
-    metad_stop.cancel();
+    metad_stop.request("streamd and gatewayd have stopped");
     let metad_result = metad_task.await?;
-    signals.abort();
     match streamd_result? {
         weir_streamd::Exit::Clean => {}
         weir_streamd::Exit::Fenced => anyhow::bail!("the dev streamd was fenced"),
@@ -120,5 +134,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         weir_gatewayd::Exit::Clean => {}
         weir_gatewayd::Exit::Fenced => anyhow::bail!("the dev gatewayd was fenced"),
     }
-    metad_result
+    metad_result?;
+    if shutdown.exit_code() != 0 {
+        anyhow::bail!("the shutdown deadline forced the stop");
+    }
+    Ok(())
 }

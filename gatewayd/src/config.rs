@@ -38,11 +38,42 @@ pub struct GatewaydArgs {
     #[arg(long, env = "WEIR_AUTH", default_value_t = false)]
     pub auth: bool,
 
+    /// Kafka protocol address (gateways are the cluster's Kafka brokers).
+    #[arg(long, env = "WEIR_KAFKA_LISTEN", default_value = "127.0.0.1:9092")]
+    pub kafka_listen: SocketAddr,
+
+    /// HOST:PORT Kafka clients reach this gateway at, if not --kafka-listen; it is what
+    /// Metadata and FindCoordinator answer.
+    #[arg(long, env = "WEIR_KAFKA_ADVERTISE")]
+    pub kafka_advertise: Option<String>,
+
+    /// Largest Kafka request frame; a larger one closes the connection before it is read
+    /// (Kafka's `socket.request.max.bytes`).
+    #[arg(long, env = "WEIR_KAFKA_MAX_FRAME_BYTES", default_value_t = 100 << 20)]
+    pub kafka_max_frame_bytes: usize,
+
+    /// Largest record batch one partition of a Produce may carry; larger ones are
+    /// answered MESSAGE_TOO_LARGE (Kafka's `message.max.bytes`).
+    #[arg(long, env = "WEIR_KAFKA_MAX_MESSAGE_BYTES", default_value_t = 8 << 20)]
+    pub kafka_max_message_bytes: usize,
+
+    /// Create a topic a client asks Metadata for, as Kafka's `auto.create.topics.enable`.
+    #[arg(long, env = "WEIR_KAFKA_AUTO_CREATE_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub kafka_auto_create_topics: bool,
+
+    /// Partitions of an auto-created topic, and of CreateTopics asking for the default
+    /// (Kafka's `num.partitions`).
+    #[arg(long, env = "WEIR_KAFKA_DEFAULT_PARTITIONS", default_value_t = 1)]
+    pub kafka_default_partitions: u32,
+
     #[command(flatten)]
     pub heartbeat: HeartbeatArgs,
 
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+
+    #[command(flatten)]
+    pub shutdown: weir_shared::shutdown::ShutdownArgs,
 }
 
 impl GatewaydArgs {
@@ -56,8 +87,25 @@ impl GatewaydArgs {
         if self.max_body_bytes < 1024 {
             return Err(ConfigError::new("--max-body-bytes must be at least 1024"));
         }
+        if self.kafka_max_frame_bytes < 1024 {
+            return Err(ConfigError::new("--kafka-max-frame-bytes must be at least 1024"));
+        }
+        if self.kafka_max_message_bytes < 1024 || self.kafka_max_message_bytes > self.kafka_max_frame_bytes {
+            return Err(ConfigError::new(
+                "--kafka-max-message-bytes must be at least 1024 and at most --kafka-max-frame-bytes",
+            ));
+        }
+        if self.kafka_default_partitions == 0 {
+            return Err(ConfigError::new("--kafka-default-partitions must be at least 1"));
+        }
+        if let Some(a) = &self.kafka_advertise {
+            if crate::kafka::brokers::split_host_port(a).is_none() {
+                return Err(ConfigError::new(format!("--kafka-advertise '{a}' is not HOST:PORT")));
+            }
+        }
         self.heartbeat.validate()?;
         self.telemetry.validate()?;
+        self.shutdown.validate()?;
         Ok(())
     }
 

@@ -1,8 +1,9 @@
 //! gatewayd: Weir's stateless gateway. It follows the metadata view, and routes every
-//! HTTP request to the streamd that owns its stream.
+//! HTTP and Kafka request to the streamd that owns its stream.
 
 pub mod api;
 pub mod config;
+pub mod kafka;
 pub mod metrics;
 pub mod records;
 pub mod route;

@@ -13,6 +13,12 @@ pub struct GatewayMetrics {
     pub append_latency: Histogram,
     /// The metadata index this gateway's view has applied.
     pub applied_index: IntGauge,
+    /// Kafka requests answered, by API.
+    pub kafka_requests: IntCounterVec,
+    pub kafka_latency: HistogramVec,
+    /// Kafka connections closed for a bad frame (too large, malformed, unsupported).
+    pub kafka_refused_frames: IntCounterVec,
+    pub kafka_connections: IntGauge,
 }
 
 const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
@@ -57,6 +63,34 @@ pub fn metrics() -> &'static GatewayMetrics {
             applied_index: register(
                 IntGauge::new("gatewayd_view_applied_index", "Metadata log index the view has applied")
                     .expect("valid metric"),
+            ),
+            kafka_requests: register(
+                IntCounterVec::new(
+                    Opts::new("gatewayd_kafka_requests_total", "Kafka requests answered, by API"),
+                    &["api"],
+                )
+                .expect("valid metric"),
+            ),
+            kafka_latency: register(
+                HistogramVec::new(
+                    HistogramOpts::new("gatewayd_kafka_request_seconds", "Time to answer a Kafka request")
+                        .buckets(BUCKETS.to_vec()),
+                    &["api"],
+                )
+                .expect("valid metric"),
+            ),
+            kafka_refused_frames: register(
+                IntCounterVec::new(
+                    Opts::new(
+                        "gatewayd_kafka_refused_frames_total",
+                        "Kafka connections closed for a bad frame, by reason",
+                    ),
+                    &["reason"],
+                )
+                .expect("valid metric"),
+            ),
+            kafka_connections: register(
+                IntGauge::new("gatewayd_kafka_connections", "Open Kafka connections").expect("valid metric"),
             ),
         }
     })

@@ -101,6 +101,19 @@ impl Routes {
         self.view.with(|s| s.stream_by_name(name).cloned())
     }
 
+    /// Whether the stream is open on a live owner right now (no routing wait).
+    pub fn has_live_owner(&self, name: &str) -> bool {
+        self.view.with(|s| {
+            s.stream_by_name(name).is_some_and(|row| {
+                row.state == StreamState::Open
+                    && row
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| s.nodes.get(&o.node).is_some_and(|n| n.epoch == o.epoch && !n.fenced))
+            })
+        })
+    }
+
     /// A client of the stream's live owner.
     fn owner(&self, name: &str) -> Result<StreamdClient<Channel>, RouteError> {
         if !self.is_admitted() {

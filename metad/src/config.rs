@@ -55,6 +55,9 @@ pub struct MetadArgs {
 
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+
+    #[command(flatten)]
+    pub shutdown: weir_shared::shutdown::ShutdownArgs,
 }
 
 /// Validated settings derived from [`MetadArgs`].
@@ -74,6 +77,7 @@ impl MetadArgs {
         }
         self.heartbeat.validate()?;
         self.telemetry.validate()?;
+        self.shutdown.validate()?;
         if self.propose_timeout_ms == 0 {
             return Err(ConfigError::new("--propose-timeout-ms must be at least 1"));
         }

@@ -1,7 +1,6 @@
 //! The metad binary: parse flags, set up telemetry, run until SIGINT or SIGTERM.
 
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 use weir_metad::MetadArgs;
 
 fn main() -> std::process::ExitCode {
@@ -21,6 +20,8 @@ fn main() -> std::process::ExitCode {
         }
     };
     runtime.block_on(async {
+        // SD-TRG-6: the signal handlers come before any other work.
+        let shutdown = weir_shared::shutdown::Shutdown::install(&config.args.shutdown);
         let _telemetry = match weir_shared::telemetry::init("metad", &config.args.telemetry) {
             Ok(g) => g,
             Err(e) => {
@@ -28,12 +29,9 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::from(1);
             }
         };
-        let shutdown = CancellationToken::new();
-        let signals = weir_shared::signals::stop_on_signal(shutdown.clone());
-        let result = weir_metad::run(config, shutdown).await;
-        signals.abort();
+        let result = weir_metad::run(config, shutdown.clone()).await;
         match result {
-            Ok(()) => std::process::ExitCode::SUCCESS,
+            Ok(()) => std::process::ExitCode::from(shutdown.exit_code() as u8),
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "metad failed");
                 std::process::ExitCode::from(1)

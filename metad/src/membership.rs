@@ -67,6 +67,20 @@ pub async fn fence_self(metad: &MetadClient, me: &Incarnation) {
     }
 }
 
+/// D-4: a stopping incarnation records that it is terminating, so it gets no new
+/// streams; bounded by `within`, and a failure never blocks the stop.
+pub async fn mark_terminating(metad: &MetadClient, me: &Incarnation, within: Duration) {
+    let proposer = Proposer::Node(me.clone());
+    match tokio::time::timeout(within, metad.propose(&proposer, Command::MarkTerminating)).await {
+        Ok(Ok((index, Ok(_)))) => {
+            tracing::info!(node_id = %me.node, epoch = %me.epoch, log_index = index, "marked this incarnation terminating")
+        }
+        Ok(Ok((_, Err(r)))) => tracing::warn!(rejection = %r, "terminating mark refused"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "terminating mark not landed; stopping anyway"),
+        Err(_) => tracing::warn!("terminating mark timed out; stopping anyway"),
+    }
+}
+
 /// Proposes a heartbeat for `me` every interval until `cancel`; returns the reason when
 /// the incarnation turns out fenced, replaced or unknown (the caller must stop).
 pub async fn heartbeat_loop(

@@ -22,10 +22,16 @@ use tokio_util::task::TaskTracker;
 use weir_proto::metad::admin_server::AdminServer;
 use weir_proto::metad::metad_server::MetadServer;
 use weir_proto::raft::raft_server::RaftServer;
+use weir_shared::shutdown::{Outcome, Phase, Shutdown};
 
-/// Runs a replica until `shutdown` is cancelled, then stops Raft and waits for storage to be idle.
-pub async fn run(config: MetadConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Runs a replica until a stop is requested, then runs the shutdown phases: consensus
+/// stays live through stop-requested and drain-support (SD-CS-10: no step-down, no
+/// leadership transfer), and terminal teardown stops Raft and waits for storage to be
+/// idle before releasing it (SD-TD-5).
+pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result<()> {
     let args = &config.args;
+    // Everything below runs until terminal teardown, not merely until the stop request.
+    let shutdown = CancellationToken::new();
     let db = open_db(&args.data_dir)?;
     let log_store = LogStore::new(db.clone());
     let sm = StateMachineStore::open(db.clone())?;
@@ -110,7 +116,15 @@ pub async fn run(config: MetadConfig, shutdown: CancellationToken) -> anyhow::Re
         shutdown.child_token(),
     ));
 
-    shutdown.cancelled().await;
+    stopping.token().cancelled().await;
+    stopping.begin(Phase::StopRequested);
+    stopping.finish(Phase::StopRequested, Outcome::Completed);
+    stopping.begin(Phase::DrainSupport);
+    // Nodes stopping alongside this replica still commit their hand-offs meanwhile.
+    tokio::time::sleep(stopping.step(stopping.drain_window)).await;
+    stopping.finish(Phase::DrainSupport, Outcome::Completed);
+    stopping.begin(Phase::TerminalTeardown);
+    shutdown.cancel();
     tracing::info!("metad stopping: shutting down raft");
     if let Err(e) = raft.shutdown().await {
         tracing::warn!(error = %e, "raft shutdown reported an error");
@@ -125,7 +139,11 @@ pub async fn run(config: MetadConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     // Flush RocksDB before the handle is released.
     db.flush_wal(true)?;
-    tracing::info!("metad stopped");
+    tracing::debug!("storage idle; releasing the database");
+    drop(sm);
+    drop(raft);
+    drop(db);
+    stopping.finish(Phase::TerminalTeardown, Outcome::Completed);
     Ok(())
 }
 

@@ -4,5 +4,5 @@ pub mod batch;
 pub mod config;
 pub mod ids;
 pub mod metrics;
-pub mod signals;
+pub mod shutdown;
 pub mod telemetry;

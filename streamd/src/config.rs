@@ -91,6 +91,9 @@ pub struct StreamdArgs {
 
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+
+    #[command(flatten)]
+    pub shutdown: weir_shared::shutdown::ShutdownArgs,
 }
 
 impl StreamdArgs {
@@ -103,6 +106,7 @@ impl StreamdArgs {
         }
         self.heartbeat.validate()?;
         self.telemetry.validate()?;
+        self.shutdown.validate()?;
         for (flag, v) in [
             ("--upload-interval-ms", self.upload_interval_ms),
             ("--upload-bytes", self.upload_bytes),

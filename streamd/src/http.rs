@@ -26,9 +26,9 @@ async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
     weir_shared::metrics::metrics_handler().await
 }
 
-/// D-2: ready once caught up, and not fenced.
+/// D-2: ready once caught up, and neither fenced nor terminating.
 fn is_ready(node: &Node) -> bool {
-    node.is_admitted() && !node.fenced.is_cancelled()
+    node.is_admitted() && !node.fenced.is_cancelled() && !node.terminating.load(std::sync::atomic::Ordering::Acquire)
 }
 
 async fn readyz(State(node): State<Arc<Node>>) -> StatusCode {
@@ -46,7 +46,7 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
         "node_id": node.me.node,
         "epoch": node.me.epoch,
         "fenced": node.fenced.is_cancelled(),
-        "terminating": false,
+        "terminating": node.terminating.load(std::sync::atomic::Ordering::Acquire),
         "caught_up": node.is_admitted(),
         "streams": node.all_streams().len(),
         "wal_bytes": node.wal.bytes(),

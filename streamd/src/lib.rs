@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod error;
+pub mod groups;
 pub mod http;
 pub mod metrics;
 pub mod node;

@@ -1,9 +1,8 @@
-//! The streamd binary: exits 0 after a clean stop, 75 when fenced (D-5), 1 on failure,
+//! The streamd binary: exits 0 after a clean stop (1 if the shutdown deadline forced it), 75 when fenced (D-5), 1 on failure,
 //! 2 on invalid flags.
 
 use clap::Parser;
 use std::process::ExitCode;
-use tokio_util::sync::CancellationToken;
 use weir_streamd::{Exit, StreamdArgs};
 
 fn main() -> ExitCode {
@@ -20,6 +19,8 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
+        // SD-TRG-6: the signal handlers come before any other work.
+        let shutdown = weir_shared::shutdown::Shutdown::install(&args.shutdown);
         let _telemetry = match weir_shared::telemetry::init("streamd", &args.telemetry) {
             Ok(g) => g,
             Err(e) => {
@@ -27,12 +28,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        let shutdown = CancellationToken::new();
-        let signals = weir_shared::signals::stop_on_signal(shutdown.clone());
-        let result = weir_streamd::run(args, shutdown).await;
-        signals.abort();
+        let result = weir_streamd::run(args, shutdown.clone()).await;
         match result {
-            Ok(Exit::Clean) => ExitCode::SUCCESS,
+            Ok(Exit::Clean) => ExitCode::from(shutdown.exit_code() as u8),
             Ok(Exit::Fenced) => ExitCode::from(75),
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "streamd failed");

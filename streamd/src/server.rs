@@ -4,6 +4,7 @@ use crate::config::{StreamdArgs, WalBackend};
 use crate::node::{reconcile_loop, upload_loop, Node, Tunables, WalSource};
 use crate::service::DataPlane;
 use crate::wal::{file::FileSink, object::ObjectSink, Sink, WalWriter};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -15,6 +16,7 @@ use weir_metad::model::{NodeAddrs, NodeKind};
 use weir_metad::view::{catch_up, follow, View};
 use weir_proto::streamd::streamd_server::StreamdServer;
 use weir_shared::ids::NodeId;
+use weir_shared::shutdown::{Outcome, Phase, Shutdown};
 
 /// How a streamd run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +32,7 @@ fn max_message(args: &StreamdArgs) -> usize {
     args.max_append_bytes + 64 * 1024
 }
 
-pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Result<Exit> {
+pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<Exit> {
     let store = crate::object::store::open(&args.object_store)?;
     let metad = Arc::new(MetadClient::new(&args.metad_addrs(), Duration::from_secs(5))?);
     let grpc_listener = TcpListener::bind(args.listen).await?;
@@ -50,7 +52,8 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
         NodeKind::Streamd,
         addrs.clone(),
         args.heartbeat,
-        &shutdown,
+        // SD-TRG-7: a stop request during registration is held until startup is done.
+        &CancellationToken::new(),
     )
     .await?;
 
@@ -127,55 +130,98 @@ pub async fn run(args: StreamdArgs, shutdown: CancellationToken) -> anyhow::Resu
             TcpListenerStream::new(grpc_listener),
             servers_stop.clone().cancelled_owned(),
         );
-    tasks.spawn(grpc);
+    let grpc = tokio::spawn(grpc);
+    let http_stop = CancellationToken::new();
     let http = axum::serve(http_listener, crate::http::router(node.clone()))
-        .with_graceful_shutdown(servers_stop.clone().cancelled_owned());
+        .with_graceful_shutdown(http_stop.clone().cancelled_owned());
     tasks.spawn(async move { http.await });
     tracing::info!(node_id = %me.node, epoch = %me.epoch, grpc = %addrs.grpc, http = %addrs.http, "streamd listening");
 
+    let stop_requested = shutdown.token();
     tokio::select! {
         admitted = catch_up(&view, &metad, &stop) => if admitted.is_some() {
             node.admit();
             node.upload_now.notify_one();
         },
         _ = node.fenced.cancelled() => {}
-        _ = shutdown.cancelled() => {}
+        _ = stop_requested.cancelled() => {}
     }
 
     let exit = tokio::select! {
-        _ = shutdown.cancelled() => Exit::Clean,
+        _ = stop_requested.cancelled() => Exit::Clean,
         _ = node.fenced.cancelled() => Exit::Fenced,
     };
     if exit == Exit::Clean {
-        hand_off(&node).await;
+        stop_requested_phase(&node, &shutdown).await;
+        shutdown.begin(Phase::DrainSupport);
+        let outcome = drain(&node, &shutdown).await;
+        shutdown.finish(Phase::DrainSupport, outcome);
+        shutdown.begin(Phase::TerminalTeardown);
+        // SD-TD-1: the self-fence first; failover places whatever did not close.
+        weir_metad::membership::fence_self(&node.metad, &node.me).await;
+        node.fence("clean shutdown");
     }
-    stop.cancel();
+    // Listeners stop; in-flight calls get `--shutdown-timeout-sec` (SD-CS-5).
     servers_stop.cancel();
+    let inflight = shutdown.inflight_timeout.min(shutdown.deadline_left());
+    if tokio::time::timeout(inflight, grpc).await.is_err() {
+        tracing::warn!(timeout = ?inflight, "in-flight requests did not finish; stopping anyway");
+    }
+    http_stop.cancel();
+    stop.cancel();
     tasks.close();
-    tasks.wait().await;
+    // SD-TD-2: background tasks get a bounded grace; the deadline supervisor backs it.
+    if tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            task_kind = "background",
+            grace_period = "10s",
+            "shutdown task exceeded grace period; aborting"
+        );
+    }
+    if exit == Exit::Clean {
+        shutdown.finish(Phase::TerminalTeardown, Outcome::Completed);
+    }
     Ok(exit)
 }
 
-/// Bound on closing streams at a clean stop (the full shutdown orchestrator refines this).
-const HAND_OFF: Duration = Duration::from_secs(20);
+/// Stop-requested (F step 1): readiness fails and the incarnation is marked
+/// terminating, so it gets no new streams (SD-CS-2, D-4).
+async fn stop_requested_phase(node: &Arc<Node>, shutdown: &Shutdown) {
+    shutdown.begin(Phase::StopRequested);
+    node.terminating.store(true, Ordering::Release);
+    weir_metad::membership::mark_terminating(&node.metad, &node.me, shutdown.step(Duration::from_secs(2))).await;
+    shutdown.finish(Phase::StopRequested, Outcome::Completed);
+}
 
-/// A clean stop (F "Clean shutdown" steps 5–6): close every stream, uploading its
-/// buffered records, then fence itself so failover places the streams at once.
-async fn hand_off(node: &Arc<Node>) {
-    // Bounded, so an unreachable metadata log or object store cannot hold the stop.
-    let deadline = tokio::time::Instant::now() + HAND_OFF;
+/// Drain-support (F steps 2–5): keep serving for `--shutdown-drain-sec`, end live
+/// reads, stop intake, then close every stream (waiting for its in-flight appends and
+/// uploading its buffered records), so placement moves it at once. Intake stops by
+/// refusing appends as `unavailable` rather than by closing the listener: a gateway
+/// then waits for the stream's new owner instead of seeing a dropped connection and an
+/// unknown outcome. Every wait is bounded by the drain budget; what does not close in
+/// time is left to failover after the self-fence (Abandoned).
+async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
+    tokio::time::sleep(shutdown.step(shutdown.drain_window)).await;
+    node.reads_end.cancel();
+    node.intake_closed.store(true, Ordering::Release);
+    tracing::info!("live reads ended and intake stopped; closing streams");
+    let mut outcome = Outcome::Completed;
     for handle in node.all_streams() {
-        match tokio::time::timeout_at(deadline, node.close_stream(&handle.name)).await {
+        let budget = shutdown.step(Duration::MAX);
+        match tokio::time::timeout(budget, node.close_stream(&handle.name)).await {
             Ok(Ok(end)) => tracing::info!(stream = %handle.name, offset = end, "closed stream for shutdown"),
             Ok(Err(e)) => {
-                tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it")
+                tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it");
+                outcome = Outcome::Abandoned;
             }
             Err(_) => {
-                tracing::warn!(stream = %handle.name, "hand-off deadline passed; failover will recover the rest");
-                break;
+                tracing::warn!(stream = %handle.name, "drain budget spent; failover will recover the rest");
+                return Outcome::Abandoned;
             }
         }
     }
-    weir_metad::membership::fence_self(&node.metad, &node.me).await;
-    node.fence("clean shutdown");
+    outcome
 }

@@ -1,5 +1,6 @@
 //! The data-plane gRPC service gatewayd calls.
 
+use crate::groups::{Client, Groups};
 use crate::node::Node;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,11 +13,13 @@ pub const MAX_WAIT: Duration = Duration::from_secs(60);
 
 pub struct DataPlane {
     node: Arc<Node>,
+    groups: Arc<Groups>,
 }
 
 impl DataPlane {
     pub fn new(node: Arc<Node>) -> Self {
-        Self { node }
+        let groups = Groups::new(node.clone());
+        Self { node, groups }
     }
 }
 
@@ -79,5 +82,22 @@ impl Streamd for DataPlane {
     async fn close_stream(&self, req: Request<CloseStreamRequest>) -> Result<Response<CloseStreamReply>, Status> {
         let end = self.node.close_stream(&req.into_inner().stream).await?;
         Ok(Response::new(CloseStreamReply { end_offset: end }))
+    }
+
+    async fn group(&self, req: Request<GroupRequest>) -> Result<Response<GroupReply>, Status> {
+        let req = req.into_inner();
+        let version = i16::try_from(req.api_version)
+            .map_err(|_| crate::error::StreamdError::InvalidArgument("api_version out of range".into()))?;
+        let api_key = i16::try_from(req.api_key)
+            .map_err(|_| crate::error::StreamdError::InvalidArgument("api_key out of range".into()))?;
+        let client = Client {
+            id: req.client_id,
+            host: req.client_host,
+        };
+        let body = self
+            .groups
+            .handle(&req.stream, api_key, version, req.body.into(), client)
+            .await?;
+        Ok(Response::new(GroupReply { body: body.to_vec() }))
     }
 }

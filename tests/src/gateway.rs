@@ -12,6 +12,8 @@ use std::time::Duration;
 pub struct Gatewayd {
     pub id: String,
     pub http: String,
+    /// The Kafka listener (bootstrap servers).
+    pub kafka: String,
     args: Vec<String>,
     proc: Proc,
     http_client: reqwest::Client,
@@ -38,6 +40,7 @@ impl Gatewayd {
         let mut g = Gatewayd {
             id: id.into(),
             http: format!("127.0.0.1:{}", free_port()),
+            kafka: format!("127.0.0.1:{}", free_port()),
             args,
             proc: Proc::new(id, dir.join(format!("{id}.log"))),
             http_client: reqwest::Client::builder()
@@ -52,8 +55,14 @@ impl Gatewayd {
 
     pub fn spawn(&mut self) {
         let mut command = Command::new(bin_path("gatewayd"));
-        command.args(&self.args).args(["--http-listen", &self.http]);
+        command
+            .args(&self.args)
+            .args(["--http-listen", &self.http, "--kafka-listen", &self.kafka]);
         self.proc.spawn(command);
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        crate::signal(self.proc.pid(), sig);
     }
 
     pub fn proc(&mut self) -> &mut Proc {
@@ -175,7 +184,8 @@ impl Gatewayd {
 
     /// Waits until the stream has a live owner that answers (its tail is readable).
     pub async fn wait_open(&self, stream: &str) {
-        let path = format!("/v1/streams/{stream}/records/tail");
+        // A topic partition's stream is `topic/partition`; the slash is escaped in a path.
+        let path = format!("/v1/streams/{}/records/tail", stream.replace('/', "%2F"));
         wait_for(&format!("{stream} open"), Duration::from_secs(90), || async {
             let r = self.request(Method::GET, &path).send().await.ok()?;
             r.status().is_success().then_some(())

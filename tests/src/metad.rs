@@ -61,6 +61,10 @@ impl Replica {
         self.proc.kill();
     }
 
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        crate::signal(self.proc.pid(), sig);
+    }
+
     pub fn pause(&self) {
         self.proc.pause();
     }

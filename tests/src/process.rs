@@ -4,7 +4,7 @@
 use crate::signal;
 use nix::sys::signal::Signal;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 /// One service process and the file its log goes to.
@@ -23,15 +23,16 @@ impl Proc {
         }
     }
 
-    /// Spawns `command` with stdout discarded and stderr appended to the log.
+    /// Spawns `command` with stdout and stderr appended to the log.
     pub fn spawn(&mut self, mut command: Command) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log_path)
             .expect("open process log");
+        let out = log.try_clone().expect("clone process log");
         let child = command
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", self.name));

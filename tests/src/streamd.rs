@@ -40,6 +40,10 @@ impl Streamd {
         self.proc.term();
     }
 
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        crate::signal(self.proc.pid(), sig);
+    }
+
     /// SIGSTOP: the process hangs, holding its sockets and files.
     pub fn pause(&self) {
         self.proc.pause();

@@ -9,15 +9,17 @@ use weir_tests::process::Proc;
 use weir_tests::{bin_path, free_port, wait_for};
 
 #[tokio::test(flavor = "multi_thread")]
-async fn weir_dev_serves_the_http_api_on_local_disk_and_stops_cleanly() {
+async fn weir_dev_serves_http_and_kafka_on_local_disk_and_stops_cleanly() {
     let dir = tempfile::tempdir().expect("temp dir");
     let http = format!("127.0.0.1:{}", free_port());
+    let kafka = format!("127.0.0.1:{}", free_port());
     let mut command = Command::new(bin_path("weir"));
     command
         .arg("dev")
         .args(["--data-dir", &dir.path().join("data").display().to_string()]);
     for (flag, port) in [
         ("--http-listen", http.clone()),
+        ("--kafka-listen", kafka.clone()),
         ("--metad-listen", format!("127.0.0.1:{}", free_port())),
         ("--metad-http-listen", format!("127.0.0.1:{}", free_port())),
         ("--streamd-listen", format!("127.0.0.1:{}", free_port())),
@@ -63,6 +65,20 @@ async fn weir_dev_serves_the_http_api_on_local_disk_and_stops_cleanly() {
         .await
         .expect("json");
     assert_eq!(read["records"][0]["body"], "hello, weir");
+
+    // Kafka clients reach the same cluster, at the address `weir dev` printed (issue 4).
+    assert!(
+        proc.log_text().contains(&format!("Kafka on {kafka}")),
+        "{}",
+        proc.log_text()
+    );
+    let listed = tokio::process::Command::new("kcat")
+        .args(["-b", &kafka, "-L"])
+        .output()
+        .await
+        .expect("kcat runs");
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success() && text.contains("1 brokers"), "{text}");
 
     proc.term();
     assert_eq!(

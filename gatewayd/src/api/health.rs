@@ -14,7 +14,7 @@ pub async fn livez() -> &'static str {
 
 /// Ready once caught up with the metadata log, not fenced and not stopping.
 fn is_ready(gw: &Gateway) -> bool {
-    gw.routes.is_admitted() && !gw.fenced.is_cancelled() && !gw.stopping.is_cancelled()
+    gw.routes.is_admitted() && !gw.fenced.is_cancelled() && !gw.is_terminating()
 }
 
 pub async fn readyz(State(gw): State<Arc<Gateway>>) -> StatusCode {
@@ -32,7 +32,7 @@ pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
         "node_id": gw.me.node,
         "epoch": gw.me.epoch,
         "fenced": gw.fenced.is_cancelled(),
-        "terminating": gw.stopping.is_cancelled(),
+        "terminating": gw.is_terminating(),
         "caught_up": gw.routes.is_admitted(),
         "applied_index": gw.routes.view().applied_index(),
     });

@@ -35,9 +35,15 @@ pub struct Gateway {
     pub fenced: CancellationToken,
     /// Cancelled when the gateway stops: live reads (long polls, SSE) end.
     pub stopping: CancellationToken,
+    /// Set at a stop request: readiness fails (SD-CS-2).
+    pub terminating: std::sync::atomic::AtomicBool,
 }
 
 impl Gateway {
+    pub fn is_terminating(&self) -> bool {
+        self.terminating.load(std::sync::atomic::Ordering::Acquire) || self.stopping.is_cancelled()
+    }
+
     /// Waits (bounded) until the view has applied a change this gateway made, so the
     /// caller's next request sees it.
     pub async fn settle(&self, index: u64) {

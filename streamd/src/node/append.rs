@@ -26,6 +26,11 @@ impl Node {
         batches: &[u8],
         match_next_offset: Option<u64>,
     ) -> Result<Appended, StreamdError> {
+        if self.intake_closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(StreamdError::Unavailable(
+                "the node is shutting down; its streams are moving".into(),
+            ));
+        }
         if batches.len() > self.tunables.max_append_bytes {
             return Err(StreamdError::InvalidArgument(format!(
                 "append of {} bytes is over the {} byte limit",

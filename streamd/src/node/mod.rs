@@ -64,6 +64,12 @@ pub struct Node {
     pub upload_now: Notify,
     /// Cancelled when this incarnation is fenced or replaced: the process exits 75.
     pub fenced: CancellationToken,
+    /// Set at a stop request: readiness fails (SD-CS-2).
+    pub terminating: AtomicBool,
+    /// Cancelled in drain-support step 3: waiting reads end (SD-CS-4).
+    pub reads_end: CancellationToken,
+    /// Set in drain-support step 4: appends are refused as `unavailable` (retryable).
+    pub intake_closed: AtomicBool,
     /// Where dead incarnations' WALs are taken over from.
     pub wal_source: WalSource,
     /// Takeovers this incarnation is running as agent.
@@ -93,6 +99,9 @@ impl Node {
             admitted: AtomicBool::new(false),
             upload_now: Notify::new(),
             fenced: CancellationToken::new(),
+            terminating: AtomicBool::new(false),
+            reads_end: CancellationToken::new(),
+            intake_closed: AtomicBool::new(false),
             wal_source,
             takeovers_running: Default::default(),
         }

@@ -54,6 +54,9 @@ impl Node {
                 r = durable_rx.changed() => r.is_ok(),
                 _ = tokio::time::sleep_until(deadline) => false,
                 _ = self.fenced.cancelled() => false,
+                _ = self.reads_end.cancelled() => {
+                    return Err(StreamdError::Unavailable("the node is shutting down; read again".into()))
+                }
             };
             if !handle.is_serving() {
                 return Err(StreamdError::NotOwner {

@@ -1,0 +1,343 @@
+//! Topic admin (CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs) through
+//! the metadata log, and InitProducerId with ids allocated by metad.
+
+use super::brokers::{topic_id, OFFSETS_TOPIC};
+use super::conn::Session;
+use super::errors;
+use super::Kafka;
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use weir_metad::model::{Applied, Command, StreamConfig};
+
+const TOPIC: i8 = 2;
+const BROKER: i8 = 4;
+/// DescribeConfigs sources.
+const TOPIC_CONFIG: i8 = 1;
+const DEFAULT_CONFIG: i8 = 5;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+/// Proposes `cmd`; the applied result, or a Kafka error code and message.
+async fn propose(kafka: &Kafka, session: &Session, cmd: Command) -> Result<Applied, (i16, String)> {
+    match kafka.gw.metad.propose(&errors::proposer(session), cmd).await {
+        Ok((index, Ok(applied))) => {
+            kafka.gw.settle(index).await;
+            Ok(applied)
+        }
+        Ok((_, Err(rejection))) => Err(errors::admin(&Ok(rejection))),
+        Err(e) => Err(errors::admin(&Err(e))),
+    }
+}
+
+/// Topic configs Weir understands; the rest are refused so nobody believes them applied.
+fn topic_config(configs: &[(String, Option<String>)]) -> Result<StreamConfig, String> {
+    let mut config = StreamConfig::default();
+    for (name, value) in configs {
+        match (name.as_str(), value.as_deref()) {
+            ("retention.ms", Some(v)) => {
+                let ms: i64 = v.parse().map_err(|_| format!("retention.ms '{v}' is not a number"))?;
+                config.retention_ms = (ms >= 0).then_some(ms as u64);
+            }
+            ("cleanup.policy", Some("delete")) => {}
+            // Replication is the object store's; these are accepted and mean nothing here.
+            ("min.insync.replicas" | "unclean.leader.election.enable", _) => {}
+            (other, _) => return Err(format!("config '{other}' is not supported by Weir")),
+        }
+    }
+    Ok(config)
+}
+
+pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequest) -> CreateTopicsResponse {
+    let mut results = vec![];
+    for t in r.topics {
+        let name = t.name.0.to_string();
+        let partitions = if t.num_partitions == -1 {
+            kafka.default_partitions as i32
+        } else {
+            t.num_partitions
+        };
+        let configs: Vec<(String, Option<String>)> = t
+            .configs
+            .iter()
+            .map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string())))
+            .collect();
+        let result = CreatableTopicResult::default()
+            .with_name(t.name.clone())
+            .with_num_partitions(partitions)
+            .with_replication_factor(1);
+        let checked = if let Err(e) = weir_metad::model::apply::validate_name("topic", &name) {
+            Err((errors::INVALID_TOPIC_EXCEPTION, e.message))
+        } else if partitions <= 0 {
+            Err((
+                errors::INVALID_PARTITIONS,
+                format!("partitions must be at least 1, got {partitions}"),
+            ))
+        } else if !t.assignments.is_empty() {
+            Err((
+                errors::INVALID_REQUEST,
+                "manual replica assignment is not supported".into(),
+            ))
+        } else if t.replication_factor == 0 || t.replication_factor < -1 {
+            Err((
+                errors::INVALID_REPLICATION_FACTOR,
+                "replication factor must be -1 or at least 1".into(),
+            ))
+        } else {
+            topic_config(&configs).map_err(|e| (errors::INVALID_CONFIG, e))
+        };
+        let outcome = match checked {
+            Err(e) => Err(e),
+            Ok(_) if r.validate_only => {
+                if kafka.gw.routes.view().with(|s| s.topics.contains_key(&name)) {
+                    Err((errors::TOPIC_ALREADY_EXISTS, format!("topic '{name}' already exists")))
+                } else {
+                    Ok(())
+                }
+            }
+            Ok(config) => propose(
+                kafka,
+                session,
+                Command::CreateTopic {
+                    name: name.clone(),
+                    partitions: partitions as u32,
+                    config,
+                },
+            )
+            .await
+            .map(|_| ()),
+        };
+        results.push(match outcome {
+            Ok(()) => {
+                let id = kafka
+                    .gw
+                    .routes
+                    .view()
+                    .with(|s| s.topics.get(&name).map(topic_id))
+                    .unwrap_or_default();
+                result.with_topic_id(id)
+            }
+            Err((code, message)) => result.with_error_code(code).with_error_message(Some(s(&message))),
+        });
+    }
+    CreateTopicsResponse::default().with_topics(results)
+}
+
+pub async fn delete_topics(kafka: &Kafka, session: &Session, r: DeleteTopicsRequest) -> DeleteTopicsResponse {
+    // v6 names topics by state (name or id); older versions by name.
+    let mut wanted: Vec<(Option<String>, uuid::Uuid)> = r
+        .topic_names
+        .iter()
+        .map(|n| (Some(n.0.to_string()), uuid::Uuid::nil()))
+        .collect();
+    wanted.extend(
+        r.topics
+            .iter()
+            .map(|t| (t.name.as_ref().map(|n| n.0.to_string()), t.topic_id)),
+    );
+    let mut results = vec![];
+    for (name, id) in wanted {
+        let name = name.or_else(|| {
+            kafka
+                .gw
+                .routes
+                .view()
+                .with(|s| s.topics.values().find(|t| topic_id(t) == id).map(|t| t.name.clone()))
+        });
+        let result = DeletableTopicResult::default()
+            .with_name(name.clone().map(|n| TopicName(s(&n))))
+            .with_topic_id(id);
+        let outcome = match &name {
+            None => Err((errors::UNKNOWN_TOPIC_ID, "no topic has this id".to_string())),
+            Some(n) if n == OFFSETS_TOPIC => {
+                Err((errors::INVALID_TOPIC_EXCEPTION, "the offsets topic is internal".into()))
+            }
+            Some(n) => propose(kafka, session, Command::DeleteTopic { name: n.clone() })
+                .await
+                .map(|_| ()),
+        };
+        results.push(match outcome {
+            Ok(()) => result,
+            Err((code, message)) => result.with_error_code(code).with_error_message(Some(s(&message))),
+        });
+    }
+    DeleteTopicsResponse::default().with_responses(results)
+}
+
+pub async fn create_partitions(
+    kafka: &Kafka,
+    session: &Session,
+    r: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let mut results = vec![];
+    for t in r.topics {
+        let name = t.name.0.to_string();
+        let current = kafka
+            .gw
+            .routes
+            .view()
+            .with(|s| s.topics.get(&name).map(|t| t.partitions.len() as i32));
+        let outcome = match current {
+            None => Err((
+                errors::UNKNOWN_TOPIC_OR_PARTITION,
+                format!("topic '{name}' does not exist"),
+            )),
+            Some(c) if t.count <= c => Err((
+                errors::INVALID_PARTITIONS,
+                format!(
+                    "topic '{name}' has {c} partitions; the new count must be above that, got {}",
+                    t.count
+                ),
+            )),
+            Some(_) if t.assignments.is_some() => Err((
+                errors::INVALID_REQUEST,
+                "manual replica assignment is not supported".into(),
+            )),
+            Some(_) if r.validate_only => Ok(()),
+            Some(_) => propose(
+                kafka,
+                session,
+                Command::CreatePartitions {
+                    name: name.clone(),
+                    partitions: t.count as u32,
+                },
+            )
+            .await
+            .map(|_| ())
+            .map_err(|(code, m)| {
+                (
+                    if code == errors::INVALID_REQUEST {
+                        errors::INVALID_PARTITIONS
+                    } else {
+                        code
+                    },
+                    m,
+                )
+            }),
+        };
+        let result = CreatePartitionsTopicResult::default().with_name(t.name);
+        results.push(match outcome {
+            Ok(()) => result,
+            Err((code, message)) => result.with_error_code(code).with_error_message(Some(s(&message))),
+        });
+    }
+    CreatePartitionsResponse::default().with_results(results)
+}
+
+fn config_entry(name: &str, value: Option<String>, source: i8, read_only: bool) -> DescribeConfigsResourceResult {
+    DescribeConfigsResourceResult::default()
+        .with_name(s(name))
+        .with_value(value.map(StrBytes::from_string))
+        .with_config_source(source)
+        .with_read_only(read_only)
+}
+
+pub fn describe_configs(kafka: &Kafka, r: DescribeConfigsRequest) -> DescribeConfigsResponse {
+    let mut results = vec![];
+    for res in r.resources {
+        let name = res.resource_name.to_string();
+        let result = DescribeConfigsResult::default()
+            .with_resource_type(res.resource_type)
+            .with_resource_name(res.resource_name.clone());
+        let entries = match res.resource_type {
+            TOPIC => match kafka.gw.routes.view().with(|s| s.topics.get(&name).cloned()) {
+                None => {
+                    results.push(
+                        result
+                            .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
+                            .with_error_message(Some(s(&format!("topic '{name}' does not exist")))),
+                    );
+                    continue;
+                }
+                Some(t) => vec![
+                    match t.config.retention_ms {
+                        Some(ms) => config_entry("retention.ms", Some(ms.to_string()), TOPIC_CONFIG, false),
+                        None => config_entry("retention.ms", Some("-1".into()), DEFAULT_CONFIG, false),
+                    },
+                    config_entry("cleanup.policy", Some("delete".into()), DEFAULT_CONFIG, true),
+                    config_entry(
+                        "max.message.bytes",
+                        Some(kafka.max_message_bytes.to_string()),
+                        DEFAULT_CONFIG,
+                        true,
+                    ),
+                    config_entry(
+                        "message.timestamp.type",
+                        Some("CreateTime".into()),
+                        DEFAULT_CONFIG,
+                        true,
+                    ),
+                ],
+            },
+            BROKER => vec![
+                config_entry(
+                    "auto.create.topics.enable",
+                    Some(kafka.auto_create_topics.to_string()),
+                    DEFAULT_CONFIG,
+                    true,
+                ),
+                config_entry(
+                    "num.partitions",
+                    Some(kafka.default_partitions.to_string()),
+                    DEFAULT_CONFIG,
+                    true,
+                ),
+                config_entry(
+                    "message.max.bytes",
+                    Some(kafka.max_message_bytes.to_string()),
+                    DEFAULT_CONFIG,
+                    true,
+                ),
+                config_entry(
+                    "socket.request.max.bytes",
+                    Some(kafka.max_frame_bytes.to_string()),
+                    DEFAULT_CONFIG,
+                    true,
+                ),
+            ],
+            other => {
+                results.push(
+                    result
+                        .with_error_code(errors::INVALID_REQUEST)
+                        .with_error_message(Some(s(&format!("resource type {other} is not supported")))),
+                );
+                continue;
+            }
+        };
+        let entries = entries
+            .into_iter()
+            .filter(|e| {
+                res.configuration_keys
+                    .as_ref()
+                    .is_none_or(|keys| keys.iter().any(|k| k.as_str() == e.name.as_str()))
+            })
+            .collect();
+        results.push(result.with_configs(entries));
+    }
+    DescribeConfigsResponse::default().with_results(results)
+}
+
+pub async fn init_producer_id(kafka: &Kafka, session: &Session, r: InitProducerIdRequest) -> InitProducerIdResponse {
+    if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) {
+        return InitProducerIdResponse::default()
+            .with_error_code(errors::INVALID_REQUEST)
+            .with_producer_id((-1).into())
+            .with_producer_epoch(-1);
+    }
+    // A new id each time: the owner keeps sequence state per id, so a fresh id starts
+    // clean, as a bumped epoch would.
+    match propose(kafka, session, Command::AllocateProducerIds { count: 1 }).await {
+        Ok(Applied::ProducerIds { first, .. }) => InitProducerIdResponse::default()
+            .with_producer_id(first.into())
+            .with_producer_epoch(0),
+        _ => InitProducerIdResponse::default()
+            .with_error_code(errors::COORDINATOR_NOT_AVAILABLE)
+            .with_producer_id((-1).into())
+            .with_producer_epoch(-1),
+    }
+}

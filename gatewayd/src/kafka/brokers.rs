@@ -1,0 +1,223 @@
+//! Gateways as Kafka brokers: their ids and addresses from the view, the leader each
+//! partition is given, and the Metadata and DescribeCluster answers.
+//!
+//! Any gateway can serve any partition (it routes to the owner), so a partition's
+//! "leader" is a live gateway picked by hashing the partition, which spreads clients
+//! over the gateways; leader epochs are −1 so clients skip epoch validation.
+
+use super::conn::Session;
+use super::errors;
+use super::Kafka;
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{BrokerId, DescribeClusterResponse, MetadataRequest, MetadataResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use weir_metad::model::{Command, NodeKind, StreamConfig, TopicRow};
+
+/// The internal topic holding consumer groups' committed offsets.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+pub const CLUSTER_ID: &str = "weir";
+
+/// One gateway as a broker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Broker {
+    pub id: i32,
+    pub host: String,
+    pub port: i32,
+}
+
+/// A stable broker id for a gateway's name.
+pub fn broker_id(node: &str) -> i32 {
+    (crc32c::crc32c(node.as_bytes()) & 0x7fff_ffff) as i32
+}
+
+pub fn split_host_port(addr: &str) -> Option<(String, i32)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()).then(|| (host.to_string(), i32::from(port)))
+}
+
+/// Live gateways (this one always included), ordered by id.
+pub fn brokers(kafka: &Kafka) -> Vec<Broker> {
+    let mut out: Vec<Broker> = kafka.gw.routes.view().with(|s| {
+        s.nodes
+            .values()
+            .filter(|n| n.kind == NodeKind::Gatewayd && !n.fenced && !n.terminating)
+            .filter_map(|n| {
+                let (host, port) = split_host_port(&n.addrs.grpc)?;
+                Some(Broker {
+                    id: broker_id(n.id.as_str()),
+                    host,
+                    port,
+                })
+            })
+            .collect()
+    });
+    if !out.iter().any(|b| b.id == kafka.me.id) {
+        out.push(kafka.me.clone());
+    }
+    out.sort_by_key(|b| b.id);
+    out
+}
+
+/// The gateway clients are sent to for `key` (a partition's stream or a group).
+pub fn leader_for(brokers: &[Broker], key: &str) -> i32 {
+    if brokers.is_empty() {
+        return -1;
+    }
+    brokers[(crc32c::crc32c(key.as_bytes()) as usize) % brokers.len()].id
+}
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+pub fn topic_id(t: &TopicRow) -> uuid::Uuid {
+    uuid::Uuid::from_bytes(t.topic_id)
+}
+
+fn topic_metadata(t: &TopicRow, brokers: &[Broker]) -> MetadataResponseTopic {
+    let partitions = (0..t.partitions.len() as i32)
+        .map(|p| {
+            let leader = BrokerId(leader_for(brokers, &format!("{}/{p}", t.name)));
+            MetadataResponsePartition::default()
+                .with_partition_index(p)
+                .with_leader_id(leader)
+                .with_leader_epoch(-1)
+                .with_replica_nodes(vec![leader])
+                .with_isr_nodes(vec![leader])
+        })
+        .collect();
+    MetadataResponseTopic::default()
+        .with_name(Some(TopicName(s(&t.name))))
+        .with_topic_id(topic_id(t))
+        .with_is_internal(t.name == OFFSETS_TOPIC)
+        .with_partitions(partitions)
+}
+
+pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, version: i16) -> MetadataResponse {
+    let brokers = brokers(kafka);
+    let topics: Vec<MetadataResponseTopic> = match r.topics {
+        None => kafka
+            .gw
+            .routes
+            .view()
+            .with(|s| s.topics.values().map(|t| topic_metadata(t, &brokers)).collect()),
+        Some(wanted) => {
+            let mut out = vec![];
+            for w in wanted {
+                let found = kafka.gw.routes.view().with(|s| match &w.name {
+                    Some(n) => s.topics.get(n.0.as_str()).cloned(),
+                    None => s.topics.values().find(|t| topic_id(t) == w.topic_id).cloned(),
+                });
+                out.push(match (found, w.name) {
+                    (Some(t), _) => topic_metadata(&t, &brokers),
+                    (None, Some(name)) => {
+                        // Before v4 the request cannot say; Kafka then creates when enabled.
+                        let allowed = version < 4 || r.allow_auto_topic_creation;
+                        let code = if kafka.auto_create_topics && allowed {
+                            auto_create(kafka, session, name.0.as_str()).await
+                        } else {
+                            errors::UNKNOWN_TOPIC_OR_PARTITION
+                        };
+                        MetadataResponseTopic::default()
+                            .with_name(Some(name))
+                            .with_error_code(code)
+                    }
+                    (None, None) => MetadataResponseTopic::default()
+                        .with_topic_id(w.topic_id)
+                        .with_error_code(errors::UNKNOWN_TOPIC_ID),
+                });
+            }
+            out
+        }
+    };
+    MetadataResponse::default()
+        .with_brokers(
+            brokers
+                .iter()
+                .map(|b| {
+                    MetadataResponseBroker::default()
+                        .with_node_id(BrokerId(b.id))
+                        .with_host(s(&b.host))
+                        .with_port(b.port)
+                })
+                .collect(),
+        )
+        .with_cluster_id(Some(s(CLUSTER_ID)))
+        .with_controller_id(BrokerId(kafka.me.id))
+        .with_topics(topics)
+}
+
+/// Creates a topic a client asked for; the client retries on LEADER_NOT_AVAILABLE.
+async fn auto_create(kafka: &Kafka, session: &Session, name: &str) -> i16 {
+    if weir_metad::model::apply::validate_name("topic", name).is_err() {
+        return errors::INVALID_TOPIC_EXCEPTION;
+    }
+    let cmd = Command::CreateTopic {
+        name: name.to_string(),
+        partitions: kafka.default_partitions,
+        config: StreamConfig::default(),
+    };
+    match kafka.gw.metad.propose(&errors::proposer(session), cmd).await {
+        Ok((index, _)) => {
+            tracing::info!(
+                topic = name,
+                partitions = kafka.default_partitions,
+                "auto-created a topic a Kafka client asked for"
+            );
+            kafka.gw.settle(index).await;
+            errors::LEADER_NOT_AVAILABLE
+        }
+        Err(_) => errors::LEADER_NOT_AVAILABLE,
+    }
+}
+
+pub fn describe_cluster(kafka: &Kafka) -> DescribeClusterResponse {
+    DescribeClusterResponse::default()
+        .with_cluster_id(s(CLUSTER_ID))
+        .with_controller_id(BrokerId(kafka.me.id))
+        .with_brokers(
+            brokers(kafka)
+                .into_iter()
+                .map(|b| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(BrokerId(b.id))
+                        .with_host(s(&b.host))
+                        .with_port(b.port)
+                })
+                .collect(),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_split_into_host_and_port() {
+        assert_eq!(split_host_port("gw-1:9092"), Some(("gw-1".into(), 9092)));
+        assert_eq!(split_host_port("[::1]:9092"), Some(("::1".into(), 9092)));
+        assert_eq!(split_host_port("nope"), None);
+        assert_eq!(split_host_port(":9092"), None);
+    }
+
+    #[test]
+    fn leaders_are_spread_and_stable() {
+        let b = |id| Broker {
+            id,
+            host: "h".into(),
+            port: 1,
+        };
+        let brokers = vec![b(1), b(2), b(3)];
+        let leaders: std::collections::BTreeSet<i32> =
+            (0..32).map(|p| leader_for(&brokers, &format!("t/{p}"))).collect();
+        assert_eq!(leaders.len(), 3);
+        assert_eq!(leader_for(&brokers, "t/0"), leader_for(&brokers, "t/0"));
+        assert_eq!(leader_for(&[], "t/0"), -1);
+        assert!(broker_id("gw-1") >= 0);
+    }
+}

@@ -1,0 +1,346 @@
+//! Consumer groups through the gateway: FindCoordinator names a gateway, and every group
+//! request is forwarded, as Kafka bytes, to the streamd that owns the group's offsets
+//! stream — `__consumer_offsets/N`, N = CRC-32C(group) mod 8 — which runs the group.
+//! While that stream has no owner the answer is COORDINATOR_NOT_AVAILABLE, and an owner
+//! that no longer has it answers NOT_COORDINATOR; clients look the coordinator up again.
+
+use super::brokers::{self, OFFSETS_TOPIC};
+use super::conn::Session;
+use super::errors;
+use super::Kafka;
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::describe_groups_response::DescribedGroup;
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
+use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponsePartition, OffsetFetchResponseTopic};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use weir_metad::model::{Command, Proposer, StreamConfig};
+use weir_proto::streamd::GroupRequest;
+
+/// Offsets streams groups are hashed over (Kafka's `offsets.topic.num.partitions`).
+pub const OFFSETS_PARTITIONS: u32 = 8;
+const GROUP_KEY: i8 = 0;
+
+pub fn offsets_stream(group: &str) -> String {
+    format!(
+        "{OFFSETS_TOPIC}/{}",
+        crc32c::crc32c(group.as_bytes()) % OFFSETS_PARTITIONS
+    )
+}
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+/// Creates the offsets topic on first use.
+async fn ensure_offsets_topic(kafka: &Kafka) {
+    if kafka.gw.routes.view().with(|s| s.topics.contains_key(OFFSETS_TOPIC)) {
+        return;
+    }
+    let cmd = Command::CreateTopic {
+        name: OFFSETS_TOPIC.into(),
+        partitions: OFFSETS_PARTITIONS,
+        config: StreamConfig::default(),
+    };
+    let proposer = Proposer::Operator {
+        principal: format!("gatewayd {}", kafka.gw.me.node),
+    };
+    if let Ok((index, _)) = kafka.gw.metad.propose(&proposer, cmd).await {
+        tracing::info!(topic = OFFSETS_TOPIC, "created the consumer offsets topic");
+        kafka.gw.settle(index).await;
+    }
+}
+
+pub async fn find_coordinator(
+    kafka: &Kafka,
+    _session: &Session,
+    r: FindCoordinatorRequest,
+    version: i16,
+) -> FindCoordinatorResponse {
+    let keys: Vec<StrBytes> = if version >= 4 {
+        r.coordinator_keys.clone()
+    } else {
+        vec![r.key.clone()]
+    };
+    if r.key_type == GROUP_KEY {
+        ensure_offsets_topic(kafka).await;
+    }
+    let all = brokers::brokers(kafka);
+    let answers: Vec<Coordinator> = keys
+        .into_iter()
+        .map(|key| {
+            let c = Coordinator::default().with_key(key.clone());
+            if r.key_type != GROUP_KEY {
+                return c
+                    .with_error_code(errors::INVALID_REQUEST)
+                    .with_error_message(Some(s("transactions are not supported")))
+                    .with_node_id((-1).into());
+            }
+            let stream = offsets_stream(&key);
+            if !kafka.gw.routes.has_live_owner(&stream) {
+                return c
+                    .with_error_code(errors::COORDINATOR_NOT_AVAILABLE)
+                    .with_error_message(Some(s("the group's offsets stream is being placed or recovered")))
+                    .with_node_id((-1).into());
+            }
+            let id = brokers::leader_for(&all, &stream);
+            let b = all.iter().find(|b| b.id == id).unwrap_or(&kafka.me);
+            c.with_node_id(b.id.into()).with_host(s(&b.host)).with_port(b.port)
+        })
+        .collect();
+    if version >= 4 {
+        return FindCoordinatorResponse::default().with_coordinators(answers);
+    }
+    let one = answers.into_iter().next().unwrap_or_default();
+    FindCoordinatorResponse::default()
+        .with_error_code(one.error_code)
+        .with_error_message(one.error_message)
+        .with_node_id(one.node_id)
+        .with_host(one.host)
+        .with_port(one.port)
+}
+
+/// Sends one group request to the owner of `stream`: the response body, or an error code.
+async fn call(
+    kafka: &Kafka,
+    session: &Session,
+    stream: &str,
+    key: ApiKey,
+    version: i16,
+    body: Bytes,
+) -> Result<Bytes, i16> {
+    let result = kafka
+        .gw
+        .routes
+        .call(stream, false, |mut c| {
+            let req = GroupRequest {
+                stream: stream.to_string(),
+                api_key: i32::from(key as i16),
+                api_version: i32::from(version),
+                body: body.to_vec(),
+                client_id: session.client_id.clone(),
+                client_host: session.peer.ip().to_string(),
+            };
+            async move { c.group(req).await }
+        })
+        .await;
+    match result {
+        Ok(reply) => Ok(Bytes::from(reply.body)),
+        Err(crate::route::RouteError::Streamd(status)) if crate::route::error_code(&status) == Some("not_owner") => {
+            Err(errors::NOT_COORDINATOR)
+        }
+        Err(e) => {
+            tracing::debug!(stream, error = %e, "group request not answered by a coordinator");
+            Err(errors::COORDINATOR_NOT_AVAILABLE)
+        }
+    }
+}
+
+fn decode<T: Decodable>(mut body: Bytes, version: i16) -> Result<T, i16> {
+    T::decode(&mut body, version).map_err(|_| errors::UNKNOWN_SERVER_ERROR)
+}
+
+fn encode<T: Encodable>(m: &T, version: i16) -> Bytes {
+    let mut buf = BytesMut::new();
+    // Encoding a decoded request at its own version cannot fail.
+    let _ = m.encode(&mut buf, version);
+    buf.freeze()
+}
+
+/// The response to a group request; `None` for a request that is not one.
+pub async fn forward(
+    kafka: &Kafka,
+    session: &Session,
+    kind: RequestKind,
+    body: Bytes,
+    version: i16,
+) -> Option<ResponseKind> {
+    Some(match kind {
+        RequestKind::JoinGroup(r) => {
+            let stream = offsets_stream(&r.group_id.0);
+            match call(kafka, session, &stream, ApiKey::JoinGroup, version, body)
+                .await
+                .and_then(|b| decode(b, version))
+            {
+                Ok(resp) => ResponseKind::JoinGroup(resp),
+                Err(code) => ResponseKind::JoinGroup(
+                    JoinGroupResponse::default()
+                        .with_error_code(code)
+                        .with_generation_id(-1)
+                        .with_member_id(r.member_id),
+                ),
+            }
+        }
+        RequestKind::SyncGroup(r) => {
+            let stream = offsets_stream(&r.group_id.0);
+            match call(kafka, session, &stream, ApiKey::SyncGroup, version, body)
+                .await
+                .and_then(|b| decode(b, version))
+            {
+                Ok(resp) => ResponseKind::SyncGroup(resp),
+                Err(code) => ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(code)),
+            }
+        }
+        RequestKind::Heartbeat(r) => {
+            let stream = offsets_stream(&r.group_id.0);
+            match call(kafka, session, &stream, ApiKey::Heartbeat, version, body)
+                .await
+                .and_then(|b| decode(b, version))
+            {
+                Ok(resp) => ResponseKind::Heartbeat(resp),
+                Err(code) => ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(code)),
+            }
+        }
+        RequestKind::LeaveGroup(r) => {
+            let stream = offsets_stream(&r.group_id.0);
+            match call(kafka, session, &stream, ApiKey::LeaveGroup, version, body)
+                .await
+                .and_then(|b| decode(b, version))
+            {
+                Ok(resp) => ResponseKind::LeaveGroup(resp),
+                Err(code) => ResponseKind::LeaveGroup(
+                    LeaveGroupResponse::default().with_error_code(code).with_members(
+                        r.members
+                            .iter()
+                            .map(|m| {
+                                MemberResponse::default()
+                                    .with_member_id(m.member_id.clone())
+                                    .with_group_instance_id(m.group_instance_id.clone())
+                                    .with_error_code(code)
+                            })
+                            .collect(),
+                    ),
+                ),
+            }
+        }
+        RequestKind::OffsetCommit(r) => {
+            let stream = offsets_stream(&r.group_id.0);
+            match call(kafka, session, &stream, ApiKey::OffsetCommit, version, body)
+                .await
+                .and_then(|b| decode(b, version))
+            {
+                Ok(resp) => ResponseKind::OffsetCommit(resp),
+                Err(code) => ResponseKind::OffsetCommit(
+                    OffsetCommitResponse::default().with_topics(
+                        r.topics
+                            .iter()
+                            .map(|t| {
+                                OffsetCommitResponseTopic::default()
+                                    .with_name(t.name.clone())
+                                    .with_partitions(
+                                        t.partitions
+                                            .iter()
+                                            .map(|p| {
+                                                OffsetCommitResponsePartition::default()
+                                                    .with_partition_index(p.partition_index)
+                                                    .with_error_code(code)
+                                            })
+                                            .collect(),
+                                    )
+                            })
+                            .collect(),
+                    ),
+                ),
+            }
+        }
+        RequestKind::OffsetFetch(r) => {
+            let stream = offsets_stream(&r.group_id.0);
+            match call(kafka, session, &stream, ApiKey::OffsetFetch, version, body)
+                .await
+                .and_then(|b| decode(b, version))
+            {
+                Ok(resp) => ResponseKind::OffsetFetch(resp),
+                Err(code) => ResponseKind::OffsetFetch(
+                    OffsetFetchResponse::default().with_error_code(code).with_topics(
+                        r.topics
+                            .iter()
+                            .flatten()
+                            .map(|t| {
+                                OffsetFetchResponseTopic::default()
+                                    .with_name(t.name.clone())
+                                    .with_partitions(
+                                        t.partition_indexes
+                                            .iter()
+                                            .map(|p| {
+                                                OffsetFetchResponsePartition::default()
+                                                    .with_partition_index(*p)
+                                                    .with_committed_offset(-1)
+                                                    .with_error_code(code)
+                                            })
+                                            .collect(),
+                                    )
+                            })
+                            .collect(),
+                    ),
+                ),
+            }
+        }
+        RequestKind::DescribeGroups(r) => {
+            let mut groups = vec![];
+            for g in &r.groups {
+                let one = r.clone().with_groups(vec![g.clone()]);
+                let answer = call(
+                    kafka,
+                    session,
+                    &offsets_stream(&g.0),
+                    ApiKey::DescribeGroups,
+                    version,
+                    encode(&one, version),
+                )
+                .await
+                .and_then(|b| decode::<DescribeGroupsResponse>(b, version));
+                match answer {
+                    Ok(resp) => groups.extend(resp.groups),
+                    Err(code) => groups.push(DescribedGroup::default().with_group_id(g.clone()).with_error_code(code)),
+                }
+            }
+            ResponseKind::DescribeGroups(DescribeGroupsResponse::default().with_groups(groups))
+        }
+        RequestKind::DeleteGroups(r) => {
+            let mut results = vec![];
+            for g in &r.groups_names {
+                let one = DeleteGroupsRequest::default().with_groups_names(vec![g.clone()]);
+                let answer = call(
+                    kafka,
+                    session,
+                    &offsets_stream(&g.0),
+                    ApiKey::DeleteGroups,
+                    version,
+                    encode(&one, version),
+                )
+                .await
+                .and_then(|b| decode::<DeleteGroupsResponse>(b, version));
+                match answer {
+                    Ok(resp) => results.extend(resp.results),
+                    Err(code) => results.push(
+                        delete_groups_response::DeletableGroupResult::default()
+                            .with_group_id(g.clone())
+                            .with_error_code(code),
+                    ),
+                }
+            }
+            ResponseKind::DeleteGroups(DeleteGroupsResponse::default().with_results(results))
+        }
+        RequestKind::ListGroups(_) => {
+            let mut groups = vec![];
+            let mut error = errors::NONE;
+            let exists = kafka.gw.routes.view().with(|s| s.topics.contains_key(OFFSETS_TOPIC));
+            if exists {
+                for p in 0..OFFSETS_PARTITIONS {
+                    let stream = format!("{OFFSETS_TOPIC}/{p}");
+                    match call(kafka, session, &stream, ApiKey::ListGroups, version, body.clone())
+                        .await
+                        .and_then(|b| decode::<ListGroupsResponse>(b, version))
+                    {
+                        Ok(resp) => groups.extend(resp.groups),
+                        Err(code) => error = code,
+                    }
+                }
+            }
+            ResponseKind::ListGroups(ListGroupsResponse::default().with_error_code(error).with_groups(groups))
+        }
+        _ => return None,
+    })
+}

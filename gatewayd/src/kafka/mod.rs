@@ -1,0 +1,56 @@
+//! The Kafka wire protocol: gateways are the cluster's brokers. Every request is decoded
+//! and encoded by the `kafka-protocol` crate; partitions are streams named
+//! `topic/partition`, routed to their owners like HTTP requests; consumer groups are run
+//! by the owner of the group's offsets stream (`groups.rs`).
+
+pub mod admin;
+pub mod brokers;
+pub mod conn;
+pub mod errors;
+pub mod fetch;
+pub mod frame;
+pub mod groups;
+pub mod produce;
+pub mod sasl;
+pub mod versions;
+
+use crate::api::Gateway;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What every Kafka connection shares.
+pub struct Kafka {
+    pub gw: Arc<Gateway>,
+    /// This gateway's broker id and advertised address.
+    pub me: brokers::Broker,
+    pub max_frame_bytes: usize,
+    pub max_message_bytes: usize,
+    pub auto_create_topics: bool,
+    pub default_partitions: u32,
+}
+
+/// Accepts Kafka connections until `stop`; each runs on its own task, tracked by `tasks`.
+pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, tasks: TaskTracker, stop: CancellationToken) {
+    loop {
+        let (socket, peer) = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "kafka listener accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = socket.set_nodelay(true);
+        let (kafka, stop) = (kafka.clone(), stop.clone());
+        tasks.spawn(async move {
+            if let Err(e) = conn::run(socket, peer, kafka, stop).await {
+                tracing::debug!(%peer, error = %e, "kafka connection closed");
+            }
+        });
+    }
+}

@@ -1,0 +1,52 @@
+//! SASL/PLAIN over the HTTP API's tokens: the username is the token's name and the
+//! password its secret. Only the secret's SHA-256 is stored and compared.
+
+use super::Kafka;
+use kafka_protocol::messages::{
+    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+
+const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
+const SASL_AUTHENTICATION_FAILED: i16 = 58;
+
+pub fn handshake(r: SaslHandshakeRequest) -> (SaslHandshakeResponse, bool) {
+    let ok = r.mechanism.as_str() == "PLAIN";
+    let resp = SaslHandshakeResponse::default()
+        .with_error_code(if ok { 0 } else { UNSUPPORTED_SASL_MECHANISM })
+        .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]);
+    (resp, ok)
+}
+
+/// Checks a PLAIN token (`authzid NUL username NUL password`); the principal on success.
+pub fn authenticate(kafka: &Kafka, token: &[u8]) -> Result<String, String> {
+    let mut parts = token.split(|b| *b == 0);
+    let (_authzid, user, pass) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(a), Some(u), Some(p), None) => (a, u, p),
+        _ => return Err("malformed SASL/PLAIN token".into()),
+    };
+    let user = std::str::from_utf8(user).map_err(|_| "username is not UTF-8".to_string())?;
+    let pass = std::str::from_utf8(pass).map_err(|_| "password is not UTF-8".to_string())?;
+    let hash = crate::api::auth::secret_hash(pass);
+    let token = kafka.gw.routes.view().with(|s| s.tokens.get(user).cloned());
+    match token {
+        Some(t) if t.revoked => Err(format!("token '{user}' is revoked")),
+        Some(t) if t.secret_sha256 == hash => Ok(t.name),
+        _ => Err("unknown token name or wrong secret".into()),
+    }
+}
+
+pub fn authenticate_request(kafka: &Kafka, r: SaslAuthenticateRequest) -> (SaslAuthenticateResponse, Option<String>) {
+    match authenticate(kafka, &r.auth_bytes) {
+        Ok(name) => (SaslAuthenticateResponse::default(), Some(name)),
+        Err(why) => {
+            tracing::warn!(reason = %why, "kafka SASL authentication failed");
+            (
+                SaslAuthenticateResponse::default()
+                    .with_error_code(SASL_AUTHENTICATION_FAILED)
+                    .with_error_message(Some(StrBytes::from_string(format!("authentication failed: {why}")))),
+                None,
+            )
+        }
+    }
+}

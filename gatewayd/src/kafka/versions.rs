@@ -1,0 +1,74 @@
+//! The APIs and versions this gateway implements, exactly what ApiVersions advertises.
+
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
+
+/// (API, lowest, highest version). Ranges stop where a newer version would need
+/// something not built (topic ids in Fetch v13+, Produce v10+'s leader hints,
+/// ListOffsets v7+'s max-timestamp lookup, batched OffsetFetch v8+).
+pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 6),
+    (ApiKey::Metadata, 1, 12),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 7),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 4),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::SaslAuthenticate, 0, 2),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::DescribeCluster, 0, 1),
+];
+
+pub fn supported(key: ApiKey, version: i16) -> bool {
+    SUPPORTED
+        .iter()
+        .any(|(k, lo, hi)| *k == key && (*lo..=*hi).contains(&version))
+}
+
+/// The ApiVersions answer; `error` is UNSUPPORTED_VERSION when the client asked for an
+/// ApiVersions version above ours (it then retries at one we listed).
+pub fn api_versions(error: i16) -> ApiVersionsResponse {
+    ApiVersionsResponse::default().with_error_code(error).with_api_keys(
+        SUPPORTED
+            .iter()
+            .map(|(k, lo, hi)| {
+                ApiVersion::default()
+                    .with_api_key(*k as i16)
+                    .with_min_version(*lo)
+                    .with_max_version(*hi)
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_advertised_version_is_one_the_codec_can_handle() {
+        for (key, lo, hi) in SUPPORTED {
+            let codec = key.valid_versions();
+            assert!(
+                codec.min <= *lo && *hi <= codec.max,
+                "{key:?} {lo}..={hi} is outside the codec's {codec}"
+            );
+        }
+        assert!(supported(ApiKey::Produce, 9));
+        assert!(!supported(ApiKey::Produce, 10));
+        assert!(!supported(ApiKey::AddPartitionsToTxn, 0));
+    }
+}

@@ -1,0 +1,294 @@
+//! The shutdown orchestrator every binary uses (seed 001, requirements §4.4–4.5).
+//!
+//! - SIGINT/SIGTERM handlers are installed first; a signal that arrives during startup
+//!   is held (the stop token is cancelled and startup code acts on it once it is done),
+//!   and its deadline runs from its arrival (SD-TRG-6, SD-TRG-7).
+//! - The first stop request wins; later ones change nothing (SD-TRG-8). A repeated
+//!   signal logs `repeated termination signal received; abandoning graceful shutdown`
+//!   and exits 130 (SIGINT) or 143 (SIGTERM) at once (SD-EX-4).
+//! - One absolute deadline (`--shutdown-deadline-sec`) is enforced by an OS thread, not
+//!   the async runtime, so a wedged process still ends: it logs
+//!   `shutdown deadline expired; abandoning graceful shutdown` and exits 1 (SD-DL-3/4).
+//! - Phases stop-requested → drain-support → terminal-teardown each log
+//!   `shutdown <phase> phase finished` with `outcome` (SD-PH-1..3); the exit status is
+//!   1 when a phase was `Forced`, else 0 (SD-EX-1/2).
+
+use clap::Args;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// The shutdown flags every service takes.
+#[derive(Args, Clone, Debug)]
+pub struct ShutdownArgs {
+    /// Absolute bound on the whole shutdown, from the first stop request; on expiry the
+    /// process exits 1 at once.
+    #[arg(long, env = "WEIR_SHUTDOWN_DEADLINE_SEC", default_value_t = 50)]
+    pub shutdown_deadline_sec: u64,
+
+    /// Bound on the drain-support phase (within the deadline).
+    #[arg(long, env = "WEIR_DRAIN_TIMEOUT_SEC", default_value_t = 30)]
+    pub drain_timeout_sec: u64,
+
+    /// How long a stopping node keeps accepting and serving after readiness fails, so
+    /// load balancers move traffic away first.
+    #[arg(long, env = "WEIR_SHUTDOWN_DRAIN_SEC", default_value_t = 5)]
+    pub shutdown_drain_sec: u64,
+
+    /// How long in-flight requests get once listeners stop accepting.
+    #[arg(long, env = "WEIR_SHUTDOWN_TIMEOUT_SEC", default_value_t = 10)]
+    pub shutdown_timeout_sec: u64,
+}
+
+impl ShutdownArgs {
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
+        if self.shutdown_deadline_sec == 0 {
+            return Err(crate::config::ConfigError::new(
+                "--shutdown-deadline-sec must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Starting,
+    StopRequested,
+    DrainSupport,
+    TerminalTeardown,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Starting => "startup",
+            Phase::StopRequested => "stop-requested",
+            Phase::DrainSupport => "drain-support",
+            Phase::TerminalTeardown => "terminal-teardown",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Completed,
+    Abandoned,
+    Forced,
+}
+
+#[derive(Debug)]
+struct State {
+    requested_at: Option<Instant>,
+    phase: Phase,
+    forced: bool,
+}
+
+/// One process's shutdown: the stop token, the deadline and the phase reached.
+#[derive(Debug)]
+pub struct Shutdown {
+    token: CancellationToken,
+    state: Mutex<State>,
+    deadline: Duration,
+    drain_timeout: Duration,
+    pub drain_window: Duration,
+    pub inflight_timeout: Duration,
+}
+
+impl Shutdown {
+    pub fn new(args: &ShutdownArgs) -> Arc<Self> {
+        Arc::new(Self {
+            token: CancellationToken::new(),
+            state: Mutex::new(State {
+                requested_at: None,
+                phase: Phase::Starting,
+                forced: false,
+            }),
+            deadline: Duration::from_secs(args.shutdown_deadline_sec),
+            drain_timeout: Duration::from_secs(args.drain_timeout_sec),
+            drain_window: Duration::from_secs(args.shutdown_drain_sec),
+            inflight_timeout: Duration::from_secs(args.shutdown_timeout_sec),
+        })
+    }
+
+    /// Installs the SIGINT/SIGTERM handlers; call first thing in the runtime. On
+    /// failure the process exits 1 with `failed to register termination signal handlers`.
+    pub fn install(args: &ShutdownArgs) -> Arc<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let this = Self::new(args);
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            tracing::error!("failed to register termination signal handlers");
+            eprintln!("failed to register termination signal handlers");
+            std::process::exit(1);
+        };
+        let me = this.clone();
+        tokio::spawn(async move {
+            let first = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            me.request(&format!("{first} received"));
+            let (name, code) = tokio::select! {
+                _ = term.recv() => ("SIGTERM", 143),
+                _ = int.recv() => ("SIGINT", 130),
+            };
+            let phase = me.phase().name();
+            tracing::warn!(
+                signal = name,
+                phase,
+                "repeated termination signal received; abandoning graceful shutdown"
+            );
+            std::process::exit(code);
+        });
+        this
+    }
+
+    /// Cancelled at the first stop request.
+    pub fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+
+    pub fn is_requested(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// A stop request (signal, or a public listener that stopped). Only the first counts.
+    pub fn request(self: &Arc<Self>, why: &str) {
+        let first = {
+            let mut s = self.lock();
+            if s.requested_at.is_some() {
+                false
+            } else {
+                s.requested_at = Some(Instant::now());
+                true
+            }
+        };
+        if !first {
+            tracing::info!(reason = why, "stop already requested; this request changes nothing");
+            return;
+        }
+        tracing::info!(
+            reason = why,
+            deadline_sec = self.deadline.as_secs(),
+            "stop requested; shutting down"
+        );
+        self.token.cancel();
+        let me = self.clone();
+        // SD-DL-3: a plain OS thread, so a saturated runtime cannot outlive the deadline.
+        std::thread::Builder::new()
+            .name("shutdown-deadline".into())
+            .spawn(move || {
+                std::thread::sleep(me.deadline);
+                let phase = me.phase().name();
+                tracing::error!(
+                    phase,
+                    outcome = "Forced",
+                    "shutdown deadline expired; abandoning graceful shutdown"
+                );
+                std::process::exit(1);
+            })
+            .ok();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.lock().phase
+    }
+
+    pub fn begin(&self, phase: Phase) {
+        self.lock().phase = phase;
+        tracing::debug!(phase = phase.name(), "shutdown phase started");
+    }
+
+    /// Logs the phase record. A phase still running past the deadline is `Forced`.
+    pub fn finish(&self, phase: Phase, outcome: Outcome) {
+        let outcome = if self.deadline_left().is_zero() {
+            Outcome::Forced
+        } else {
+            outcome
+        };
+        if outcome == Outcome::Forced {
+            self.lock().forced = true;
+        }
+        let message = match phase {
+            Phase::StopRequested => "shutdown stop-requested phase finished",
+            Phase::DrainSupport => "shutdown drain-support phase finished",
+            Phase::TerminalTeardown => "shutdown terminal-teardown phase finished",
+            Phase::Starting => return,
+        };
+        tracing::info!(outcome = ?outcome, phase = phase.name(), "{message}");
+    }
+
+    /// Time left before the deadline (the whole deadline before any stop request).
+    pub fn deadline_left(&self) -> Duration {
+        match self.lock().requested_at {
+            Some(at) => (at + self.deadline).saturating_duration_since(Instant::now()),
+            None => self.deadline,
+        }
+    }
+
+    /// Time left in drain-support: the drain timeout and the deadline, whichever ends first.
+    pub fn drain_left(&self) -> Duration {
+        let at = self.lock().requested_at.unwrap_or_else(Instant::now);
+        let end = at + self.drain_timeout.min(self.deadline);
+        end.saturating_duration_since(Instant::now())
+    }
+
+    /// SD-DL-6/7: a drain step waits for the smaller of its own bound and what is left.
+    pub fn step(&self, bound: Duration) -> Duration {
+        bound.min(self.drain_left())
+    }
+
+    /// 0 after a graceful shutdown, 1 when a phase was forced (SD-EX-1/2).
+    pub fn exit_code(&self) -> i32 {
+        if self.lock().forced {
+            1
+        } else {
+            0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(deadline: u64, drain: u64) -> ShutdownArgs {
+        ShutdownArgs {
+            shutdown_deadline_sec: deadline,
+            drain_timeout_sec: drain,
+            shutdown_drain_sec: 5,
+            shutdown_timeout_sec: 10,
+        }
+    }
+
+    #[test]
+    fn drain_steps_are_bounded_by_the_drain_timeout_and_the_deadline() {
+        let s = Shutdown::new(&args(50, 30));
+        s.request("test");
+        assert!(s.step(Duration::from_secs(100)) <= Duration::from_secs(30));
+        assert!(s.step(Duration::from_secs(100)) > Duration::from_secs(29));
+        assert_eq!(s.step(Duration::from_secs(1)), Duration::from_secs(1));
+        // SD-DL-6: a deadline below the drain timeout is the effective bound.
+        let s = Shutdown::new(&args(5, 60));
+        s.request("test");
+        assert!(s.step(Duration::from_secs(100)) <= Duration::from_secs(5));
+    }
+
+    #[test]
+    fn only_the_first_request_counts_and_outcomes_decide_the_exit() {
+        let s = Shutdown::new(&args(50, 30));
+        assert!(!s.is_requested());
+        s.request("first");
+        let at = s.lock().requested_at;
+        s.request("second");
+        assert_eq!(s.lock().requested_at, at, "SD-TRG-8: a later request changes nothing");
+        s.finish(Phase::DrainSupport, Outcome::Abandoned);
+        assert_eq!(s.exit_code(), 0, "SD-EX-1: Abandoned still exits 0");
+        s.finish(Phase::TerminalTeardown, Outcome::Forced);
+        assert_eq!(s.exit_code(), 1, "SD-EX-2");
+    }
+}

@@ -1,0 +1,499 @@
+//! Kafka consumer-group coordination, run by the owner of a group's offsets stream
+//! (`__consumer_offsets/N`, the group hashed over a fixed set; as in Kafka, where the
+//! coordinator is the leader of the group's offsets partition).
+//!
+//! gatewayd forwards group requests here as Kafka-encoded bodies. Membership lives in
+//! memory and is rebuilt by members rejoining after a move; committed offsets are
+//! appended to the offsets stream before they are acknowledged, and a new owner rebuilds
+//! them by replaying the stream, so they survive failover with it.
+
+pub mod membership;
+pub mod offsets;
+
+use crate::error::StreamdError;
+use crate::node::Node;
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
+use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponsePartition, OffsetFetchResponseTopic};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use membership::{code, Answer, Group, JoinArgs, JoinOutcome, SyncOutcome};
+use offsets::{Change, Committed, OffsetTable};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use weir_shared::ids::StreamEpoch;
+
+const NOT_COORDINATOR: i16 = 16;
+const NON_EMPTY_GROUP: i16 = 68;
+const GROUP_ID_NOT_FOUND: i16 = 69;
+/// How often sessions and rebalance deadlines are checked.
+const TICK: Duration = Duration::from_millis(250);
+
+/// The coordinators of the offsets streams this node owns.
+pub struct Groups {
+    node: Arc<Node>,
+    coordinators: tokio::sync::Mutex<HashMap<String, Arc<Coordinator>>>,
+}
+
+/// The groups of one offsets stream at one stream epoch.
+struct Coordinator {
+    stream: String,
+    epoch: StreamEpoch,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    groups: BTreeMap<String, Group>,
+    offsets: OffsetTable,
+}
+
+/// Who sent a request (shown by DescribeGroups).
+pub struct Client {
+    pub id: String,
+    pub host: String,
+}
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+impl Coordinator {
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl Groups {
+    pub fn new(node: Arc<Node>) -> Arc<Self> {
+        Arc::new(Self {
+            node,
+            coordinators: tokio::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Runs one group request against the coordinator of `stream`, answering with the
+    /// encoded response body.
+    pub async fn handle(
+        self: &Arc<Self>,
+        stream: &str,
+        api_key: i16,
+        version: i16,
+        mut body: Bytes,
+        client: Client,
+    ) -> Result<Bytes, StreamdError> {
+        let bad = |e: String| StreamdError::InvalidArgument(e);
+        let key = ApiKey::try_from(api_key).map_err(|_| bad(format!("unknown Kafka API key {api_key}")))?;
+        let request = RequestKind::decode(key, &mut body, version)
+            .map_err(|e| bad(format!("malformed {key:?} v{version}: {e}")))?;
+        let c = self.coordinator(stream).await?;
+        let response = match request {
+            RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(self.join(&c, r, version, client).await),
+            RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(sync(&c, r).await),
+            RequestKind::Heartbeat(r) => {
+                let e = c.with(|st| match st.groups.get_mut(r.group_id.0.as_str()) {
+                    Some(g) => g.heartbeat(&r.member_id, r.generation_id, Instant::now()),
+                    None => code::UNKNOWN_MEMBER_ID,
+                });
+                ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(e))
+            }
+            RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(leave(&c, r, version)),
+            RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(self.commit(&c, r).await),
+            RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(fetch_offsets(&c, r)),
+            RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(describe(&c, r)),
+            RequestKind::ListGroups(r) => ResponseKind::ListGroups(list(&c, r)),
+            RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(self.delete(&c, r).await),
+            _ => return Err(bad(format!("{key:?} is not a group request"))),
+        };
+        let mut out = BytesMut::new();
+        response
+            .encode(&mut out, version)
+            .map_err(|e| StreamdError::Internal(format!("cannot encode {key:?} v{version}: {e}")))?;
+        Ok(out.freeze())
+    }
+
+    /// The coordinator for the offsets stream this node owns, rebuilt from the stream
+    /// when the stream was (re)opened since.
+    async fn coordinator(self: &Arc<Self>, stream: &str) -> Result<Arc<Coordinator>, StreamdError> {
+        let handle = self.node.stream(stream)?;
+        let mut map = self.coordinators.lock().await;
+        if let Some(c) = map.get(stream) {
+            if c.epoch == handle.epoch {
+                return Ok(c.clone());
+            }
+        }
+        let offsets = self.replay(stream).await?;
+        tracing::info!(stream, epoch = %handle.epoch, groups = offsets.groups().count(), "group coordinator loaded its offsets stream");
+        let c = Arc::new(Coordinator {
+            stream: stream.to_string(),
+            epoch: handle.epoch,
+            state: Mutex::new(State {
+                groups: BTreeMap::new(),
+                offsets,
+            }),
+        });
+        map.insert(stream.to_string(), c.clone());
+        tokio::spawn(tick(Arc::downgrade(self), c.clone()));
+        Ok(c)
+    }
+
+    async fn replay(&self, stream: &str) -> Result<OffsetTable, StreamdError> {
+        let mut table = OffsetTable::default();
+        let mut offset = 0;
+        let mut end = None;
+        loop {
+            let r = match self.node.read(stream, offset, 1 << 20, Duration::ZERO).await {
+                Ok(r) => r,
+                Err(StreamdError::OffsetOutOfRange { start, end, .. }) if offset < start && start <= end => {
+                    offset = start;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let end = *end.get_or_insert(r.end_offset);
+            table.replay(r.batches.clone()).map_err(StreamdError::Corrupt)?;
+            if r.next_offset <= offset || r.next_offset >= end {
+                return Ok(table);
+            }
+            offset = r.next_offset;
+        }
+    }
+
+    async fn append(&self, c: &Coordinator, changes: &[Change]) -> Result<(), StreamdError> {
+        let batch = offsets::encode(changes).map_err(StreamdError::Internal)?;
+        self.node.append(&c.stream, &batch, None).await.map(|_| ())
+    }
+
+    async fn join(&self, c: &Coordinator, r: JoinGroupRequest, version: i16, client: Client) -> JoinGroupResponse {
+        let args = JoinArgs {
+            member_id: r.member_id.to_string(),
+            group_instance_id: r.group_instance_id.as_ref().map(|i| i.to_string()),
+            client_id: client.id,
+            client_host: client.host,
+            session_timeout: Duration::from_millis(r.session_timeout_ms.max(0) as u64),
+            // v0 has no rebalance timeout: it is the session timeout.
+            rebalance_timeout: Duration::from_millis(if version == 0 {
+                r.session_timeout_ms.max(0) as u64
+            } else {
+                r.rebalance_timeout_ms.max(0) as u64
+            }),
+            protocol_type: r.protocol_type.to_string(),
+            protocols: r
+                .protocols
+                .iter()
+                .map(|p| (p.name.to_string(), p.metadata.clone()))
+                .collect(),
+            require_known_member_id: version >= 4,
+        };
+        let group = r.group_id.0.to_string();
+        let answer = c.with(|st| {
+            st.groups
+                .entry(group.clone())
+                .or_insert_with(|| Group::new(&group))
+                .join(args, Instant::now())
+        });
+        let o = match answer {
+            Answer::Now(o) => o,
+            Answer::Later(rx) => rx.await.unwrap_or_else(|_| JoinOutcome {
+                error: NOT_COORDINATOR,
+                generation: -1,
+                member_id: r.member_id.to_string(),
+                ..Default::default()
+            }),
+        };
+        JoinGroupResponse::default()
+            .with_error_code(o.error)
+            .with_generation_id(o.generation)
+            .with_protocol_type(o.protocol_type.as_deref().map(s))
+            .with_protocol_name(o.protocol.as_deref().map(s))
+            .with_leader(s(&o.leader))
+            .with_member_id(s(&o.member_id))
+            .with_members(
+                o.members
+                    .into_iter()
+                    .map(|(id, instance, metadata)| {
+                        JoinGroupResponseMember::default()
+                            .with_member_id(s(&id))
+                            .with_group_instance_id(instance.as_deref().map(s))
+                            .with_metadata(metadata)
+                    })
+                    .collect(),
+            )
+    }
+
+    async fn commit(&self, c: &Coordinator, r: OffsetCommitRequest) -> OffsetCommitResponse {
+        let group = r.group_id.0.to_string();
+        let check = c.with(|st| match st.groups.get(&group) {
+            Some(g) => g.check_commit(&r.member_id, r.generation_id_or_member_epoch),
+            None if r.generation_id_or_member_epoch < 0 => code::NONE,
+            None => code::UNKNOWN_MEMBER_ID,
+        });
+        let mut changes = vec![];
+        for t in &r.topics {
+            for p in &t.partitions {
+                changes.push(Change::Commit {
+                    group: group.clone(),
+                    topic: t.name.0.to_string(),
+                    partition: p.partition_index,
+                    committed: Committed {
+                        offset: p.committed_offset,
+                        leader_epoch: p.committed_leader_epoch,
+                        metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
+                    },
+                });
+            }
+        }
+        let error = if check != code::NONE || changes.is_empty() {
+            check
+        } else {
+            match self.append(c, &changes).await {
+                Ok(()) => {
+                    c.with(|st| changes.into_iter().for_each(|ch| st.offsets.apply(ch)));
+                    code::NONE
+                }
+                Err(e) => {
+                    tracing::warn!(group = %group, error = %e, "offset commit was not stored");
+                    NOT_COORDINATOR
+                }
+            }
+        };
+        OffsetCommitResponse::default().with_topics(
+            r.topics
+                .iter()
+                .map(|t| {
+                    OffsetCommitResponseTopic::default()
+                        .with_name(t.name.clone())
+                        .with_partitions(
+                            t.partitions
+                                .iter()
+                                .map(|p| {
+                                    OffsetCommitResponsePartition::default()
+                                        .with_partition_index(p.partition_index)
+                                        .with_error_code(error)
+                                })
+                                .collect(),
+                        )
+                })
+                .collect(),
+        )
+    }
+
+    async fn delete(&self, c: &Coordinator, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
+        let mut results = vec![];
+        for name in r.groups_names {
+            let group = name.0.to_string();
+            let state = c.with(|st| {
+                let members = st.groups.get(&group).is_some_and(|g| !g.is_empty());
+                let known = st.groups.contains_key(&group) || st.offsets.group(&group).is_some();
+                (members, known)
+            });
+            let error = match state {
+                (true, _) => NON_EMPTY_GROUP,
+                (false, false) => GROUP_ID_NOT_FOUND,
+                (false, true) => match self.append(c, &[Change::DeleteGroup { group: group.clone() }]).await {
+                    Ok(()) => {
+                        c.with(|st| {
+                            st.groups.remove(&group);
+                            st.offsets.apply(Change::DeleteGroup { group: group.clone() });
+                        });
+                        code::NONE
+                    }
+                    Err(_) => NOT_COORDINATOR,
+                },
+            };
+            results.push(
+                DeletableGroupResult::default()
+                    .with_group_id(name)
+                    .with_error_code(error),
+            );
+        }
+        DeleteGroupsResponse::default().with_results(results)
+    }
+}
+
+/// Expires sessions and ends rebalances until the stream moves away or its epoch
+/// changes; then the coordinator is dropped and waiting members are answered
+/// NOT_COORDINATOR (their answer channels close).
+async fn tick(groups: Weak<Groups>, c: Arc<Coordinator>) {
+    loop {
+        tokio::time::sleep(TICK).await;
+        let Some(groups) = groups.upgrade() else { return };
+        let owned = groups.node.stream(&c.stream).is_ok_and(|h| h.epoch == c.epoch);
+        if !owned {
+            let mut map = groups.coordinators.lock().await;
+            if map.get(&c.stream).is_some_and(|m| Arc::ptr_eq(m, &c)) {
+                map.remove(&c.stream);
+            }
+            c.with(|st| st.groups.clear());
+            tracing::info!(stream = %c.stream, "group coordinator moved away with its offsets stream");
+            return;
+        }
+        let now = Instant::now();
+        c.with(|st| st.groups.values_mut().for_each(|g| g.tick(now)));
+    }
+}
+
+async fn sync(c: &Coordinator, r: SyncGroupRequest) -> SyncGroupResponse {
+    let assignments = r
+        .assignments
+        .iter()
+        .map(|a| (a.member_id.to_string(), a.assignment.clone()))
+        .collect();
+    let answer = c.with(|st| match st.groups.get_mut(r.group_id.0.as_str()) {
+        Some(g) => g.sync(&r.member_id, r.generation_id, assignments, Instant::now()),
+        None => Answer::Now(SyncOutcome {
+            error: code::UNKNOWN_MEMBER_ID,
+            ..Default::default()
+        }),
+    });
+    let o = match answer {
+        Answer::Now(o) => o,
+        Answer::Later(rx) => rx.await.unwrap_or(SyncOutcome {
+            error: NOT_COORDINATOR,
+            ..Default::default()
+        }),
+    };
+    SyncGroupResponse::default()
+        .with_error_code(o.error)
+        .with_protocol_type(o.protocol_type.as_deref().map(s))
+        .with_protocol_name(o.protocol.as_deref().map(s))
+        .with_assignment(o.assignment)
+}
+
+fn leave(c: &Coordinator, r: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
+    let now = Instant::now();
+    c.with(|st| {
+        let group = st.groups.get_mut(r.group_id.0.as_str());
+        if version < 3 {
+            let e = group.map_or(code::UNKNOWN_MEMBER_ID, |g| g.leave(&r.member_id, now));
+            return LeaveGroupResponse::default().with_error_code(e);
+        }
+        let Some(g) = group else {
+            return LeaveGroupResponse::default().with_error_code(code::UNKNOWN_MEMBER_ID);
+        };
+        let members = r
+            .members
+            .iter()
+            .map(|m| {
+                MemberResponse::default()
+                    .with_member_id(m.member_id.clone())
+                    .with_group_instance_id(m.group_instance_id.clone())
+                    .with_error_code(g.leave(&m.member_id, now))
+            })
+            .collect();
+        LeaveGroupResponse::default().with_members(members)
+    })
+}
+
+fn fetch_offsets(c: &Coordinator, r: OffsetFetchRequest) -> OffsetFetchResponse {
+    c.with(|st| {
+        let committed = st.offsets.group(r.group_id.0.as_str());
+        let wanted: Vec<(TopicName, Vec<i32>)> = match &r.topics {
+            Some(topics) => topics
+                .iter()
+                .map(|t| (t.name.clone(), t.partition_indexes.clone()))
+                .collect(),
+            None => {
+                let mut all: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+                for (topic, p) in committed.into_iter().flat_map(|m| m.keys()) {
+                    all.entry(topic.clone()).or_default().push(*p);
+                }
+                all.into_iter().map(|(t, ps)| (TopicName(s(&t)), ps)).collect()
+            }
+        };
+        let topics = wanted
+            .into_iter()
+            .map(|(name, partitions)| {
+                let partitions = partitions
+                    .into_iter()
+                    .map(|p| {
+                        let found = committed.and_then(|m| m.get(&(name.0.to_string(), p)));
+                        OffsetFetchResponsePartition::default()
+                            .with_partition_index(p)
+                            .with_committed_offset(found.map_or(-1, |c| c.offset))
+                            .with_committed_leader_epoch(found.map_or(-1, |c| c.leader_epoch))
+                            .with_metadata(Some(s(found.and_then(|c| c.metadata.as_deref()).unwrap_or(""))))
+                    })
+                    .collect();
+                OffsetFetchResponseTopic::default()
+                    .with_name(name)
+                    .with_partitions(partitions)
+            })
+            .collect();
+        OffsetFetchResponse::default().with_topics(topics)
+    })
+}
+
+fn describe(c: &Coordinator, r: DescribeGroupsRequest) -> DescribeGroupsResponse {
+    c.with(|st| {
+        let groups = r
+            .groups
+            .into_iter()
+            .map(|id| match st.groups.get(id.0.as_str()) {
+                Some(g) => DescribedGroup::default()
+                    .with_group_id(id.clone())
+                    .with_group_state(s(g.phase.name()))
+                    .with_protocol_type(s(g.protocol_type.as_deref().unwrap_or("")))
+                    .with_protocol_data(s(g.protocol.as_deref().unwrap_or("")))
+                    .with_members(
+                        g.members
+                            .values()
+                            .map(|m| {
+                                DescribedGroupMember::default()
+                                    .with_member_id(s(&m.id))
+                                    .with_group_instance_id(m.group_instance_id.as_deref().map(s))
+                                    .with_client_id(s(&m.client_id))
+                                    .with_client_host(s(&m.client_host))
+                                    .with_member_metadata(m.metadata(g.protocol.as_deref()))
+                                    .with_member_assignment(m.assignment.clone())
+                            })
+                            .collect(),
+                    ),
+                None if st.offsets.group(id.0.as_str()).is_some() => DescribedGroup::default()
+                    .with_group_id(id)
+                    .with_group_state(s("Empty"))
+                    .with_protocol_type(s("consumer")),
+                None => DescribedGroup::default().with_group_id(id).with_group_state(s("Dead")),
+            })
+            .collect();
+        DescribeGroupsResponse::default().with_groups(groups)
+    })
+}
+
+fn list(c: &Coordinator, r: ListGroupsRequest) -> ListGroupsResponse {
+    c.with(|st| {
+        let mut listed: BTreeMap<String, (String, &'static str)> = BTreeMap::new();
+        for g in st.offsets.groups() {
+            listed.insert(g.clone(), ("consumer".into(), "Empty"));
+        }
+        for g in st.groups.values() {
+            if g.is_empty() && st.offsets.group(&g.id).is_none() {
+                continue;
+            }
+            listed.insert(
+                g.id.clone(),
+                (g.protocol_type.clone().unwrap_or_default(), g.phase.name()),
+            );
+        }
+        let groups = listed
+            .into_iter()
+            .filter(|(_, (_, state))| {
+                r.states_filter.is_empty() || r.states_filter.iter().any(|f| f.eq_ignore_ascii_case(state))
+            })
+            .map(|(id, (protocol_type, state))| {
+                ListedGroup::default()
+                    .with_group_id(GroupId(s(&id)))
+                    .with_protocol_type(s(&protocol_type))
+                    .with_group_state(s(state))
+                    .with_group_type(s("classic"))
+            })
+            .collect();
+        ListGroupsResponse::default().with_groups(groups)
+    })
+}

@@ -1,0 +1,202 @@
+//! Committed offsets as records of the offsets stream, and the table rebuilt from them.
+//!
+//! Each commit is a record keyed `{"group","topic","partition"}` with value
+//! `{"offset","leader_epoch","metadata"}`; a deleted group is a record keyed
+//! `{"group"}` with a null value. Replaying the stream in order rebuilds the table, so
+//! commits survive a move or failover of the stream with it (like Kafka's
+//! `__consumer_offsets`).
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::indexmap::IndexMap;
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Committed {
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Key {
+    group: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    topic: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    partition: Option<i32>,
+}
+
+/// One change to the table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Commit {
+        group: String,
+        topic: String,
+        partition: i32,
+        committed: Committed,
+    },
+    DeleteGroup {
+        group: String,
+    },
+}
+
+/// Every group's committed offsets, by topic and partition.
+#[derive(Debug, Default)]
+pub struct OffsetTable {
+    groups: BTreeMap<String, BTreeMap<(String, i32), Committed>>,
+}
+
+impl OffsetTable {
+    pub fn apply(&mut self, change: Change) {
+        match change {
+            Change::Commit {
+                group,
+                topic,
+                partition,
+                committed,
+            } => {
+                self.groups
+                    .entry(group)
+                    .or_default()
+                    .insert((topic, partition), committed);
+            }
+            Change::DeleteGroup { group } => {
+                self.groups.remove(&group);
+            }
+        }
+    }
+
+    pub fn group(&self, group: &str) -> Option<&BTreeMap<(String, i32), Committed>> {
+        self.groups.get(group)
+    }
+
+    pub fn groups(&self) -> impl Iterator<Item = &String> {
+        self.groups.keys()
+    }
+
+    /// Replays stored batches; records that are not offset records are skipped.
+    pub fn replay(&mut self, mut batches: Bytes) -> Result<(), String> {
+        let sets = RecordBatchDecoder::decode_all(&mut batches).map_err(|e| format!("offsets stream: {e}"))?;
+        for set in sets {
+            for r in set.records {
+                if let Some(change) = decode(&r) {
+                    self.apply(change);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn decode(r: &Record) -> Option<Change> {
+    let key: Key = serde_json::from_slice(r.key.as_deref()?).ok()?;
+    match (key.topic, key.partition, r.value.as_deref()) {
+        (Some(topic), Some(partition), Some(value)) => Some(Change::Commit {
+            group: key.group,
+            topic,
+            partition,
+            committed: serde_json::from_slice(value).ok()?,
+        }),
+        (None, None, None) => Some(Change::DeleteGroup { group: key.group }),
+        _ => None,
+    }
+}
+
+/// Encodes changes as one batch for the offsets stream.
+pub fn encode(changes: &[Change]) -> Result<Bytes, String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let records = changes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (key, value) = match c {
+                Change::Commit {
+                    group,
+                    topic,
+                    partition,
+                    committed,
+                } => (
+                    Key {
+                        group: group.clone(),
+                        topic: Some(topic.clone()),
+                        partition: Some(*partition),
+                    },
+                    Some(serde_json::to_vec(committed).unwrap_or_default()),
+                ),
+                Change::DeleteGroup { group } => (
+                    Key {
+                        group: group.clone(),
+                        topic: None,
+                        partition: None,
+                    },
+                    None,
+                ),
+            };
+            Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: -1,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                sequence: -1,
+                timestamp: now,
+                key: Some(Bytes::from(serde_json::to_vec(&key).unwrap_or_default())),
+                value: value.map(Bytes::from),
+                headers: IndexMap::new(),
+            }
+        })
+        .collect::<Vec<_>>();
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        &records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .map_err(|e| format!("cannot encode offset commits: {e}"))?;
+    Ok(buf.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(group: &str, p: i32, offset: i64) -> Change {
+        Change::Commit {
+            group: group.into(),
+            topic: "t".into(),
+            partition: p,
+            committed: Committed {
+                offset,
+                leader_epoch: -1,
+                metadata: Some("m".into()),
+            },
+        }
+    }
+
+    #[test]
+    fn replay_rebuilds_commits_and_deletions_in_order() {
+        let mut stored = BytesMut::new();
+        stored.extend_from_slice(&encode(&[commit("a", 0, 5), commit("b", 1, 7)]).expect("encode"));
+        stored.extend_from_slice(&encode(&[commit("a", 0, 9)]).expect("encode"));
+        stored.extend_from_slice(&encode(&[Change::DeleteGroup { group: "b".into() }]).expect("encode"));
+        let mut table = OffsetTable::default();
+        table.replay(stored.freeze()).expect("replay");
+        let a = table.group("a").expect("group a");
+        assert_eq!(a.get(&("t".to_string(), 0)).map(|c| c.offset), Some(9));
+        assert!(table.group("b").is_none());
+        assert_eq!(table.groups().count(), 1);
+    }
+}

@@ -1,0 +1,733 @@
+//! gatewayd's Kafka protocol against real, unmodified clients: librdkafka through the
+//! `rdkafka` crate (2.12) and Debian's kcat (librdkafka 2.0), and the Python clients
+//! confluent-kafka and kafka-python (`tests/clients/kafka_clients.py`).
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use reqwest::Method;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use weir_metad::model::{Command as MetaCommand, Proposer};
+use weir_tests::gateway::Gatewayd;
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::wait_for;
+
+const T: Duration = Duration::from_secs(30);
+
+async fn kafka_stack(nodes: usize, gateway_extra: &[&str]) -> (Stack, Gatewayd) {
+    let stack = Stack::start_with(nodes, Backend::FileWal, &[], &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), gateway_extra);
+    gw.wait_ready().await;
+    (stack, gw)
+}
+
+fn config(gw: &Gatewayd) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &gw.kafka)
+        .set("broker.address.family", "v4")
+        .set("topic.metadata.refresh.interval.ms", "1000");
+    c
+}
+
+fn admin(gw: &Gatewayd) -> AdminClient<DefaultClientContext> {
+    config(gw).create().expect("admin client")
+}
+
+fn producer(gw: &Gatewayd, extra: &[(&str, &str)]) -> FutureProducer {
+    let mut c = config(gw);
+    c.set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "60000");
+    for (k, v) in extra {
+        c.set(*k, *v);
+    }
+    c.create().expect("producer")
+}
+
+fn consumer(gw: &Gatewayd, group: &str) -> StreamConsumer {
+    config(gw)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "500")
+        .set("fetch.wait.max.ms", "200")
+        .create()
+        .expect("consumer")
+}
+
+async fn create_topic(gw: &Gatewayd, name: &str, partitions: i32) {
+    let results = admin(gw)
+        .create_topics(
+            &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(T)),
+        )
+        .await
+        .expect("create topics");
+    assert_eq!(results, vec![Ok(name.to_string())]);
+    for p in 0..partitions {
+        gw.wait_open(&format!("{name}/{p}")).await;
+    }
+}
+
+/// Reads `count` records from the start of every partition of `topic`, assigned (no group).
+async fn read_all(gw: &Gatewayd, topic: &str, partitions: i32, count: usize) -> Vec<rdkafka::message::OwnedMessage> {
+    let c = consumer(gw, "unused");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("partition");
+    }
+    c.assign(&tpl).expect("assign");
+    let mut out = vec![];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while out.len() < count {
+        let m = tokio::time::timeout_at(deadline, c.recv())
+            .await
+            .unwrap_or_else(|_| panic!("read {} of {count} records of {topic} in time", out.len()))
+            .expect("consume");
+        out.push(m.detach());
+    }
+    out
+}
+
+// Issue 5: 10,000 keyed messages at acks=all to a 3-partition topic, read back with
+// count, per-partition order and payloads checked.
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_thousand_keyed_messages_at_acks_all_come_back_in_partition_order() {
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    create_topic(&gw, "orders", 3).await;
+    let p = producer(&gw, &[]);
+    let sends = (0..10_000).map(|i| {
+        let p = &p;
+        async move {
+            let key = format!("key-{}", i % 97);
+            let value = format!("value-{i}");
+            let d = p
+                .send(FutureRecord::to("orders").key(&key).payload(&value), T)
+                .await
+                .map_err(|(e, _)| e)
+                .expect("acknowledged");
+            (i, d.partition, d.offset)
+        }
+    });
+    let acked: Vec<(i32, i32, i64)> = futures::future::join_all(sends).await;
+    let mut expected: BTreeMap<i32, Vec<(i64, String)>> = BTreeMap::new();
+    for (i, partition, offset) in &acked {
+        expected
+            .entry(*partition)
+            .or_default()
+            .push((*offset, format!("value-{i}")));
+    }
+    assert!(
+        expected.len() == 3,
+        "keys spread over all partitions: {:?}",
+        expected.keys()
+    );
+    let read = read_all(&gw, "orders", 3, 10_000).await;
+    let mut got: BTreeMap<i32, Vec<(i64, String)>> = BTreeMap::new();
+    for m in &read {
+        let value = String::from_utf8(m.payload().expect("payload").to_vec()).expect("utf8");
+        let key = String::from_utf8(m.key().expect("key").to_vec()).expect("utf8");
+        let i: usize = value["value-".len()..].parse().expect("index");
+        assert_eq!(key, format!("key-{}", i % 97), "key travels with its value");
+        got.entry(m.partition()).or_default().push((m.offset(), value));
+    }
+    for (partition, mut want) in expected {
+        want.sort();
+        let have = &got[&partition];
+        assert_eq!(have.len(), want.len(), "partition {partition} count");
+        assert!(
+            have.windows(2).all(|w| w[0].0 < w[1].0),
+            "partition {partition} in offset order"
+        );
+        assert_eq!(
+            have, &want,
+            "partition {partition}: every acknowledged record at its offset"
+        );
+    }
+}
+
+// Issue 5: headers, null keys and values, and a 1 MiB message round-trip; an
+// idempotent producer leaves no duplicates; HTTP and Kafka read each other's records.
+#[tokio::test(flavor = "multi_thread")]
+async fn headers_nulls_large_messages_idempotence_and_http_interop() {
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    create_topic(&gw, "mixed", 1).await;
+    let p = producer(&gw, &[("message.max.bytes", "2000000"), ("enable.idempotence", "true")]);
+    let big = vec![7u8; 1 << 20];
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "trace",
+            value: Some("t-1"),
+        })
+        .insert(Header {
+            key: "empty",
+            value: None::<&[u8]>,
+        });
+    p.send(
+        FutureRecord::to("mixed")
+            .key("k")
+            .payload("with headers")
+            .headers(headers),
+        T,
+    )
+    .await
+    .map_err(|(e, _)| e)
+    .expect("headers");
+    p.send(FutureRecord::<(), ()>::to("mixed"), T)
+        .await
+        .map_err(|(e, _)| e)
+        .expect("null key and value");
+    p.send(FutureRecord::<(), _>::to("mixed").payload(&big), T)
+        .await
+        .map_err(|(e, _)| e)
+        .expect("1 MiB");
+    let sends = (0..1000).map(|i| {
+        let p = &p;
+        async move {
+            let v = format!("idem-{i}");
+            p.send(FutureRecord::<(), _>::to("mixed").payload(&v), T)
+                .await
+                .map_err(|(e, _)| e)
+                .expect("idempotent send")
+                .offset
+        }
+    });
+    let offsets: BTreeSet<i64> = futures::future::join_all(sends).await.into_iter().collect();
+    assert_eq!(offsets.len(), 1000, "every idempotent record at its own offset");
+    // An append over HTTP to the partition's stream reads back over Kafka.
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/streams/mixed%2F0/records")
+                .json(&json!({"records": [{"body": "from http", "key": "hk"}]})),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+
+    let read = read_all(&gw, "mixed", 1, 1004).await;
+    let h = read[0].headers().expect("headers");
+    assert_eq!(h.count(), 2);
+    assert_eq!(h.get(0).key, "trace");
+    assert_eq!(h.get(0).value, Some(&b"t-1"[..]));
+    assert_eq!(h.get(1).value, None);
+    assert_eq!(read[1].key(), None);
+    assert_eq!(read[1].payload(), None);
+    assert_eq!(read[2].payload().map(|b| b.len()), Some(1 << 20));
+    let idem: Vec<String> = read[3..1003]
+        .iter()
+        .map(|m| String::from_utf8_lossy(m.payload().expect("payload")).into_owned())
+        .collect();
+    assert_eq!(idem.iter().collect::<BTreeSet<_>>().len(), 1000, "no duplicates");
+    assert_eq!(read[1003].payload(), Some(&b"from http"[..]));
+    assert_eq!(read[1003].key(), Some(&b"hk"[..]));
+    // ...and the Kafka records read back over HTTP.
+    let (status, body) = gw
+        .send(gw.request(Method::GET, "/v1/streams/mixed%2F0/records?seq_num=0&count=1"))
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert_eq!(body["records"][0]["body"], "with headers");
+    assert_eq!(body["records"][0]["headers"][0], json!(["trace", "t-1"]));
+}
+
+// Issue 5: topic create, describe and delete through the admin APIs, with Kafka's
+// error codes for the bad cases.
+#[tokio::test(flavor = "multi_thread")]
+async fn topic_admin_creates_describes_grows_and_deletes() {
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    let a = admin(&gw);
+    let opts = AdminOptions::new().operation_timeout(Some(T));
+    let created = a
+        .create_topics(
+            &[
+                NewTopic::new("admin-t", 2, TopicReplication::Fixed(1)).set("retention.ms", "60000"),
+                NewTopic::new("bad/name", 1, TopicReplication::Fixed(1)),
+                NewTopic::new("bad-config", 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact"),
+            ],
+            &opts,
+        )
+        .await
+        .expect("create");
+    assert_eq!(created[0], Ok("admin-t".to_string()));
+    assert_eq!(
+        created[1],
+        Err(("bad/name".to_string(), RDKafkaErrorCode::InvalidTopic))
+    );
+    assert_eq!(
+        created[2],
+        Err(("bad-config".to_string(), RDKafkaErrorCode::InvalidConfig))
+    );
+    let again = a
+        .create_topics(&[NewTopic::new("admin-t", 2, TopicReplication::Fixed(1))], &opts)
+        .await
+        .expect("create again");
+    assert_eq!(
+        again[0],
+        Err(("admin-t".to_string(), RDKafkaErrorCode::TopicAlreadyExists))
+    );
+
+    let configs = a
+        .describe_configs(&[ResourceSpecifier::Topic("admin-t")], &opts)
+        .await
+        .expect("describe");
+    let resource = configs[0].as_ref().expect("topic configs");
+    let retention = resource.get("retention.ms").and_then(|e| e.value.clone());
+    assert_eq!(retention.as_deref(), Some("60000"));
+
+    let grown = a
+        .create_partitions(&[NewPartitions::new("admin-t", 4)], &opts)
+        .await
+        .expect("grow");
+    assert_eq!(grown[0], Ok("admin-t".to_string()));
+    let shrink = a
+        .create_partitions(&[NewPartitions::new("admin-t", 1)], &opts)
+        .await
+        .expect("shrink refused");
+    assert_eq!(
+        shrink[0],
+        Err(("admin-t".to_string(), RDKafkaErrorCode::InvalidPartitions))
+    );
+    let md = a.inner().fetch_metadata(Some("admin-t"), T).expect("metadata");
+    assert_eq!(md.topics()[0].partitions().len(), 4);
+
+    let deleted = a.delete_topics(&["admin-t", "never-was"], &opts).await.expect("delete");
+    assert_eq!(deleted[0], Ok("admin-t".to_string()));
+    assert_eq!(
+        deleted[1],
+        Err(("never-was".to_string(), RDKafkaErrorCode::UnknownTopicOrPartition))
+    );
+    wait_for("topic gone from metadata", T, || async {
+        let md = a.inner().fetch_metadata(None, T).ok()?;
+        (!md.topics().iter().any(|t| t.name() == "admin-t")).then_some(())
+    })
+    .await;
+}
+
+/// Receives from whichever consumer has a message, for up to `t`.
+async fn recv_any(cs: &[&StreamConsumer], t: Duration) -> Option<(usize, rdkafka::message::OwnedMessage)> {
+    let futs = cs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Box::pin(async move { (i, c.recv().await.map(|m| m.detach())) }));
+    match tokio::time::timeout(t, futures::future::select_all(futs)).await {
+        Ok(((i, Ok(m)), _, _)) => Some((i, m)),
+        Ok(((_, Err(e)), _, _)) => panic!("consume: {e}"),
+        Err(_) => None,
+    }
+}
+
+async fn produce_n(gw: &Gatewayd, topic: &str, from: usize, n: usize) {
+    let p = producer(gw, &[]);
+    let sends = (from..from + n).map(|i| {
+        let p = &p;
+        async move {
+            let v = format!("m-{i}");
+            p.send(FutureRecord::to(topic).key(&v).payload(&v), T)
+                .await
+                .map_err(|(e, _)| e)
+                .expect("acknowledged");
+        }
+    });
+    futures::future::join_all(sends).await;
+}
+
+// Issue 5: a group commits, restarts and resumes exactly after its commit; two members
+// of one group split the partitions and together read everything once.
+#[tokio::test(flavor = "multi_thread")]
+async fn consumer_groups_commit_resume_and_split_partitions() {
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    create_topic(&gw, "events", 2).await;
+    produce_n(&gw, "events", 0, 300).await;
+
+    // First member reads 100, commits what it read, and leaves.
+    let seen: BTreeSet<String>;
+    {
+        let c = consumer(&gw, "resume");
+        c.subscribe(&["events"]).expect("subscribe");
+        let mut got = BTreeSet::new();
+        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+        while got.len() < 100 {
+            let (_, m) = recv_any(&[&c], T).await.expect("first member reads");
+            got.insert(String::from_utf8_lossy(m.payload().expect("payload")).into_owned());
+            next.insert(m.partition(), m.offset() + 1);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in &next {
+            tpl.add_partition_offset("events", *p, Offset::Offset(*o)).expect("tpl");
+        }
+        c.commit(&tpl, CommitMode::Sync).expect("commit");
+        let committed = c.committed(T).expect("committed offsets");
+        for (p, o) in &next {
+            let e = committed.find_partition("events", *p).expect("partition");
+            assert_eq!(e.offset(), Offset::Offset(*o), "OffsetFetch returns the commit");
+        }
+        seen = got;
+    }
+    // A restarted member resumes exactly after the commit: the rest, no repeats.
+    let c = consumer(&gw, "resume");
+    c.subscribe(&["events"]).expect("subscribe");
+    let mut rest = BTreeSet::new();
+    while rest.len() < 200 {
+        let (_, m) = recv_any(&[&c], T).await.expect("restarted member reads");
+        let v = String::from_utf8_lossy(m.payload().expect("payload")).into_owned();
+        assert!(!seen.contains(&v), "{v} was read before the commit");
+        assert!(rest.insert(v.clone()), "{v} read twice");
+    }
+    assert!(
+        recv_any(&[&c], Duration::from_secs(2)).await.is_none(),
+        "nothing beyond the 300"
+    );
+    drop(c);
+
+    // Two members of a fresh group split the two partitions.
+    create_topic(&gw, "split", 2).await;
+    let a = consumer(&gw, "splitters");
+    let b = consumer(&gw, "splitters");
+    a.subscribe(&["split"]).expect("subscribe");
+    b.subscribe(&["split"]).expect("subscribe");
+    wait_for(
+        "both members assigned one partition",
+        Duration::from_secs(60),
+        || async {
+            let _ = recv_any(&[&a, &b], Duration::from_millis(200)).await;
+            let (ca, cb) = (a.assignment().ok()?.count(), b.assignment().ok()?.count());
+            (ca == 1 && cb == 1).then_some(())
+        },
+    )
+    .await;
+    produce_n(&gw, "split", 0, 200).await;
+    let mut by_member: [BTreeSet<i32>; 2] = [BTreeSet::new(), BTreeSet::new()];
+    let mut all = BTreeSet::new();
+    while all.len() < 200 {
+        let (i, m) = recv_any(&[&a, &b], T).await.expect("members read");
+        by_member[i].insert(m.partition());
+        let v = String::from_utf8_lossy(m.payload().expect("payload")).into_owned();
+        assert!(all.insert(v.clone()), "{v} read twice");
+    }
+    assert_eq!(by_member[0].len(), 1);
+    assert_eq!(by_member[1].len(), 1);
+    assert!(by_member[0].is_disjoint(&by_member[1]), "members split the partitions");
+}
+
+// Issue 5: kcat (librdkafka 2.0) lists, produces keyed records and consumes them.
+#[tokio::test(flavor = "multi_thread")]
+async fn kcat_lists_produces_and_consumes() {
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    create_topic(&gw, "kc", 1).await;
+    let list = Command::new("kcat")
+        .args(["-b", &gw.kafka, "-L"])
+        .output()
+        .expect("kcat -L");
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
+    assert!(
+        text.contains("1 brokers") && text.contains("topic \"kc\" with 1 partitions"),
+        "{text}"
+    );
+    let mut p = Command::new("kcat")
+        .args(["-b", &gw.kafka, "-P", "-t", "kc", "-K:", "-X", "acks=all"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("kcat -P");
+    let lines: String = (0..100).map(|i| format!("k{i}:v{i}\n")).collect();
+    p.stdin
+        .take()
+        .expect("stdin")
+        .write_all(lines.as_bytes())
+        .expect("write");
+    assert!(p.wait().expect("kcat -P").success());
+    let c = tokio::process::Command::new("kcat")
+        .args([
+            "-b",
+            &gw.kafka,
+            "-C",
+            "-t",
+            "kc",
+            "-o",
+            "beginning",
+            "-c",
+            "100",
+            "-f",
+            "%k=%s@%o\n",
+        ])
+        .output();
+    let c = tokio::time::timeout(T, c)
+        .await
+        .expect("kcat -C finishes")
+        .expect("kcat -C");
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    let out = String::from_utf8_lossy(&c.stdout).into_owned();
+    let want: String = (0..100).map(|i| format!("k{i}=v{i}@{i}\n")).collect();
+    assert_eq!(out, want);
+}
+
+// Issue 5: the Python clients (confluent-kafka, kafka-python) produce, consume in
+// groups with commits, and administer topics.
+#[tokio::test(flavor = "multi_thread")]
+async fn python_clients_produce_consume_and_administer() {
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/kafka_clients.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(240),
+        tokio::process::Command::new("python3")
+            .args([script, &gw.kafka])
+            .output(),
+    )
+    .await
+    .expect("python clients finish in time")
+    .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "stdout:\n{}\nstderr:\n{}\ngateway log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        gw.log_text()
+    );
+}
+
+// Issue 5: SASL/PLAIN over the HTTP issue's tokens when auth is enabled.
+#[tokio::test(flavor = "multi_thread")]
+async fn sasl_plain_authenticates_with_tokens() {
+    let (stack, gw) = kafka_stack(1, &["--auth"]).await;
+    let secret = "weir_kafka-secret";
+    let (_, outcome) = stack
+        .metad
+        .client()
+        .propose(
+            &Proposer::Operator {
+                principal: "test".into(),
+            },
+            MetaCommand::IssueToken {
+                name: "app".into(),
+                secret_sha256: weir_gatewayd::api::auth::secret_hash(secret),
+                scopes: vec![],
+            },
+        )
+        .await
+        .expect("issue");
+    outcome.expect("issued");
+    let with = |user: &str, pass: &str| {
+        let mut c = config(&gw);
+        c.set("security.protocol", "SASL_PLAINTEXT")
+            .set("sasl.mechanism", "PLAIN")
+            .set("sasl.username", user)
+            .set("sasl.password", pass);
+        c
+    };
+    let good: AdminClient<DefaultClientContext> = with("app", secret).create().expect("client");
+    let md = wait_for("authenticated metadata", T, || async {
+        good.inner().fetch_metadata(None, Duration::from_secs(5)).ok()
+    })
+    .await;
+    assert_eq!(md.brokers().len(), 1);
+    let bad: AdminClient<DefaultClientContext> = with("app", "wrong").create().expect("client");
+    assert!(bad.inner().fetch_metadata(None, Duration::from_secs(5)).is_err());
+    let plain: AdminClient<DefaultClientContext> = config(&gw).create().expect("client");
+    assert!(
+        plain.inner().fetch_metadata(None, Duration::from_secs(5)).is_err(),
+        "a connection without SASL is refused"
+    );
+}
+
+/// Writes one frame and reads the answer's size and correlation id, or `None` when the
+/// gateway closed the connection.
+fn exchange(s: &mut std::net::TcpStream, frame: &[u8]) -> Option<(i32, i32)> {
+    s.write_all(&(frame.len() as i32).to_be_bytes()).ok()?;
+    s.write_all(frame).ok()?;
+    let mut head = [0u8; 8];
+    s.read_exact(&mut head).ok()?;
+    let size = i32::from_be_bytes(head[..4].try_into().expect("4"));
+    let mut rest = vec![0u8; size as usize - 4];
+    s.read_exact(&mut rest).ok()?;
+    Some((size, i32::from_be_bytes(head[4..].try_into().expect("4"))))
+}
+
+// Issue 5: malformed frames, unknown APIs and oversized frames close only their own
+// connection; ApiVersions at a version above ours answers UNSUPPORTED_VERSION.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_frames_close_only_their_connection() {
+    let (_stack, gw) = kafka_stack(
+        1,
+        &["--kafka-max-frame-bytes", "4096", "--kafka-max-message-bytes", "2048"],
+    )
+    .await;
+    let connect = || {
+        let s = std::net::TcpStream::connect(&gw.kafka).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s
+    };
+    // ApiVersions v0 (key 18), correlation id 5, null client id.
+    let api_versions = |version: i16| {
+        let mut f = vec![0, 18];
+        f.extend_from_slice(&version.to_be_bytes());
+        f.extend_from_slice(&5i32.to_be_bytes());
+        f.extend_from_slice(&(-1i16).to_be_bytes());
+        f
+    };
+    let mut healthy = connect();
+    assert_eq!(exchange(&mut healthy, &api_versions(0)).map(|a| a.1), Some(5));
+    let mut s = connect();
+    let answer = {
+        s.write_all(&10i32.to_be_bytes()).expect("write");
+        s.write_all(&api_versions(9)).expect("write");
+        let mut buf = [0u8; 10];
+        s.read_exact(&mut buf).expect("answered");
+        buf
+    };
+    assert_eq!(i32::from_be_bytes(answer[4..8].try_into().expect("4")), 5);
+    assert_eq!(
+        i16::from_be_bytes(answer[8..10].try_into().expect("2")),
+        35,
+        "UNSUPPORTED_VERSION"
+    );
+
+    let closed = |mut s: std::net::TcpStream, frame: &[u8]| exchange(&mut s, frame).is_none();
+    assert!(closed(connect(), &[0x7f, 0x7f, 0, 0, 0, 0, 0, 1]), "unknown API key");
+    assert!(
+        closed(connect(), &[0, 3, 0, 1, 0, 0, 0, 1, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff]),
+        "array past the frame"
+    );
+    assert!(closed(connect(), &[0, 0, 0, 99, 0, 0, 0, 1, 0xff, 0xff]), "Produce v99");
+    assert!(
+        closed(connect(), &vec![0u8; 8192]),
+        "frame over --kafka-max-frame-bytes"
+    );
+    // The first connection never noticed.
+    assert_eq!(exchange(&mut healthy, &api_versions(2)).map(|a| a.1), Some(5));
+    let metrics = weir_tests::get_text(&gw.url("/metrics")).await;
+    assert!(
+        metrics.contains("gatewayd_kafka_refused_frames_total{reason=\"too_large\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// The node index owning `stream`, when open.
+async fn owner_index(stack: &Stack, gw: &Gatewayd, stream: &str) -> Option<usize> {
+    let (_, d) = gw
+        .send(gw.request(Method::GET, &format!("/v1/streams/{}", stream.replace('/', "%2F"))))
+        .await;
+    if d["state"] != "open" {
+        return None;
+    }
+    let node = d["owner"]["node"].as_str()?;
+    stack.nodes.iter().position(|n| n.id == node)
+}
+
+// Issue 5 (with issue 6's failover): a streamd owning partitions is SIGKILLed while an
+// idempotent producer and a consumer group run. Every acknowledged message is read back
+// exactly once, and the group resumes from its committed offsets.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_owner_loses_no_acknowledged_message_and_the_group_resumes() {
+    let stack = Stack::start_with(
+        2,
+        Backend::FileWal,
+        &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
+        &[],
+    )
+    .await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    let mut stack = stack;
+    create_topic(&gw, "fo", 2).await;
+
+    let p = producer(&gw, &[("enable.idempotence", "true")]);
+    let c = consumer(&gw, "fo-group");
+    c.subscribe(&["fo"]).expect("subscribe");
+    let mut acked: BTreeSet<String> = BTreeSet::new();
+    let mut consumed: BTreeSet<String> = BTreeSet::new();
+    let mut next = 0usize;
+    let mut killed = false;
+    let round = |from: usize| {
+        let p = &p;
+        futures::future::join_all((from..from + 50).map(move |i| async move {
+            let v = format!("fo-{i}");
+            p.send(FutureRecord::to("fo").key(&v).payload(&v), Duration::from_secs(90))
+                .await
+                .map(|_| v)
+                .map_err(|(e, _)| e)
+        }))
+    };
+    while acked.len() < 1000 {
+        for r in round(next).await {
+            acked.insert(r.expect("idempotent producer retries through failover"));
+        }
+        next += 50;
+        // The group consumes what is there and commits its positions.
+        while let Some((_, m)) = recv_any(&[&c], Duration::from_millis(300)).await {
+            consumed.insert(String::from_utf8_lossy(m.payload().expect("payload")).into_owned());
+        }
+        let _ = c.commit_consumer_state(CommitMode::Sync);
+        if !killed && acked.len() >= 400 {
+            let victim = owner_index(&stack, &gw, "fo/0").await.expect("fo/0 open");
+            stack.nodes[victim].kill();
+            killed = true;
+        }
+    }
+    // The group catches up with every acknowledged message, after failover.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !acked.is_subset(&consumed) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "group read {} of {} acknowledged",
+            acked.intersection(&consumed).count(),
+            acked.len()
+        );
+        if let Some((_, m)) = recv_any(&[&c], Duration::from_millis(500)).await {
+            consumed.insert(String::from_utf8_lossy(m.payload().expect("payload")).into_owned());
+        }
+    }
+    // The commit needs a current membership: a member that lost its coordinator in the
+    // failover rejoins while it polls.
+    wait_for("final commit", T, || async {
+        let _ = recv_any(&[&c], Duration::from_millis(200)).await;
+        match c.commit_consumer_state(CommitMode::Sync) {
+            // NoOffset: every position is already committed.
+            Ok(()) | Err(rdkafka::error::KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => Some(()),
+            Err(e) => {
+                eprintln!("final commit: {e}");
+                None
+            }
+        }
+    })
+    .await;
+    let committed = c.committed(T).expect("committed");
+    // librdkafka 2.12's close has been seen to wait forever for a broker thread after a
+    // failover (the group had already left; see the closing note). It closes on a
+    // thread of its own so the check below is not held up by it.
+    let closing = std::thread::spawn(move || drop(c));
+    let _ = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !closing.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !closing.is_finished() {
+            eprintln!("librdkafka consumer close did not finish in 20 s");
+        }
+    })
+    .await;
+    // INV-2 over Kafka: every acknowledged message once in the log, none twice.
+    let read = read_all(&gw, "fo", 2, acked.len()).await;
+    let values: Vec<String> = read
+        .iter()
+        .map(|m| String::from_utf8_lossy(m.payload().expect("payload")).into_owned())
+        .collect();
+    let distinct: BTreeSet<String> = values.iter().cloned().collect();
+    assert_eq!(distinct.len(), values.len(), "no message twice");
+    assert_eq!(distinct, acked, "every acknowledged message");
+    // A restarted member resumes at the committed offsets (which survived the move).
+    let again = consumer(&gw, "fo-group");
+    again.subscribe(&["fo"]).expect("subscribe");
+    assert!(
+        recv_any(&[&again], Duration::from_secs(5)).await.is_none(),
+        "nothing left after the commit; committed {committed:?}"
+    );
+}

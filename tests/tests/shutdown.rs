@@ -1,0 +1,247 @@
+//! The shutdown contract (seed 001, requirements §4.4–4.5) over real processes: the
+//! three phase records, exit statuses, the deadline, repeated signals, a signal held
+//! through startup, readiness during a stop, and a streamd's hand-off under load.
+
+use nix::sys::signal::Signal;
+use reqwest::Method;
+use std::time::{Duration, Instant};
+use weir_tests::gateway::Gatewayd;
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::wait_for;
+
+/// H2 of requirements.md: short shutdown timing for tests.
+const SHORT: &[&str] = &[
+    "--drain-timeout-sec",
+    "5",
+    "--shutdown-deadline-sec",
+    "8",
+    "--shutdown-drain-sec",
+    "1",
+    "--shutdown-timeout-sec",
+    "2",
+];
+
+const PHASES: [&str; 3] = [
+    "shutdown stop-requested phase finished",
+    "shutdown drain-support phase finished",
+    "shutdown terminal-teardown phase finished",
+];
+
+/// The JSON log records whose message is `message`.
+fn records(log: &str, message: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["message"] == message)
+        .collect()
+}
+
+/// SD-PH-1/2/3: exactly the three phase records, in order, with these outcomes.
+fn assert_phases(log: &str, outcomes: [&str; 3]) {
+    let mut last = 0;
+    for (phase, outcome) in PHASES.iter().zip(outcomes) {
+        let found = records(log, phase);
+        assert_eq!(found.len(), 1, "one '{phase}' record:\n{log}");
+        assert_eq!(found[0]["outcome"], outcome, "{phase}");
+        let at = log.find(phase).expect("present");
+        assert!(at > last, "'{phase}' in order");
+        last = at;
+    }
+}
+
+// SD-TRG-1, SD-PH-1..4, SD-EX-1, SD-CS-1/2/6/7, SD-CS-9: SIGTERM a streamd that owns
+// streams while a client appends: readiness fails at once, the three phases complete,
+// it exits 0 after fencing itself, its streams are served by the other node, and every
+// acknowledged record is read back. Then the gateway and metad stop the same way.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
+    let mut stack = Stack::start_with(2, Backend::FileWal, SHORT, &["--shutdown-drain-sec", "1"]).await;
+    let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    for s in ["sd-a", "sd-b", "sd-c"] {
+        gw.create_stream(s).await;
+        gw.wait_open(s).await;
+    }
+    let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/sd-a")).await;
+    let owner = d["owner"]["node"].as_str().expect("owner").to_string();
+    let victim = stack.nodes.iter().position(|n| n.id == owner).expect("node");
+    let mut acked = vec![];
+    for i in 0..20 {
+        let body = format!("before-{i}");
+        gw.append("sd-a", &[&body]).await;
+        acked.push(body);
+    }
+
+    stack.nodes[victim].term();
+    let signalled = Instant::now();
+    // SD-CS-2: readiness fails within moments; liveness stays.
+    let http = stack.nodes[victim].http.clone();
+    wait_for("readyz 503 after SIGTERM", Duration::from_secs(2), || async {
+        let r = reqwest::get(format!("http://{http}/readyz")).await.ok()?;
+        (r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE).then_some(())
+    })
+    .await;
+    let ready: serde_json::Value = reqwest::get(format!("http://{http}/ready"))
+        .await
+        .expect("ready")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(ready["terminating"], true);
+    assert!(signalled.elapsed() < Duration::from_secs(1), "readiness failed late");
+    // Appends keep being acknowledged through the hand-off (the gateway follows it).
+    for i in 0..20 {
+        let body = format!("during-{i}");
+        gw.append("sd-a", &[&body]).await;
+        acked.push(body);
+    }
+    let code = stack.nodes[victim].wait_exit(Duration::from_secs(20)).await;
+    let log = stack.nodes[victim].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_phases(&log, ["Completed", "Completed", "Completed"]);
+    assert_eq!(records(&log, "fenced self").len(), 1, "SD-TD-1: the self-fence");
+    assert!(
+        log.find("fenced self") > log.find(PHASES[1]),
+        "the self-fence comes after drain-support"
+    );
+    for s in ["sd-a", "sd-b", "sd-c"] {
+        let survivor = stack.nodes[1 - victim].id.clone();
+        wait_for(
+            &format!("{s} served by the survivor"),
+            Duration::from_secs(10),
+            || async {
+                let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{s}"))).await;
+                (d["state"] == "open" && d["owner"]["node"] == survivor.as_str()).then_some(())
+            },
+        )
+        .await;
+    }
+    let bodies: Vec<String> = gw
+        .read_all("sd-a")
+        .await
+        .iter()
+        .map(|r| r["body"].as_str().expect("body").to_string())
+        .collect();
+    assert_eq!(bodies, acked, "INV-2: every acknowledged record, once, in order");
+
+    // The gateway: the same three phases, exit 0, and no fence of its own (SD-CS-9).
+    gw.signal(Signal::SIGINT);
+    let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
+    let log = gw.log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_phases(&log, ["Completed", "Completed", "Completed"]);
+    assert!(records(&log, "fenced self").is_empty());
+
+    // metad: consensus stays up through drain-support, then Raft stops (SD-CS-10).
+    stack.metad.replicas[0].signal(Signal::SIGTERM);
+    let code = stack.metad.replicas[0].wait_exit(Duration::from_secs(20)).await;
+    let log = stack.metad.replicas[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_phases(&log, ["Completed", "Completed", "Completed"]);
+}
+
+// SD-EX-4, SD-PH-4, SD-PH-6: a second signal abandons the shutdown at once with the
+// shell's status for it (130 SIGINT, 143 SIGTERM), logs the phase reached, and runs
+// neither the self-fence nor terminal teardown.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repeated_signal_exits_at_once_with_130_or_143() {
+    let mut stack = Stack::start_with(
+        2,
+        Backend::FileWal,
+        &[
+            "--shutdown-drain-sec",
+            "30",
+            "--drain-timeout-sec",
+            "60",
+            "--shutdown-deadline-sec",
+            "60",
+        ],
+        &[],
+    )
+    .await;
+    for (i, (first, second, code)) in [
+        (Signal::SIGTERM, Signal::SIGINT, 130),
+        (Signal::SIGINT, Signal::SIGTERM, 143),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let node = &mut stack.nodes[i];
+        node.signal(first);
+        wait_for("stop-requested finished", Duration::from_secs(10), || async {
+            (!records(&node.log_text(), PHASES[0]).is_empty()).then_some(())
+        })
+        .await;
+        let started = Instant::now();
+        node.signal(second);
+        assert_eq!(node.wait_exit(Duration::from_secs(10)).await, Some(code));
+        assert!(started.elapsed() < Duration::from_secs(2), "exits at once");
+        let log = node.log_text();
+        let repeated = records(
+            &log,
+            "repeated termination signal received; abandoning graceful shutdown",
+        );
+        assert_eq!(repeated.len(), 1, "{log}");
+        assert_eq!(repeated[0]["phase"], "drain-support");
+        assert!(records(&log, PHASES[2]).is_empty(), "no terminal-teardown record");
+        assert!(records(&log, "fenced self").is_empty(), "no self-fence");
+    }
+}
+
+// SD-DL-1/3/4, SD-EX-3: the deadline is absolute: a drain that would take longer is
+// cut at the deadline, which logs the phase reached and exits 1 without a self-fence.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_deadline_ends_a_stalled_shutdown_with_status_1() {
+    let mut stack = Stack::start_with(
+        1,
+        Backend::FileWal,
+        &[
+            "--shutdown-drain-sec",
+            "30",
+            "--drain-timeout-sec",
+            "100",
+            "--shutdown-deadline-sec",
+            "3",
+        ],
+        &[],
+    )
+    .await;
+    let started = Instant::now();
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(20)).await;
+    let elapsed = started.elapsed();
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        elapsed >= Duration::from_millis(2500) && elapsed < Duration::from_millis(4500),
+        "exit at the deadline, took {elapsed:?}"
+    );
+    let expired = records(&log, "shutdown deadline expired; abandoning graceful shutdown");
+    assert_eq!(expired.len(), 1, "{log}");
+    assert_eq!(expired[0]["phase"], "drain-support");
+    assert!(records(&log, PHASES[2]).is_empty());
+    assert!(records(&log, "fenced self").is_empty());
+}
+
+// SD-TRG-7: a signal that arrives while streamd is still registering (metad paused) is
+// held, and the shutdown runs once startup completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_during_startup_is_held_until_startup_completes() {
+    let mut stack = Stack::start_with(1, Backend::FileWal, SHORT, &[]).await;
+    stack.metad.replicas[0].pause();
+    stack.add_node("late", Backend::FileWal, SHORT);
+    let late = stack.nodes.len() - 1;
+    // Nothing outside shows when its handlers are in; a moment after exec they are.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stack.nodes[late].term();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        stack.nodes[late].wait_exit_if_exited(Duration::from_millis(100)).await,
+        None,
+        "the held signal waits for startup"
+    );
+    stack.metad.replicas[0].resume();
+    let code = stack.nodes[late].wait_exit(Duration::from_secs(20)).await;
+    let log = stack.nodes[late].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_phases(&log, ["Completed", "Completed", "Completed"]);
+}

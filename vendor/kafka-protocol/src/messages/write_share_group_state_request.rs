@@ -1,0 +1,625 @@
+//! WriteShareGroupStateRequest
+//!
+//! See the schema for this message [here](https://github.com/apache/kafka/blob/trunk/clients/src/main/resources/common/message/WriteShareGroupStateRequest.json).
+// WARNING: the items of this module are generated and should not be edited directly
+#![allow(unused)]
+
+use std::borrow::Borrow;
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+use bytes::Bytes;
+use uuid::Uuid;
+
+use crate::protocol::{
+    buf::{ByteBuf, ByteBufMut},
+    compute_unknown_tagged_fields_size, types, write_unknown_tagged_fields, Decodable, Decoder,
+    Encodable, Encoder, HeaderVersion, Message, StrBytes, VersionRange,
+};
+
+/// Valid versions: 0
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionData {
+    /// The partition index.
+    ///
+    /// Supported API versions: 0
+    pub partition: i32,
+
+    /// The state epoch of the share-partition.
+    ///
+    /// Supported API versions: 0
+    pub state_epoch: i32,
+
+    /// The leader epoch of the share-partition.
+    ///
+    /// Supported API versions: 0
+    pub leader_epoch: i32,
+
+    /// The share-partition start offset, or -1 if the start offset is not being written.
+    ///
+    /// Supported API versions: 0
+    pub start_offset: i64,
+
+    /// The state batches for the share-partition.
+    ///
+    /// Supported API versions: 0
+    pub state_batches: Vec<StateBatch>,
+
+    /// Other tagged fields
+    pub unknown_tagged_fields: BTreeMap<i32, Bytes>,
+}
+
+impl PartitionData {
+    /// Sets `partition` to the passed value.
+    ///
+    /// The partition index.
+    ///
+    /// Supported API versions: 0
+    pub fn with_partition(mut self, value: i32) -> Self {
+        self.partition = value;
+        self
+    }
+    /// Sets `state_epoch` to the passed value.
+    ///
+    /// The state epoch of the share-partition.
+    ///
+    /// Supported API versions: 0
+    pub fn with_state_epoch(mut self, value: i32) -> Self {
+        self.state_epoch = value;
+        self
+    }
+    /// Sets `leader_epoch` to the passed value.
+    ///
+    /// The leader epoch of the share-partition.
+    ///
+    /// Supported API versions: 0
+    pub fn with_leader_epoch(mut self, value: i32) -> Self {
+        self.leader_epoch = value;
+        self
+    }
+    /// Sets `start_offset` to the passed value.
+    ///
+    /// The share-partition start offset, or -1 if the start offset is not being written.
+    ///
+    /// Supported API versions: 0
+    pub fn with_start_offset(mut self, value: i64) -> Self {
+        self.start_offset = value;
+        self
+    }
+    /// Sets `state_batches` to the passed value.
+    ///
+    /// The state batches for the share-partition.
+    ///
+    /// Supported API versions: 0
+    pub fn with_state_batches(mut self, value: Vec<StateBatch>) -> Self {
+        self.state_batches = value;
+        self
+    }
+    /// Sets unknown_tagged_fields to the passed value.
+    pub fn with_unknown_tagged_fields(mut self, value: BTreeMap<i32, Bytes>) -> Self {
+        self.unknown_tagged_fields = value;
+        self
+    }
+    /// Inserts an entry into unknown_tagged_fields.
+    pub fn with_unknown_tagged_field(mut self, key: i32, value: Bytes) -> Self {
+        self.unknown_tagged_fields.insert(key, value);
+        self
+    }
+}
+
+#[cfg(feature = "client")]
+impl Encodable for PartitionData {
+    fn encode<B: ByteBufMut>(&self, buf: &mut B, version: i16) -> Result<()> {
+        if version != 0 {
+            bail!("specified version not supported by this message type");
+        }
+        types::Int32.encode(buf, &self.partition)?;
+        types::Int32.encode(buf, &self.state_epoch)?;
+        types::Int32.encode(buf, &self.leader_epoch)?;
+        types::Int64.encode(buf, &self.start_offset)?;
+        types::CompactArray(types::Struct { version }).encode(buf, &self.state_batches)?;
+        let num_tagged_fields = self.unknown_tagged_fields.len();
+        if num_tagged_fields > std::u32::MAX as usize {
+            bail!(
+                "Too many tagged fields to encode ({} fields)",
+                num_tagged_fields
+            );
+        }
+        types::UnsignedVarInt.encode(buf, num_tagged_fields as u32)?;
+
+        write_unknown_tagged_fields(buf, 0.., &self.unknown_tagged_fields)?;
+        Ok(())
+    }
+    fn compute_size(&self, version: i16) -> Result<usize> {
+        let mut total_size = 0;
+        total_size += types::Int32.compute_size(&self.partition)?;
+        total_size += types::Int32.compute_size(&self.state_epoch)?;
+        total_size += types::Int32.compute_size(&self.leader_epoch)?;
+        total_size += types::Int64.compute_size(&self.start_offset)?;
+        total_size +=
+            types::CompactArray(types::Struct { version }).compute_size(&self.state_batches)?;
+        let num_tagged_fields = self.unknown_tagged_fields.len();
+        if num_tagged_fields > std::u32::MAX as usize {
+            bail!(
+                "Too many tagged fields to encode ({} fields)",
+                num_tagged_fields
+            );
+        }
+        total_size += types::UnsignedVarInt.compute_size(num_tagged_fields as u32)?;
+
+        total_size += compute_unknown_tagged_fields_size(&self.unknown_tagged_fields)?;
+        Ok(total_size)
+    }
+}
+
+#[cfg(feature = "broker")]
+impl Decodable for PartitionData {
+    fn decode<B: ByteBuf>(buf: &mut B, version: i16) -> Result<Self> {
+        if version != 0 {
+            bail!("specified version not supported by this message type");
+        }
+        let partition = types::Int32.decode(buf)?;
+        let state_epoch = types::Int32.decode(buf)?;
+        let leader_epoch = types::Int32.decode(buf)?;
+        let start_offset = types::Int64.decode(buf)?;
+        let state_batches = types::CompactArray(types::Struct { version }).decode(buf)?;
+        let mut unknown_tagged_fields = BTreeMap::new();
+        let num_tagged_fields = types::UnsignedVarInt.decode(buf)?;
+        for _ in 0..num_tagged_fields {
+            let tag: u32 = types::UnsignedVarInt.decode(buf)?;
+            let size: u32 = types::UnsignedVarInt.decode(buf)?;
+            let unknown_value = buf.try_get_bytes(size as usize)?;
+            unknown_tagged_fields.insert(tag as i32, unknown_value);
+        }
+        Ok(Self {
+            partition,
+            state_epoch,
+            leader_epoch,
+            start_offset,
+            state_batches,
+            unknown_tagged_fields,
+        })
+    }
+}
+
+impl Default for PartitionData {
+    fn default() -> Self {
+        Self {
+            partition: 0,
+            state_epoch: 0,
+            leader_epoch: 0,
+            start_offset: 0,
+            state_batches: Default::default(),
+            unknown_tagged_fields: BTreeMap::new(),
+        }
+    }
+}
+
+impl Message for PartitionData {
+    const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
+    const DEPRECATED_VERSIONS: Option<VersionRange> = None;
+}
+
+/// Valid versions: 0
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateBatch {
+    /// The first offset of this state batch.
+    ///
+    /// Supported API versions: 0
+    pub first_offset: i64,
+
+    /// The last offset of this state batch.
+    ///
+    /// Supported API versions: 0
+    pub last_offset: i64,
+
+    /// The delivery state - 0:Available,2:Acked,4:Archived.
+    ///
+    /// Supported API versions: 0
+    pub delivery_state: i8,
+
+    /// The delivery count.
+    ///
+    /// Supported API versions: 0
+    pub delivery_count: i16,
+
+    /// Other tagged fields
+    pub unknown_tagged_fields: BTreeMap<i32, Bytes>,
+}
+
+impl StateBatch {
+    /// Sets `first_offset` to the passed value.
+    ///
+    /// The first offset of this state batch.
+    ///
+    /// Supported API versions: 0
+    pub fn with_first_offset(mut self, value: i64) -> Self {
+        self.first_offset = value;
+        self
+    }
+    /// Sets `last_offset` to the passed value.
+    ///
+    /// The last offset of this state batch.
+    ///
+    /// Supported API versions: 0
+    pub fn with_last_offset(mut self, value: i64) -> Self {
+        self.last_offset = value;
+        self
+    }
+    /// Sets `delivery_state` to the passed value.
+    ///
+    /// The delivery state - 0:Available,2:Acked,4:Archived.
+    ///
+    /// Supported API versions: 0
+    pub fn with_delivery_state(mut self, value: i8) -> Self {
+        self.delivery_state = value;
+        self
+    }
+    /// Sets `delivery_count` to the passed value.
+    ///
+    /// The delivery count.
+    ///
+    /// Supported API versions: 0
+    pub fn with_delivery_count(mut self, value: i16) -> Self {
+        self.delivery_count = value;
+        self
+    }
+    /// Sets unknown_tagged_fields to the passed value.
+    pub fn with_unknown_tagged_fields(mut self, value: BTreeMap<i32, Bytes>) -> Self {
+        self.unknown_tagged_fields = value;
+        self
+    }
+    /// Inserts an entry into unknown_tagged_fields.
+    pub fn with_unknown_tagged_field(mut self, key: i32, value: Bytes) -> Self {
+        self.unknown_tagged_fields.insert(key, value);
+        self
+    }
+}
+
+#[cfg(feature = "client")]
+impl Encodable for StateBatch {
+    fn encode<B: ByteBufMut>(&self, buf: &mut B, version: i16) -> Result<()> {
+        if version != 0 {
+            bail!("specified version not supported by this message type");
+        }
+        types::Int64.encode(buf, &self.first_offset)?;
+        types::Int64.encode(buf, &self.last_offset)?;
+        types::Int8.encode(buf, &self.delivery_state)?;
+        types::Int16.encode(buf, &self.delivery_count)?;
+        let num_tagged_fields = self.unknown_tagged_fields.len();
+        if num_tagged_fields > std::u32::MAX as usize {
+            bail!(
+                "Too many tagged fields to encode ({} fields)",
+                num_tagged_fields
+            );
+        }
+        types::UnsignedVarInt.encode(buf, num_tagged_fields as u32)?;
+
+        write_unknown_tagged_fields(buf, 0.., &self.unknown_tagged_fields)?;
+        Ok(())
+    }
+    fn compute_size(&self, version: i16) -> Result<usize> {
+        let mut total_size = 0;
+        total_size += types::Int64.compute_size(&self.first_offset)?;
+        total_size += types::Int64.compute_size(&self.last_offset)?;
+        total_size += types::Int8.compute_size(&self.delivery_state)?;
+        total_size += types::Int16.compute_size(&self.delivery_count)?;
+        let num_tagged_fields = self.unknown_tagged_fields.len();
+        if num_tagged_fields > std::u32::MAX as usize {
+            bail!(
+                "Too many tagged fields to encode ({} fields)",
+                num_tagged_fields
+            );
+        }
+        total_size += types::UnsignedVarInt.compute_size(num_tagged_fields as u32)?;
+
+        total_size += compute_unknown_tagged_fields_size(&self.unknown_tagged_fields)?;
+        Ok(total_size)
+    }
+}
+
+#[cfg(feature = "broker")]
+impl Decodable for StateBatch {
+    fn decode<B: ByteBuf>(buf: &mut B, version: i16) -> Result<Self> {
+        if version != 0 {
+            bail!("specified version not supported by this message type");
+        }
+        let first_offset = types::Int64.decode(buf)?;
+        let last_offset = types::Int64.decode(buf)?;
+        let delivery_state = types::Int8.decode(buf)?;
+        let delivery_count = types::Int16.decode(buf)?;
+        let mut unknown_tagged_fields = BTreeMap::new();
+        let num_tagged_fields = types::UnsignedVarInt.decode(buf)?;
+        for _ in 0..num_tagged_fields {
+            let tag: u32 = types::UnsignedVarInt.decode(buf)?;
+            let size: u32 = types::UnsignedVarInt.decode(buf)?;
+            let unknown_value = buf.try_get_bytes(size as usize)?;
+            unknown_tagged_fields.insert(tag as i32, unknown_value);
+        }
+        Ok(Self {
+            first_offset,
+            last_offset,
+            delivery_state,
+            delivery_count,
+            unknown_tagged_fields,
+        })
+    }
+}
+
+impl Default for StateBatch {
+    fn default() -> Self {
+        Self {
+            first_offset: 0,
+            last_offset: 0,
+            delivery_state: 0,
+            delivery_count: 0,
+            unknown_tagged_fields: BTreeMap::new(),
+        }
+    }
+}
+
+impl Message for StateBatch {
+    const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
+    const DEPRECATED_VERSIONS: Option<VersionRange> = None;
+}
+
+/// Valid versions: 0
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteShareGroupStateRequest {
+    /// The group identifier.
+    ///
+    /// Supported API versions: 0
+    pub group_id: StrBytes,
+
+    /// The data for the topics.
+    ///
+    /// Supported API versions: 0
+    pub topics: Vec<WriteStateData>,
+
+    /// Other tagged fields
+    pub unknown_tagged_fields: BTreeMap<i32, Bytes>,
+}
+
+impl WriteShareGroupStateRequest {
+    /// Sets `group_id` to the passed value.
+    ///
+    /// The group identifier.
+    ///
+    /// Supported API versions: 0
+    pub fn with_group_id(mut self, value: StrBytes) -> Self {
+        self.group_id = value;
+        self
+    }
+    /// Sets `topics` to the passed value.
+    ///
+    /// The data for the topics.
+    ///
+    /// Supported API versions: 0
+    pub fn with_topics(mut self, value: Vec<WriteStateData>) -> Self {
+        self.topics = value;
+        self
+    }
+    /// Sets unknown_tagged_fields to the passed value.
+    pub fn with_unknown_tagged_fields(mut self, value: BTreeMap<i32, Bytes>) -> Self {
+        self.unknown_tagged_fields = value;
+        self
+    }
+    /// Inserts an entry into unknown_tagged_fields.
+    pub fn with_unknown_tagged_field(mut self, key: i32, value: Bytes) -> Self {
+        self.unknown_tagged_fields.insert(key, value);
+        self
+    }
+}
+
+#[cfg(feature = "client")]
+impl Encodable for WriteShareGroupStateRequest {
+    fn encode<B: ByteBufMut>(&self, buf: &mut B, version: i16) -> Result<()> {
+        if version != 0 {
+            bail!("specified version not supported by this message type");
+        }
+        types::CompactString.encode(buf, &self.group_id)?;
+        types::CompactArray(types::Struct { version }).encode(buf, &self.topics)?;
+        let num_tagged_fields = self.unknown_tagged_fields.len();
+        if num_tagged_fields > std::u32::MAX as usize {
+            bail!(
+                "Too many tagged fields to encode ({} fields)",
+                num_tagged_fields
+            );
+        }
+        types::UnsignedVarInt.encode(buf, num_tagged_fields as u32)?;
+
+        write_unknown_tagged_fields(buf, 0.., &self.unknown_tagged_fields)?;
+        Ok(())
+    }
+    fn compute_size(&self, version: i16) -> Result<usize> {
+        let mut total_size = 0;
+        total_size += types::CompactString.compute_size(&self.group_id)?;
+        total_size += types::CompactArray(types::Struct { version }).compute_size(&self.topics)?;
+        let num_tagged_fields = self.unknown_tagged_fields.len();
+        if num_tagged_fields > std::u32::MAX as usize {
+            bail!(
+                "Too many tagged fields to encode ({} fields)",
+                num_tagged_fields
+            );
+        }
+        total_size += types::UnsignedVarInt.compute_size(num_tagged_fields as u32)?;
+
+        total_size += compute_unknown_tagged_fields_size(&self.unknown_tagged_fields)?;
+        Ok(total_size)
+    }
+}
+
+#[cfg(feature = "broker")]
+impl Decodable for WriteShareGroupStateRequest {
+    fn decode<B: ByteBuf>(buf: &mut B, version: i16) -> Result<Self> {
+        if version != 0 {
+            bail!("specified version not supported by this message type");
+        }
+        let group_id = types::CompactString.decode(buf)?;
+        let topics = types::CompactArray(types::Struct { version }).decode(buf)?;
+        let mut unknown_tagged_fields = BTreeMap::new();
+        let num_tagged_fields = types::UnsignedVarInt.decode(buf)?;
+        for _ in 0..num_tagged_fields {
+            let tag: u32 = types::UnsignedVarInt.decode(buf)?;
+            let size: u32 = types::UnsignedVarInt.decode(buf)?;
+            let unknown_value = buf.try_get_bytes(size as usize)?;
+            unknown_tagged_fields.insert(tag as i32, unknown_value);
+        }
+        Ok(Self {
+            group_id,
+            topics,
+            unknown_tagged_fields,
+        })
+    }
+}
+
+impl Default for WriteShareGroupStateRequest {
+    fn default() -> Self {
+        Self {
+            group_id: Default::default(),
+            topics: Default::default(),
+            unknown_tagged_fields: BTreeMap::new(),
+        }
+    }
+}
+
+impl Message for WriteShareGroupStateRequest {
+    const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
+    const DEPRECATED_VERSIONS: Option<VersionRange> = None;
+}
+
+/// Valid versions: 0
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteStateData {
+    /// The topic identifier.
+    ///
+    /// Supported API versions: 0
+    pub topic_id: Uuid,
+
+    /// The data for the partitions.
+    ///
+    /// Supported API versions: 0
+    pub partitions: Vec<PartitionData>,
+
+    /// Other tagged fields
+    pub unknown_tagged_fields: BTreeMap<i32, Bytes>,
+}
+
+impl WriteStateData {
+    /// Sets `topic_id` to the passed value.
+    ///
+    /// The topic identifier.
+    ///
+    /// Supported API versions: 0
+    pub fn with_topic_id(mut self, value: Uuid) -> Self {
+        self.topic_id = value;
+        self
+    }
+    /// Sets `partitions` to the passed value.
+    ///
+    /// The data for the partitions.
+    ///
+    /// Supported API versions: 0
+    pub fn with_partitions(mut self, value: Vec<PartitionData>) -> Self {
+        self.partitions = value;
+        self
+    }
+    /// Sets unknown_tagged_fields to the passed value.
+    pub fn with_unknown_tagged_fields(mut self, value: BTreeMap<i32, Bytes>) -> Self {
+        self.unknown_tagged_fields = value;
+        self
+    }
+    /// Inserts an entry into unknown_tagged_fields.
+    pub fn with_unknown_tagged_field(mut self, key: i32, value: Bytes) -> Self {
+        self.unknown_tagged_fields.insert(key, value);
+        self
+    }
+}
+
+#[cfg(feature = "client")]
+impl Encodable for WriteStateData {
+    fn encode<B: ByteBufMut>(&self, buf: &mut B, version: i16) -> Result<()> {
+        if version != 0 {
+            bail!("specified version not supported by this message type");
+        }
+        types::Uuid.encode(buf, &self.topic_id)?;
+        types::CompactArray(types::Struct { version }).encode(buf, &self.partitions)?;
+        let num_tagged_fields = self.unknown_tagged_fields.len();
+        if num_tagged_fields > std::u32::MAX as usize {
+            bail!(
+                "Too many tagged fields to encode ({} fields)",
+                num_tagged_fields
+            );
+        }
+        types::UnsignedVarInt.encode(buf, num_tagged_fields as u32)?;
+
+        write_unknown_tagged_fields(buf, 0.., &self.unknown_tagged_fields)?;
+        Ok(())
+    }
+    fn compute_size(&self, version: i16) -> Result<usize> {
+        let mut total_size = 0;
+        total_size += types::Uuid.compute_size(&self.topic_id)?;
+        total_size +=
+            types::CompactArray(types::Struct { version }).compute_size(&self.partitions)?;
+        let num_tagged_fields = self.unknown_tagged_fields.len();
+        if num_tagged_fields > std::u32::MAX as usize {
+            bail!(
+                "Too many tagged fields to encode ({} fields)",
+                num_tagged_fields
+            );
+        }
+        total_size += types::UnsignedVarInt.compute_size(num_tagged_fields as u32)?;
+
+        total_size += compute_unknown_tagged_fields_size(&self.unknown_tagged_fields)?;
+        Ok(total_size)
+    }
+}
+
+#[cfg(feature = "broker")]
+impl Decodable for WriteStateData {
+    fn decode<B: ByteBuf>(buf: &mut B, version: i16) -> Result<Self> {
+        if version != 0 {
+            bail!("specified version not supported by this message type");
+        }
+        let topic_id = types::Uuid.decode(buf)?;
+        let partitions = types::CompactArray(types::Struct { version }).decode(buf)?;
+        let mut unknown_tagged_fields = BTreeMap::new();
+        let num_tagged_fields = types::UnsignedVarInt.decode(buf)?;
+        for _ in 0..num_tagged_fields {
+            let tag: u32 = types::UnsignedVarInt.decode(buf)?;
+            let size: u32 = types::UnsignedVarInt.decode(buf)?;
+            let unknown_value = buf.try_get_bytes(size as usize)?;
+            unknown_tagged_fields.insert(tag as i32, unknown_value);
+        }
+        Ok(Self {
+            topic_id,
+            partitions,
+            unknown_tagged_fields,
+        })
+    }
+}
+
+impl Default for WriteStateData {
+    fn default() -> Self {
+        Self {
+            topic_id: Uuid::nil(),
+            partitions: Default::default(),
+            unknown_tagged_fields: BTreeMap::new(),
+        }
+    }
+}
+
+impl Message for WriteStateData {
+    const VERSIONS: VersionRange = VersionRange { min: 0, max: 0 };
+    const DEPRECATED_VERSIONS: Option<VersionRange> = None;
+}
+
+impl HeaderVersion for WriteShareGroupStateRequest {
+    fn header_version(version: i16) -> i16 {
+        2
+    }
+}
