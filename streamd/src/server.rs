@@ -208,6 +208,26 @@ async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
     node.reads_end.cancel();
     node.intake_closed.store(true, Ordering::Release);
     tracing::info!("live reads ended and intake stopped; closing streams");
+    // SD-DRN-13: with nowhere to move to, streams still close in place (and are placed
+    // again when a node comes back).
+    let replacement = node.view.with(|s| {
+        s.nodes
+            .values()
+            .any(|n| n.kind == NodeKind::Streamd && n.id != node.me.node && n.is_schedulable())
+    });
+    if !replacement {
+        tracing::warn!("no live schedulable replacement node remains; admitted work completes in place");
+    }
+    let outcome = close_all(node, shutdown).await;
+    match outcome {
+        Outcome::Completed => tracing::info!(node_id = %node.me.node, "drained local node before graceful shutdown"),
+        _ => tracing::warn!(node_id = %node.me.node, "failed to drain local node before graceful shutdown"),
+    }
+    outcome
+}
+
+/// Closes every stream this node serves, within the drain budget.
+async fn close_all(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
     let mut outcome = Outcome::Completed;
     for handle in node.all_streams() {
         let budget = shutdown.step(Duration::MAX);

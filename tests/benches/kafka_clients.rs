@@ -16,7 +16,7 @@ use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack};
 
 const MESSAGES: usize = 50_000;
-const LATENCY_RATE: u64 = 500;
+const LATENCY_RATE: u64 = 200;
 const LATENCY_SECS: u64 = 8;
 
 fn config(gw: &Gatewayd) -> ClientConfig {

@@ -99,6 +99,12 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
     assert_eq!(code, Some(0), "{log}");
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
     assert_eq!(records(&log, "fenced self").len(), 1, "SD-TD-1: the self-fence");
+    assert_eq!(records(&log, "drained local node before graceful shutdown").len(), 1);
+    assert!(records(
+        &log,
+        "no live schedulable replacement node remains; admitted work completes in place"
+    )
+    .is_empty());
     assert!(
         log.find("fenced self") > log.find(PHASES[1]),
         "the self-fence comes after drain-support"
@@ -244,4 +250,64 @@ async fn a_signal_during_startup_is_held_until_startup_completes() {
     let log = stack.nodes[late].log_text();
     assert_eq!(code, Some(0), "{log}");
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
+}
+
+// SD-DRN-13: the last streamd stops with nowhere to move its streams: it says so, still
+// closes them in place (uploading what it buffered), and exits 0; nothing is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_last_streamd_closes_its_streams_in_place() {
+    let mut stack = Stack::start_with(
+        1,
+        Backend::FileWal,
+        &[
+            "--drain-timeout-sec",
+            "5",
+            "--shutdown-deadline-sec",
+            "8",
+            "--shutdown-drain-sec",
+            "0",
+            "--upload-interval-ms",
+            "600000",
+            "--upload-bytes",
+            "1000000000",
+        ],
+        &[],
+    )
+    .await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    gw.create_stream("alone").await;
+    gw.wait_open("alone").await;
+    let mut acked = vec![];
+    for i in 0..10 {
+        let body = format!("r-{i}");
+        gw.append("alone", &[&body]).await;
+        acked.push(body);
+    }
+    stack.nodes[0].term();
+    assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(20)).await, Some(0));
+    let log = stack.nodes[0].log_text();
+    assert_eq!(
+        records(
+            &log,
+            "no live schedulable replacement node remains; admitted work completes in place"
+        )
+        .len(),
+        1,
+        "{log}"
+    );
+    assert_phases(&log, ["Completed", "Completed", "Completed"]);
+    // SD-CS-6: the buffered records were uploaded and committed at the close.
+    let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/alone")).await;
+    assert_eq!(d["state"], "closed");
+    assert_eq!(d["committed_seq_num"], 10, "{d}");
+    stack.add_node("next", Backend::FileWal, &[]);
+    gw.wait_open("alone").await;
+    let bodies: Vec<String> = gw
+        .read_all("alone")
+        .await
+        .iter()
+        .map(|r| r["body"].as_str().expect("body").to_string())
+        .collect();
+    assert_eq!(bodies, acked);
 }
