@@ -8,6 +8,7 @@ dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)   # bindgen, for Ro
 dpkg -s clang >/dev/null 2>&1 || need+=(clang)
 command -v g++ >/dev/null 2>&1 || need+=(g++)                    # RocksDB is C++
 command -v kcat >/dev/null 2>&1 || need+=(kcat)                  # a real Kafka client (librdkafka 2.0)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)    # the compose base image, without a registry
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -15,8 +16,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 fi
 # Real Kafka clients for the Kafka-protocol tests.
-python3 -c 'import confluent_kafka, kafka' 2>/dev/null ||
-  python3 -m pip install --quiet --disable-pip-version-check confluent-kafka==2.12.1 kafka-python==2.2.15
+python3 -c "import confluent_kafka, kafka, yaml" 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check confluent-kafka==2.12.1 kafka-python==2.2.15 PyYAML==6.0.2
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy 2>/dev/null || true
 
 # The S3-protocol server the tests run against (real SigV4, ready in 0.1 s).

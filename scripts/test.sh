@@ -14,3 +14,9 @@ CARGO_TARGET_DIR="${CARGO_TARGET_DIR}-clippy" cargo clippy --workspace --all-tar
 # so RocksDB is built once), then runs all tests.
 cargo build --workspace --all-targets
 cargo test --workspace -- --test-threads 2
+# The compose stack end to end, where a Docker engine answers.
+if docker info >/dev/null 2>&1 && command -v docker-compose >/dev/null; then
+  compose/test.sh
+else
+  echo "scripts/test.sh: no Docker engine or docker-compose here; compose/test.sh not run" >&2
+fi

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The compose stack end to end (issue 8): build the images without a registry, start
+# the stack, produce and consume with kcat through the published Kafka port and with
+# curl through HTTP, SIGKILL a streamd (`docker kill`) and read every acknowledged
+# message back, stop another with `docker-compose stop` (exit 0, three phase records),
+# and `docker-compose down`. Bounded in time; cleans up after itself even on failure.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+project="weirtest$$"
+export COMPOSE_PROJECT_NAME="$project"
+# Short liveness timing so failover is quick; ports away from a developer's own.
+export WEIR_HEARTBEAT_INTERVAL_SEC=1 WEIR_NODE_TIMEOUT_SEC=3
+export WEIR_KAFKA_PORT_1=29092 WEIR_KAFKA_PORT_2=29093 WEIR_HTTP_PORT_1=28080 WEIR_HTTP_PORT_2=28081
+compose=(docker-compose -f docker-compose.yml)
+kafka="127.0.0.1:$WEIR_KAFKA_PORT_1"
+http="http://127.0.0.1:$WEIR_HTTP_PORT_1"
+
+log() { echo "compose/test: $*"; }
+fail() { log "FAILED: $*"; "${compose[@]}" ps || true; "${compose[@]}" logs --tail 40 || true; exit 1; }
+cleanup() { "${compose[@]}" down -v --remove-orphans -t 10 >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+# Everything below is bounded: each wait has its own limit, and the whole run 15 min.
+( sleep 900; log "timed out"; kill -TERM $$ ) & watchdog=$!
+trap 'kill $watchdog 2>/dev/null || true; cleanup' EXIT
+
+# wait_until SECONDS DESCRIPTION COMMAND...
+wait_until() {
+  local limit=$1 what=$2; shift 2
+  local end=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $end ] || fail "$what within ${limit}s"
+    sleep 1
+  done
+}
+
+log "static check of grace periods"
+python3 check-grace.py docker-compose.yml
+python3 check-grace.py docker-compose.yml docker-compose.object-wal.yml
+bad="$(mktemp /tmp/weir-bad-compose.XXXXXX.yml)"
+sed 's/stop_grace_period: 60s/stop_grace_period: 30s/' docker-compose.yml > "$bad"
+if python3 check-grace.py "$bad" 2>/dev/null; then rm -f "$bad"; fail "a 30 s grace under a 50 s deadline passed the check"; fi
+rm -f "$bad"
+
+log "building images"
+./build-images.sh
+
+log "starting the stack"
+"${compose[@]}" up -d
+healthy() { [ "$(docker inspect -f '{{.State.Health.Status}}' "${project}_$1_1")" = healthy ]; }
+for s in metad-1 metad-2 metad-3 streamd-1 streamd-2 streamd-3 gatewayd-1 gatewayd-2; do
+  wait_until 120 "$s healthy" healthy "$s"
+done
+
+log "Kafka through the published port (kcat) and HTTP (curl)"
+kcat -b "$kafka" -L | grep -q "2 brokers" || fail "Metadata lists both gateways"
+python3 - "$kafka" <<'PY'
+import sys
+from kafka.admin import KafkaAdminClient, NewTopic
+KafkaAdminClient(bootstrap_servers=sys.argv[1]).create_topics([NewTopic("orders", 3, 1)])
+PY
+wait_until 60 "orders/0..2 open" bash -c "for p in 0 1 2; do curl -sf $http/v1/streams/orders%2F\$p/records/tail || exit 1; done"
+seq 1 1000 | sed 's/.*/k&:v&/' | kcat -b "$kafka" -P -t orders -K: -X acks=all
+count() { kcat -b "$kafka" -C -t orders -o beginning -e -q -f '%s\n' 2>/dev/null | sort -u | wc -l; }
+[ "$(count)" = 1000 ] || fail "consume 1000 records, got $(count)"
+curl -sf -X POST "$http/v1/streams" -H 'content-type: application/json' -d '{"stream":"hello"}' >/dev/null
+wait_until 60 "hello open" curl -sf "$http/v1/streams/hello/records/tail"
+curl -sf -X POST "$http/v1/streams/hello/records" -H 'content-type: application/json' \
+  -d '{"records":[{"body":"hi from compose"}]}' >/dev/null || fail "HTTP append"
+curl -sf "$http/v1/streams/hello/records?seq_num=0" | grep -q "hi from compose" || fail "HTTP read"
+
+log "docker kill the streamd owning orders/0: its partitions are served again, nothing lost"
+owner() { curl -sf "$http/v1/streams/orders%2F0" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["state"], d["owner"]["node"], d["owner"]["epoch"])'; }
+before="$(owner)"
+victim="$(cut -d' ' -f2 <<<"$before")"
+docker kill "${project}_${victim}_1" >/dev/null
+seq 1001 1500 | sed 's/.*/k&:v&/' | kcat -b "$kafka" -P -t orders -K: -X acks=all -X message.timeout.ms=120000
+# Served again by another node or by the victim's restarted incarnation (restart policy).
+moved() { now="$(owner)" && [ "${now%% *}" = open ] && [ "$now" != "$before" ]; }
+wait_until 120 "orders/0 served again" moved
+[ "$(count)" = 1500 ] || fail "every acknowledged record after the kill: got $(count) of 1500"
+
+log "docker-compose stop of another streamd: exit 0 and the three phase records"
+other="streamd-1"; [ "$victim" = streamd-1 ] && other="streamd-2"
+"${compose[@]}" stop "$other" >/dev/null
+code="$(docker inspect -f '{{.State.ExitCode}}' "${project}_${other}_1")"
+[ "$code" = 0 ] || fail "$other exited $code"
+logs="$(docker logs "${project}_${other}_1" 2>&1)"
+for phase in stop-requested drain-support terminal-teardown; do
+  grep -q "\"message\":\"shutdown $phase phase finished\"" <<<"$logs" || fail "$other logged no $phase record"
+done
+[ "$(count)" = 1500 ] || fail "every record after the stop: got $(count)"
+
+log "docker-compose down leaves nothing running"
+"${compose[@]}" down -v -t 60 >/dev/null
+left="$(docker ps -q --filter "label=com.docker.compose.project=$project")"
+[ -z "$left" ] || fail "containers still running: $left"
+log "passed"
