@@ -1,6 +1,7 @@
 //! The `weir` command: admin commands over metad's gRPC admin API, and `weir dev`.
 
 mod dev;
+mod drain;
 mod output;
 
 use clap::{Parser, Subcommand};
@@ -86,6 +87,14 @@ enum NodesCmd {
     Uncordon {
         node: String,
     },
+    /// Cordon NODE and move each of its streams to another node (a planned close:
+    /// everything buffered is uploaded first); reports per stream. The process keeps running.
+    Drain {
+        node: String,
+        /// Seconds each stream may take to close and open elsewhere.
+        #[arg(long, default_value_t = 30)]
+        per_stream_sec: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -166,6 +175,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 by: CordonBy::Operator,
             };
             out.outcome(client.propose(&operator, cmd).await?)?
+        }
+        Cmd::Nodes {
+            action: NodesCmd::Drain { node, per_stream_sec },
+        } => {
+            let report = drain::drain(&client, &operator, &node, Duration::from_secs(per_stream_sec)).await?;
+            out.value(&report)
         }
         Cmd::Streams { action: ListCmd::List } => out.streams(&client.admin("streams", 0, 0).await?),
         Cmd::Topics {

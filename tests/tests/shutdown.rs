@@ -311,3 +311,88 @@ async fn the_last_streamd_closes_its_streams_in_place() {
         .collect();
     assert_eq!(bodies, acked);
 }
+
+// SD-TRG-5, OBS-14: an operator drain cordons the node and moves each of its streams
+// to another node (reporting where), while the drained process keeps running: no
+// shutdown phase, same PID, `/livez` 200. Placement onto it is then refused naming the
+// cordon. Uncordon makes it schedulable again.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_drain_moves_streams_and_stops_nothing() {
+    let mut stack = Stack::start_with(2, Backend::FileWal, SHORT, &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    for s in ["dr-a", "dr-b", "dr-c", "dr-d"] {
+        gw.create_stream(s).await;
+        gw.wait_open(s).await;
+        gw.append(s, &["before"]).await;
+    }
+    let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/dr-a")).await;
+    let node = d["owner"]["node"].as_str().expect("owner").to_string();
+    let i = stack.nodes.iter().position(|n| n.id == node).expect("node");
+    let out = tokio::process::Command::new(weir_tests::bin_path("weir"))
+        .args([
+            "--metad",
+            &stack.metad.replicas[0].grpc,
+            "--json",
+            "nodes",
+            "drain",
+            &node,
+        ])
+        .output()
+        .await
+        .expect("weir runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let moved = report["streams"].as_array().expect("streams");
+    assert!(!moved.is_empty(), "{report}");
+    for m in moved {
+        assert_eq!(m["moved"], true, "{report}");
+        assert_ne!(m["to"], node.as_str());
+    }
+    // Nothing stopped the drained node.
+    assert_eq!(
+        stack.nodes[i].wait_exit_if_exited(Duration::from_millis(200)).await,
+        None
+    );
+    let live = reqwest::get(format!("http://{}/livez", stack.nodes[i].http))
+        .await
+        .expect("livez");
+    assert!(live.status().is_success());
+    assert!(records(&stack.nodes[i].log_text(), PHASES[0]).is_empty());
+    // Every stream is served elsewhere with its records, and still takes appends.
+    for s in ["dr-a", "dr-b", "dr-c", "dr-d"] {
+        let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{s}"))).await;
+        assert_ne!(d["owner"]["node"], node.as_str(), "{s}: {d}");
+        gw.append(s, &["after"]).await;
+        let bodies: Vec<String> = gw
+            .read_all(s)
+            .await
+            .iter()
+            .map(|r| r["body"].as_str().expect("body").to_string())
+            .collect();
+        assert_eq!(bodies, ["before", "after"]);
+    }
+    // OBS-14: placing onto the cordoned node names the cordon.
+    let id = stack.metad.client().admin("streams", 0, 0).await.expect("streams")["streams"]
+        .as_object()
+        .and_then(|m| m.values().find(|r| r["name"] == "dr-a").cloned())
+        .and_then(|r| r["id"].as_u64())
+        .map(weir_shared::ids::StreamId)
+        .expect("dr-a id");
+    let (_, outcome) = stack
+        .metad
+        .client()
+        .propose(
+            &weir_metad::model::Proposer::Operator {
+                principal: "test".into(),
+            },
+            weir_metad::model::Command::PlaceStream {
+                stream: id,
+                node: weir_shared::ids::NodeId::new(node.clone()),
+            },
+        )
+        .await
+        .expect("propose");
+    let refusal = outcome.expect_err("refused");
+    assert_eq!(refusal.message, format!("node '{node}' is cordoned"));
+}

@@ -542,6 +542,27 @@ impl Txn<'_> {
 
     fn place_stream(&mut self, proposer: &Proposer, id: StreamId, node: &NodeId) -> Outcome {
         self.privileged(proposer)?;
+        // The target's checks come first: a refusal names the first failing one (OBS-14).
+        let target = self.node_row(node)?;
+        if target.kind != NodeKind::Streamd {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                format!("node '{node}' is not a streamd"),
+            ));
+        }
+        // OBS-14: the message names the first failing check.
+        let unschedulable = if target.fenced {
+            Some("fenced")
+        } else if target.terminating {
+            Some("terminating")
+        } else if target.cordon.is_some() {
+            Some("cordoned")
+        } else {
+            None
+        };
+        if let Some(why) = unschedulable {
+            return Err(reject(RejectCode::Conflict, format!("node '{node}' is {why}")));
+        }
         let stream = self.stream(id)?;
         if stream.state != StreamState::Closed {
             return Err(reject(
@@ -559,24 +580,6 @@ impl Txn<'_> {
                     format!("stream '{}' is already placed on live {owner}", stream.name),
                 ));
             }
-        }
-        let target = self.node_row(node)?;
-        if target.kind != NodeKind::Streamd {
-            return Err(reject(
-                RejectCode::InvalidArgument,
-                format!("node '{node}' is not a streamd"),
-            ));
-        }
-        if !target.is_schedulable() {
-            return Err(reject(
-                RejectCode::Conflict,
-                format!(
-                    "node '{node}' is not schedulable (fenced: {}, terminating: {}, cordoned: {})",
-                    target.fenced,
-                    target.terminating,
-                    target.cordon.is_some()
-                ),
-            ));
         }
         let owner = target.incarnation();
         let row = self.state.streams.get_mut(&id).expect("checked");
