@@ -5,6 +5,7 @@ use crate::config::GatewaydArgs;
 use crate::kafka::brokers::{broker_id, Broker};
 use crate::kafka::Kafka;
 use crate::route::Routes;
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -91,7 +92,12 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
     let servers_stop = CancellationToken::new();
     let http =
         axum::serve(http_listener, router(gw.clone())).with_graceful_shutdown(servers_stop.clone().cancelled_owned());
-    servers.spawn(async move { http.await });
+    servers.spawn(weir_shared::shutdown::watch_listener(
+        "http",
+        http.into_future(),
+        shutdown.clone(),
+        servers_stop.clone(),
+    ));
     let (host, port) = crate::kafka::brokers::split_host_port(&kafka_addr)
         .ok_or_else(|| anyhow::anyhow!("--kafka-advertise '{kafka_addr}' is not HOST:PORT"))?;
     let kafka = Arc::new(Kafka {
@@ -106,10 +112,10 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         auto_create_topics: args.kafka_auto_create_topics,
         default_partitions: args.kafka_default_partitions,
     });
-    servers.spawn(crate::kafka::serve(
-        kafka_listener,
-        kafka,
-        servers.clone(),
+    servers.spawn(weir_shared::shutdown::watch_listener(
+        "kafka",
+        crate::kafka::serve(kafka_listener, kafka, servers.clone(), servers_stop.clone()),
+        shutdown.clone(),
         servers_stop.clone(),
     ));
     tracing::info!(node_id = %me.node, epoch = %me.epoch, http = %http_addr, kafka = %kafka_addr, "gatewayd listening");

@@ -252,6 +252,24 @@ impl Shutdown {
     }
 }
 
+/// SD-TRG-2: a public listener that stops (failed or returned) before the shutdown
+/// stopped it requests the shutdown; the process then stops as after a signal.
+pub async fn watch_listener<F, E>(name: &'static str, serve: F, shutdown: Arc<Shutdown>, stopping: CancellationToken)
+where
+    F: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let result = serve.await;
+    if stopping.is_cancelled() {
+        return;
+    }
+    match result {
+        Ok(()) => tracing::error!(listener = name, "a public listener stopped; shutting down"),
+        Err(e) => tracing::error!(listener = name, error = %e, "a public listener failed; shutting down"),
+    }
+    shutdown.request(&format!("the {name} listener stopped"));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

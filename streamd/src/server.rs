@@ -4,6 +4,7 @@ use crate::config::{StreamdArgs, WalBackend};
 use crate::node::{reconcile_loop, upload_loop, Node, Tunables, WalSource};
 use crate::service::DataPlane;
 use crate::wal::{file::FileSink, object::ObjectSink, Sink, WalWriter};
+use std::future::IntoFuture;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,11 +131,21 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
             TcpListenerStream::new(grpc_listener),
             servers_stop.clone().cancelled_owned(),
         );
-    let grpc = tokio::spawn(grpc);
+    let grpc = tokio::spawn(weir_shared::shutdown::watch_listener(
+        "grpc",
+        grpc,
+        shutdown.clone(),
+        servers_stop.clone(),
+    ));
     let http_stop = CancellationToken::new();
     let http = axum::serve(http_listener, crate::http::router(node.clone()))
         .with_graceful_shutdown(http_stop.clone().cancelled_owned());
-    tasks.spawn(async move { http.await });
+    tasks.spawn(weir_shared::shutdown::watch_listener(
+        "http",
+        http.into_future(),
+        shutdown.clone(),
+        http_stop.clone(),
+    ));
     tracing::info!(node_id = %me.node, epoch = %me.epoch, grpc = %addrs.grpc, http = %addrs.http, "streamd listening");
 
     let stop_requested = shutdown.token();

@@ -15,6 +15,7 @@ pub struct Gatewayd {
     /// The Kafka listener (bootstrap servers).
     pub kafka: String,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     proc: Proc,
     http_client: reqwest::Client,
     /// Sent as `Authorization: Bearer` when set.
@@ -24,6 +25,11 @@ pub struct Gatewayd {
 impl Gatewayd {
     /// Starts gatewayd `id` against metad `metad` with `extra` flags (1 s heartbeats).
     pub fn start(id: &str, metad: &str, dir: &Path, extra: &[&str]) -> Gatewayd {
+        Self::start_with_env(id, metad, dir, extra, &[])
+    }
+
+    /// As [`Gatewayd::start`], with extra environment (failpoints).
+    pub fn start_with_env(id: &str, metad: &str, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Gatewayd {
         let mut args: Vec<String> = vec![
             "--id".into(),
             id.into(),
@@ -42,6 +48,7 @@ impl Gatewayd {
             http: format!("127.0.0.1:{}", free_port()),
             kafka: format!("127.0.0.1:{}", free_port()),
             args,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             proc: Proc::new(id, dir.join(format!("{id}.log"))),
             http_client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(90))
@@ -57,7 +64,8 @@ impl Gatewayd {
         let mut command = Command::new(bin_path("gatewayd"));
         command
             .args(&self.args)
-            .args(["--http-listen", &self.http, "--kafka-listen", &self.kafka]);
+            .args(["--http-listen", &self.http, "--kafka-listen", &self.kafka])
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         self.proc.spawn(command);
     }
 

@@ -731,3 +731,34 @@ async fn a_killed_owner_loses_no_acknowledged_message_and_the_group_resumes() {
         "nothing left after the commit; committed {committed:?}"
     );
 }
+
+// Issue 5, D-9, FO-MDO-1/3: while the metadata quorum is gone, producing and consuming
+// go on (routing by the last view), and topic admin answers NOT_LEADER_OR_FOLLOWER.
+#[tokio::test(flavor = "multi_thread")]
+async fn during_a_metadata_outage_data_flows_and_topic_admin_is_refused() {
+    let (stack, gw) = kafka_stack(1, &[]).await;
+    create_topic(&gw, "steady", 1).await;
+    stack.metad.replicas[0].pause();
+    let p = producer(&gw, &[]);
+    for i in 0..20 {
+        let v = format!("m-{i}");
+        p.send(FutureRecord::to("steady").key(&v).payload(&v), T)
+            .await
+            .map_err(|(e, _)| e)
+            .expect("produce while metad is down");
+    }
+    let read = read_all(&gw, "steady", 1, 20).await;
+    assert_eq!(read.len(), 20);
+    let created = admin(&gw)
+        .create_topics(
+            &[NewTopic::new("later", 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(T)).request_timeout(Some(T)),
+        )
+        .await
+        .expect("an answer");
+    assert_eq!(
+        created[0],
+        Err(("later".to_string(), RDKafkaErrorCode::NotLeaderForPartition))
+    );
+    stack.metad.replicas[0].resume();
+}

@@ -396,3 +396,28 @@ async fn an_operator_drain_moves_streams_and_stops_nothing() {
     let refusal = outcome.expect_err("refused");
     assert_eq!(refusal.message, format!("node '{node}' is cordoned"));
 }
+
+// SD-TRG-2, D-13: a public listener that fails starts the same clean shutdown as a
+// signal: the three phase records, and exit 0 since the graceful path completed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_listener_starts_a_clean_shutdown() {
+    let stack = Stack::start_with(1, Backend::FileWal, SHORT, &[]).await;
+    let mut gw = Gatewayd::start_with_env(
+        "gw-1",
+        &stack.metad.replicas[0].grpc,
+        stack.dir.path(),
+        SHORT,
+        &[("WEIR_FAILPOINT_LISTENER_KAFKA_ACCEPT", "return(err)")],
+    );
+    gw.wait_ready().await;
+    let _ = tokio::net::TcpStream::connect(&gw.kafka).await;
+    let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
+    let log = gw.log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(
+        records(&log, "a public listener failed; shutting down").len(),
+        1,
+        "{log}"
+    );
+    assert_phases(&log, ["Completed", "Completed", "Completed"]);
+}

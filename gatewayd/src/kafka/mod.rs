@@ -32,11 +32,20 @@ pub struct Kafka {
 }
 
 /// Accepts Kafka connections until `stop`; each runs on its own task, tracked by `tasks`.
-pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, tasks: TaskTracker, stop: CancellationToken) {
+/// An error return means the listener failed (the caller then stops the process).
+pub async fn serve(
+    listener: TcpListener,
+    kafka: Arc<Kafka>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    // Failpoint for SD-TRG-2 tests: the listener fails at its first accept.
+    let fail_accept = std::env::var("WEIR_FAILPOINT_LISTENER_KAFKA_ACCEPT").as_deref() == Ok("return(err)");
     loop {
         let (socket, peer) = tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return Ok(()),
             accepted = listener.accept() => match accepted {
+                Ok(_) if fail_accept => return Err(std::io::Error::other("failpoint listener_kafka_accept")),
                 Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(error = %e, "kafka listener accept failed");
