@@ -161,17 +161,7 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         servers.close();
     }
     stop.cancel();
-    tasks.close();
-    if tokio::time::timeout(Duration::from_secs(10), tasks.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            task_kind = "background",
-            grace_period = "10s",
-            "shutdown task exceeded grace period; aborting"
-        );
-    }
+    weir_shared::shutdown::stop_background(&tasks).await;
     if exit == Exit::Clean {
         shutdown.finish(Phase::TerminalTeardown, Outcome::Completed);
     }

@@ -252,6 +252,22 @@ impl Shutdown {
     }
 }
 
+/// How long background tasks get to end in terminal teardown (SD-TD-2).
+pub const BACKGROUND_GRACE: Duration = Duration::from_secs(10);
+
+/// Closes `tasks` and waits for them for [`BACKGROUND_GRACE`]; the ones still running
+/// are left to end with the process (the deadline thread backs this).
+pub async fn stop_background(tasks: &tokio_util::task::TaskTracker) {
+    tasks.close();
+    if tokio::time::timeout(BACKGROUND_GRACE, tasks.wait()).await.is_err() {
+        tracing::warn!(
+            task_kind = "background",
+            grace_period = ?BACKGROUND_GRACE,
+            "shutdown task exceeded grace period; aborting"
+        );
+    }
+}
+
 /// SD-TRG-2: a public listener that stops (failed or returned) before the shutdown
 /// stopped it requests the shutdown; the process then stops as after a signal.
 pub async fn watch_listener<F, E>(name: &'static str, serve: F, shutdown: Arc<Shutdown>, stopping: CancellationToken)

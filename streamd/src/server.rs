@@ -180,18 +180,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     }
     http_stop.cancel();
     stop.cancel();
-    tasks.close();
-    // SD-TD-2: background tasks get a bounded grace; the deadline supervisor backs it.
-    if tokio::time::timeout(Duration::from_secs(10), tasks.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            task_kind = "background",
-            grace_period = "10s",
-            "shutdown task exceeded grace period; aborting"
-        );
-    }
+    weir_shared::shutdown::stop_background(&tasks).await;
     if exit == Exit::Clean {
         shutdown.finish(Phase::TerminalTeardown, Outcome::Completed);
     }

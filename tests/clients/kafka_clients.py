@@ -73,6 +73,16 @@ def kafka_python():
     both = seen + rest
     check(len(both) == N and len(set(both)) == N, f"resumed after the commit: {len(seen)} + {len(rest)} records, {len(set(both))} distinct")
 
+    groups = [g[0] if isinstance(g, tuple) else g.group for g in admin.list_consumer_groups()]
+    check("pyg" in groups, f"ListGroups shows the group: {groups}")
+    described = admin.describe_consumer_groups(["pyg"])[0]
+    check(described.state == "Empty" and described.protocol_type == "consumer", f"DescribeGroups: {described}")
+    cluster = admin.describe_cluster()
+    check(len(cluster["brokers"]) == 1, f"DescribeCluster: {cluster}")
+    deleted = admin.delete_consumer_groups(["pyg"])
+    check(all(err.errno == 0 for _, err in deleted), f"DeleteGroups: {deleted}")
+    check(not admin.list_consumer_group_offsets("pyg"), "no offsets after the group is deleted")
+
     admin.delete_topics(["py"])
     deadline = time.time() + 30
     while "py" in admin.list_topics() and time.time() < deadline:
@@ -83,7 +93,8 @@ def kafka_python():
 
 
 def confluent():
-    producer = Producer({"bootstrap.servers": BOOT, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+    producer = Producer({"bootstrap.servers": BOOT, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                         "compression.type": "zstd"})
     errors = []
     for i in range(N):
         producer.produce("conf", key=str(i), value=f"c{i}", on_delivery=lambda err, msg: err and errors.append(err))

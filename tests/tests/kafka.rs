@@ -601,6 +601,56 @@ async fn bad_frames_close_only_their_connection() {
         closed(connect(), &vec![0u8; 8192]),
         "frame over --kafka-max-frame-bytes"
     );
+    // Produce v3 by hand: a batch with a bad CRC is CORRUPT_MESSAGE (2), one over
+    // --kafka-max-message-bytes MESSAGE_TOO_LARGE (10), an unknown topic
+    // UNKNOWN_TOPIC_OR_PARTITION (3); the connection stays usable after each.
+    create_topic(&gw, "raw", 1).await;
+    let produce = |topic: &str, records: &[u8]| {
+        let mut f = vec![0, 0, 0, 3];
+        f.extend_from_slice(&9i32.to_be_bytes());
+        f.extend_from_slice(&(-1i16).to_be_bytes()); // client id
+        f.extend_from_slice(&(-1i16).to_be_bytes()); // transactional id
+        f.extend_from_slice(&(-1i16).to_be_bytes()); // acks=all
+        f.extend_from_slice(&5000i32.to_be_bytes());
+        f.extend_from_slice(&1i32.to_be_bytes());
+        f.extend_from_slice(&(topic.len() as i16).to_be_bytes());
+        f.extend_from_slice(topic.as_bytes());
+        f.extend_from_slice(&1i32.to_be_bytes());
+        f.extend_from_slice(&0i32.to_be_bytes()); // partition
+        f.extend_from_slice(&(records.len() as i32).to_be_bytes());
+        f.extend_from_slice(records);
+        f
+    };
+    let partition_error = |s: &mut std::net::TcpStream, frame: &[u8]| -> i16 {
+        s.write_all(&(frame.len() as i32).to_be_bytes()).expect("write");
+        s.write_all(frame).expect("write");
+        let mut size = [0u8; 4];
+        s.read_exact(&mut size).expect("answered");
+        let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
+        s.read_exact(&mut body).expect("answer");
+        // correlation id, topics count, topic name, partitions count, index, error.
+        let name_len = i16::from_be_bytes([body[8], body[9]]) as usize;
+        let at = 10 + name_len + 4 + 4;
+        i16::from_be_bytes([body[at], body[at + 1]])
+    };
+    let mut s = connect();
+    let mut corrupt = weir_tests::batches::batch(b"hello");
+    let last = corrupt.len() - 2;
+    corrupt[last] ^= 0xff;
+    assert_eq!(partition_error(&mut s, &produce("raw", &corrupt)), 2, "CORRUPT_MESSAGE");
+    let big = weir_tests::batches::batch(&[7u8; 3000]);
+    assert_eq!(partition_error(&mut s, &produce("raw", &big)), 10, "MESSAGE_TOO_LARGE");
+    let ok = weir_tests::batches::batch(b"fine");
+    assert_eq!(
+        partition_error(&mut s, &produce("nowhere", &ok)),
+        3,
+        "UNKNOWN_TOPIC_OR_PARTITION"
+    );
+    assert_eq!(
+        partition_error(&mut s, &produce("raw", &ok)),
+        0,
+        "a good batch after the bad ones"
+    );
     // The first connection never noticed.
     assert_eq!(exchange(&mut healthy, &api_versions(2)).map(|a| a.1), Some(5));
     let metrics = weir_tests::get_text(&gw.url("/metrics")).await;
@@ -761,4 +811,85 @@ async fn during_a_metadata_outage_data_flows_and_topic_admin_is_refused() {
         Err(("later".to_string(), RDKafkaErrorCode::NotLeaderForPartition))
     );
     stack.metad.replicas[0].resume();
+}
+
+// Issue 5: acks=0 (no response at all) and compression codecs pass through: the
+// batches are stored as sent and consumers decompress them.
+#[tokio::test(flavor = "multi_thread")]
+async fn acks_zero_and_compressed_batches_round_trip() {
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    // zstd: librdkafka here is built without libzstd; the Python client covers it.
+    for codec in ["none", "gzip", "snappy", "lz4"] {
+        let topic = format!("codec-{codec}");
+        create_topic(&gw, &topic, 1).await;
+        let p = producer(&gw, &[("compression.type", codec), ("linger.ms", "20")]);
+        let sends = (0..200).map(|i| {
+            let (p, topic) = (&p, &topic);
+            async move {
+                let v = format!("{codec}-{i}-{}", "x".repeat(100));
+                p.send(FutureRecord::<(), _>::to(topic).payload(&v), T)
+                    .await
+                    .map_err(|(e, _)| e)
+                    .expect("acknowledged");
+            }
+        });
+        futures::future::join_all(sends).await;
+        let read = read_all(&gw, &topic, 1, 200).await;
+        let values: BTreeSet<String> = read
+            .iter()
+            .map(|m| String::from_utf8_lossy(m.payload().expect("payload")).into_owned())
+            .collect();
+        assert_eq!(values.len(), 200, "{codec}");
+    }
+    // acks=0: the gateway answers nothing; the records are there all the same.
+    create_topic(&gw, "fire", 1).await;
+    let p = producer(&gw, &[("acks", "0")]);
+    for i in 0..50 {
+        let v = format!("f-{i}");
+        let d = p
+            .send(FutureRecord::<(), _>::to("fire").payload(&v), T)
+            .await
+            .map_err(|(e, _)| e)
+            .expect("sent");
+        assert!(d.offset < 0, "acks=0 has no offset to report, got {}", d.offset);
+    }
+    let read = read_all(&gw, "fire", 1, 50).await;
+    assert_eq!(read.last().and_then(|m| m.payload()), Some(&b"f-49"[..]));
+}
+
+// Issue 5: ListOffsets by timestamp (offsets_for_times), earliest and latest.
+#[tokio::test(flavor = "multi_thread")]
+async fn list_offsets_finds_records_by_timestamp() {
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    create_topic(&gw, "times", 1).await;
+    let p = producer(&gw, &[]);
+    let base = 1_700_000_000_000i64;
+    for i in 0..10 {
+        let v = format!("t-{i}");
+        p.send(
+            FutureRecord::<(), _>::to("times")
+                .payload(&v)
+                .timestamp(base + i * 1000),
+            T,
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("acknowledged");
+    }
+    let c = consumer(&gw, "times-reader");
+    let lookup = |ts: i64| {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("times", 0, Offset::Offset(ts)).expect("tpl");
+        let found = c.offsets_for_times(tpl, T).expect("ListOffsets");
+        found.find_partition("times", 0).expect("partition").offset()
+    };
+    assert_eq!(
+        lookup(base + 5_500),
+        Offset::Offset(6),
+        "first record at or after the time"
+    );
+    assert_eq!(lookup(base), Offset::Offset(0));
+    assert_eq!(lookup(base + 60_000), Offset::End, "none that late");
+    let (low, high) = c.fetch_watermarks("times", 0, T).expect("watermarks");
+    assert_eq!((low, high), (0, 10));
 }
