@@ -416,6 +416,35 @@ async fn consumer_groups_commit_resume_and_split_partitions() {
     assert_eq!(by_member[0].len(), 1);
     assert_eq!(by_member[1].len(), 1);
     assert!(by_member[0].is_disjoint(&by_member[1]), "members split the partitions");
+
+    // The offsets topic is written only by group commits: no forged offsets over Kafka
+    // or HTTP, and no topic of that kind can be made by hand.
+    let p = producer(&gw, &[("message.timeout.ms", "10000")]);
+    let (err, _) = p
+        .send(
+            FutureRecord::<(), _>::to("__consumer_offsets")
+                .partition(0)
+                .payload("forged"),
+            T,
+        )
+        .await
+        .expect_err("refused");
+    assert_eq!(err.rdkafka_error_code(), Some(RDKafkaErrorCode::InvalidTopic));
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/streams/__consumer_offsets%2F0/records")
+                .json(&json!({"records": [{"body": "forged"}]})),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{body}");
+    let made = admin(&gw)
+        .create_topics(
+            &[NewTopic::new("__mine", 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(T)),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(made[0], Err(("__mine".to_string(), RDKafkaErrorCode::InvalidTopic)));
 }
 
 // Issue 5: kcat (librdkafka 2.0) lists, produces keyed records and consumes them.

@@ -85,6 +85,11 @@ pub async fn append(
     let Query(query) = query?;
     let format = request_format(&query, &headers)?;
     let Json(body) = body?;
+    if crate::kafka::brokers::is_internal_stream(&name) {
+        return Err(ApiError::invalid(format!(
+            "stream '{name}' is internal (consumer-group offsets); it is written only by group commits"
+        )));
+    }
     if body.records.is_empty() {
         return Err(ApiError::invalid("records must hold at least one record"));
     }

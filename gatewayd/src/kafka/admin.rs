@@ -1,7 +1,7 @@
 //! Topic admin (CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs) through
 //! the metadata log, and InitProducerId with ids allocated by metad.
 
-use super::brokers::{topic_id, OFFSETS_TOPIC};
+use super::brokers::topic_id;
 use super::conn::Session;
 use super::errors;
 use super::Kafka;
@@ -73,6 +73,11 @@ pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequ
             .with_replication_factor(1);
         let checked = if let Err(e) = weir_metad::model::apply::validate_name("topic", &name) {
             Err((errors::INVALID_TOPIC_EXCEPTION, e.message))
+        } else if super::brokers::is_internal_topic(&name) {
+            Err((
+                errors::INVALID_TOPIC_EXCEPTION,
+                "topic names starting with '__' are internal".to_string(),
+            ))
         } else if partitions <= 0 {
             Err((
                 errors::INVALID_PARTITIONS,
@@ -154,9 +159,10 @@ pub async fn delete_topics(kafka: &Kafka, session: &Session, r: DeleteTopicsRequ
             .with_topic_id(id);
         let outcome = match &name {
             None => Err((errors::UNKNOWN_TOPIC_ID, "no topic has this id".to_string())),
-            Some(n) if n == OFFSETS_TOPIC => {
-                Err((errors::INVALID_TOPIC_EXCEPTION, "the offsets topic is internal".into()))
-            }
+            Some(n) if super::brokers::is_internal_topic(n) => Err((
+                errors::INVALID_TOPIC_EXCEPTION,
+                "internal topics cannot be deleted".into(),
+            )),
             Some(n) => propose(kafka, session, Command::DeleteTopic { name: n.clone() })
                 .await
                 .map(|_| ()),

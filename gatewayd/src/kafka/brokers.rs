@@ -28,6 +28,18 @@ pub struct Broker {
     pub port: i32,
 }
 
+/// Topics whose names start with `__` are the system's own (Kafka's convention).
+pub fn is_internal_topic(name: &str) -> bool {
+    name.starts_with("__")
+}
+
+/// Whether a stream is a partition of an internal topic.
+pub fn is_internal_stream(stream: &str) -> bool {
+    stream
+        .split_once('/')
+        .is_some_and(|(topic, _)| is_internal_topic(topic))
+}
+
 /// A stable broker id for a gateway's name.
 pub fn broker_id(node: &str) -> i32 {
     (crc32c::crc32c(node.as_bytes()) & 0x7fff_ffff) as i32
@@ -154,7 +166,7 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
 
 /// Creates a topic a client asked for; the client retries on LEADER_NOT_AVAILABLE.
 async fn auto_create(kafka: &Kafka, session: &Session, name: &str) -> i16 {
-    if weir_metad::model::apply::validate_name("topic", name).is_err() {
+    if weir_metad::model::apply::validate_name("topic", name).is_err() || is_internal_topic(name) {
         return errors::INVALID_TOPIC_EXCEPTION;
     }
     let cmd = Command::CreateTopic {

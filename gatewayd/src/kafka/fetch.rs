@@ -75,7 +75,8 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
                 partition: p.partition,
                 stream: format!("{}/{}", t.topic.0, p.partition),
                 offset: p.fetch_offset,
-                max_bytes: p.partition_max_bytes,
+                // Replies must fit the gRPC message limit (at least one batch still comes back).
+                max_bytes: p.partition_max_bytes.min(kafka.gw.max_body_bytes as i32),
             });
         }
     }

@@ -34,15 +34,24 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-/// Creates the offsets topic on first use.
+/// Creates the offsets topic on first use, with every partition groups hash over.
 async fn ensure_offsets_topic(kafka: &Kafka) {
-    if kafka.gw.routes.view().with(|s| s.topics.contains_key(OFFSETS_TOPIC)) {
-        return;
-    }
-    let cmd = Command::CreateTopic {
-        name: OFFSETS_TOPIC.into(),
-        partitions: OFFSETS_PARTITIONS,
-        config: StreamConfig::default(),
+    let have = kafka
+        .gw
+        .routes
+        .view()
+        .with(|s| s.topics.get(OFFSETS_TOPIC).map(|t| t.partitions.len() as u32));
+    let cmd = match have {
+        Some(n) if n >= OFFSETS_PARTITIONS => return,
+        Some(_) => Command::CreatePartitions {
+            name: OFFSETS_TOPIC.into(),
+            partitions: OFFSETS_PARTITIONS,
+        },
+        None => Command::CreateTopic {
+            name: OFFSETS_TOPIC.into(),
+            partitions: OFFSETS_PARTITIONS,
+            config: StreamConfig::default(),
+        },
     };
     let proposer = Proposer::Operator {
         principal: format!("gatewayd {}", kafka.gw.me.node),

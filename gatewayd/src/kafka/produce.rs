@@ -58,6 +58,13 @@ pub async fn produce(kafka: &Kafka, r: ProduceRequest) -> Option<ProduceResponse
 /// Appends one partition's batches: (error code, base offset, message).
 async fn append(kafka: &Kafka, topic: &str, partition: i32, records: bytes::Bytes) -> (i16, i64, Option<String>) {
     let stream = format!("{topic}/{partition}");
+    if super::brokers::is_internal_topic(topic) {
+        return (
+            errors::INVALID_TOPIC_EXCEPTION,
+            -1,
+            Some("internal topics are written only by the system".into()),
+        );
+    }
     if kafka.gw.routes.stream(&stream).is_none() {
         return (errors::UNKNOWN_TOPIC_OR_PARTITION, -1, None);
     }

@@ -6,7 +6,7 @@
 //! delay (Kafka's `group.initial.rebalance.delay.ms`), so a first join answers at once.
 
 use bytes::Bytes;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -119,8 +119,9 @@ pub struct Group {
     pub protocol: Option<String>,
     pub leader: Option<String>,
     pub members: BTreeMap<String, Member>,
-    /// Ids handed out by MEMBER_ID_REQUIRED that have not joined yet.
-    pending: BTreeSet<String>,
+    /// Ids handed out by MEMBER_ID_REQUIRED that have not joined yet, until when they
+    /// may (the session timeout of the join that got them).
+    pending: BTreeMap<String, Instant>,
 }
 
 fn new_member_id(client_id: &str) -> String {
@@ -141,7 +142,7 @@ impl Group {
             protocol: None,
             leader: None,
             members: BTreeMap::new(),
-            pending: BTreeSet::new(),
+            pending: BTreeMap::new(),
         }
     }
 
@@ -171,11 +172,11 @@ impl Group {
         let member_id = if args.member_id.is_empty() {
             let id = new_member_id(&args.client_id);
             if args.require_known_member_id {
-                self.pending.insert(id.clone());
+                self.pending.insert(id.clone(), now + args.session_timeout);
                 return Self::join_error(code::MEMBER_ID_REQUIRED, &id);
             }
             id
-        } else if self.members.contains_key(&args.member_id) || self.pending.remove(&args.member_id) {
+        } else if self.members.contains_key(&args.member_id) || self.pending.remove(&args.member_id).is_some() {
             args.member_id.clone()
         } else {
             return Self::join_error(code::UNKNOWN_MEMBER_ID, &args.member_id);
@@ -214,7 +215,7 @@ impl Group {
             return Answer::Now(outcome);
         }
         self.prepare_rebalance(now);
-        self.try_complete_join();
+        self.try_complete_join(now);
         Answer::Later(rx)
     }
 
@@ -302,7 +303,7 @@ impl Group {
 
     /// Removes a member; the rest rebalance.
     pub fn leave(&mut self, member_id: &str, now: Instant) -> i16 {
-        if self.members.remove(member_id).is_none() {
+        if !self.remove(member_id) {
             return code::UNKNOWN_MEMBER_ID;
         }
         self.after_removal(now);
@@ -310,8 +311,10 @@ impl Group {
     }
 
     /// Checks an offset commit's membership: generation −1 with no member id commits
-    /// for an empty group only (a standalone consumer or an admin tool).
-    pub fn check_commit(&self, member_id: &str, generation: i32) -> i16 {
+    /// for an empty group only (a standalone consumer or an admin tool). As in Kafka,
+    /// members commit while a rebalance is being prepared (clients commit on revoke,
+    /// before they rejoin), but not between the join and the assignment.
+    pub fn check_commit(&mut self, member_id: &str, generation: i32, now: Instant) -> i16 {
         if generation < 0 && member_id.is_empty() {
             return if self.members.is_empty() {
                 code::NONE
@@ -319,13 +322,14 @@ impl Group {
                 code::ILLEGAL_GENERATION
             };
         }
-        if !self.members.contains_key(member_id) {
+        let Some(m) = self.members.get_mut(member_id) else {
             return code::UNKNOWN_MEMBER_ID;
-        }
+        };
+        m.last_seen = now;
         if generation != self.generation {
             return code::ILLEGAL_GENERATION;
         }
-        if matches!(self.phase, Phase::PreparingRebalance { .. }) {
+        if self.phase == Phase::CompletingRebalance {
             return code::REBALANCE_IN_PROGRESS;
         }
         code::NONE
@@ -336,13 +340,16 @@ impl Group {
         let expired: Vec<String> = self
             .members
             .values()
-            .filter(|m| m.join.is_none() && now.duration_since(m.last_seen) > m.session_timeout)
+            // Members waiting for a join or an assignment are answered by the rebalance,
+            // and their heartbeats queue behind that wait on their connection.
+            .filter(|m| m.join.is_none() && m.sync.is_none() && now.duration_since(m.last_seen) > m.session_timeout)
             .map(|m| m.id.clone())
             .collect();
         for id in &expired {
             tracing::info!(group = %self.id, member = %id, "group member's session expired");
-            self.members.remove(id);
+            self.remove(id);
         }
+        self.pending.retain(|_, until| *until > now);
         if !expired.is_empty() {
             self.after_removal(now);
         }
@@ -354,8 +361,16 @@ impl Group {
                 .max()
                 .unwrap_or_default();
             if now.duration_since(since) >= timeout {
-                self.members.retain(|_, m| m.join.is_some());
-                self.try_complete_join();
+                let late: Vec<String> = self
+                    .members
+                    .values()
+                    .filter(|m| m.join.is_none())
+                    .map(|m| m.id.clone())
+                    .collect();
+                for id in &late {
+                    self.remove(id);
+                }
+                self.try_complete_join(now);
                 if self.members.is_empty() {
                     self.become_empty();
                 }
@@ -367,12 +382,34 @@ impl Group {
         self.members.is_empty()
     }
 
+    /// Removes a member; a join or sync it still waits on is answered UNKNOWN_MEMBER_ID.
+    fn remove(&mut self, member_id: &str) -> bool {
+        let Some(mut m) = self.members.remove(member_id) else {
+            return false;
+        };
+        if let Some(tx) = m.join.take() {
+            let _ = tx.send(JoinOutcome {
+                error: code::UNKNOWN_MEMBER_ID,
+                generation: -1,
+                member_id: member_id.to_string(),
+                ..Default::default()
+            });
+        }
+        if let Some(tx) = m.sync.take() {
+            let _ = tx.send(SyncOutcome {
+                error: code::UNKNOWN_MEMBER_ID,
+                ..Default::default()
+            });
+        }
+        true
+    }
+
     fn after_removal(&mut self, now: Instant) {
         if self.members.is_empty() {
             self.become_empty();
         } else {
             self.prepare_rebalance(now);
-            self.try_complete_join();
+            self.try_complete_join(now);
         }
     }
 
@@ -417,7 +454,7 @@ impl Group {
             .collect()
     }
 
-    fn try_complete_join(&mut self) {
+    fn try_complete_join(&mut self, now: Instant) {
         if !matches!(self.phase, Phase::PreparingRebalance { .. })
             || self.members.is_empty()
             || self.members.values().any(|m| m.join.is_none())
@@ -430,6 +467,11 @@ impl Group {
             self.leader = self.members.keys().next().cloned();
         }
         self.phase = Phase::CompletingRebalance;
+        // A member's session restarts when its join completes: waiting for slower
+        // members does not count against it.
+        for m in self.members.values_mut() {
+            m.last_seen = now;
+        }
         let ids: Vec<String> = self.members.keys().cloned().collect();
         for id in ids {
             let outcome = self.join_outcome(&id);
@@ -545,8 +587,8 @@ mod tests {
         ));
         assert_eq!(a_sync.assignment, Bytes::from("pa"));
         assert_eq!(b_sync.try_recv().expect("assigned").assignment, Bytes::from("pb"));
-        assert_eq!(g.check_commit(&b.member_id, 2), code::NONE);
-        assert_eq!(g.check_commit(&b.member_id, 1), code::ILLEGAL_GENERATION);
+        assert_eq!(g.check_commit(&b.member_id, 2, t), code::NONE);
+        assert_eq!(g.check_commit(&b.member_id, 1, t), code::ILLEGAL_GENERATION);
     }
 
     #[test]
@@ -562,7 +604,7 @@ mod tests {
         assert_eq!(g.phase, Phase::Empty);
         assert_eq!(g.heartbeat(&a.member_id, a.generation, t), code::UNKNOWN_MEMBER_ID);
         assert_eq!(
-            g.check_commit("", -1),
+            g.check_commit("", -1, t),
             code::NONE,
             "an empty group takes simple commits"
         );
@@ -577,5 +619,51 @@ mod tests {
         a.session_timeout = Duration::from_millis(10);
         assert_eq!(now(g.join(a, t)).error, code::INVALID_SESSION_TIMEOUT);
         assert_eq!(g.leave("nobody", t), code::UNKNOWN_MEMBER_ID);
+    }
+
+    #[test]
+    fn members_commit_while_a_rebalance_is_prepared_and_waiting_does_not_expire_them() {
+        let t = Instant::now();
+        let mut g = Group::new("g");
+        let mut a_args = args("");
+        a_args.require_known_member_id = false;
+        let a = now_or_wait(g.join(a_args, t)).try_recv().expect("joined");
+        now(g.sync(&a.member_id, a.generation, vec![], t));
+        let mut b_args = args("");
+        b_args.require_known_member_id = false;
+        let mut b_rx = now_or_wait(g.join(b_args, t));
+        // a learns of the rebalance and commits on revoke before rejoining.
+        assert_eq!(g.check_commit(&a.member_id, a.generation, t), code::NONE);
+        // a rejoins late, after b waited longer than its session: b is not expired.
+        let late = t + Duration::from_secs(9);
+        let _a_rx = now_or_wait(g.join(args(&a.member_id), late));
+        let b = b_rx.try_recv().expect("rebalance completed");
+        g.tick(late + Duration::from_secs(5));
+        assert!(
+            g.members.contains_key(&b.member_id),
+            "the session restarted at the join"
+        );
+        // Between the join and the assignment, commits wait for the new generation.
+        assert_eq!(
+            g.check_commit(&b.member_id, b.generation, late),
+            code::REBALANCE_IN_PROGRESS
+        );
+    }
+
+    #[test]
+    fn a_removed_member_still_waiting_is_told_so() {
+        let t = Instant::now();
+        let mut g = Group::new("g");
+        let mut a_args = args("");
+        a_args.require_known_member_id = false;
+        let a = now_or_wait(g.join(a_args, t)).try_recv().expect("joined");
+        now(g.sync(&a.member_id, a.generation, vec![], t));
+        let mut b_args = args("");
+        b_args.require_known_member_id = false;
+        let mut b_rx = now_or_wait(g.join(b_args, t));
+        assert!(b_rx.try_recv().is_err(), "waits for a to rejoin");
+        let b_id = g.members.keys().find(|k| **k != a.member_id).cloned().expect("b");
+        assert_eq!(g.leave(&b_id, t), code::NONE);
+        assert_eq!(b_rx.try_recv().expect("answered").error, code::UNKNOWN_MEMBER_ID);
     }
 }

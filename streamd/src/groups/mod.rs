@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 use weir_shared::ids::StreamEpoch;
 
 const NOT_COORDINATOR: i16 = 16;
+const OFFSET_METADATA_TOO_LARGE: i16 = 12;
+/// Kafka's `offset.metadata.max.bytes`.
+const MAX_METADATA: usize = 4096;
 const NON_EMPTY_GROUP: i16 = 68;
 const GROUP_ID_NOT_FOUND: i16 = 69;
 /// How often sessions and rebalance deadlines are checked.
@@ -207,11 +210,16 @@ impl Groups {
                 ..Default::default()
             }),
         };
+        // The protocol name is nullable only from v7; older versions get "".
+        let protocol = match (o.protocol.as_deref(), version) {
+            (None, v) if v < 7 => Some(""),
+            (p, _) => p,
+        };
         JoinGroupResponse::default()
             .with_error_code(o.error)
             .with_generation_id(o.generation)
             .with_protocol_type(o.protocol_type.as_deref().map(s))
-            .with_protocol_name(o.protocol.as_deref().map(s))
+            .with_protocol_name(protocol.map(s))
             .with_leader(s(&o.leader))
             .with_member_id(s(&o.member_id))
             .with_members(
@@ -229,8 +237,8 @@ impl Groups {
 
     async fn commit(&self, c: &Coordinator, r: OffsetCommitRequest) -> OffsetCommitResponse {
         let group = r.group_id.0.to_string();
-        let check = c.with(|st| match st.groups.get(&group) {
-            Some(g) => g.check_commit(&r.member_id, r.generation_id_or_member_epoch),
+        let check = c.with(|st| match st.groups.get_mut(&group) {
+            Some(g) => g.check_commit(&r.member_id, r.generation_id_or_member_epoch, Instant::now()),
             None if r.generation_id_or_member_epoch < 0 => code::NONE,
             None => code::UNKNOWN_MEMBER_ID,
         });
@@ -249,7 +257,13 @@ impl Groups {
                 });
             }
         }
-        let error = if check != code::NONE || changes.is_empty() {
+        let too_large = changes.iter().any(|ch| match ch {
+            Change::Commit { committed, .. } => committed.metadata.as_ref().is_some_and(|m| m.len() > MAX_METADATA),
+            Change::DeleteGroup { .. } => false,
+        });
+        let error = if too_large {
+            OFFSET_METADATA_TOO_LARGE
+        } else if check != code::NONE || changes.is_empty() {
             check
         } else {
             match self.append(c, &changes).await {

@@ -78,13 +78,23 @@ impl OffsetTable {
         self.groups.keys()
     }
 
-    /// Replays stored batches; records that are not offset records are skipped.
-    pub fn replay(&mut self, mut batches: Bytes) -> Result<(), String> {
-        let sets = RecordBatchDecoder::decode_all(&mut batches).map_err(|e| format!("offsets stream: {e}"))?;
-        for set in sets {
-            for r in set.records {
-                if let Some(change) = decode(&r) {
-                    self.apply(change);
+    /// Replays stored batches; records that are not offset records, and batches that
+    /// do not decode, are skipped (one bad batch must not make every group on the
+    /// stream unavailable).
+    pub fn replay(&mut self, batches: Bytes) -> Result<(), String> {
+        let split = weir_shared::batch::split_batches(&batches).map_err(|e| format!("offsets stream: {e}"))?;
+        for (header, raw) in split {
+            let mut one = Bytes::copy_from_slice(raw);
+            match RecordBatchDecoder::decode_all(&mut one) {
+                Ok(sets) => {
+                    for r in sets.into_iter().flat_map(|s| s.records) {
+                        if let Some(change) = decode(&r) {
+                            self.apply(change);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(offset = header.base_offset, error = %e, "skipped an offsets-stream batch that does not decode")
                 }
             }
         }
