@@ -37,6 +37,12 @@ if ! docker image inspect "$base" >/dev/null 2>&1; then
   fi
 fi
 
+# The first admin token's secret, for the bootstrapping metad only (DEP-8).
+if [ ! -s compose/admin-token ]; then
+  (umask 077; echo "weir_$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" > compose/admin-token)
+  echo "build-images: wrote a new admin token secret to compose/admin-token"
+fi
+
 stage="$(mktemp -d /tmp/weir-image.XXXXXX)"
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin"

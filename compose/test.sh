@@ -52,6 +52,14 @@ for s in metad-1 metad-2 metad-3 streamd-1 streamd-2 streamd-3 gatewayd-1 gatewa
   wait_until 120 "$s healthy" healthy "$s"
 done
 
+log "only the bootstrap metad got the admin token's secret, and the token exists (DEP-8)"
+docker exec "${project}_metad-1_1" test -s /run/secrets/admin-token || fail "metad-1 has the secret"
+if docker exec "${project}_metad-2_1" printenv WEIR_BOOTSTRAP_ADMIN_TOKEN_FILE >/dev/null 2>&1; then
+  fail "metad-2 was given the bootstrap token"
+fi
+wait_until 30 "admin token issued" bash -c \
+  "docker exec ${project}_metad-1_1 weir --metad metad-1:7400 --json tokens list | grep -q '\"admin\"'"
+
 log "Kafka through the published port (kcat) and HTTP (curl)"
 kcat -b "$kafka" -L | grep -q "2 brokers" || fail "Metadata lists both gateways"
 python3 - "$kafka" <<'PY'

@@ -68,6 +68,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             ..args.telemetry.clone()
         },
         shutdown: args.shutdown.clone(),
+        bootstrap_admin_token_file: None,
     }
     .validate()?;
     std::fs::create_dir_all(&args.data_dir)?;

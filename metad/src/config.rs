@@ -53,6 +53,11 @@ pub struct MetadArgs {
     #[arg(long, env = "WEIR_AUTO_PLACE", default_value_t = true, action = clap::ArgAction::Set)]
     pub auto_place: bool,
 
+    /// A file holding the first admin token's secret: this replica issues the token
+    /// `admin` once, unless it exists (give it to the bootstrapping replica only).
+    #[arg(long, env = "WEIR_BOOTSTRAP_ADMIN_TOKEN_FILE")]
+    pub bootstrap_admin_token_file: Option<PathBuf>,
+
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 

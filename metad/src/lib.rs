@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod admin_http;
+pub mod bootstrap_token;
 pub mod client;
 pub mod client_service;
 pub mod config;

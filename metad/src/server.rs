@@ -94,6 +94,15 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
 
     tasks.spawn(crate::metrics::follow_raft(raft.clone(), args.id));
     bootstrap(&raft, &config).await?;
+    if let Some(path) = &args.bootstrap_admin_token_file {
+        let secret = crate::bootstrap_token::read_secret(path)?;
+        tasks.spawn(crate::bootstrap_token::issue(
+            config.advertise.clone(),
+            hub.clone(),
+            secret,
+            shutdown.child_token(),
+        ));
+    }
     if args.auto_place {
         tasks.spawn(crate::placement::placement_loop(
             raft.clone(),

@@ -512,3 +512,36 @@ async fn otlp_endpoint_receives_trace_exports_and_bad_values_are_refused() {
     })
     .await;
 }
+
+// DEP-8: a replica given --bootstrap-admin-token-file issues the `admin` token once;
+// a restart with the same file does not issue it again.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_bootstrap_admin_token_is_issued_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("admin-token");
+    std::fs::write(&file, "weir_bootstrap-secret\n").expect("write token file");
+    let path = file.display().to_string();
+    let mut cluster = Cluster::start(1, &["--bootstrap-admin-token-file", &path]).await;
+    let tokens = || async {
+        cluster.replicas[0]
+            .http_json("/admin/state/tokens")
+            .await
+            .and_then(|v| v["tokens"].as_object().cloned())
+    };
+    let issued = wait_for("admin token issued", Duration::from_secs(20), || async {
+        tokens().await.filter(|t| t.contains_key("admin"))
+    })
+    .await;
+    assert_eq!(issued.len(), 1);
+    assert_eq!(issued["admin"]["scopes"], serde_json::json!(["admin"]));
+    cluster.replicas[0].kill();
+    cluster.replicas[0].start();
+    cluster.wait_leader(&[]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // a second issue would land by now
+    let dump = cluster.replicas[0]
+        .http_json("/admin/metadata/log?from=0&limit=10000")
+        .await
+        .expect("log dump");
+    let issues = dump.to_string().matches("issue_token").count();
+    assert_eq!(issues, 1, "one IssueToken entry in the log: {dump}");
+}
