@@ -42,6 +42,9 @@ const TICK: Duration = Duration::from_millis(250);
 pub struct Groups {
     node: Arc<Node>,
     coordinators: tokio::sync::Mutex<HashMap<String, Arc<Coordinator>>>,
+    /// One load at a time per offsets stream; loads of different streams, and requests
+    /// to loaded coordinators, do not wait for each other.
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// The groups of one offsets stream at one stream epoch.
@@ -78,6 +81,7 @@ impl Groups {
         Arc::new(Self {
             node,
             coordinators: tokio::sync::Mutex::new(HashMap::new()),
+            loading: Mutex::new(HashMap::new()),
         })
     }
 
@@ -125,11 +129,21 @@ impl Groups {
     /// when the stream was (re)opened since.
     async fn coordinator(self: &Arc<Self>, stream: &str) -> Result<Arc<Coordinator>, StreamdError> {
         let handle = self.node.stream(stream)?;
-        let mut map = self.coordinators.lock().await;
-        if let Some(c) = map.get(stream) {
-            if c.epoch == handle.epoch {
-                return Ok(c.clone());
-            }
+        let current =
+            |map: &HashMap<String, Arc<Coordinator>>| map.get(stream).filter(|c| c.epoch == handle.epoch).cloned();
+        if let Some(c) = current(&*self.coordinators.lock().await) {
+            return Ok(c);
+        }
+        let gate = self
+            .loading
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(stream.to_string())
+            .or_default()
+            .clone();
+        let _loading = gate.lock().await;
+        if let Some(c) = current(&*self.coordinators.lock().await) {
+            return Ok(c);
         }
         let offsets = self.replay(stream).await?;
         tracing::info!(stream, epoch = %handle.epoch, groups = offsets.groups().count(), "group coordinator loaded its offsets stream");
@@ -141,7 +155,7 @@ impl Groups {
                 offsets,
             }),
         });
-        map.insert(stream.to_string(), c.clone());
+        self.coordinators.lock().await.insert(stream.to_string(), c.clone());
         tokio::spawn(tick(Arc::downgrade(self), c.clone()));
         Ok(c)
     }
