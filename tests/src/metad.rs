@@ -147,6 +147,25 @@ impl Cluster {
     }
 
     /// Waits until a replica not in `excluding` reports itself leader; returns its index.
+    /// Issues API token `name` with `secret` as an operator would (`weir tokens issue`).
+    pub async fn issue_token(&self, name: &str, secret: &str, scopes: &[&str]) {
+        let (_, outcome) = self
+            .client()
+            .propose(
+                &weir_metad::model::Proposer::Operator {
+                    principal: "test".into(),
+                },
+                weir_metad::model::Command::IssueToken {
+                    name: name.into(),
+                    secret_sha256: weir_gatewayd::api::auth::secret_hash(secret),
+                    scopes: scopes.iter().map(|s| s.to_string()).collect(),
+                },
+            )
+            .await
+            .expect("issue");
+        outcome.expect("issued");
+    }
+
     pub async fn wait_leader(&self, excluding: &[usize]) -> usize {
         let logs = || {
             self.replicas

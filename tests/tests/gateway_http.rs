@@ -669,22 +669,7 @@ async fn with_auth_every_request_needs_a_live_token() {
     let (stack, mut gw) = stack(1, &["--auth"]).await;
     // The first admin token comes from an operator through metad (as `weir tokens issue`).
     let secret = "weir_test-admin-secret";
-    let (_, outcome) = stack
-        .metad
-        .client()
-        .propose(
-            &Proposer::Operator {
-                principal: "test".into(),
-            },
-            Command::IssueToken {
-                name: "root".into(),
-                secret_sha256: weir_gatewayd::api::auth::secret_hash(secret),
-                scopes: vec!["admin".into()],
-            },
-        )
-        .await
-        .expect("issue");
-    outcome.expect("issued");
+    stack.metad.issue_token("root", secret, &["admin"]).await;
 
     let (status, body) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);

@@ -16,7 +16,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use weir_metad::model::{Command as MetaCommand, Proposer};
 use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
@@ -528,22 +527,7 @@ async fn python_clients_produce_consume_and_administer() {
 async fn sasl_plain_authenticates_with_tokens() {
     let (stack, gw) = kafka_stack(1, &["--auth"]).await;
     let secret = "weir_kafka-secret";
-    let (_, outcome) = stack
-        .metad
-        .client()
-        .propose(
-            &Proposer::Operator {
-                principal: "test".into(),
-            },
-            MetaCommand::IssueToken {
-                name: "app".into(),
-                secret_sha256: weir_gatewayd::api::auth::secret_hash(secret),
-                scopes: vec![],
-            },
-        )
-        .await
-        .expect("issue");
-    outcome.expect("issued");
+    stack.metad.issue_token("app", secret, &[]).await;
     let with = |user: &str, pass: &str| {
         let mut c = config(&gw);
         c.set("security.protocol", "SASL_PLAINTEXT")

@@ -527,6 +527,22 @@ mod tests {
         }
     }
 
+    /// A join without the MEMBER_ID_REQUIRED round trip.
+    fn direct(member: &str) -> JoinArgs {
+        let mut a = args(member);
+        a.require_known_member_id = false;
+        a
+    }
+
+    /// A group with one member `a`, stable; and a second member joining (waiting).
+    fn stable_then_second_joins(t: Instant) -> (Group, JoinOutcome, oneshot::Receiver<JoinOutcome>) {
+        let mut g = Group::new("g");
+        let a = now_or_wait(g.join(direct(""), t)).try_recv().expect("joined");
+        now(g.sync(&a.member_id, a.generation, vec![], t));
+        let b_rx = now_or_wait(g.join(direct(""), t));
+        (g, a, b_rx)
+    }
+
     fn now_or_wait<T>(a: Answer<T>) -> oneshot::Receiver<T> {
         match a {
             Answer::Later(rx) => rx,
@@ -624,14 +640,7 @@ mod tests {
     #[test]
     fn members_commit_while_a_rebalance_is_prepared_and_waiting_does_not_expire_them() {
         let t = Instant::now();
-        let mut g = Group::new("g");
-        let mut a_args = args("");
-        a_args.require_known_member_id = false;
-        let a = now_or_wait(g.join(a_args, t)).try_recv().expect("joined");
-        now(g.sync(&a.member_id, a.generation, vec![], t));
-        let mut b_args = args("");
-        b_args.require_known_member_id = false;
-        let mut b_rx = now_or_wait(g.join(b_args, t));
+        let (mut g, a, mut b_rx) = stable_then_second_joins(t);
         // a learns of the rebalance and commits on revoke before rejoining.
         assert_eq!(g.check_commit(&a.member_id, a.generation, t), code::NONE);
         // a rejoins late, after b waited longer than its session: b is not expired.
@@ -653,14 +662,7 @@ mod tests {
     #[test]
     fn a_removed_member_still_waiting_is_told_so() {
         let t = Instant::now();
-        let mut g = Group::new("g");
-        let mut a_args = args("");
-        a_args.require_known_member_id = false;
-        let a = now_or_wait(g.join(a_args, t)).try_recv().expect("joined");
-        now(g.sync(&a.member_id, a.generation, vec![], t));
-        let mut b_args = args("");
-        b_args.require_known_member_id = false;
-        let mut b_rx = now_or_wait(g.join(b_args, t));
+        let (mut g, a, mut b_rx) = stable_then_second_joins(t);
         assert!(b_rx.try_recv().is_err(), "waits for a to rejoin");
         let b_id = g.members.keys().find(|k| **k != a.member_id).cloned().expect("b");
         assert_eq!(g.leave(&b_id, t), code::NONE);
