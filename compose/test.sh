@@ -4,6 +4,9 @@
 # curl through HTTP, SIGKILL a streamd (`docker kill`) and read every acknowledged
 # message back, stop another with `docker-compose stop` (exit 0, three phase records),
 # and `docker-compose down`. Bounded in time; cleans up after itself even on failure.
+# Checks DEP-1..3 (grace periods above deadlines, statically, with a negative case),
+# DEP-7 (the binary as PID 1 gets SIGTERM: exit 0 with three phase records), DEP-8
+# (only the bootstrap metad gets the admin secret) and INV-2 after `docker kill`.
 set -euo pipefail
 cd "$(dirname "$0")"
 

@@ -179,13 +179,7 @@ impl Shutdown {
             .name("shutdown-deadline".into())
             .spawn(move || {
                 std::thread::sleep(me.deadline);
-                let phase = me.phase().name();
-                tracing::error!(
-                    phase,
-                    outcome = "Forced",
-                    "shutdown deadline expired; abandoning graceful shutdown"
-                );
-                std::process::exit(1);
+                me.expire();
             })
             .ok();
     }
@@ -203,13 +197,29 @@ impl Shutdown {
         tracing::debug!(phase = phase.name(), "shutdown phase started");
     }
 
-    /// Logs the phase record. A phase still running past the deadline is `Forced`.
+    /// SD-DL-4: the deadline passed: log the phase reached and exit 1 at once. Whoever
+    /// sees it first (the deadline thread, or a phase that ends late) ends the process;
+    /// a second caller waits on the same `Once` until the exit happens.
+    fn expire(&self) -> ! {
+        static EXPIRED: std::sync::Once = std::sync::Once::new();
+        EXPIRED.call_once(|| {
+            let phase = self.phase().name();
+            tracing::error!(
+                phase,
+                outcome = "Forced",
+                "shutdown deadline expired; abandoning graceful shutdown"
+            );
+            std::process::exit(1);
+        });
+        std::process::exit(1)
+    }
+
+    /// Logs the phase record. A phase that ends past the deadline logs none: the
+    /// process ends there, exactly as the deadline thread ends it (SD-PH-4).
     pub fn finish(&self, phase: Phase, outcome: Outcome) {
-        let outcome = if self.deadline_left().is_zero() {
-            Outcome::Forced
-        } else {
-            outcome
-        };
+        if self.is_requested() && self.deadline_left().is_zero() {
+            self.expire();
+        }
         if outcome == Outcome::Forced {
             self.lock().forced = true;
         }

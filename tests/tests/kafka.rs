@@ -156,7 +156,7 @@ async fn ten_thousand_keyed_messages_at_acks_all_come_back_in_partition_order() 
     }
 }
 
-// Issue 5: headers, null keys and values, and a 1 MiB message round-trip; an
+// Issue 5, INV-2: headers, null keys and values, and a 1 MiB message round-trip; an
 // idempotent producer leaves no duplicates; HTTP and Kafka read each other's records.
 #[tokio::test(flavor = "multi_thread")]
 async fn headers_nulls_large_messages_idempotence_and_http_interop() {
@@ -685,7 +685,8 @@ async fn owner_index(stack: &Stack, gw: &Gatewayd, stream: &str) -> Option<usize
     stack.nodes.iter().position(|n| n.id == node)
 }
 
-// Issue 5 (with issue 6's failover): a streamd owning partitions is SIGKILLed while an
+// Issue 5 (with issue 6's failover), INV-2, FO-TKO-11, FO-TKO-12: a streamd owning
+// partitions is SIGKILLed while an
 // idempotent producer and a consumer group run. Every acknowledged message is read back
 // exactly once, and the group resumes from its committed offsets.
 #[tokio::test(flavor = "multi_thread")]

@@ -28,13 +28,13 @@ pub struct Session {
 struct Open;
 impl Open {
     fn new() -> Self {
-        super::super::metrics::metrics().kafka_connections.inc();
+        crate::metrics::metrics().kafka_connections.inc();
         Open
     }
 }
 impl Drop for Open {
     fn drop(&mut self) {
-        super::super::metrics::metrics().kafka_connections.dec();
+        crate::metrics::metrics().kafka_connections.dec();
     }
 }
 

@@ -75,3 +75,43 @@ pub fn proposer(session: &Session) -> Proposer {
         principal: session.principal.clone().unwrap_or_else(|| "anonymous".into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: &str) -> RouteError {
+        let mut s = tonic::Status::unavailable("x");
+        s.metadata_mut().insert("x-weir-error", code.parse().expect("ascii"));
+        RouteError::Streamd(s)
+    }
+
+    // FO-TKO-11, FO-TKO-12: a partition without a live owner is the retryable
+    // NOT_LEADER_OR_FOLLOWER, never UNKNOWN_TOPIC_OR_PARTITION.
+    #[test]
+    fn a_partition_without_a_live_owner_is_not_leader_or_follower() {
+        let no_owner = RouteError::NoOwner {
+            stream: "t/0".into(),
+            why: "moving".into(),
+        };
+        assert_eq!(route(&no_owner), NOT_LEADER_OR_FOLLOWER);
+        assert_eq!(route(&RouteError::CatchingUp), NOT_LEADER_OR_FOLLOWER);
+        for code in ["not_owner", "fenced", "unavailable"] {
+            assert_eq!(route(&status(code)), NOT_LEADER_OR_FOLLOWER, "{code}");
+        }
+        assert_eq!(route(&RouteError::NotFound("t/0".into())), UNKNOWN_TOPIC_OR_PARTITION);
+        assert_eq!(route(&RouteError::Unknown("reset".into())), REQUEST_TIMED_OUT);
+        assert_eq!(route(&status("out_of_order_sequence")), OUT_OF_ORDER_SEQUENCE_NUMBER);
+        assert_eq!(route(&status("invalid_producer_epoch")), INVALID_PRODUCER_EPOCH);
+        assert_eq!(route(&status("offset_out_of_range")), OFFSET_OUT_OF_RANGE);
+    }
+
+    // D-9: topic admin during a metadata outage.
+    #[test]
+    fn topic_admin_during_an_outage_is_not_leader_or_follower() {
+        let (code, _) = admin(&Err(ClientError::Unavailable("no quorum".into())));
+        assert_eq!(code, NOT_LEADER_OR_FOLLOWER);
+        let (code, _) = admin(&Ok(Rejection::new(RejectCode::AlreadyExists, "exists")));
+        assert_eq!(code, TOPIC_ALREADY_EXISTS);
+    }
+}
