@@ -1,13 +1,13 @@
 //! The `weir` command: admin commands over metad's gRPC admin API, and `weir dev`.
 
 mod dev;
-mod drain;
 mod output;
 
 use clap::{Parser, Subcommand};
 use std::time::Duration;
 use weir_metad::client::MetadClient;
 use weir_metad::model::{Command, CordonBy, Proposer, StreamConfig};
+use weir_proto::metad::{DrainRequest, TransferRequest};
 
 #[derive(Parser)]
 #[command(name = "weir", version, about = "Weir: durable streams on object storage")]
@@ -40,7 +40,7 @@ enum Cmd {
     /// Streams and their owners.
     Streams {
         #[command(subcommand)]
-        action: ListCmd,
+        action: StreamsCmd,
     },
     /// Kafka topics.
     Topics {
@@ -87,19 +87,34 @@ enum NodesCmd {
     Uncordon {
         node: String,
     },
-    /// Cordon NODE and move each of its streams to another node (a planned close:
-    /// everything buffered is uploaded first); reports per stream. The process keeps running.
+    /// Cordon NODE and move each of its streams to another node by planned transfer,
+    /// one at a time (everything buffered is uploaded first); reports per stream what
+    /// moved and why a move failed, and exits 1 when not everything moved. The process
+    /// keeps running.
     Drain {
         node: String,
-        /// Seconds each stream may take to close and open elsewhere.
-        #[arg(long, default_value_t = 30)]
-        per_stream_sec: u64,
+        /// Seconds the whole drain may take; each stream's move is bounded by what is left.
+        #[arg(long, default_value_t = 300)]
+        budget_sec: u64,
     },
 }
 
 #[derive(Subcommand)]
-enum ListCmd {
+enum StreamsCmd {
     List,
+    /// Move STREAM (a stream name or `topic/partition`) to node --to by planned
+    /// transfer; with --dry-run only check that it could (the error names the first
+    /// failing check).
+    Transfer {
+        stream: String,
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        dry_run: bool,
+        /// Seconds the transfer may take.
+        #[arg(long, default_value_t = 60)]
+        budget_sec: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -177,12 +192,53 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             out.outcome(client.propose(&operator, cmd).await?)?
         }
         Cmd::Nodes {
-            action: NodesCmd::Drain { node, per_stream_sec },
+            action: NodesCmd::Drain { node, budget_sec },
         } => {
-            let report = drain::drain(&client, &operator, &node, Duration::from_secs(per_stream_sec)).await?;
-            out.value(&report)
+            let budget = budget_flag("--budget-sec", budget_sec)?;
+            let request = DrainRequest {
+                node: node.clone(),
+                budget_ms: budget.as_millis() as u64,
+                requester: Vec::new(),
+            };
+            let report = client.drain(request, budget + CALL_MARGIN).await?;
+            out.value(&report);
+            if report["finished"] != true {
+                anyhow::bail!(
+                    "node '{node}' is not fully drained: {}",
+                    report["error"]
+                        .as_str()
+                        .unwrap_or("some streams did not move (see the report)")
+                );
+            }
         }
-        Cmd::Streams { action: ListCmd::List } => out.streams(&client.admin("streams", 0, 0).await?),
+        Cmd::Streams {
+            action: StreamsCmd::List,
+        } => out.streams(&client.admin("streams", 0, 0).await?),
+        Cmd::Streams {
+            action:
+                StreamsCmd::Transfer {
+                    stream,
+                    to,
+                    dry_run,
+                    budget_sec,
+                },
+        } => {
+            let budget = budget_flag("--budget-sec", budget_sec)?;
+            let request = TransferRequest {
+                stream: stream.clone(),
+                target: to,
+                dry_run,
+                budget_ms: budget.as_millis() as u64,
+            };
+            let moved = client.transfer(request, budget + CALL_MARGIN).await?;
+            out.value(&moved);
+            if !dry_run && moved["moved"] != true {
+                anyhow::bail!(
+                    "stream '{stream}' did not move: {}",
+                    moved["error"].as_str().unwrap_or("unknown")
+                );
+            }
+        }
         Cmd::Topics {
             action: TopicsCmd::List,
         } => out.value(&client.admin("topics", 0, 0).await?),
@@ -227,4 +283,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => out.outcome(client.propose(&operator, Command::RevokeToken { name }).await?)?,
     }
     Ok(())
+}
+
+/// How much longer than its budget a drain or transfer call waits for the report.
+const CALL_MARGIN: Duration = Duration::from_secs(10);
+
+fn budget_flag(flag: &str, sec: u64) -> anyhow::Result<Duration> {
+    if sec == 0 || sec > 3600 {
+        anyhow::bail!("{flag} must be between 1 and 3600 seconds, got {sec}");
+    }
+    Ok(Duration::from_secs(sec))
 }

@@ -1,14 +1,20 @@
 //! Operator views of the metadata state, shared by the admin gRPC service and admin HTTP.
 
 use crate::leader::current_leader;
+use crate::leader::{PeerChannels, FORWARDED};
 use crate::model::rows::streams_per_owner;
 use crate::model::State;
 use crate::raft_types::Raft;
 use crate::store::StateMachineStore;
+use crate::transfer::{Budget, Coordinator, Requester};
 use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
 use tonic::{Request, Response, Status};
+use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::admin_server::Admin;
-use weir_proto::metad::{AdminReply, AdminRequest};
+use weir_proto::metad::{AdminReply, AdminRequest, DrainRequest, TransferRequest};
+use weir_shared::ids::NodeId;
 
 /// Most history entries one dump returns.
 pub const MAX_DUMP: u64 = 10_000;
@@ -92,12 +98,61 @@ pub fn log_json(sm: &StateMachineStore, from: u64, limit: u64) -> Result<Value, 
 pub struct AdminService {
     raft: Raft,
     sm: StateMachineStore,
+    coordinator: Coordinator,
+    peers: Arc<PeerChannels>,
 }
 
 impl AdminService {
-    pub fn new(raft: Raft, sm: StateMachineStore) -> Self {
-        Self { raft, sm }
+    pub fn new(raft: Raft, sm: StateMachineStore, id: u64, peers: Arc<PeerChannels>) -> Self {
+        let coordinator = Coordinator::new(raft.clone(), sm.hub(), id);
+        Self {
+            raft,
+            sm,
+            coordinator,
+            peers,
+        }
     }
+
+    /// The leader's admin client, unless this call was already forwarded.
+    fn leader(&self, forwarded: bool) -> Result<AdminClient<tonic::transport::Channel>, Status> {
+        if forwarded {
+            return Err(Status::unavailable("metadata leader changed while forwarding; retry"));
+        }
+        let (_, addr) =
+            current_leader(&self.raft).ok_or_else(|| Status::unavailable("no metadata leader is known; retry"))?;
+        Ok(AdminClient::new(self.peers.get(&addr)?))
+    }
+}
+
+fn reply(value: &impl serde::Serialize) -> Result<Response<AdminReply>, Status> {
+    Ok(Response::new(AdminReply {
+        json: serde_json::to_vec(value).map_err(|e| Status::internal(e.to_string()))?,
+    }))
+}
+
+fn forwarded<T>(req: &Request<T>) -> bool {
+    req.metadata().contains_key(FORWARDED)
+}
+
+fn mark_forwarded<T>(inner: T) -> Request<T> {
+    let mut req = Request::new(inner);
+    req.metadata_mut()
+        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    req
+}
+
+/// Longest budget a drain or transfer request may ask for.
+const MAX_BUDGET: Duration = Duration::from_secs(3600);
+
+fn budget(ms: u64) -> Result<Budget, Status> {
+    let total = Duration::from_millis(ms);
+    if total.is_zero() || total > MAX_BUDGET {
+        return Err(Status::invalid_argument(format!(
+            "budget_ms must be between 1 and {}, got {ms}",
+            MAX_BUDGET.as_millis()
+        )));
+    }
+    Ok(Budget::new(total))
 }
 
 #[tonic::async_trait]
@@ -118,8 +173,56 @@ impl Admin for AdminService {
                     ))
                 })?,
         };
-        Ok(Response::new(AdminReply {
-            json: serde_json::to_vec(&value).map_err(|e| Status::internal(e.to_string()))?,
-        }))
+        reply(&value)
+    }
+
+    async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<AdminReply>, Status> {
+        let was_forwarded = forwarded(&req);
+        let inner = req.into_inner();
+        if !self.coordinator.leading() {
+            return self.leader(was_forwarded)?.drain(mark_forwarded(inner)).await;
+        }
+        let budget = budget(inner.budget_ms)?;
+        let requester =
+            match (inner.node.as_str(), inner.requester.is_empty()) {
+                (node, true) if !node.is_empty() => Requester::Operator(NodeId::new(node)),
+                ("", false) => Requester::Stopping(
+                    serde_json::from_slice(&inner.requester)
+                        .map_err(|e| Status::invalid_argument(format!("malformed requester: {e}")))?,
+                ),
+                _ => return Err(Status::invalid_argument(
+                    "name either a node (an operator's drain) or the requester (a stopping node's own drain), not both",
+                )),
+            };
+        // SD-DRN-12: the drain runs in a task of its own, so it finishes (and releases
+        // what it holds) even when the requester stops waiting.
+        let coordinator = self.coordinator.clone();
+        let report = tokio::spawn(async move { coordinator.drain(requester, budget).await })
+            .await
+            .map_err(|e| Status::internal(format!("drain task failed: {e}")))??;
+        if weir_shared::failpoint::action("drain_reply") == Some(weir_shared::failpoint::Action::Drop) {
+            tracing::warn!("failpoint drain_reply: not answering");
+            std::future::pending::<()>().await;
+        }
+        reply(&report)
+    }
+
+    async fn transfer(&self, req: Request<TransferRequest>) -> Result<Response<AdminReply>, Status> {
+        let was_forwarded = forwarded(&req);
+        let inner = req.into_inner();
+        if !self.coordinator.leading() {
+            return self.leader(was_forwarded)?.transfer(mark_forwarded(inner)).await;
+        }
+        let budget = budget(inner.budget_ms)?;
+        let coordinator = self.coordinator.clone();
+        let target = NodeId::new(inner.target.as_str());
+        let moved = tokio::spawn(async move {
+            coordinator
+                .transfer(&inner.stream, &target, inner.dry_run, budget)
+                .await
+        })
+        .await
+        .map_err(|e| Status::internal(format!("transfer task failed: {e}")))??;
+        reply(&moved)
     }
 }

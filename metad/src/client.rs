@@ -9,7 +9,9 @@ use std::time::Duration;
 use tonic::transport::Channel;
 use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::metad_client::MetadClient as GrpcMetadClient;
-use weir_proto::metad::{AdminRequest, LinearizableReadRequest, ProposeRequest, WatchEvent, WatchRequest};
+use weir_proto::metad::{
+    AdminRequest, DrainRequest, LinearizableReadRequest, ProposeRequest, TransferRequest, WatchEvent, WatchRequest,
+};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +22,12 @@ pub enum ClientError {
     /// The request itself was refused.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// What the request names does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request cannot be carried out in the current state (its message says why).
+    #[error("{0}")]
+    Conflict(String),
     /// A reply could not be decoded.
     #[error("malformed reply: {0}")]
     Malformed(String),
@@ -27,11 +35,30 @@ pub enum ClientError {
 
 impl From<tonic::Status> for ClientError {
     fn from(s: tonic::Status) -> Self {
+        let message = s.message().to_string();
         match s.code() {
-            tonic::Code::InvalidArgument => ClientError::Invalid(s.message().to_string()),
-            _ => ClientError::Unavailable(format!("{}: {}", s.code(), s.message())),
+            tonic::Code::NotFound => ClientError::NotFound(message),
+            tonic::Code::FailedPrecondition | tonic::Code::AlreadyExists => ClientError::Conflict(message),
+            _ if refused(&s) => ClientError::Invalid(message),
+            _ => ClientError::Unavailable(format!("{}: {}", s.code(), message)),
         }
     }
+}
+
+/// Whether a replica refused the request itself, so another replica would too.
+fn refused(s: &tonic::Status) -> bool {
+    use tonic::Code::*;
+    matches!(
+        s.code(),
+        InvalidArgument
+            | NotFound
+            | FailedPrecondition
+            | AlreadyExists
+            | PermissionDenied
+            | Unauthenticated
+            | OutOfRange
+            | Unimplemented
+    )
 }
 
 /// Talks to whichever replica of `addrs` answers, starting with the last that did.
@@ -63,7 +90,23 @@ impl MetadClient {
     }
 
     /// Tries each replica once, from the preferred one, until one answers other than `unavailable`.
-    async fn each<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    async fn each<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        self.each_within(self.timeout, true, call).await
+    }
+
+    /// As [`Self::each`], each attempt bounded by `timeout`. Without `retry_unanswered`
+    /// an attempt that got no answer ends the call: a long call (a drain) may still be
+    /// running, and asking another replica would start it twice.
+    async fn each_within<T, F, Fut>(
+        &self,
+        timeout: Duration,
+        retry_unanswered: bool,
+        mut call: F,
+    ) -> Result<T, ClientError>
     where
         F: FnMut(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
@@ -73,14 +116,19 @@ impl MetadClient {
         for i in 0..self.channels.len() {
             let idx = (start + i) % self.channels.len();
             let (addr, ch) = &self.channels[idx];
-            match tokio::time::timeout(self.timeout, call(ch.clone())).await {
+            match tokio::time::timeout(timeout, call(ch.clone())).await {
                 Ok(Ok(v)) => {
                     self.preferred.store(idx, Ordering::Relaxed);
                     return Ok(v);
                 }
-                Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => return Err(status.into()),
+                Ok(Err(status)) if refused(&status) => return Err(status.into()),
                 Ok(Err(status)) => last = ClientError::Unavailable(format!("{addr}: {}", status.message())),
-                Err(_) => last = ClientError::Unavailable(format!("{addr}: no answer within {:?}", self.timeout)),
+                Err(_) => {
+                    last = ClientError::Unavailable(format!("{addr}: no answer within {timeout:?}"));
+                    if !retry_unanswered {
+                        return Err(last);
+                    }
+                }
             }
         }
         Err(last)
@@ -141,6 +189,29 @@ impl MetadClient {
                         })
                         .await
                 }
+            })
+            .await?;
+        serde_json::from_slice(&reply.into_inner().json).map_err(|e| ClientError::Malformed(e.to_string()))
+    }
+
+    /// Drain node: the leader moves every stream of `request.node` (or, for a stopping
+    /// node, of the requester) by planned transfer; the JSON report. Waits up to `wait`.
+    pub async fn drain(&self, request: DrainRequest, wait: Duration) -> Result<serde_json::Value, ClientError> {
+        let reply = self
+            .each_within(wait, false, |ch| {
+                let request = request.clone();
+                async move { AdminClient::new(ch).drain(request).await }
+            })
+            .await?;
+        serde_json::from_slice(&reply.into_inner().json).map_err(|e| ClientError::Malformed(e.to_string()))
+    }
+
+    /// Moves one stream by planned transfer (or checks that it could); the JSON outcome.
+    pub async fn transfer(&self, request: TransferRequest, wait: Duration) -> Result<serde_json::Value, ClientError> {
+        let reply = self
+            .each_within(wait, false, |ch| {
+                let request = request.clone();
+                async move { AdminClient::new(ch).transfer(request).await }
             })
             .await?;
         serde_json::from_slice(&reply.into_inner().json).map_err(|e| ClientError::Malformed(e.to_string()))

@@ -20,6 +20,7 @@ pub mod raft_service;
 pub mod raft_types;
 pub mod server;
 pub mod store;
+pub mod transfer;
 pub mod view;
 
 pub use config::{MetadArgs, MetadConfig};

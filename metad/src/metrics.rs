@@ -18,6 +18,9 @@ pub struct MetadMetrics {
     pub failover_actions: IntCounterVec,
     /// 1 while this replica holds the failover lease.
     pub failover_holder: IntGauge,
+    /// Planned transfers this replica coordinated, by outcome (`moved`, `failed`) and
+    /// reason (`drain`, `shutdown`, `transfer`).
+    pub transfers: IntCounterVec,
 }
 
 pub fn metrics() -> &'static MetadMetrics {
@@ -46,6 +49,16 @@ pub fn metrics() -> &'static MetadMetrics {
                 .expect("valid metric"),
             ),
             failover_holder: gauge("metad_failover_holder", "1 while this replica holds the failover lease"),
+            transfers: register(
+                IntCounterVec::new(
+                    Opts::new(
+                        "metad_transfers_total",
+                        "Planned transfers coordinated, by outcome and reason",
+                    ),
+                    &["outcome", "reason"],
+                )
+                .expect("valid metric"),
+            ),
         }
     })
 }

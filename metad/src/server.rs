@@ -10,7 +10,7 @@ use crate::model::rows::ClusterSettings;
 use crate::network::{GrpcNetwork, MAX_RAFT_MESSAGE};
 use crate::raft_service::RaftService;
 use crate::raft_types::Raft;
-use crate::store::{open_db, LogStore, StateMachineStore};
+use crate::store::{open_db, LogStore, StateMachineStore, ViewHub};
 use openraft::{BasicNode, SnapshotPolicy};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -73,12 +73,17 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
         .add_service(MetadServer::new(ClientService::new(
             raft.clone(),
             hub.clone(),
-            peers,
+            peers.clone(),
             timeout,
             tasks.clone(),
             shutdown.child_token(),
         )))
-        .add_service(AdminServer::new(AdminService::new(raft.clone(), sm.clone())))
+        .add_service(AdminServer::new(AdminService::new(
+            raft.clone(),
+            sm.clone(),
+            args.id,
+            peers,
+        )))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),
             shutdown.clone().cancelled_owned(),
@@ -127,6 +132,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
 
     stopping.token().cancelled().await;
     stopping.begin(Phase::StopRequested);
+    mark_terminating(&hub, args.id, &config.advertise, stopping.step(Duration::from_secs(2))).await;
     stopping.finish(Phase::StopRequested, Outcome::Completed);
     stopping.begin(Phase::DrainSupport);
     // Nodes stopping alongside this replica still commit their hand-offs meanwhile.
@@ -154,6 +160,21 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
     drop(db);
     stopping.finish(Phase::TerminalTeardown, Outcome::Completed);
     Ok(())
+}
+
+/// SD-TRM-5, SD-REL-7: this replica's `metad-<id>` incarnation is marked terminating,
+/// so stopping nodes can tell whether a live metadata quorum stays; it stays a voter.
+async fn mark_terminating(hub: &ViewHub, id: u64, advertise: &str, within: Duration) {
+    let me = hub.with_state(|s| {
+        s.nodes
+            .get(&weir_shared::ids::NodeId::new(format!("metad-{id}")))
+            .filter(|n| n.is_live())
+            .map(|n| n.incarnation())
+    });
+    let (Some(me), Ok(client)) = (me, crate::client::MetadClient::new(&[advertise.to_string()], within)) else {
+        return;
+    };
+    crate::membership::mark_terminating(&client, &me, within).await;
 }
 
 /// Initializes the cluster once: only on a replica with no stored state, and only on

@@ -2,6 +2,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod failpoint;
 pub mod ids;
 pub mod metrics;
 pub mod shutdown;

@@ -10,6 +10,7 @@ pub mod node;
 pub mod object;
 pub mod server;
 pub mod service;
+pub mod shutdown_drain;
 pub mod stream;
 pub mod wal;
 

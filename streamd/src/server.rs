@@ -165,7 +165,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     if exit == Exit::Clean {
         stop_requested_phase(&node, &shutdown).await;
         shutdown.begin(Phase::DrainSupport);
-        let outcome = drain(&node, &shutdown).await;
+        let outcome = crate::shutdown_drain::drain(&node, &shutdown).await;
         shutdown.finish(Phase::DrainSupport, outcome);
         shutdown.begin(Phase::TerminalTeardown);
         // SD-TD-1: the self-fence first; failover places whatever did not close.
@@ -194,54 +194,4 @@ async fn stop_requested_phase(node: &Arc<Node>, shutdown: &Shutdown) {
     node.terminating.store(true, Ordering::Release);
     weir_metad::membership::mark_terminating(&node.metad, &node.me, shutdown.step(Duration::from_secs(2))).await;
     shutdown.finish(Phase::StopRequested, Outcome::Completed);
-}
-
-/// Drain-support (F steps 2–5): keep serving for `--shutdown-drain-sec`, end live
-/// reads, stop intake, then close every stream (waiting for its in-flight appends and
-/// uploading its buffered records), so placement moves it at once. Intake stops by
-/// refusing appends as `unavailable` rather than by closing the listener: a gateway
-/// then waits for the stream's new owner instead of seeing a dropped connection and an
-/// unknown outcome. Every wait is bounded by the drain budget; what does not close in
-/// time is left to failover after the self-fence (Abandoned).
-async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
-    tokio::time::sleep(shutdown.step(shutdown.drain_window)).await;
-    node.reads_end.cancel();
-    node.intake_closed.store(true, Ordering::Release);
-    tracing::info!("live reads ended and intake stopped; closing streams");
-    // SD-DRN-13: with nowhere to move to, streams still close in place (and are placed
-    // again when a node comes back).
-    let replacement = node.view.with(|s| {
-        s.nodes
-            .values()
-            .any(|n| n.kind == NodeKind::Streamd && n.id != node.me.node && n.is_schedulable())
-    });
-    if !replacement {
-        tracing::warn!("no live schedulable replacement node remains; admitted work completes in place");
-    }
-    let outcome = close_all(node, shutdown).await;
-    match outcome {
-        Outcome::Completed => tracing::info!(node_id = %node.me.node, "drained local node before graceful shutdown"),
-        _ => tracing::warn!(node_id = %node.me.node, "failed to drain local node before graceful shutdown"),
-    }
-    outcome
-}
-
-/// Closes every stream this node serves, within the drain budget.
-async fn close_all(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
-    let mut outcome = Outcome::Completed;
-    for handle in node.all_streams() {
-        let budget = shutdown.step(Duration::MAX);
-        match tokio::time::timeout(budget, node.close_stream(&handle.name)).await {
-            Ok(Ok(end)) => tracing::info!(stream = %handle.name, offset = end, "closed stream for shutdown"),
-            Ok(Err(e)) => {
-                tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it");
-                outcome = Outcome::Abandoned;
-            }
-            Err(_) => {
-                tracing::warn!(stream = %handle.name, "drain budget spent; failover will recover the rest");
-                return Outcome::Abandoned;
-            }
-        }
-    }
-    outcome
 }

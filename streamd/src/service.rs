@@ -80,7 +80,17 @@ impl Streamd for DataPlane {
     }
 
     async fn close_stream(&self, req: Request<CloseStreamRequest>) -> Result<Response<CloseStreamReply>, Status> {
-        let end = self.node.close_stream(&req.into_inner().stream).await?;
+        let req = req.into_inner();
+        let within = match req.timeout_ms {
+            0 => crate::node::close::DEFAULT_CLOSE_TIMEOUT,
+            ms => Duration::from_millis(ms),
+        };
+        // The close runs in a task of its own: a caller that stops waiting must not
+        // cancel it midway (its own bound reopens intake if it cannot finish).
+        let node = self.node.clone();
+        let end = tokio::spawn(async move { node.close_stream(&req.stream, within).await })
+            .await
+            .map_err(|e| Status::internal(format!("close task failed: {e}")))??;
         Ok(Response::new(CloseStreamReply { end_offset: end }))
     }
 

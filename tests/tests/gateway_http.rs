@@ -302,7 +302,10 @@ async fn a_retried_append_with_the_same_idempotency_key_is_applied_once_even_aft
     let owner = owner_index(&stack, &gw, "idem").await;
     let mut client = stack.nodes[owner].client().await;
     client
-        .close_stream(CloseStreamRequest { stream: "idem".into() })
+        .close_stream(CloseStreamRequest {
+            stream: "idem".into(),
+            timeout_ms: 0,
+        })
         .await
         .expect("close");
     let moved_to = 1 - owner;
@@ -410,6 +413,7 @@ async fn appends_follow_the_stream_while_it_moves_and_nothing_acknowledged_is_lo
         client
             .close_stream(CloseStreamRequest {
                 stream: "moving".into(),
+                timeout_ms: 0,
             })
             .await
             .expect("close");

@@ -108,6 +108,7 @@ async fn append_upload_and_read_back(backend: Backend) {
     let end = a
         .close_stream(CloseStreamRequest {
             stream: "orders".into(),
+            timeout_ms: 0,
         })
         .await
         .expect("close")
@@ -443,9 +444,12 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
             .await
             .expect("append");
         }
-        a.close_stream(CloseStreamRequest { stream: "c".into() })
-            .await
-            .expect("close");
+        a.close_stream(CloseStreamRequest {
+            stream: "c".into(),
+            timeout_ms: 0,
+        })
+        .await
+        .expect("close");
         // Corrupt the one data object on the S3 server's disk.
         let objects = walk(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
         for path in objects.iter().filter(|p| p.extension().is_some_and(|e| e == "wdo")) {
@@ -622,7 +626,10 @@ async fn wal_growth_is_bounded_and_reclaimed_after_commits() {
         assert_eq!(weir_streamd::error::error_code(&err), Some("wal_full"));
         // Closing uploads and commits everything; the committed segments are reclaimed.
         let end = c
-            .close_stream(CloseStreamRequest { stream: "full".into() })
+            .close_stream(CloseStreamRequest {
+                stream: "full".into(),
+                timeout_ms: 0,
+            })
             .await
             .expect("close")
             .into_inner()

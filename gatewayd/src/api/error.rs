@@ -155,6 +155,8 @@ impl From<ClientError> for ApiError {
                 "the metadata quorum is unavailable ({m}); metadata changes are refused until it returns"
             )),
             ClientError::Invalid(m) => ApiError::invalid(m),
+            ClientError::NotFound(m) => ApiError::not_found(m),
+            ClientError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, Code::Conflict, m),
             ClientError::Malformed(m) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, Code::Internal, m),
         }
     }

@@ -4,6 +4,7 @@ pub mod append;
 pub mod auth;
 pub mod error;
 pub mod health;
+pub mod nodes;
 pub mod read;
 pub mod sse;
 pub mod streams;
@@ -14,7 +15,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use error::{ApiError, Code};
 use std::sync::Arc;
@@ -83,6 +84,10 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/admin/tokens", get(tokens::list).post(tokens::issue))
         .route("/v1/admin/tokens/{name}", delete(tokens::revoke))
         .route("/admin/nodes", get(health::nodes))
+        .route("/admin/nodes/{node}/cordon", post(nodes::cordon))
+        .route("/admin/nodes/{node}/uncordon", post(nodes::uncordon))
+        .route("/admin/nodes/{node}/drain", post(nodes::drain))
+        .route("/v1/admin/streams/{name}/transfer", post(nodes::transfer))
         .route_layer(middleware::from_fn_with_state(gw.clone(), auth::require_token));
     Router::new()
         .route("/livez", get(health::livez))

@@ -8,6 +8,9 @@ use super::state::{Change, RowKey, State};
 use std::collections::BTreeSet;
 use weir_shared::ids::{Epoch, Incarnation, NodeId, ObjectKey, Offset, StreamEpoch, StreamId};
 
+mod transfer;
+pub use transfer::check_destination;
+
 /// Longest accepted stream or topic name (Kafka allows 249 for topics).
 pub const MAX_NAME_LEN: usize = 249;
 /// Most partitions one topic may have.
@@ -107,6 +110,12 @@ impl Txn<'_> {
             Command::DeleteStream { name } => self.delete_stream(proposer, name),
             Command::DestroyStream { stream } => self.destroy_stream(proposer, *stream),
             Command::PlaceStream { stream, node } => self.place_stream(proposer, *stream, node),
+            Command::BeginTransfer {
+                stream,
+                stream_epoch,
+                target,
+            } => self.begin_transfer(proposer, *stream, *stream_epoch, target),
+            Command::CancelTransfer { stream, stream_epoch } => self.cancel_transfer(proposer, *stream, *stream_epoch),
             Command::OpenStream { stream } => self.open_stream(proposer, *stream),
             Command::CloseStream { stream, stream_epoch } => self.close_stream(proposer, *stream, *stream_epoch),
             Command::CommitObjects { key, size, ranges } => self.commit_objects(proposer, key, *size, ranges),
@@ -543,26 +552,7 @@ impl Txn<'_> {
     fn place_stream(&mut self, proposer: &Proposer, id: StreamId, node: &NodeId) -> Outcome {
         self.privileged(proposer)?;
         // The target's checks come first: a refusal names the first failing one (OBS-14).
-        let target = self.node_row(node)?;
-        if target.kind != NodeKind::Streamd {
-            return Err(reject(
-                RejectCode::InvalidArgument,
-                format!("node '{node}' is not a streamd"),
-            ));
-        }
-        // OBS-14: the message names the first failing check.
-        let unschedulable = if target.fenced {
-            Some("fenced")
-        } else if target.terminating {
-            Some("terminating")
-        } else if target.cordon.is_some() {
-            Some("cordoned")
-        } else {
-            None
-        };
-        if let Some(why) = unschedulable {
-            return Err(reject(RejectCode::Conflict, format!("node '{node}' is {why}")));
-        }
+        let target = check_destination(self.state, node)?;
         let stream = self.stream(id)?;
         if stream.state != StreamState::Closed {
             return Err(reject(
@@ -677,9 +667,17 @@ impl Txn<'_> {
                 format!("stream '{}' is deleted", stream.name),
             ));
         }
+        // A planned transfer (or one a takeover interrupted) completes to its target in
+        // this same entry, if the target can still take it; otherwise placement decides.
+        let handed_to = stream
+            .transfer_target
+            .as_ref()
+            .and_then(|t| check_destination(self.state, t).ok())
+            .map(NodeRow::incarnation);
         let row = self.state.streams.get_mut(&id).expect("checked");
         row.state = StreamState::Closed;
-        row.owner = None;
+        row.owner = handed_to;
+        row.transfer_target = None;
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }

@@ -107,6 +107,18 @@ pub enum Command {
         stream: StreamId,
         node: NodeId,
     },
+    /// Starts a planned transfer of an open stream to `target` (SD-DRN-2): the owner's
+    /// close then hands the stream to `target` in the same entry.
+    BeginTransfer {
+        stream: StreamId,
+        stream_epoch: StreamEpoch,
+        target: NodeId,
+    },
+    /// Ends a planned transfer that did not happen; the stream stays where it is (SD-DRN-7).
+    CancelTransfer {
+        stream: StreamId,
+        stream_epoch: StreamEpoch,
+    },
     /// The placed owner opens the stream at its epoch + 1 (INV-6).
     OpenStream {
         stream: StreamId,
@@ -179,6 +191,8 @@ impl Command {
             Command::CreateStream { .. } => "create_stream",
             Command::DeleteStream { .. } => "delete_stream",
             Command::PlaceStream { .. } => "place_stream",
+            Command::BeginTransfer { .. } => "begin_transfer",
+            Command::CancelTransfer { .. } => "cancel_transfer",
             Command::OpenStream { .. } => "open_stream",
             Command::CloseStream { .. } => "close_stream",
             Command::CommitObjects { .. } => "commit_objects",

@@ -6,6 +6,7 @@ pub mod command;
 pub mod rows;
 pub mod state;
 
+pub use apply::check_destination;
 pub use command::{Applied, Command, CommitRange, Outcome, Proposal, Proposer, RejectCode, Rejection};
 pub use rows::*;
 pub use state::{Change, Delta, Row, RowKey, State};

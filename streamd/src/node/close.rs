@@ -7,28 +7,38 @@ use std::time::Duration;
 use weir_metad::client::ClientError;
 use weir_metad::model::{Command, RejectCode};
 
-/// How long a close waits for in-flight appends to become durable.
-const DRAIN_APPENDS: Duration = Duration::from_secs(30);
-/// How long a close waits for its buffered records to be uploaded and committed.
-const CLOSE_UPLOAD: Duration = Duration::from_secs(30);
+/// How long a close may take when its caller sets no bound.
+pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Node {
-    /// Closes `stream`; returns the end offset every acknowledged record lies below.
-    pub async fn close_stream(&self, stream: &str) -> Result<u64, StreamdError> {
+    /// Closes `stream` within `within`; returns the end offset every acknowledged record
+    /// lies below. A close that cannot finish in time reopens the stream's intake, so a
+    /// transfer that gave up releases its gate (SD-DRN-4, SD-DRN-7).
+    pub async fn close_stream(&self, stream: &str, within: Duration) -> Result<u64, StreamdError> {
         let handle = self.stream(stream)?;
+        let deadline = tokio::time::Instant::now() + within;
         let target = {
             let mut inner = handle.inner.lock().await;
             inner.closing = true;
             inner.next_offset
         };
         let mut durable = handle.durable.subscribe();
-        tokio::time::timeout(DRAIN_APPENDS, durable.wait_for(|d| *d >= target))
+        // The watch's read guard is dropped at once: it must not live across an await.
+        let durable = tokio::time::timeout_at(deadline, durable.wait_for(|d| *d >= target))
             .await
-            .map_err(|_| StreamdError::Unavailable("in-flight appends did not become durable in time".into()))?
-            .map_err(|_| StreamdError::Unavailable("stream stopped while closing".into()))?;
+            .map(|r| r.map(|_| ()));
+        match durable {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(StreamdError::Unavailable("stream stopped while closing".into())),
+            Err(_) => {
+                handle.inner.lock().await.closing = false;
+                return Err(StreamdError::Unavailable(format!(
+                    "in-flight appends to stream '{stream}' did not become durable within {within:?}"
+                )));
+            }
+        }
         // The uploader task commits (an upload round is never cancelled midway, or its
         // batches would be left marked as in flight); the close only waits, up to a deadline.
-        let deadline = tokio::time::Instant::now() + CLOSE_UPLOAD;
         while handle.inner.lock().await.committed_end < target {
             if !handle.is_serving() || self.fenced.is_cancelled() {
                 return Err(StreamdError::NotOwner {
@@ -39,7 +49,7 @@ impl Node {
             if tokio::time::Instant::now() >= deadline {
                 handle.inner.lock().await.closing = false;
                 return Err(StreamdError::Unavailable(format!(
-                    "stream '{stream}' could not commit its buffered records within {CLOSE_UPLOAD:?}"
+                    "stream '{stream}' could not commit its buffered records within {within:?}"
                 )));
             }
             self.upload_now.notify_one();

@@ -2,7 +2,7 @@
 //! ownership with the view, uploading, heartbeating).
 
 mod append;
-mod close;
+pub(crate) mod close;
 mod producers;
 mod read;
 mod reconcile;

@@ -1,0 +1,361 @@
+//! Planned transfers (SD-DRN-2): the leader marks an open stream's destination, the
+//! owner uploads and commits what it buffered and closes the stream, and that close
+//! hands the stream to the destination in the same entry. The mark is the transfer's
+//! gate in the log: cancelling it (or the owner's failed close) leaves the stream where
+//! it was.
+
+use super::{reject, Txn};
+use crate::model::command::{Applied, Outcome, Proposer, RejectCode, Rejection};
+use crate::model::rows::{NodeKind, NodeRow, StreamState};
+use crate::model::state::{RowKey, State};
+use weir_shared::ids::{NodeId, StreamEpoch, StreamId};
+
+/// SD-TRM-6, OBS-14: whether `node` may receive a stream, checked in a fixed order;
+/// the error names the first check that fails.
+pub fn check_destination<'s>(state: &'s State, node: &NodeId) -> Result<&'s NodeRow, Rejection> {
+    let row = state
+        .nodes
+        .get(node)
+        .ok_or_else(|| reject(RejectCode::NotFound, format!("node '{node}' is not registered")))?;
+    if row.kind != NodeKind::Streamd {
+        return Err(reject(
+            RejectCode::InvalidArgument,
+            format!("node '{node}' is not a streamd"),
+        ));
+    }
+    let unschedulable = if !row.is_live() {
+        Some("not live")
+    } else if row.terminating {
+        Some("terminating")
+    } else if row.cordon.is_some() {
+        Some("cordoned")
+    } else {
+        None
+    };
+    match unschedulable {
+        Some(why) => Err(reject(RejectCode::Conflict, format!("node '{node}' is {why}"))),
+        None => Ok(row),
+    }
+}
+
+impl Txn<'_> {
+    pub(super) fn begin_transfer(
+        &mut self,
+        proposer: &Proposer,
+        id: StreamId,
+        stream_epoch: StreamEpoch,
+        target: &NodeId,
+    ) -> Outcome {
+        self.privileged(proposer)?;
+        check_destination(self.state, target)?;
+        let stream = self.stream(id)?;
+        if stream.state != StreamState::Open {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!(
+                    "stream '{}' is {:?}; only an open stream is transferred",
+                    stream.name, stream.state
+                ),
+            ));
+        }
+        if stream.epoch != stream_epoch {
+            return Err(reject(
+                RejectCode::NotOwner,
+                format!(
+                    "stream '{}' is at epoch {}, not {stream_epoch}",
+                    stream.name, stream.epoch
+                ),
+            ));
+        }
+        let Some(owner) = stream.owner.clone() else {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!("stream '{}' has no owner", stream.name),
+            ));
+        };
+        if &owner.node == target {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                format!("stream '{}' is already on node '{target}'", stream.name),
+            ));
+        }
+        if !self.incarnation_live(&owner) {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!("stream '{}' is owned by {owner}, which is not live", stream.name),
+            ));
+        }
+        let row = self.state.streams.get_mut(&id).expect("checked");
+        row.transfer_target = Some(target.clone());
+        self.touch(RowKey::Stream(id));
+        Ok(Applied::Done)
+    }
+
+    /// Idempotent: a transfer already ended (or never begun at that epoch) stays ended.
+    pub(super) fn cancel_transfer(&mut self, proposer: &Proposer, id: StreamId, stream_epoch: StreamEpoch) -> Outcome {
+        self.privileged(proposer)?;
+        let stream = self.stream(id)?;
+        if stream.epoch == stream_epoch && stream.transfer_target.is_some() {
+            self.state.streams.get_mut(&id).expect("checked").transfer_target = None;
+            self.touch(RowKey::Stream(id));
+        }
+        Ok(Applied::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::command::{Command, Proposal};
+    use crate::model::rows::{ClusterSettings, CordonBy, NodeAddrs};
+    use crate::model::Applied;
+    use weir_shared::ids::Incarnation;
+
+    struct Log {
+        state: State,
+        index: u64,
+    }
+
+    impl Log {
+        fn new() -> Self {
+            let mut log = Log {
+                state: State::default(),
+                index: 0,
+            };
+            log.op(Command::InitCluster {
+                settings: ClusterSettings {
+                    heartbeat_interval_sec: 1,
+                    node_timeout_sec: 3,
+                },
+            })
+            .unwrap();
+            log
+        }
+
+        fn run(&mut self, proposer: Proposer, command: Command) -> Outcome {
+            self.index += 1;
+            self.state.apply(self.index, &Proposal { proposer, command }).0
+        }
+
+        fn op(&mut self, command: Command) -> Outcome {
+            self.run(
+                Proposer::Operator {
+                    principal: "test".into(),
+                },
+                command,
+            )
+        }
+
+        fn register(&mut self, name: &str, kind: NodeKind) -> Incarnation {
+            let Ok(Applied::Registered { epoch }) = self.op(Command::RegisterNode {
+                node: NodeId::new(name),
+                kind,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            }) else {
+                panic!("registration failed")
+            };
+            Incarnation {
+                node: NodeId::new(name),
+                epoch,
+            }
+        }
+
+        /// A stream opened on `owner`; its id and epoch.
+        fn open_stream(&mut self, name: &str, owner: &Incarnation) -> (StreamId, StreamEpoch) {
+            let Ok(Applied::StreamCreated { stream }) = self.op(Command::CreateStream {
+                name: name.into(),
+                config: Default::default(),
+            }) else {
+                panic!("create failed")
+            };
+            self.op(Command::PlaceStream {
+                stream,
+                node: owner.node.clone(),
+            })
+            .unwrap();
+            let Ok(Applied::StreamOpened { stream_epoch, .. }) =
+                self.run(Proposer::Node(owner.clone()), Command::OpenStream { stream })
+            else {
+                panic!("open failed")
+            };
+            (stream, stream_epoch)
+        }
+
+        fn first_failure(&self, node: &str) -> String {
+            check_destination(&self.state, &NodeId::new(node)).unwrap_err().message
+        }
+    }
+
+    /// SD-TRM-6, OBS-14: the destination checks run in a fixed order and the error
+    /// names the first one that fails; a node both terminating and cordoned is reported
+    /// as terminating.
+    #[test]
+    fn destination_checks_name_the_first_failure_in_order() {
+        let mut log = Log::new();
+        let fenced = log.register("fenced", NodeKind::Streamd);
+        let terminating = log.register("terminating", NodeKind::Streamd);
+        let both = log.register("both", NodeKind::Streamd);
+        log.register("cordoned", NodeKind::Streamd);
+        log.register("metad-1", NodeKind::Metad);
+        log.run(Proposer::Node(fenced), Command::FenceSelf).unwrap();
+        log.run(Proposer::Node(terminating), Command::MarkTerminating).unwrap();
+        log.run(Proposer::Node(both), Command::MarkTerminating).unwrap();
+        for node in ["both", "cordoned"] {
+            log.op(Command::Cordon {
+                node: NodeId::new(node),
+                by: CordonBy::Operator,
+            })
+            .unwrap();
+        }
+        assert_eq!(log.first_failure("ghost"), "node 'ghost' is not registered");
+        assert_eq!(log.first_failure("metad-1"), "node 'metad-1' is not a streamd");
+        assert_eq!(log.first_failure("fenced"), "node 'fenced' is not live");
+        assert_eq!(log.first_failure("terminating"), "node 'terminating' is terminating");
+        assert_eq!(log.first_failure("both"), "node 'both' is terminating");
+        assert_eq!(log.first_failure("cordoned"), "node 'cordoned' is cordoned");
+    }
+
+    /// SD-DRN-2 step 4: the owner's close commits the new ownership to the transfer's
+    /// target in the same entry; a cancelled transfer leaves the stream to placement.
+    #[test]
+    fn a_close_hands_a_transferring_stream_to_its_target() {
+        let mut log = Log::new();
+        let a = log.register("a", NodeKind::Streamd);
+        let b = log.register("b", NodeKind::Streamd);
+        let (x, epoch) = log.open_stream("x", &a);
+        let begin = |target: &str| Command::BeginTransfer {
+            stream: x,
+            stream_epoch: epoch,
+            target: NodeId::new(target),
+        };
+        let refused = log.op(begin("a")).unwrap_err();
+        assert_eq!(refused.code, RejectCode::InvalidArgument, "{refused}");
+        log.op(begin("b")).unwrap();
+        assert_eq!(log.state.streams[&x].transfer_target, Some(NodeId::new("b")));
+        log.run(
+            Proposer::Node(a.clone()),
+            Command::CloseStream {
+                stream: x,
+                stream_epoch: epoch,
+            },
+        )
+        .unwrap();
+        let row = &log.state.streams[&x];
+        assert_eq!(row.state, StreamState::Closed);
+        assert_eq!(row.owner, Some(b.clone()), "handed to the target in the close's entry");
+        assert_eq!(row.transfer_target, None);
+        let Ok(Applied::StreamOpened { stream_epoch, .. }) =
+            log.run(Proposer::Node(b), Command::OpenStream { stream: x })
+        else {
+            panic!("the target opens it")
+        };
+        assert!(stream_epoch > epoch, "INV-6: a higher epoch at the target");
+
+        // A cancelled transfer: the close leaves the stream unowned, for placement.
+        let (y, epoch) = log.open_stream("y", &a);
+        log.op(Command::BeginTransfer {
+            stream: y,
+            stream_epoch: epoch,
+            target: NodeId::new("b"),
+        })
+        .unwrap();
+        log.op(Command::CancelTransfer {
+            stream: y,
+            stream_epoch: epoch,
+        })
+        .unwrap();
+        log.op(Command::CancelTransfer {
+            stream: y,
+            stream_epoch: epoch,
+        })
+        .expect("cancelling twice is harmless");
+        log.run(
+            Proposer::Node(a),
+            Command::CloseStream {
+                stream: y,
+                stream_epoch: epoch,
+            },
+        )
+        .unwrap();
+        assert_eq!(log.state.streams[&y].owner, None);
+    }
+
+    /// A destination that became ineligible after the transfer began does not get the
+    /// stream: the close leaves it to placement.
+    #[test]
+    fn a_close_does_not_hand_a_stream_to_a_destination_that_stopped() {
+        let mut log = Log::new();
+        let a = log.register("a", NodeKind::Streamd);
+        let b = log.register("b", NodeKind::Streamd);
+        let (x, epoch) = log.open_stream("x", &a);
+        log.op(Command::BeginTransfer {
+            stream: x,
+            stream_epoch: epoch,
+            target: NodeId::new("b"),
+        })
+        .unwrap();
+        log.run(Proposer::Node(b), Command::MarkTerminating).unwrap();
+        log.run(
+            Proposer::Node(a),
+            Command::CloseStream {
+                stream: x,
+                stream_epoch: epoch,
+            },
+        )
+        .unwrap();
+        assert_eq!(log.state.streams[&x].owner, None);
+    }
+
+    /// Issue 6 (FO-TKO): a transfer interrupted by its source's death completes to its
+    /// target: once the takeover has recovered the stream, the holder's close hands it
+    /// to the target, not back to placement.
+    #[test]
+    fn a_pending_transfer_completes_to_its_target_after_a_takeover() {
+        let mut log = Log::new();
+        let a = log.register("a", NodeKind::Streamd);
+        let b = log.register("b", NodeKind::Streamd);
+        let c = log.register("c", NodeKind::Streamd);
+        let (x, epoch) = log.open_stream("x", &a);
+        log.op(Command::BeginTransfer {
+            stream: x,
+            stream_epoch: epoch,
+            target: NodeId::new("b"),
+        })
+        .unwrap();
+        let seen = log.state.nodes[&a.node].heartbeats;
+        log.op(Command::FenceNode {
+            node: a.node.clone(),
+            epoch: a.epoch,
+            seen_heartbeats: seen,
+        })
+        .unwrap();
+        let close = Command::CloseStream {
+            stream: x,
+            stream_epoch: epoch,
+        };
+        let early = log.op(close.clone()).unwrap_err();
+        assert_eq!(
+            early.code,
+            RejectCode::Conflict,
+            "not before the WAL is recovered: {early}"
+        );
+        log.op(Command::BeginTakeover {
+            node: a.node.clone(),
+            epoch: a.epoch,
+            agent: c.node.clone(),
+        })
+        .unwrap();
+        log.run(
+            Proposer::Node(c),
+            Command::CompleteTakeover {
+                node: a.node.clone(),
+                epoch: a.epoch,
+            },
+        )
+        .unwrap();
+        log.op(close).unwrap();
+        assert_eq!(log.state.streams[&x].owner, Some(b), "the target gets it");
+    }
+}

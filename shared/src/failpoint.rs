@@ -1,0 +1,72 @@
+//! Failpoints for fault tests: `WEIR_FAILPOINT_<NAME>` in the environment selects an
+//! action at a named point (`sleep(<ms>)`, `hang`, `drop`, `return(err)`). Read once per
+//! use, so a test sets them per process; unset costs one environment lookup.
+
+use std::time::Duration;
+
+/// What a failpoint asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Wait this long, then go on.
+    Sleep(Duration),
+    /// Never go on (until the caller's own bound ends the wait).
+    Hang,
+    /// Do the work but drop the reply.
+    Drop,
+    /// Fail instead of doing the work.
+    Error,
+}
+
+/// The action set for failpoint `name` (`drain_reply` reads `WEIR_FAILPOINT_DRAIN_REPLY`).
+pub fn action(name: &str) -> Option<Action> {
+    let value = std::env::var(format!("WEIR_FAILPOINT_{}", name.to_ascii_uppercase())).ok()?;
+    let parsed = parse(&value);
+    if parsed.is_none() {
+        tracing::warn!(failpoint = name, value, "unrecognized failpoint action ignored");
+    }
+    parsed
+}
+
+fn parse(value: &str) -> Option<Action> {
+    match value.trim() {
+        "hang" => Some(Action::Hang),
+        "drop" => Some(Action::Drop),
+        "return(err)" => Some(Action::Error),
+        v => v
+            .strip_prefix("sleep(")
+            .and_then(|r| r.strip_suffix(')'))
+            .and_then(|ms| ms.parse().ok())
+            .map(|ms| Action::Sleep(Duration::from_millis(ms))),
+    }
+}
+
+/// Runs the waiting actions (`sleep`, `hang`) of failpoint `name`; returns the others.
+pub async fn pause(name: &str) -> Option<Action> {
+    match action(name) {
+        Some(Action::Sleep(d)) => {
+            tracing::warn!(failpoint = name, delay = ?d, "failpoint: sleeping");
+            tokio::time::sleep(d).await;
+            None
+        }
+        Some(Action::Hang) => {
+            tracing::warn!(failpoint = name, "failpoint: hanging");
+            std::future::pending().await
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_parse() {
+        assert_eq!(parse("sleep(1500)"), Some(Action::Sleep(Duration::from_millis(1500))));
+        assert_eq!(parse("hang"), Some(Action::Hang));
+        assert_eq!(parse("drop"), Some(Action::Drop));
+        assert_eq!(parse("return(err)"), Some(Action::Error));
+        assert_eq!(parse("sleep(x)"), None);
+        assert_eq!(parse("panic"), None);
+    }
+}

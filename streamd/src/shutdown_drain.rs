@@ -1,0 +1,208 @@
+//! Drain-support of a stopping streamd (F steps 2–5, D-3). It keeps serving for
+//! `--shutdown-drain-sec`, ends live reads and stops intake (SD-INT-10: before any
+//! transfer, so no append is admitted after its stream's final upload began). Then,
+//! when another live schedulable streamd exists, it asks the metad leader to drain it
+//! (`stopping_node_drain`, SD-DRN-8): the leader cordons it and moves its streams one
+//! at a time by planned transfer. Whatever did not move is closed in place (its
+//! buffered records uploaded and committed) while the drain's cordon is released
+//! (SD-ADM-1, SD-REL-8). What still does not close is left to failover after the
+//! self-fence. Every wait is bounded by the drain timeout and the deadline.
+
+use crate::node::Node;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use weir_metad::client::ClientError;
+use weir_metad::model::{Command, CordonBy, NodeKind, State};
+use weir_proto::metad::DrainRequest;
+use weir_shared::shutdown::{Outcome, Shutdown};
+
+/// SD-REL-6: the release of the drain's cordon always gets at least this long.
+const RELEASE_GRACE: Duration = Duration::from_secs(1);
+/// How long one look for the metadata leader may take.
+const LEADER_PROBE: Duration = Duration::from_secs(1);
+
+/// How the request for this node's own drain ended.
+enum Requested {
+    /// No leader was observed within the budget: nothing was asked, nothing cordoned.
+    NoLeader,
+    /// The leader answered with its report.
+    Answered(serde_json::Value),
+    /// The request was sent, but no answer came (it may have been received).
+    Unanswered(String),
+}
+
+pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
+    tokio::time::sleep(shutdown.step(shutdown.drain_window)).await;
+    node.reads_end.cancel();
+    node.intake_closed.store(true, Ordering::Release);
+    tracing::info!("live reads ended and intake stopped");
+    let (operator_cordon, replacement) = node.view.with(|s| {
+        let cordon = s.nodes.get(&node.me.node).and_then(|n| n.cordon);
+        (cordon == Some(CordonBy::Operator), has_replacement(s, node))
+    });
+    // SD-REL-2: remembered before the drain; the drain never clears it.
+    if operator_cordon {
+        tracing::info!(node_id = %node.me.node, "preserving operator cordon across graceful shutdown");
+    }
+    let mut outcome = Outcome::Completed;
+    let mut requested = false;
+    if !replacement {
+        // SD-DRN-13: nowhere to move to; everything closes in place and is placed again
+        // when a node comes back.
+        tracing::warn!("no live schedulable replacement node remains; admitted work completes in place");
+    } else {
+        match request_own_drain(node, shutdown).await {
+            Requested::NoLeader => {
+                // SD-REL-3: nothing was cordoned, so nothing is released.
+                tracing::warn!("timed out reaching the leader before requesting a graceful shutdown drain");
+                outcome = Outcome::Abandoned;
+            }
+            Requested::Answered(report) => {
+                requested = true;
+                let moved = report["streams"]
+                    .as_array()
+                    .map_or(0, |s| s.iter().filter(|m| m["moved"] == true).count());
+                if report["finished"] == true {
+                    tracing::info!(node_id = %node.me.node, moved, "drained local node before graceful shutdown");
+                } else {
+                    tracing::warn!(node_id = %node.me.node, moved, report = %report, "failed to drain local node before graceful shutdown");
+                    outcome = Outcome::Abandoned;
+                }
+            }
+            Requested::Unanswered(error) => {
+                // SD-REL-4: the leader may have received it, so its cordon is released.
+                requested = true;
+                tracing::warn!(node_id = %node.me.node, error, "failed to drain local node before graceful shutdown");
+                outcome = Outcome::Abandoned;
+            }
+        }
+    }
+    let release = async {
+        if requested && !operator_cordon {
+            release_cordon(node, shutdown).await
+        } else {
+            true
+        }
+    };
+    let (closed, released) = tokio::join!(close_in_place(node, shutdown), release);
+    if closed != Outcome::Completed || !released {
+        outcome = Outcome::Abandoned;
+    }
+    outcome
+}
+
+/// Another streamd could take this node's streams.
+fn has_replacement(state: &State, node: &Node) -> bool {
+    state
+        .nodes
+        .values()
+        .any(|n| n.kind == NodeKind::Streamd && n.id != node.me.node && n.is_schedulable())
+}
+
+/// SD-DRN-8, SD-DRN-11, SD-REL-3: waits to observe a metadata leader, then asks it to
+/// drain this incarnation with the time left; asks the next leader, within the same
+/// budget, when the one asked stops leading.
+async fn request_own_drain(node: &Arc<Node>, shutdown: &Shutdown) -> Requested {
+    let mut asked = false;
+    loop {
+        let left = shutdown.step(Duration::MAX);
+        if left.is_zero() {
+            return if asked {
+                Requested::Unanswered("the drain budget ended before a leader answered".into())
+            } else {
+                Requested::NoLeader
+            };
+        }
+        if !leader_known(node, left.min(LEADER_PROBE)).await {
+            tokio::time::sleep(shutdown.step(Duration::from_millis(200))).await;
+            continue;
+        }
+        asked = true;
+        let left = shutdown.step(Duration::MAX);
+        let request = DrainRequest {
+            node: String::new(),
+            budget_ms: left.as_millis().max(1) as u64,
+            requester: serde_json::to_vec(&node.me).expect("an incarnation serializes"),
+        };
+        tracing::info!(node_id = %node.me.node, budget = ?left, "requesting a graceful shutdown drain from the metadata leader");
+        match node.metad.drain(request, left).await {
+            Ok(report) => return Requested::Answered(report),
+            Err(ClientError::Unavailable(e)) if e.contains("leader") && !shutdown.step(Duration::MAX).is_zero() => {
+                // The leader changed or lost leadership; moves it committed stay committed
+                // and the next leader moves only what this node still owns.
+                tracing::info!(error = %e, "drain request not completed by that leader; asking the next one");
+                tokio::time::sleep(shutdown.step(Duration::from_millis(200))).await;
+            }
+            Err(e) => return Requested::Unanswered(e.to_string()),
+        }
+    }
+}
+
+/// Whether some replica names a leader within `within`.
+async fn leader_known(node: &Node, within: Duration) -> bool {
+    let status = tokio::time::timeout(within, node.metad.admin("status", 0, 0)).await;
+    matches!(status, Ok(Ok(s)) if s["leader_addr"].is_string())
+}
+
+/// SD-REL-5…10: clears the cordon the drain set, bounded by what is left of the drain
+/// timeout (at least [`RELEASE_GRACE`], which alone applies without a live metadata
+/// quorum), never past the deadline. True once the release committed.
+async fn release_cordon(node: &Arc<Node>, shutdown: &Shutdown) -> bool {
+    let quorum = node.view.with(metad_quorum_stays);
+    let bound = if quorum {
+        shutdown.drain_left().max(RELEASE_GRACE)
+    } else {
+        RELEASE_GRACE
+    }
+    .min(shutdown.deadline_left());
+    let command = Command::Uncordon {
+        node: node.me.node.clone(),
+        by: CordonBy::Drain,
+    };
+    match tokio::time::timeout(bound, node.metad.propose(&node.proposer(), command)).await {
+        Ok(Ok((index, Ok(_)))) => {
+            tracing::info!(node_id = %node.me.node, log_index = index, "cleared shutdown drain cordon before graceful shutdown");
+            true
+        }
+        Ok(Ok((_, Err(r)))) => {
+            tracing::warn!(node_id = %node.me.node, rejection = %r, "failed to clear shutdown drain cordon before graceful shutdown");
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(node_id = %node.me.node, error = %e, "the leader did not answer the release of the shutdown drain cordon");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(node_id = %node.me.node, timeout = ?bound, "timed out clearing shutdown drain cordon");
+            false
+        }
+    }
+}
+
+/// SD-REL-7: whether the metad replicas that are live and not terminating form a quorum.
+fn metad_quorum_stays(state: &State) -> bool {
+    let metads: Vec<_> = state.nodes.values().filter(|n| n.kind == NodeKind::Metad).collect();
+    let staying = metads.iter().filter(|n| n.is_live() && !n.terminating).count();
+    metads.is_empty() || staying > metads.len() / 2
+}
+
+/// SD-ADM-2: closes every stream this node still serves, within the drain budget.
+async fn close_in_place(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
+    let mut outcome = Outcome::Completed;
+    for handle in node.all_streams() {
+        let budget = shutdown.step(Duration::MAX);
+        match node.close_stream(&handle.name, budget).await {
+            Ok(end) => tracing::info!(stream = %handle.name, offset = end, "closed stream for shutdown"),
+            Err(e) if budget.is_zero() || shutdown.step(Duration::MAX).is_zero() => {
+                tracing::warn!(stream = %handle.name, error = %e, "drain budget spent; failover will recover the rest");
+                return Outcome::Abandoned;
+            }
+            Err(e) => {
+                tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it");
+                outcome = Outcome::Abandoned;
+            }
+        }
+    }
+    outcome
+}

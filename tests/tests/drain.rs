@@ -1,0 +1,407 @@
+//! Cordon, drain and planned transfers (requirements §4.6, seed 001) over real
+//! processes: a stopping streamd drains itself through the metad leader, an operator
+//! cordon survives a stop and a restart, a transfer's dry run names the first failing
+//! check, and a node that cannot reach the leader cordons nothing.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use weir_tests::gateway::Gatewayd;
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::{node_row, wait_for};
+
+/// Short shutdown timing for tests.
+const SHORT: &[&str] = &[
+    "--drain-timeout-sec",
+    "6",
+    "--shutdown-deadline-sec",
+    "10",
+    "--shutdown-drain-sec",
+    "0",
+    "--shutdown-timeout-sec",
+    "2",
+];
+
+/// The JSON log records whose message is `message`.
+fn records(log: &str, message: &str) -> Vec<Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["message"] == message)
+        .collect()
+}
+
+fn phase_outcome(log: &str, phase: &str) -> String {
+    let found = records(log, &format!("shutdown {phase} phase finished"));
+    assert_eq!(found.len(), 1, "one {phase} record:\n{log}");
+    found[0]["outcome"].as_str().unwrap_or_default().to_string()
+}
+
+/// Two streamd nodes with placement on, a gateway, and `streams` streams all opened on
+/// node 0 (node 1 is cordoned while they are created).
+async fn two_nodes_with_streams_on_the_first(streams: &[&str]) -> (Stack, Gatewayd) {
+    let stack = Stack::start_with(2, Backend::FileWal, SHORT, &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    let second = stack.nodes[1].id.clone();
+    let (status, body) = gw
+        .send(gw.request(Method::POST, &format!("/admin/nodes/{second}/cordon")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["cordoned"], true);
+    for s in streams {
+        gw.create_stream(s).await;
+        gw.wait_open(s).await;
+        assert_eq!(owner_of(&gw, s).await.as_deref(), Some(stack.nodes[0].id.as_str()));
+    }
+    let (status, body) = gw
+        .send(gw.request(Method::POST, &format!("/admin/nodes/{second}/uncordon")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    (stack, gw)
+}
+
+async fn owner_of(gw: &Gatewayd, stream: &str) -> Option<String> {
+    let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{stream}"))).await;
+    (d["state"] == "open").then(|| d["owner"]["node"].as_str().map(str::to_string))?
+}
+
+/// Appends to `stream` until `stop`, retrying what a client retries; the acked bodies.
+fn append_until(
+    gw: Arc<Gatewayd>,
+    stream: &'static str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let mut acked = Vec::new();
+        let mut i = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let body = format!("{stream}-{i}");
+            gw.append(stream, &[&body]).await;
+            acked.push(body);
+            i += 1;
+        }
+        acked
+    })
+}
+
+async fn bodies(gw: &Gatewayd, stream: &str) -> Vec<String> {
+    gw.read_all(stream)
+        .await
+        .iter()
+        .map(|r| r["body"].as_str().expect("body").to_string())
+        .collect()
+}
+
+/// The applied log entries: (index, command type, command, proposer).
+async fn log_entries(stack: &Stack) -> Vec<(u64, String, Value, Value)> {
+    let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
+    dump["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["outcome"].get("Ok").is_some())
+        .filter_map(|e| {
+            let p = &e["proposal"];
+            Some((
+                e["index"].as_u64()?,
+                p["command"]["type"].as_str()?.to_string(),
+                p["command"].clone(),
+                p["proposer"].clone(),
+            ))
+        })
+        .collect()
+}
+
+fn by_node(proposer: &Value, node: &str) -> bool {
+    proposer["node"]["node"] == node
+}
+
+// SD-DRN-8, SD-DRN-1, SD-DRN-2, SD-REL-1, SD-REL-5, SD-REL-12, SD-INT-10, INV-2: a
+// stopping streamd with a live peer asks the metad leader for its own drain. The log
+// shows the drain's cordon, then one planned transfer per stream in canonical order,
+// each closed by the source and handed to the peer in that close, then the release of
+// the cordon, and only then the self-fence; there is no takeover. Appends running
+// through the stop are all read back, once, in order; drain-support is Completed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_streamd_drains_itself_by_planned_transfer_and_releases_its_cordon() {
+    let names = ["pt-a", "pt-b", "pt-c", "pt-d"];
+    let (mut stack, gw) = two_nodes_with_streams_on_the_first(&names).await;
+    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
+    let gw = Arc::new(gw);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = append_until(gw.clone(), "pt-a", stop.clone());
+    wait_for("appends flowing", Duration::from_secs(10), || async {
+        (gw.read_all("pt-a").await.len() >= 5).then_some(())
+    })
+    .await;
+
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    stop.store(true, Ordering::Relaxed);
+    let acked = writer.await.expect("writer");
+    assert_eq!(
+        records(&log, "drained local node before graceful shutdown").len(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
+        1,
+        "{log}"
+    );
+    for phase in ["stop-requested", "drain-support", "terminal-teardown"] {
+        assert_eq!(phase_outcome(&log, phase), "Completed", "{phase}");
+    }
+
+    let entries = log_entries(&stack).await;
+    let index_of = |kind: &str, pred: &dyn Fn(&Value, &Value) -> bool| {
+        entries
+            .iter()
+            .filter(|(_, k, c, p)| k == kind && pred(c, p))
+            .map(|(i, ..)| *i)
+            .collect::<Vec<_>>()
+    };
+    let cordon = index_of("cordon", &|c, p| {
+        c["node"] == a.as_str() && c["by"] == "drain" && by_node(p, &a)
+    });
+    let transfers: Vec<(u64, Value)> = entries
+        .iter()
+        .filter(|(_, k, ..)| k == "begin_transfer")
+        .map(|(i, _, c, _)| (*i, c.clone()))
+        .collect();
+    let uncordon = index_of("uncordon", &|c, p| {
+        c["node"] == a.as_str() && c["by"] == "drain" && by_node(p, &a)
+    });
+    let fence = index_of("fence_self", &|_, p| by_node(p, &a));
+    let closes = index_of("close_stream", &|_, p| by_node(p, &a));
+    assert_eq!(cordon.len(), 1, "SD-REL-1: one drain cordon: {entries:?}");
+    assert_eq!(transfers.len(), names.len(), "one planned transfer per stream");
+    assert!(transfers.iter().all(|(_, c)| c["target"] == b.as_str()));
+    assert_eq!(uncordon.len(), 1, "SD-REL-5: one release");
+    assert_eq!(fence.len(), 1);
+    assert!(cordon[0] < transfers[0].0, "cordon before the first transfer");
+    assert_eq!(closes.len(), names.len(), "the source closed every stream itself");
+    assert!(closes.iter().all(|c| *c < uncordon[0] && uncordon[0] < fence[0]));
+    // SD-DRN-1: canonical order (these HTTP streams by name).
+    let ids: Vec<u64> = transfers
+        .iter()
+        .map(|(_, c)| c["stream"].as_u64().expect("id"))
+        .collect();
+    let streams = stack.metad.client().admin("streams", 0, 0).await.expect("streams");
+    let name_of = |id: u64| {
+        streams["streams"]
+            .as_object()
+            .and_then(|m| m.values().find(|r| r["id"] == id))
+            .and_then(|r| r["name"].as_str())
+            .expect("stream row")
+            .to_string()
+    };
+    let order: Vec<String> = ids.into_iter().map(name_of).collect();
+    assert_eq!(order, names, "transfers in canonical order");
+    assert!(
+        !entries
+            .iter()
+            .any(|(_, k, c, _)| k == "begin_takeover" && c["node"] == a.as_str()),
+        "SD-DRN-8: no takeover after a planned drain"
+    );
+
+    for s in names {
+        assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s} on the peer");
+    }
+    assert_eq!(
+        bodies(&gw, "pt-a").await,
+        acked,
+        "INV-2: every acked record, once, in order"
+    );
+    let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
+    let row = node_row(&nodes, &a);
+    assert_eq!(row["cordoned"], false, "SD-REL-1: the drain's cordon was cleared");
+    assert_eq!(row["fenced"], true);
+}
+
+// SD-REL-2, SD-CRD-1, SD-CRD-2, SD-CRD-3, SD-TRM-7: an operator cordon set through the
+// gateway survives a graceful stop (which says it preserves it) and a restart; the
+// restarted incarnation is not terminating. Uncordon clears it, twice harmlessly.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operator_cordon_survives_a_graceful_stop_and_a_restart() {
+    let (mut stack, gw) = two_nodes_with_streams_on_the_first(&["oc-a"]).await;
+    let a = stack.nodes[0].id.clone();
+    let (status, body) = gw
+        .send(gw.request(Method::POST, &format!("/admin/nodes/{a}/cordon")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        owner_of(&gw, "oc-a").await.as_deref(),
+        Some(a.as_str()),
+        "SD-CRD-1: nothing moves"
+    );
+    let metad = &stack.metad.replicas[0];
+    let row = |nodes: &Value| node_row(nodes, &a).clone();
+
+    stack.nodes[0].term();
+    assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(30)).await, Some(0));
+    let log = stack.nodes[0].log_text();
+    assert_eq!(
+        records(&log, "preserving operator cordon across graceful shutdown").len(),
+        1,
+        "{log}"
+    );
+    assert!(records(&log, "cleared shutdown drain cordon before graceful shutdown").is_empty());
+    let stopped = row(&metad.http_json("/admin/nodes").await.expect("nodes"));
+    assert_eq!(stopped["cordoned"], true, "{stopped}");
+    assert_eq!(stopped["cordoned_by"], "operator");
+    assert_eq!(stopped["terminating"], true, "SD-TRM-7: both states");
+    // SD-CRD-4: the gateway's view says the same.
+    let (_, via_gw) = gw.send(gw.request(Method::GET, "/admin/nodes")).await;
+    assert_eq!(node_row(&via_gw, &a)["cordoned"], true);
+
+    stack.nodes[0].start();
+    stack.nodes[0].wait_ready().await;
+    let restarted = wait_for("the new incarnation registered", Duration::from_secs(20), || async {
+        let r = row(&metad.http_json("/admin/nodes").await?);
+        (r["epoch"] != stopped["epoch"]).then_some(r)
+    })
+    .await;
+    assert_eq!(restarted["cordoned"], true, "SD-CRD-2: {restarted}");
+    assert_eq!(restarted["terminating"], false, "SD-TRM-3: not inherited");
+    for _ in 0..2 {
+        let (status, body) = gw
+            .send(gw.request(Method::POST, &format!("/admin/nodes/{a}/uncordon")))
+            .await;
+        assert_eq!(status, StatusCode::OK, "SD-CRD-3: {body}");
+    }
+    let cleared = row(&metad.http_json("/admin/nodes").await.expect("nodes"));
+    assert_eq!(cleared["cordoned"], false);
+}
+
+// SD-TRM-6, OBS-14, SD-DRN-2: a transfer's dry run checks the destination in order and
+// names the first failing check; a transfer under appends moves the stream to the
+// chosen node at a higher epoch, and every acked record reads back in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transfer_dry_run_names_the_first_failing_check_and_a_transfer_moves_the_stream() {
+    let (stack, gw) = two_nodes_with_streams_on_the_first(&["tr-a"]).await;
+    let gw = Arc::new(gw);
+    let b = stack.nodes[1].id.clone();
+    let transfer = |to: &str, dry_run: bool| {
+        gw.request(Method::POST, "/v1/admin/streams/tr-a/transfer")
+            .json(&json!({"to": to, "dry_run": dry_run}))
+    };
+    let (status, body) = gw.send(transfer("ghost", true)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["message"], "node 'ghost' is not registered");
+    gw.send(gw.request(Method::POST, &format!("/admin/nodes/{b}/cordon")))
+        .await;
+    let (status, body) = gw.send(transfer(&b, true)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["message"], format!("node '{b}' is cordoned"));
+    gw.send(gw.request(Method::POST, &format!("/admin/nodes/{b}/uncordon")))
+        .await;
+    let (status, body) = gw.send(transfer(&b, true)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["moved"], false, "a dry run moves nothing");
+    assert_eq!(owner_of(&gw, "tr-a").await.as_deref(), Some(stack.nodes[0].id.as_str()));
+
+    let (_, before) = gw.send(gw.request(Method::GET, "/v1/streams/tr-a")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = append_until(gw.clone(), "tr-a", stop.clone());
+    wait_for("appends flowing", Duration::from_secs(10), || async {
+        (gw.read_all("tr-a").await.len() >= 5).then_some(())
+    })
+    .await;
+    let (status, body) = gw.send(transfer(&b, false)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["moved"], true, "{body}");
+    assert_eq!(body["to"], b.as_str());
+    // Appends go on at the new owner.
+    let moved_at = gw.read_all("tr-a").await.len();
+    wait_for("appends at the new owner", Duration::from_secs(10), || async {
+        (gw.read_all("tr-a").await.len() >= moved_at + 5).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let acked = writer.await.expect("writer");
+    let (_, after) = gw.send(gw.request(Method::GET, "/v1/streams/tr-a")).await;
+    assert_eq!(after["owner"]["node"], b.as_str());
+    assert!(
+        after["stream_epoch"].as_u64() > before["stream_epoch"].as_u64(),
+        "INV-6: {before} → {after}"
+    );
+    assert_eq!(bodies(&gw, "tr-a").await, acked, "INV-2");
+}
+
+// SD-REL-3, FO-MDO-6: with every metad paused, a stopping streamd never observes a
+// leader: it says so, cordons nothing, still exits within its deadline, and after the
+// metadata returns it is not cordoned and its stream is recovered by failover.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_node_that_cannot_reach_the_leader_cordons_nothing() {
+    let (mut stack, gw) = two_nodes_with_streams_on_the_first(&["nl-a"]).await;
+    gw.append("nl-a", &["before"]).await;
+    let a = stack.nodes[0].id.clone();
+    stack.metad.replicas[0].pause();
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    stack.metad.replicas[0].resume();
+    assert!(matches!(code, Some(0 | 1)), "{log}");
+    assert_eq!(
+        records(
+            &log,
+            "timed out reaching the leader before requesting a graceful shutdown drain"
+        )
+        .len(),
+        1,
+        "{log}"
+    );
+    assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
+    assert!(records(&log, "cleared shutdown drain cordon before graceful shutdown").is_empty());
+    gw.wait_open("nl-a").await;
+    assert_eq!(bodies(&gw, "nl-a").await, ["before"], "failover recovered the record");
+    let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
+    assert_eq!(node_row(&nodes, &a)["cordoned"], false);
+}
+
+// SD-REL-4, SD-DRN-9, SD-REL-12, SD-REL-6: the leader moves everything but never
+// answers the drain request (failpoint `drain_reply=drop`). The stopping node counts
+// the request as made: it reports the drain as failed (drain-support Abandoned), still
+// closes in place what is left, and still releases the cordon the request set, within
+// the 1 s grace it keeps when the drain used its whole budget.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unanswered_drain_request_still_releases_its_cordon() {
+    let (mut stack, gw) = two_nodes_with_streams_on_the_first(&["dr-a", "dr-b"]).await;
+    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
+    gw.append("dr-a", &["before"]).await;
+    let metad = &mut stack.metad.replicas[0];
+    metad.kill();
+    metad.start_with_env(&[("WEIR_FAILPOINT_DRAIN_REPLY", "drop")]);
+    wait_for("metad back", Duration::from_secs(20), || {
+        metad.http_json("/admin/nodes")
+    })
+    .await;
+
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(
+        records(&log, "failed to drain local node before graceful shutdown").len(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
+        1,
+        "{log}"
+    );
+    assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
+    let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
+    assert_eq!(node_row(&nodes, &a)["cordoned"], false, "SD-REL-4");
+    for s in ["dr-a", "dr-b"] {
+        gw.wait_open(s).await;
+        assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s}");
+    }
+    assert_eq!(bodies(&gw, "dr-a").await, ["before"]);
+}
