@@ -86,10 +86,42 @@ pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
         }
     };
     let (closed, released) = tokio::join!(close_in_place(node, shutdown), release);
+    if closed != Outcome::Completed {
+        report_outstanding(node).await;
+    }
     if closed != Outcome::Completed || !released {
         outcome = Outcome::Abandoned;
     }
     outcome
+}
+
+/// SD-ADM-9, SD-ADM-12: what each stream still held when the drain stopped; all of it
+/// is in the WAL, and failover uploads it after the self-fence.
+async fn report_outstanding(node: &Node) {
+    let mut streams = Vec::new();
+    for handle in node.all_streams() {
+        let inner = handle.inner.lock().await;
+        let durable = handle.durable_end();
+        let in_flight = inner.next_offset.saturating_sub(durable);
+        let buffered = durable.saturating_sub(inner.committed_end);
+        let uploading = inner.uploaded_end.saturating_sub(inner.committed_end);
+        if in_flight + buffered == 0 {
+            continue;
+        }
+        if buffered > 0 {
+            tracing::warn!(stream = %handle.name, buffered_records = buffered, buffered_bytes = inner.buffered_bytes(), "uploader for stream '{}' did not drain before its configured deadline", handle.name);
+        }
+        streams.push(serde_json::json!({
+            "stream": handle.name,
+            "in_flight_appends": in_flight,
+            "buffered_records": buffered,
+            "buffered_bytes": inner.buffered_bytes(),
+            "records_in_upload": uploading,
+        }));
+    }
+    if !streams.is_empty() {
+        tracing::warn!(streams = %serde_json::Value::from(streams), "local graph drain timed out with admitted work outstanding");
+    }
 }
 
 /// Another streamd could take this node's streams.
@@ -128,9 +160,10 @@ async fn request_own_drain(node: &Arc<Node>, shutdown: &Shutdown) -> Requested {
         tracing::info!(node_id = %node.me.node, budget = ?left, "requesting a graceful shutdown drain from the metadata leader");
         match node.metad.drain(request, left).await {
             Ok(report) => return Requested::Answered(report),
-            Err(ClientError::Unavailable(e)) if e.contains("leader") && !shutdown.step(Duration::MAX).is_zero() => {
-                // The leader changed or lost leadership; moves it committed stay committed
-                // and the next leader moves only what this node still owns.
+            Err(ClientError::Unavailable(e)) if !shutdown.step(Duration::MAX).is_zero() => {
+                // The leader changed, lost leadership or went away mid-drain; moves it
+                // committed stay committed and the next leader moves only what this node
+                // still owns (every step is a compare-and-set in the log).
                 tracing::info!(error = %e, "drain request not completed by that leader; asking the next one");
                 tokio::time::sleep(shutdown.step(Duration::from_millis(200))).await;
             }

@@ -16,6 +16,8 @@ pub struct Replica {
     pub data_dir: PathBuf,
     peers: String,
     extra: Vec<String>,
+    /// Environment every start gets (failpoints), besides what a start adds.
+    pub env: Vec<(String, String)>,
     proc: Proc,
 }
 
@@ -44,6 +46,7 @@ impl Replica {
             .args(["--propose-timeout-ms", "3000", "--raft-heartbeat-ms", "100"])
             .args(["--log-format", "json"])
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .envs(env.iter().copied());
         self.proc.spawn(command);
     }
@@ -102,6 +105,11 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` replicas with `extra` flags each and waits for a leader.
     pub async fn start(n: u64, extra: &[&str]) -> Cluster {
+        Self::start_with_env(n, extra, &[]).await
+    }
+
+    /// As [`Cluster::start`], every replica with environment `env` (failpoints).
+    pub async fn start_with_env(n: u64, extra: &[&str], env: &[(&str, &str)]) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let grpc: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let peers = grpc
@@ -118,6 +126,7 @@ impl Cluster {
                 data_dir: dir.path().join(format!("metad-{}", i + 1)),
                 peers: peers.clone(),
                 extra: extra.iter().map(|s| s.to_string()).collect(),
+                env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
                 proc: Proc::new(
                     format!("metad-{}", i + 1),
                     dir.path().join(format!("metad-{}.log", i + 1)),
@@ -146,7 +155,6 @@ impl Cluster {
         MetadClient::new(&addrs, Duration::from_secs(5)).expect("client")
     }
 
-    /// Waits until a replica not in `excluding` reports itself leader; returns its index.
     /// Issues API token `name` with `secret` as an operator would (`weir tokens issue`).
     pub async fn issue_token(&self, name: &str, secret: &str, scopes: &[&str]) {
         let (_, outcome) = self
@@ -166,6 +174,7 @@ impl Cluster {
         outcome.expect("issued");
     }
 
+    /// Waits until a replica not in `excluding` reports itself leader; returns its index.
     pub async fn wait_leader(&self, excluding: &[usize]) -> usize {
         let logs = || {
             self.replicas

@@ -123,7 +123,19 @@ impl Stack {
         extra: &[&str],
         metad_extra: &[&str],
     ) -> Stack {
-        let metad = Cluster::start(replicas, metad_extra).await;
+        Self::start_replicas_with_env(replicas, nodes, backend, extra, metad_extra, &[]).await
+    }
+
+    /// As [`Stack::start_replicas`], every metad replica with environment `metad_env`.
+    pub async fn start_replicas_with_env(
+        replicas: u64,
+        nodes: usize,
+        backend: Backend,
+        extra: &[&str],
+        metad_extra: &[&str],
+        metad_env: &[(&str, &str)],
+    ) -> Stack {
+        let metad = Cluster::start_with_env(replicas, metad_extra, metad_env).await;
         let s3 = S3Server::start().await;
         let dir = tempfile::tempdir().expect("temp dir");
         let wal_root = dir.path().join("wal");

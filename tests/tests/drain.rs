@@ -1,7 +1,8 @@
-//! Cordon, drain and planned transfers (requirements §4.6, seed 001) over real
+//! Cordon, drain and planned transfers (requirements §4.6, §4.7, seed 001) over real
 //! processes: a stopping streamd drains itself through the metad leader, an operator
 //! cordon survives a stop and a restart, a transfer's dry run names the first failing
-//! check, and a node that cannot reach the leader cordons nothing.
+//! check, a node that cannot reach the leader cordons nothing, and an unreachable
+//! object store holds the drain without losing anything.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -9,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use weir_tests::gateway::Gatewayd;
+use weir_tests::proxy::{Mode, Proxy};
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::{node_row, wait_for};
 
@@ -42,7 +44,12 @@ fn phase_outcome(log: &str, phase: &str) -> String {
 /// node 0 (node 1 is cordoned while they are created).
 async fn two_nodes_with_streams_on_the_first(streams: &[&str]) -> (Stack, Gatewayd) {
     let stack = Stack::start_with(2, Backend::FileWal, SHORT, &[]).await;
-    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    with_streams_on_the_first(stack, streams).await
+}
+
+/// A gateway on `stack`, and `streams` opened on its node 0 (node 1 cordoned meanwhile).
+async fn with_streams_on_the_first(stack: Stack, streams: &[&str]) -> (Stack, Gatewayd) {
+    let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), SHORT);
     gw.wait_ready().await;
     let second = stack.nodes[1].id.clone();
     let (status, body) = gw
@@ -404,4 +411,130 @@ async fn an_unanswered_drain_request_still_releases_its_cordon() {
         assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s}");
     }
     assert_eq!(bodies(&gw, "dr-a").await, ["before"]);
+}
+
+// SD-ADM-8, SD-ADM-9, SD-ADM-12, SD-DRN-13: the object store goes silent (a blackholed
+// link) while the last streamd stops with buffered records. The drain holds until its
+// timeout, names the uploader that did not drain and counts what is outstanding, and
+// the stop still ends. Once the store is back, a new node's takeover uploads every
+// acknowledged record.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let s3 = Proxy::start(stack.s3.endpoint.trim_start_matches("http://")).await;
+    let endpoint = format!("http://{}", s3.addr);
+    let flags = [
+        "--drain-timeout-sec",
+        "3",
+        "--shutdown-deadline-sec",
+        "8",
+        "--shutdown-drain-sec",
+        "0",
+        "--upload-interval-ms",
+        "600000",
+        "--upload-bytes",
+        "1000000000",
+    ];
+    stack.add_node_with_env("streamd-1", Backend::FileWal, &flags, &[("AWS_ENDPOINT", &endpoint)]);
+    stack.nodes[0].wait_ready().await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    gw.create_stream("bh").await;
+    gw.wait_open("bh").await;
+    let acked: Vec<String> = (0..10).map(|i| format!("r-{i}")).collect();
+    for body in &acked {
+        gw.append("bh", &[body]).await;
+    }
+    s3.set(Mode::Blackhole);
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert!(matches!(code, Some(0 | 1)), "{log}");
+    assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
+    assert_eq!(
+        records(
+            &log,
+            "uploader for stream 'bh' did not drain before its configured deadline"
+        )
+        .len(),
+        1,
+        "{log}"
+    );
+    let outstanding = records(&log, "local graph drain timed out with admitted work outstanding");
+    assert_eq!(outstanding.len(), 1, "{log}");
+    let streams: Value = serde_json::from_str(outstanding[0]["streams"].as_str().expect("streams")).expect("json");
+    assert_eq!(streams[0]["stream"], "bh");
+    assert_eq!(streams[0]["buffered_records"], 10, "{streams}");
+
+    s3.set(Mode::Pass);
+    stack.add_node("streamd-2", Backend::FileWal, &[]);
+    gw.wait_open("bh").await;
+    assert_eq!(bodies(&gw, "bh").await, acked, "INV-2 after takeover");
+}
+
+// SD-DRN-11, SD-DRN-12: with three metad replicas and each transfer slowed (failpoint
+// `transfer_prepare=sleep(1500)`), the leader is SIGKILLed in the middle of a stopping
+// node's drain. The node asks the next leader within the same budget; that leader moves
+// only what is still there, so every stream is closed by its owner exactly once and
+// ends on the peer, and the stop still completes its hand-off.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_continues_with_the_next_leader_when_the_leader_dies() {
+    let timing = [
+        "--drain-timeout-sec",
+        "25",
+        "--shutdown-deadline-sec",
+        "30",
+        "--shutdown-drain-sec",
+        "0",
+    ];
+    let stack = Stack::start_replicas_with_env(
+        3,
+        2,
+        Backend::FileWal,
+        &timing,
+        &[],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(1500)")],
+    )
+    .await;
+    let names = ["ld-a", "ld-b", "ld-c", "ld-d"];
+    let (mut stack, gw) = with_streams_on_the_first(stack, &names).await;
+    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
+    for s in names {
+        gw.append(s, &["before"]).await;
+    }
+    stack.nodes[0].term();
+    wait_for("the first transfer begun", Duration::from_secs(20), || async {
+        let entries = log_entries(&stack).await;
+        entries.iter().any(|(_, k, ..)| k == "begin_transfer").then_some(())
+    })
+    .await;
+    let leader = stack.metad.wait_leader(&[]).await;
+    stack.metad.replicas[leader].kill();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(40)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(
+        records(&log, "drained local node before graceful shutdown").len(),
+        1,
+        "{log}"
+    );
+    assert!(
+        !records(&log, "drain request not completed by that leader; asking the next one").is_empty(),
+        "{log}"
+    );
+    let entries = log_entries(&stack).await;
+    let closes: Vec<u64> = entries
+        .iter()
+        .filter(|(_, k, _, p)| k == "close_stream" && by_node(p, &a))
+        .map(|(_, _, c, _)| c["stream"].as_u64().expect("id"))
+        .collect();
+    let mut unique = closes.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), closes.len(), "no stream closed twice: {closes:?}");
+    assert_eq!(closes.len(), names.len(), "every stream handed over by its owner");
+    for s in names {
+        assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s}");
+        assert_eq!(bodies(&gw, s).await, ["before"], "{s}");
+    }
 }
