@@ -1,13 +1,17 @@
-//! A nemesis run: clients append through a gateway while streamd nodes are killed and
-//! restarted, paused past their timeout and resumed, or stopped with SIGTERM, at
-//! random. After healing, every stream is read back and the history checker verifies
-//! that every acknowledged record is there, once, in order (INV-1 to INV-3).
+//! A nemesis run: HTTP clients and an idempotent Kafka producer append through a gateway
+//! while streamd nodes are killed and restarted, paused past their timeout and resumed,
+//! stopped with SIGTERM (a drain by planned transfer), or have their link to metad cut,
+//! blackholed or slowed by a fault-injecting proxy, at random. After healing, every
+//! stream is read back and the history checker verifies that every acknowledged record
+//! is there, once, in order (INV-1 to INV-3).
 //!
 //! Seeded: the seed is printed, and `WEIR_NEMESIS_SEED=<seed>` replays a run.
 //! `WEIR_NEMESIS_SECS` sets its length (CI runs a short one; 20 s by default).
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -16,9 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_tests::gateway::Gatewayd;
 use weir_tests::history::{History, Outcome};
+use weir_tests::proxy::{Mode, Proxy};
 use weir_tests::streamd::{Backend, Stack};
 
 const STREAMS: [&str; 4] = ["n-0", "n-1", "n-2", "n-3"];
+/// The Kafka producer's topic (one partition: stream `nk/0`).
+const TOPIC: &str = "nk";
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -67,6 +74,42 @@ async fn client(gw: Arc<Gatewayd>, stream: &'static str, id: usize, history: Arc
     }
 }
 
+/// An idempotent Kafka producer (librdkafka) sending unique payloads one at a time until
+/// `stop`; a delivery report is an ack at its offset, a failed one an unknown outcome.
+async fn kafka_client(gw: Arc<Gatewayd>, history: Arc<History>, stop: Arc<AtomicBool>) {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &gw.kafka)
+        .set("broker.address.family", "v4")
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "2")
+        .set("message.timeout.ms", "60000")
+        .set("topic.metadata.refresh.interval.ms", "1000")
+        .create()
+        .expect("producer");
+    let stream = format!("{TOPIC}/0");
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let payload = format!("k-{i}");
+        i += 1;
+        let sent = producer
+            .send(
+                FutureRecord::<(), _>::to(TOPIC).partition(0).payload(&payload),
+                Duration::from_secs(5),
+            )
+            .await;
+        let outcome = match sent {
+            Ok(delivery) => Outcome::Ok(delivery.offset as u64),
+            Err(_) => Outcome::Unknown,
+        };
+        let failed = !matches!(outcome, Outcome::Ok(_));
+        history.record(&stream, &payload, outcome);
+        if failed {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     let seed = env_u64("WEIR_NEMESIS_SEED").unwrap_or_else(rand::random);
@@ -74,7 +117,21 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     println!("nemesis seed {seed} ({secs} s); replay with WEIR_NEMESIS_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
 
-    let mut stack = Stack::start_with(3, Backend::FileWal, &[], &[]).await;
+    // Every streamd reaches metad through a proxy of its own, so its link can be faulted.
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let mut links = Vec::new();
+    for i in 0..3 {
+        let link = Proxy::start(&stack.metad.replicas[0].grpc).await;
+        stack.add_node(
+            &format!("streamd-{}", i + 1),
+            Backend::FileWal,
+            &["--metad", &link.addr],
+        );
+        links.push(link);
+    }
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
     let gw = Arc::new(Gatewayd::start(
         "gw-1",
         &stack.metad.replicas[0].grpc,
@@ -86,19 +143,37 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
         gw.create_stream(s).await;
         gw.wait_open(s).await;
     }
+    let (_, created) = stack
+        .metad
+        .client()
+        .propose(
+            &weir_metad::model::Proposer::Operator {
+                principal: "test".into(),
+            },
+            weir_metad::model::Command::CreateTopic {
+                name: TOPIC.into(),
+                partitions: 1,
+                config: Default::default(),
+            },
+        )
+        .await
+        .expect("create topic");
+    created.expect("topic created");
+    gw.wait_open(&format!("{TOPIC}/0")).await;
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = STREAMS
+    let mut clients: Vec<_> = STREAMS
         .iter()
         .enumerate()
         .map(|(i, s)| tokio::spawn(client(gw.clone(), s, i, history.clone(), stop.clone())))
         .collect();
+    clients.push(tokio::spawn(kafka_client(gw.clone(), history.clone(), stop.clone())));
 
     let started = Instant::now();
     let mut faults = Vec::new();
     while started.elapsed() < Duration::from_secs(secs) {
         let victim = rng.random_range(0..stack.nodes.len());
-        let fault = rng.random_range(0..3);
+        let fault = rng.random_range(0..6);
         match fault {
             0 => {
                 stack.nodes[victim].kill();
@@ -117,6 +192,25 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
                 }
                 faults.push(format!("pause+resume {}", stack.nodes[victim].id));
             }
+            3 | 4 => {
+                let mode = if fault == 3 { Mode::Cut } else { Mode::Blackhole };
+                links[victim].set(mode);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(500..6000))).await;
+                links[victim].set(Mode::Pass);
+                // Cut off past the timeout, it was fenced: it exits 75 once it sees so.
+                if let Some(code) = stack.nodes[victim].wait_exit_if_exited(Duration::from_secs(3)).await {
+                    assert_eq!(code, 75, "a fenced node exits 75");
+                    stack.nodes[victim].start();
+                }
+                faults.push(format!("{mode:?} link to metad {}", stack.nodes[victim].id));
+            }
+            5 => {
+                let delay = Duration::from_millis(rng.random_range(50..400));
+                links[victim].delay(delay);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(1000..4000))).await;
+                links[victim].delay(Duration::ZERO);
+                faults.push(format!("delay {delay:?} link to metad {}", stack.nodes[victim].id));
+            }
             _ => {
                 stack.nodes[victim].term();
                 let code = stack.nodes[victim].wait_exit(Duration::from_secs(60)).await;
@@ -132,9 +226,18 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
         c.await.expect("client");
     }
     println!("faults: {faults:?}");
+    // A node fenced during a late fault may exit only now; bring every node back.
+    for n in &mut stack.nodes {
+        if let Some(code) = n.wait_exit_if_exited(Duration::from_millis(500)).await {
+            assert!(matches!(code, 0 | 75), "{} exited {code}", n.id);
+            n.start();
+        }
+    }
 
     // Heal: every stream open again (dumping the metadata state if one is not).
-    for s in STREAMS {
+    let kafka_stream = format!("{TOPIC}/0");
+    let all_streams: Vec<&str> = STREAMS.iter().copied().chain([kafka_stream.as_str()]).collect();
+    for &s in &all_streams {
         let open = tokio::time::timeout(Duration::from_secs(60), gw.wait_open(s)).await;
         if open.is_err() {
             let state = stack.metad.replicas[0].http_json("/admin/state/state").await;
@@ -148,8 +251,9 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
         }
     }
     let mut read_back: HashMap<String, Vec<(u64, String)>> = HashMap::new();
-    for s in STREAMS {
-        let all = gw.read_all(s).await;
+    for &s in &all_streams {
+        // A partition's stream name has a slash, escaped in the path.
+        let all = gw.read_all(&s.replace('/', "%2F")).await;
         read_back.insert(
             s.to_string(),
             all.iter()
