@@ -492,3 +492,112 @@ async fn a_whole_cluster_stop_and_start_loses_nothing() {
         assert_eq!(&read, bodies, "{s}: every acknowledged record, once, in order");
     }
 }
+
+/// A Kafka Fetch v4 request (correlation id 7) for one partition, built by hand.
+fn fetch_v4(topic: &str, offset: i64, max_wait_ms: i32) -> Vec<u8> {
+    let mut f = vec![0, 1, 0, 4];
+    f.extend_from_slice(&7i32.to_be_bytes());
+    f.extend_from_slice(&(-1i16).to_be_bytes()); // client id
+    f.extend_from_slice(&(-1i32).to_be_bytes()); // replica id
+    f.extend_from_slice(&max_wait_ms.to_be_bytes());
+    f.extend_from_slice(&1i32.to_be_bytes()); // min bytes
+    f.extend_from_slice(&(1i32 << 20).to_be_bytes()); // max bytes
+    f.push(0); // isolation level
+    f.extend_from_slice(&1i32.to_be_bytes());
+    f.extend_from_slice(&(topic.len() as i16).to_be_bytes());
+    f.extend_from_slice(topic.as_bytes());
+    f.extend_from_slice(&1i32.to_be_bytes());
+    f.extend_from_slice(&0i32.to_be_bytes()); // partition
+    f.extend_from_slice(&offset.to_be_bytes());
+    f.extend_from_slice(&(1i32 << 20).to_be_bytes());
+    let mut framed = (f.len() as i32).to_be_bytes().to_vec();
+    framed.extend_from_slice(&f);
+    framed
+}
+
+/// Sends `frame` on a new connection to `addr` and reads the Fetch v4 answer:
+/// (throttle_time_ms, partition error code, record bytes, time taken).
+fn fetch_answer(addr: &str, frame: &[u8]) -> (i32, i16, usize, Duration) {
+    use std::io::{Read, Write};
+    let started = Instant::now();
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    s.write_all(frame).expect("send");
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).expect("answered");
+    let mut b = vec![0u8; i32::from_be_bytes(size) as usize];
+    s.read_exact(&mut b).expect("answer");
+    let i32_at = |at: usize| i32::from_be_bytes(b[at..at + 4].try_into().expect("4"));
+    let throttle = i32_at(4);
+    // responses count, topic name, partitions count, partition index, then the error.
+    let name_len = i16::from_be_bytes([b[12], b[13]]) as usize;
+    let at = 14 + name_len + 4 + 4;
+    let error = i16::from_be_bytes([b[at], b[at + 1]]);
+    // high watermark, last stable offset, aborted transactions (count or -1 for null).
+    let mut at = at + 2 + 16;
+    let aborted = i32_at(at);
+    at += 4 + aborted.max(0) as usize * 16;
+    let records = i32_at(at).max(0) as usize;
+    (throttle, error, records, started.elapsed())
+}
+
+// SD-CS-4, SD-CS-9, SD-INT-3, SD-INT-8: a Kafka fetch long poll never holds a stop. When
+// the owning streamd stops, the waiting fetch either follows the stream to its new
+// owner (and gets the next record) or ends with NOT_LEADER_OR_FOLLOWER, well before its
+// 20 s wait. When the gateway stops, a waiting fetch ends with NOT_LEADER_OR_FOLLOWER
+// and throttle_time_ms 0 right after the drain window.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_fetch_long_polls_end_when_their_owner_or_gateway_stops() {
+    let mut stack = Stack::start_with(2, Backend::FileWal, SHORT, &[]).await;
+    let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    let (_, created) = stack
+        .metad
+        .client()
+        .propose(
+            &weir_metad::model::Proposer::Operator {
+                principal: "test".into(),
+            },
+            weir_metad::model::Command::CreateTopic {
+                name: "lp".into(),
+                partitions: 1,
+                config: Default::default(),
+            },
+        )
+        .await
+        .expect("create topic");
+    created.expect("created");
+    gw.wait_open("lp/0").await;
+    let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/lp%2F0")).await;
+    let owner = d["owner"]["node"].as_str().expect("owner").to_string();
+    let victim = stack.nodes.iter().position(|n| n.id == owner).expect("node");
+
+    let addr = gw.kafka.clone();
+    let waiting = tokio::task::spawn_blocking(move || fetch_answer(&addr, &fetch_v4("lp", 0, 20_000)));
+    // Nothing shows from outside that the poll is waiting; give it a moment to start.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stack.nodes[victim].term();
+    assert_eq!(stack.nodes[victim].wait_exit(Duration::from_secs(20)).await, Some(0));
+    gw.append("lp%2F0", &["after the move"]).await;
+    let (throttle, error, records, took) = waiting.await.expect("fetch");
+    assert_eq!(throttle, 0);
+    assert!(
+        error == 6 || (error == 0 && records > 0),
+        "error {error}, {records} record bytes after {took:?}"
+    );
+    assert!(took < Duration::from_secs(15), "the poll ended early: {took:?}");
+
+    let addr = gw.kafka.clone();
+    let waiting = tokio::task::spawn_blocking(move || fetch_answer(&addr, &fetch_v4("lp", 1, 20_000)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stopped = Instant::now();
+    gw.signal(Signal::SIGTERM);
+    let (throttle, error, records, _) = waiting.await.expect("fetch");
+    let took = stopped.elapsed();
+    assert_eq!((throttle, error, records), (0, 6, 0), "SD-CS-9, SD-INT-8");
+    assert!(
+        took < Duration::from_secs(5),
+        "ended after the 1 s drain window: {took:?}"
+    );
+    assert_eq!(gw.proc().wait_exit(Duration::from_secs(20)).await, Some(0));
+}
