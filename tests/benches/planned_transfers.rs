@@ -3,7 +3,7 @@
 //! of the node that received them, which drains itself through the metad leader.
 //! Prints the total and per-stream times; asserts nothing.
 //!
-//! Run: `cargo bench -p weir-tests --bench drain` (needs s3s-fs, see .ci/run);
+//! Run: `cargo bench -p weir-tests --bench planned_transfers` (needs s3s-fs, see .ci/run);
 //! `WEIR_BENCH_STREAMS` sets N (default 100).
 
 use reqwest::Method;
