@@ -110,6 +110,8 @@ impl Moved {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub node: String,
+    /// The metad replica that ran the drain (OBS-10).
+    pub leader: String,
     pub reason: Reason,
     pub cordoned: bool,
     pub streams: Vec<Moved>,
@@ -117,6 +119,8 @@ pub struct Report {
     pub finished: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// True when the budget ended before every stream was tried.
+    pub timed_out: bool,
 }
 
 /// Who asked for a drain.
@@ -253,11 +257,13 @@ impl Coordinator {
         tracing::info!(node_id = %node, epoch = %owner.epoch, reason = reason.label(), log_index = index, budget = ?budget.total, "drain started; node cordoned");
         let mut report = Report {
             node: node.to_string(),
+            leader: format!("metad-{}", self.id),
             reason,
             cordoned: true,
             streams: Vec::new(),
             finished: false,
             error: None,
+            timed_out: false,
         };
         let planned = self.hub.with_state(|s| owned_streams(s, &owner));
         for (stream, name) in planned {
@@ -284,6 +290,7 @@ impl Coordinator {
             }
             let Some(unit) = budget.unit_bound() else {
                 report.error = Some("the drain budget is spent; the remaining streams were not tried".into());
+                report.timed_out = true;
                 break;
             };
             let target = self.hub.with_state(|s| choose_destination(s, &node));

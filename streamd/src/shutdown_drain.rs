@@ -28,8 +28,9 @@ enum Requested {
     NoLeader,
     /// The leader answered with its report.
     Answered(serde_json::Value),
-    /// The request was sent, but no answer came (it may have been received).
-    Unanswered(String),
+    /// The request was sent, but no answer came (it may have been received); why, and
+    /// the leader last asked.
+    Unanswered { error: String, leader: String },
 }
 
 pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
@@ -63,17 +64,22 @@ pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
                 let moved = report["streams"]
                     .as_array()
                     .map_or(0, |s| s.iter().filter(|m| m["moved"] == true).count());
+                let leader = report["leader"].as_str().unwrap_or_default();
+                // OBS-8, OBS-10: the leader that acted and its account of each stream.
                 if report["finished"] == true {
-                    tracing::info!(node_id = %node.me.node, moved, "drained local node before graceful shutdown");
+                    tracing::info!(node_id = %node.me.node, leader, moved, account = %report, "drained local node before graceful shutdown");
+                } else if report["timed_out"] == true {
+                    tracing::warn!(node_id = %node.me.node, leader, moved, account = %report, "timed out moving scheduled work off the local node before graceful shutdown");
+                    outcome = Outcome::Abandoned;
                 } else {
-                    tracing::warn!(node_id = %node.me.node, moved, report = %report, "failed to drain local node before graceful shutdown");
+                    tracing::warn!(node_id = %node.me.node, leader, moved, account = %report, "failed to drain local node before graceful shutdown");
                     outcome = Outcome::Abandoned;
                 }
             }
-            Requested::Unanswered(error) => {
+            Requested::Unanswered { error, leader } => {
                 // SD-REL-4: the leader may have received it, so its cordon is released.
                 requested = true;
-                tracing::warn!(node_id = %node.me.node, error, "failed to drain local node before graceful shutdown");
+                tracing::warn!(node_id = %node.me.node, leader, error, "the leader did not answer the graceful shutdown drain of the local node");
                 outcome = Outcome::Abandoned;
             }
         }
@@ -136,46 +142,55 @@ fn has_replacement(state: &State, node: &Node) -> bool {
 /// drain this incarnation with the time left; asks the next leader, within the same
 /// budget, when the one asked stops leading.
 async fn request_own_drain(node: &Arc<Node>, shutdown: &Shutdown) -> Requested {
-    let mut asked = false;
+    let mut asked: Option<(String, String)> = None;
     loop {
         let left = shutdown.step(Duration::MAX);
         if left.is_zero() {
-            return if asked {
-                Requested::Unanswered("the drain budget ended before a leader answered".into())
-            } else {
-                Requested::NoLeader
+            return match asked {
+                Some((error, leader)) => Requested::Unanswered { error, leader },
+                None => Requested::NoLeader,
             };
         }
-        if !leader_known(node, left.min(LEADER_PROBE)).await {
+        let Some(leader) = leader_address(node, left.min(LEADER_PROBE)).await else {
             tokio::time::sleep(shutdown.step(Duration::from_millis(200))).await;
             continue;
-        }
-        asked = true;
+        };
         let left = shutdown.step(Duration::MAX);
         let request = DrainRequest {
             node: String::new(),
             budget_ms: left.as_millis().max(1) as u64,
             requester: serde_json::to_vec(&node.me).expect("an incarnation serializes"),
         };
-        tracing::info!(node_id = %node.me.node, budget = ?left, "requesting a graceful shutdown drain from the metadata leader");
+        tracing::info!(node_id = %node.me.node, leader, budget = ?left, "requesting a graceful shutdown drain from the metadata leader");
         match node.metad.drain(request, left).await {
             Ok(report) => return Requested::Answered(report),
-            Err(ClientError::Unavailable(e)) if !shutdown.step(Duration::MAX).is_zero() => {
-                // The leader changed, lost leadership or went away mid-drain; moves it
-                // committed stay committed and the next leader moves only what this node
-                // still owns (every step is a compare-and-set in the log).
-                tracing::info!(error = %e, "drain request not completed by that leader; asking the next one");
+            Err(ClientError::Unavailable(e)) => {
+                // The leader changed, lost leadership or went away mid-drain (or never
+                // answered); moves it committed stay committed, and the next leader, asked
+                // within the same budget, moves only what this node still owns.
+                if !shutdown.step(Duration::MAX).is_zero() {
+                    tracing::warn!(leader, error = %e, "stopping-node drain lost leadership; remaining work needs the next leader");
+                }
+                asked = Some((e, leader));
                 tokio::time::sleep(shutdown.step(Duration::from_millis(200))).await;
             }
-            Err(e) => return Requested::Unanswered(e.to_string()),
+            Err(e) => {
+                return Requested::Unanswered {
+                    error: e.to_string(),
+                    leader,
+                }
+            }
         }
     }
 }
 
-/// Whether some replica names a leader within `within`.
-async fn leader_known(node: &Node, within: Duration) -> bool {
+/// The leader's address, as some replica names it within `within`.
+async fn leader_address(node: &Node, within: Duration) -> Option<String> {
     let status = tokio::time::timeout(within, node.metad.admin("status", 0, 0)).await;
-    matches!(status, Ok(Ok(s)) if s["leader_addr"].is_string())
+    match status {
+        Ok(Ok(s)) => s["leader_addr"].as_str().map(str::to_string),
+        _ => None,
+    }
 }
 
 /// SD-REL-5…10: clears the cordon the drain set, bounded by what is left of the drain

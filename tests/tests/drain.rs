@@ -150,10 +150,16 @@ async fn a_stopping_streamd_drains_itself_by_planned_transfer_and_releases_its_c
     assert_eq!(code, Some(0), "{log}");
     stop.store(true, Ordering::Relaxed);
     let acked = writer.await.expect("writer");
+    let drained = records(&log, "drained local node before graceful shutdown");
+    assert_eq!(drained.len(), 1, "{log}");
+    // OBS-10: the leader that acted and its account of each moved stream (in field
+    // `account`: `message` is the record's text in our JSON logs).
+    assert_eq!(drained[0]["leader"], "metad-1");
+    let account: Value = serde_json::from_str(drained[0]["account"].as_str().expect("account")).expect("json");
     assert_eq!(
-        records(&log, "drained local node before graceful shutdown").len(),
-        1,
-        "{log}"
+        account["streams"].as_array().map(Vec::len),
+        Some(names.len()),
+        "{account}"
     );
     assert_eq!(
         records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
@@ -394,7 +400,11 @@ async fn an_unanswered_drain_request_still_releases_its_cordon() {
     let log = stack.nodes[0].log_text();
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(
-        records(&log, "failed to drain local node before graceful shutdown").len(),
+        records(
+            &log,
+            "the leader did not answer the graceful shutdown drain of the local node"
+        )
+        .len(),
         1,
         "{log}"
     );
@@ -519,7 +529,11 @@ async fn a_drain_continues_with_the_next_leader_when_the_leader_dies() {
         "{log}"
     );
     assert!(
-        !records(&log, "drain request not completed by that leader; asking the next one").is_empty(),
+        !records(
+            &log,
+            "stopping-node drain lost leadership; remaining work needs the next leader"
+        )
+        .is_empty(),
         "{log}"
     );
     let entries = log_entries(&stack).await;
