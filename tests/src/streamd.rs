@@ -161,6 +161,22 @@ impl Stack {
 
     /// Adds a node with extra environment variables (failpoints).
     pub fn add_node_with_env(&mut self, id: &str, backend: Backend, extra: &[&str], env: &[(&str, &str)]) {
+        let grpc = format!("127.0.0.1:{}", free_port());
+        self.add_node_at(id, backend, extra, env, grpc);
+    }
+
+    /// Adds a node whose data plane gatewayd reaches through a fault-injecting proxy
+    /// (the node advertises the proxy's address); the proxy of that link.
+    pub async fn add_node_behind_proxy(&mut self, id: &str, backend: Backend, extra: &[&str]) -> crate::proxy::Proxy {
+        let grpc = format!("127.0.0.1:{}", free_port());
+        let proxy = crate::proxy::Proxy::start(&grpc).await;
+        let mut flags = extra.to_vec();
+        flags.extend(["--advertise", proxy.addr.as_str()]);
+        self.add_node_at(id, backend, &flags, &[], grpc);
+        proxy
+    }
+
+    fn add_node_at(&mut self, id: &str, backend: Backend, extra: &[&str], env: &[(&str, &str)], grpc: String) {
         let mut args: Vec<String> = vec![
             "--id".into(),
             id.into(),
@@ -185,7 +201,7 @@ impl Stack {
         crate::override_flags(&mut args, extra);
         let mut node = Streamd {
             id: id.into(),
-            grpc: format!("127.0.0.1:{}", free_port()),
+            grpc,
             http: format!("127.0.0.1:{}", free_port()),
             args,
             env: self

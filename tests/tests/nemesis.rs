@@ -1,7 +1,8 @@
 //! A nemesis run: HTTP clients and an idempotent Kafka producer append through a gateway
 //! while streamd nodes are killed and restarted, paused past their timeout and resumed,
-//! stopped with SIGTERM (a drain by planned transfer), or have their link to metad cut,
-//! blackholed or slowed by a fault-injecting proxy, at random. After healing, every
+//! stopped with SIGTERM (a drain by planned transfer), have their link to metad cut,
+//! blackholed or slowed, or the gateway's link to them cut or blackholed, by
+//! fault-injecting proxies, at random. After healing, every
 //! stream is read back and the history checker verifies that every acknowledged record
 //! is there, once, in order (INV-1 to INV-3).
 //!
@@ -117,17 +118,22 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     println!("nemesis seed {seed} ({secs} s); replay with WEIR_NEMESIS_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
 
-    // Every streamd reaches metad through a proxy of its own, so its link can be faulted.
+    // Every streamd reaches metad, and gatewayd reaches every streamd, through proxies of
+    // their own, so each link can be faulted.
     let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
     let mut links = Vec::new();
+    let mut data_links = Vec::new();
     for i in 0..3 {
         let link = Proxy::start(&stack.metad.replicas[0].grpc).await;
-        stack.add_node(
-            &format!("streamd-{}", i + 1),
-            Backend::FileWal,
-            &["--metad", &link.addr],
-        );
+        let data = stack
+            .add_node_behind_proxy(
+                &format!("streamd-{}", i + 1),
+                Backend::FileWal,
+                &["--metad", &link.addr],
+            )
+            .await;
         links.push(link);
+        data_links.push(data);
     }
     for n in &stack.nodes {
         n.wait_ready().await;
@@ -173,7 +179,7 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     let mut faults = Vec::new();
     while started.elapsed() < Duration::from_secs(secs) {
         let victim = rng.random_range(0..stack.nodes.len());
-        let fault = rng.random_range(0..6);
+        let fault = rng.random_range(0..8);
         match fault {
             0 => {
                 stack.nodes[victim].kill();
@@ -203,6 +209,15 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
                     stack.nodes[victim].start();
                 }
                 faults.push(format!("{mode:?} link to metad {}", stack.nodes[victim].id));
+            }
+            6 | 7 => {
+                // The gateway's link to one node: requests to its streams fail or time
+                // out (unknown outcomes) while the node itself stays live.
+                let mode = if fault == 6 { Mode::Cut } else { Mode::Blackhole };
+                data_links[victim].set(mode);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(500..4000))).await;
+                data_links[victim].set(Mode::Pass);
+                faults.push(format!("{mode:?} gateway link to {}", stack.nodes[victim].id));
             }
             5 => {
                 let delay = Duration::from_millis(rng.random_range(50..400));
