@@ -176,16 +176,25 @@ mod tests {
     }
 
     proptest! {
-        /// Every orphaned closed stream is placed on a schedulable streamd, and loads
-        /// end up within one of each other when all streams are orphans.
+        /// Every orphaned closed stream is placed on a schedulable streamd (never a
+        /// cordoned or terminating one, SD-CRD-1, SD-TRM-4), and loads end up within one
+        /// of each other when all streams are orphans.
         #[test]
-        fn plan_places_every_orphan_on_a_schedulable_node_evenly(nodes in 1usize..5, streams in 0usize..40, cordoned in 0usize..5) {
+        fn plan_places_every_orphan_on_a_schedulable_node_evenly(nodes in 1usize..5, streams in 0usize..40, cordoned in 0usize..5, terminating in 0usize..5) {
             let mut s = State::default();
-            let mut i = 0;
-            let mut next = |s: &mut State, c: Command| { i += 1; s.apply(i, &Proposal { proposer: op(), command: c }).0 };
+            let i = std::cell::Cell::new(0u64);
+            let next_by = |s: &mut State, p: Proposer, c: Command| { i.set(i.get() + 1); s.apply(i.get(), &Proposal { proposer: p, command: c }).0 };
+            let next = |s: &mut State, c: Command| next_by(s, op(), c);
             next(&mut s, Command::InitCluster { settings: ClusterSettings { heartbeat_interval_sec: 1, node_timeout_sec: 3 } }).unwrap();
+            let mut incarnations = Vec::new();
             for n in 0..nodes {
-                next(&mut s, Command::RegisterNode { node: NodeId::new(format!("n{n}")), kind: NodeKind::Streamd, addrs: NodeAddrs::default(), heartbeat_interval_sec: 1, node_timeout_sec: 3 }).unwrap();
+                let node = NodeId::new(format!("n{n}"));
+                let registered = next(&mut s, Command::RegisterNode { node: node.clone(), kind: NodeKind::Streamd, addrs: NodeAddrs::default(), heartbeat_interval_sec: 1, node_timeout_sec: 3 });
+                let Ok(Applied::Registered { epoch }) = registered else { panic!("registered") };
+                incarnations.push(weir_shared::ids::Incarnation { node, epoch });
+            }
+            if terminating < nodes {
+                next_by(&mut s, Proposer::Node(incarnations[terminating].clone()), Command::MarkTerminating).unwrap();
             }
             if cordoned < nodes {
                 next(&mut s, Command::Cordon { node: NodeId::new(format!("n{cordoned}")), by: crate::model::CordonBy::Operator }).unwrap();
