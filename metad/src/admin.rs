@@ -1,7 +1,7 @@
 //! Operator views of the metadata state, shared by the admin gRPC service and admin HTTP.
 
 use crate::leader::current_leader;
-use crate::leader::{PeerChannels, FORWARDED};
+use crate::leader::{forwarded, leader_channel, mark_forwarded, PeerChannels};
 use crate::model::rows::streams_per_owner;
 use crate::model::State;
 use crate::raft_types::Raft;
@@ -115,12 +115,7 @@ impl AdminService {
 
     /// The leader's admin client, unless this call was already forwarded.
     fn leader(&self, forwarded: bool) -> Result<AdminClient<tonic::transport::Channel>, Status> {
-        if forwarded {
-            return Err(Status::unavailable("metadata leader changed while forwarding; retry"));
-        }
-        let (_, addr) =
-            current_leader(&self.raft).ok_or_else(|| Status::unavailable("no metadata leader is known; retry"))?;
-        Ok(AdminClient::new(self.peers.get(&addr)?))
+        Ok(AdminClient::new(leader_channel(&self.raft, &self.peers, forwarded)?))
     }
 }
 
@@ -128,17 +123,6 @@ fn reply(value: &impl serde::Serialize) -> Result<Response<AdminReply>, Status> 
     Ok(Response::new(AdminReply {
         json: serde_json::to_vec(value).map_err(|e| Status::internal(e.to_string()))?,
     }))
-}
-
-fn forwarded<T>(req: &Request<T>) -> bool {
-    req.metadata().contains_key(FORWARDED)
-}
-
-fn mark_forwarded<T>(inner: T) -> Request<T> {
-    let mut req = Request::new(inner);
-    req.metadata_mut()
-        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
-    req
 }
 
 /// Longest budget a drain or transfer request may ask for.
@@ -180,7 +164,7 @@ impl Admin for AdminService {
         let was_forwarded = forwarded(&req);
         let inner = req.into_inner();
         if !self.coordinator.leading() {
-            return self.leader(was_forwarded)?.drain(mark_forwarded(inner)).await;
+            return self.leader(was_forwarded)?.drain(mark_forwarded(inner, None)).await;
         }
         let budget = budget(inner.budget_ms)?;
         let requester =
@@ -211,7 +195,7 @@ impl Admin for AdminService {
         let was_forwarded = forwarded(&req);
         let inner = req.into_inner();
         if !self.coordinator.leading() {
-            return self.leader(was_forwarded)?.transfer(mark_forwarded(inner)).await;
+            return self.leader(was_forwarded)?.transfer(mark_forwarded(inner, None)).await;
         }
         let budget = budget(inner.budget_ms)?;
         let coordinator = self.coordinator.clone();

@@ -1,6 +1,6 @@
 //! The metadata log's client API: propose, linearizable read, and watch.
 
-use crate::leader::{current_leader, PeerChannels, FORWARDED};
+use crate::leader::{forwarded, leader_channel, mark_forwarded, PeerChannels};
 use crate::metrics::metrics;
 use crate::model::codec;
 use crate::model::command::Proposal;
@@ -54,25 +54,8 @@ impl ClientService {
 
     /// The leader's client, unless this call was already forwarded or no leader is known.
     fn leader_client(&self, forwarded: bool) -> Result<MetadClient<tonic::transport::Channel>, Status> {
-        if forwarded {
-            return Err(Status::unavailable("metadata leader changed while forwarding; retry"));
-        }
-        let (_, addr) =
-            current_leader(&self.raft).ok_or_else(|| Status::unavailable("no metadata leader is known; retry"))?;
-        Ok(MetadClient::new(self.peers.get(&addr)?))
+        Ok(MetadClient::new(leader_channel(&self.raft, &self.peers, forwarded)?))
     }
-}
-
-fn forwarded<T>(req: &Request<T>) -> bool {
-    req.metadata().contains_key(FORWARDED)
-}
-
-fn mark_forwarded<T>(inner: T, timeout: Duration) -> Request<T> {
-    let mut req = Request::new(inner);
-    req.metadata_mut()
-        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
-    req.set_timeout(timeout);
-    req
 }
 
 #[tonic::async_trait]
@@ -104,7 +87,7 @@ impl Metad for ClientService {
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
                 metrics().proposals.with_label_values(&["forwarded"]).inc();
                 let mut client = self.leader_client(was_forwarded)?;
-                client.propose(mark_forwarded(inner, self.timeout)).await
+                client.propose(mark_forwarded(inner, Some(self.timeout))).await
             }
             Ok(Err(e)) => {
                 metrics().proposals.with_label_values(&["unavailable"]).inc();
@@ -130,7 +113,7 @@ impl Metad for ClientService {
             Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
                 let mut client = self.leader_client(was_forwarded)?;
                 client
-                    .linearizable_read(mark_forwarded(LinearizableReadRequest {}, self.timeout))
+                    .linearizable_read(mark_forwarded(LinearizableReadRequest {}, Some(self.timeout)))
                     .await
             }
             Ok(Err(e)) => Err(Status::unavailable(format!("metadata log unavailable: {e}"))),

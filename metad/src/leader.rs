@@ -40,3 +40,32 @@ pub fn current_leader(raft: &Raft) -> Option<(u64, String)> {
         .map(|n| n.addr.clone())?;
     Some((leader, addr))
 }
+
+/// Whether this call was already forwarded once by another replica.
+pub fn forwarded<T>(req: &tonic::Request<T>) -> bool {
+    req.metadata().contains_key(FORWARDED)
+}
+
+/// `inner` as a call forwarded to the leader, bounded by `timeout` when given.
+pub fn mark_forwarded<T>(inner: T, timeout: Option<std::time::Duration>) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(inner);
+    req.metadata_mut()
+        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    if let Some(t) = timeout {
+        req.set_timeout(t);
+    }
+    req
+}
+
+/// A channel to the leader for forwarding, unless the call was already forwarded (a
+/// stale leader hint must not make calls bounce) or no leader is known.
+pub fn leader_channel(raft: &Raft, peers: &PeerChannels, forwarded: bool) -> Result<Channel, tonic::Status> {
+    if forwarded {
+        return Err(tonic::Status::unavailable(
+            "metadata leader changed while forwarding; retry",
+        ));
+    }
+    let (_, addr) =
+        current_leader(raft).ok_or_else(|| tonic::Status::unavailable("no metadata leader is known; retry"))?;
+    peers.get(&addr)
+}

@@ -155,6 +155,25 @@ impl Cluster {
         MetadClient::new(&addrs, Duration::from_secs(5)).expect("client")
     }
 
+    /// Creates Kafka topic `name` with `partitions` partitions, as an operator would.
+    pub async fn create_topic(&self, name: &str, partitions: u32) {
+        let (_, outcome) = self
+            .client()
+            .propose(
+                &weir_metad::model::Proposer::Operator {
+                    principal: "test".into(),
+                },
+                weir_metad::model::Command::CreateTopic {
+                    name: name.into(),
+                    partitions,
+                    config: Default::default(),
+                },
+            )
+            .await
+            .expect("create topic");
+        outcome.expect("topic created");
+    }
+
     /// Issues API token `name` with `secret` as an operator would (`weir tokens issue`).
     pub async fn issue_token(&self, name: &str, secret: &str, scopes: &[&str]) {
         let (_, outcome) = self

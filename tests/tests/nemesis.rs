@@ -149,22 +149,7 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
         gw.create_stream(s).await;
         gw.wait_open(s).await;
     }
-    let (_, created) = stack
-        .metad
-        .client()
-        .propose(
-            &weir_metad::model::Proposer::Operator {
-                principal: "test".into(),
-            },
-            weir_metad::model::Command::CreateTopic {
-                name: TOPIC.into(),
-                partitions: 1,
-                config: Default::default(),
-            },
-        )
-        .await
-        .expect("create topic");
-    created.expect("topic created");
+    stack.metad.create_topic(TOPIC, 1).await;
     gw.wait_open(&format!("{TOPIC}/0")).await;
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));

@@ -551,22 +551,7 @@ async fn kafka_fetch_long_polls_end_when_their_owner_or_gateway_stops() {
     let mut stack = Stack::start_with(2, Backend::FileWal, SHORT, &[]).await;
     let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
     gw.wait_ready().await;
-    let (_, created) = stack
-        .metad
-        .client()
-        .propose(
-            &weir_metad::model::Proposer::Operator {
-                principal: "test".into(),
-            },
-            weir_metad::model::Command::CreateTopic {
-                name: "lp".into(),
-                partitions: 1,
-                config: Default::default(),
-            },
-        )
-        .await
-        .expect("create topic");
-    created.expect("created");
+    stack.metad.create_topic("lp", 1).await;
     gw.wait_open("lp/0").await;
     let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/lp%2F0")).await;
     let owner = d["owner"]["node"].as_str().expect("owner").to_string();
