@@ -136,12 +136,24 @@ impl MetadClient {
 
     /// Proposes `command` as `proposer`; returns the applied index and the outcome.
     pub async fn propose(&self, proposer: &Proposer, command: Command) -> Result<(u64, Outcome), ClientError> {
+        self.propose_within(proposer, command, self.timeout).await
+    }
+
+    /// As [`Self::propose`], each attempt bounded by `timeout`, and no other replica
+    /// asked after an attempt that got no answer (the bound is the caller's whole wait).
+    pub async fn propose_within(
+        &self,
+        proposer: &Proposer,
+        command: Command,
+        timeout: Duration,
+    ) -> Result<(u64, Outcome), ClientError> {
         let bytes = codec::encode(&Proposal {
             proposer: proposer.clone(),
             command,
         });
+        let retry_unanswered = timeout == self.timeout;
         let reply = self
-            .each(|ch| {
+            .each_within(timeout, retry_unanswered, |ch| {
                 let bytes = bytes.clone();
                 async move {
                     GrpcMetadClient::new(ch)

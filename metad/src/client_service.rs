@@ -3,7 +3,8 @@
 use crate::leader::{forwarded, leader_channel, mark_forwarded, PeerChannels};
 use crate::metrics::metrics;
 use crate::model::codec;
-use crate::model::command::Proposal;
+use crate::model::command::{Command, Outcome, Proposal, RejectCode, Rejection};
+use crate::model::CordonBy;
 use crate::raft_types::Raft;
 use crate::store::{ViewHub, WatchItem};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
@@ -21,6 +22,7 @@ use weir_proto::metad::metad_server::Metad;
 use weir_proto::metad::{
     watch_event, LinearizableReadReply, LinearizableReadRequest, ProposeReply, ProposeRequest, WatchEvent, WatchRequest,
 };
+use weir_shared::failpoint;
 
 /// Serves the client API from one replica.
 pub struct ClientService {
@@ -58,6 +60,31 @@ impl ClientService {
     }
 }
 
+/// A stopping node's release of its drain cordon (SD-REL-10's failpoints apply to it).
+fn is_drain_release(p: &Proposal) -> bool {
+    matches!(
+        p.command,
+        Command::Uncordon {
+            by: CordonBy::Drain,
+            ..
+        }
+    )
+}
+
+/// Failpoint `release`: `sleep`/`hang` delay the release, `return(err)` refuses it.
+async fn release_failpoint() -> Option<Response<ProposeReply>> {
+    match failpoint::pause("release").await {
+        Some(failpoint::Action::Error) => {
+            let refused: Outcome = Err(Rejection::new(RejectCode::Conflict, "failpoint release: refused"));
+            Some(Response::new(ProposeReply {
+                log_index: 0,
+                outcome: codec::encode(&refused),
+            }))
+        }
+        _ => None,
+    }
+}
+
 #[tonic::async_trait]
 impl Metad for ClientService {
     #[tracing::instrument(name = "metad.propose", level = "info", skip_all, fields(log_index))]
@@ -66,6 +93,12 @@ impl Metad for ClientService {
         let inner = req.into_inner();
         let proposal: Proposal =
             codec::decode(&inner.command).map_err(|e| Status::invalid_argument(format!("malformed command: {e}")))?;
+        let release = is_drain_release(&proposal);
+        if release {
+            if let Some(refused) = release_failpoint().await {
+                return Ok(refused);
+            }
+        }
         let result = tokio::time::timeout(self.timeout, self.raft.client_write(proposal)).await;
         match result {
             Err(_) => {
@@ -74,6 +107,9 @@ impl Metad for ClientService {
                     "proposal not committed within {:?}: no metadata quorum; retry",
                     self.timeout
                 )))
+            }
+            Ok(Ok(_)) if release && failpoint::action("release_reply") == Some(failpoint::Action::Drop) => {
+                Err(Status::unavailable("failpoint release_reply: the reply was dropped"))
             }
             Ok(Ok(resp)) => {
                 let result = if resp.data.is_ok() { "applied" } else { "rejected" };

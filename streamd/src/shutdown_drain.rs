@@ -208,20 +208,29 @@ async fn release_cordon(node: &Arc<Node>, shutdown: &Shutdown) -> bool {
         node: node.me.node.clone(),
         by: CordonBy::Drain,
     };
-    match tokio::time::timeout(bound, node.metad.propose(&node.proposer(), command)).await {
-        Ok(Ok((index, Ok(_)))) => {
+    let started = tokio::time::Instant::now();
+    let released = node.metad.propose_within(&node.proposer(), command, bound).await;
+    // An attempt that got no answer within the bound timed out; any other failure is
+    // the leader's (or its connection's) not answering.
+    let released = match released {
+        Err(_) if started.elapsed() >= bound => Err(None),
+        Err(e) => Err(Some(e)),
+        Ok(r) => Ok(r),
+    };
+    match released {
+        Ok((index, Ok(_))) => {
             tracing::info!(node_id = %node.me.node, log_index = index, "cleared shutdown drain cordon before graceful shutdown");
             true
         }
-        Ok(Ok((_, Err(r)))) => {
+        Ok((_, Err(r))) => {
             tracing::warn!(node_id = %node.me.node, rejection = %r, "failed to clear shutdown drain cordon before graceful shutdown");
             false
         }
-        Ok(Err(e)) => {
+        Err(Some(e)) => {
             tracing::warn!(node_id = %node.me.node, error = %e, "the leader did not answer the release of the shutdown drain cordon");
             false
         }
-        Err(_) => {
+        Err(None) => {
             tracing::warn!(node_id = %node.me.node, timeout = ?bound, "timed out clearing shutdown drain cordon");
             false
         }

@@ -552,3 +552,50 @@ async fn a_drain_continues_with_the_next_leader_when_the_leader_dies() {
         assert_eq!(bodies(&gw, s).await, ["before"], "{s}");
     }
 }
+
+// SD-REL-10, SD-REL-12, OBS-9, SD-REL-11: each way the release of the drain cordon can
+// fail on the leader (failpoints `release=hang`, `release=return(err)`,
+// `release_reply=drop`) is logged with its own string, and drain-support is Abandoned
+// even though every stream was handed over. A release that never committed leaves the
+// node cordoned; one whose reply was dropped had committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_failed_release_of_the_drain_cordon_is_reported() {
+    let cases = [
+        (
+            "WEIR_FAILPOINT_RELEASE",
+            "hang",
+            "timed out clearing shutdown drain cordon",
+            true,
+        ),
+        (
+            "WEIR_FAILPOINT_RELEASE",
+            "return(err)",
+            "failed to clear shutdown drain cordon before graceful shutdown",
+            true,
+        ),
+        (
+            "WEIR_FAILPOINT_RELEASE_REPLY",
+            "drop",
+            "the leader did not answer the release of the shutdown drain cordon",
+            false,
+        ),
+    ];
+    for (var, action, message, stays_cordoned) in cases {
+        let stack = Stack::start_replicas_with_env(1, 2, Backend::FileWal, SHORT, &[], &[(var, action)]).await;
+        let (mut stack, _gw) = with_streams_on_the_first(stack, &["rl-a"]).await;
+        let a = stack.nodes[0].id.clone();
+        stack.nodes[0].term();
+        let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+        let log = stack.nodes[0].log_text();
+        assert_eq!(code, Some(0), "{action}: {log}");
+        assert_eq!(records(&log, message).len(), 1, "{action}: {log}");
+        assert_eq!(
+            records(&log, "drained local node before graceful shutdown").len(),
+            1,
+            "{action}"
+        );
+        assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned", "{action}");
+        let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
+        assert_eq!(node_row(&nodes, &a)["cordoned"], stays_cordoned, "{action}");
+    }
+}
