@@ -17,9 +17,21 @@ pub enum Action {
     Error,
 }
 
-/// The action set for failpoint `name` (`drain_reply` reads `WEIR_FAILPOINT_DRAIN_REPLY`).
+/// The action set for failpoint `name` (`drain_reply` reads `WEIR_FAILPOINT_DRAIN_REPLY`;
+/// characters other than letters, digits and `_` read as `_`, so a name may carry a
+/// stream name: `close_stream_orders/0` reads `WEIR_FAILPOINT_CLOSE_STREAM_ORDERS_0`).
 pub fn action(name: &str) -> Option<Action> {
-    let value = std::env::var(format!("WEIR_FAILPOINT_{}", name.to_ascii_uppercase())).ok()?;
+    let key: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let value = std::env::var(format!("WEIR_FAILPOINT_{key}")).ok()?;
     let parsed = parse(&value);
     if parsed.is_none() {
         tracing::warn!(failpoint = name, value, "unrecognized failpoint action ignored");

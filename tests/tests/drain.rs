@@ -599,3 +599,48 @@ async fn each_failed_release_of_the_drain_cordon_is_reported() {
         assert_eq!(node_row(&nodes, &a)["cordoned"], stays_cordoned, "{action}");
     }
 }
+
+// SD-DRN-7, SD-DRN-1, SD-TRG-5: an operator drain where one stream cannot be prepared
+// (its owner's close fails: failpoint `close_stream_df_b`) moves the others, reports
+// the failed one with its reason, exits 1, and the failed stream keeps taking appends
+// at its owner, whose intake reopened.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_CLOSE_STREAM_DF_B", "return(err)")],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, SHORT);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    let names = ["df_a", "df_b", "df_c"];
+    let (stack, gw) = with_streams_on_the_first(stack, &names).await;
+    let a = stack.nodes[0].id.clone();
+    let out = tokio::process::Command::new(weir_tests::bin_path("weir"))
+        .args(["--metad", &stack.metad.replicas[0].grpc, "--json", "nodes", "drain", &a])
+        .output()
+        .await
+        .expect("weir runs");
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not fully drained"));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json report");
+    let streams = report["streams"].as_array().expect("streams");
+    let tried: Vec<&str> = streams.iter().map(|m| m["stream"].as_str().expect("name")).collect();
+    assert_eq!(tried, names, "every stream tried, in order: {report}");
+    for m in streams {
+        let failed = m["stream"] == "df_b";
+        assert_eq!(m["moved"], !failed, "{report}");
+        if failed {
+            let why = m["error"].as_str().expect("reason");
+            assert!(why.contains("did not close"), "{why}");
+        }
+    }
+    assert_eq!(report["finished"], false);
+    assert_eq!(owner_of(&gw, "df_b").await.as_deref(), Some(a.as_str()));
+    gw.append("df_b", &["after the failed move"]).await;
+    assert_eq!(bodies(&gw, "df_b").await, ["after the failed move"]);
+}

@@ -22,6 +22,15 @@ impl Node {
             inner.closing = true;
             inner.next_offset
         };
+        // Failpoint for SD-DRN-7: this stream's close fails after intake stopped.
+        if weir_shared::failpoint::action(&format!("close_stream_{stream}"))
+            == Some(weir_shared::failpoint::Action::Error)
+        {
+            handle.inner.lock().await.closing = false;
+            return Err(StreamdError::Unavailable(format!(
+                "failpoint close_stream: stream '{stream}' did not close"
+            )));
+        }
         let mut durable = handle.durable.subscribe();
         // The watch's read guard is dropped at once: it must not live across an await.
         let durable = tokio::time::timeout_at(deadline, durable.wait_for(|d| *d >= target))
