@@ -644,3 +644,43 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
     gw.append("df_b", &["after the failed move"]).await;
     assert_eq!(bodies(&gw, "df_b").await, ["after the failed move"]);
 }
+
+// SD-DRN-12: the leader runs a drain in a task of its own, so a requester that stops
+// waiting (here after 1 s, with each transfer slowed to 1 s) does not stop it: every
+// stream still moves, and no transfer mark is left behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_goes_on_after_its_requester_stops_waiting() {
+    let stack = Stack::start_replicas_with_env(
+        1,
+        2,
+        Backend::FileWal,
+        SHORT,
+        &[],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(1000)")],
+    )
+    .await;
+    let names = ["gw_a", "gw_b", "gw_c"];
+    let (stack, gw) = with_streams_on_the_first(stack, &names).await;
+    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
+    let request = weir_proto::metad::DrainRequest {
+        node: a.clone(),
+        budget_ms: 60_000,
+        requester: Vec::new(),
+    };
+    let gave_up = stack.metad.client().drain(request, Duration::from_secs(1)).await;
+    assert!(gave_up.is_err(), "the requester stopped waiting: {gave_up:?}");
+    for s in names {
+        wait_for(&format!("{s} moved"), Duration::from_secs(20), || async {
+            (owner_of(&gw, s).await.as_deref() == Some(b.as_str())).then_some(())
+        })
+        .await;
+    }
+    let streams = stack.metad.client().admin("streams", 0, 0).await.expect("streams");
+    let marked: Vec<&Value> = streams["streams"]
+        .as_object()
+        .expect("streams")
+        .values()
+        .filter(|r| !r["transfer_target"].is_null())
+        .collect();
+    assert!(marked.is_empty(), "no transfer mark left: {marked:?}");
+}
