@@ -199,6 +199,18 @@ impl Txn<'_> {
             .ok_or_else(|| reject(RejectCode::NotFound, format!("stream {id} does not exist")))
     }
 
+    /// The stream's row if it is in `state`; otherwise a conflict saying `rule`.
+    fn stream_in(&self, id: StreamId, state: StreamState, rule: &str) -> Result<&StreamRow, Rejection> {
+        let stream = self.stream(id)?;
+        if stream.state != state {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!("stream '{}' is {:?}; {rule}", stream.name, stream.state),
+            ));
+        }
+        Ok(stream)
+    }
+
     fn node_row(&self, node: &NodeId) -> Result<&NodeRow, Rejection> {
         self.state
             .nodes
@@ -553,16 +565,7 @@ impl Txn<'_> {
         self.privileged(proposer)?;
         // The target's checks come first: a refusal names the first failing one (OBS-14).
         let target = check_destination(self.state, node)?;
-        let stream = self.stream(id)?;
-        if stream.state != StreamState::Closed {
-            return Err(reject(
-                RejectCode::Conflict,
-                format!(
-                    "stream '{}' is {:?}; only a closed stream is placed",
-                    stream.name, stream.state
-                ),
-            ));
-        }
+        let stream = self.stream_in(id, StreamState::Closed, "only a closed stream is placed")?;
         if let Some(owner) = &stream.owner {
             if self.incarnation_live(owner) && &owner.node != node {
                 return Err(reject(

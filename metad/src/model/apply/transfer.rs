@@ -48,16 +48,7 @@ impl Txn<'_> {
     ) -> Outcome {
         self.privileged(proposer)?;
         check_destination(self.state, target)?;
-        let stream = self.stream(id)?;
-        if stream.state != StreamState::Open {
-            return Err(reject(
-                RejectCode::Conflict,
-                format!(
-                    "stream '{}' is {:?}; only an open stream is transferred",
-                    stream.name, stream.state
-                ),
-            ));
-        }
+        let stream = self.stream_in(id, StreamState::Open, "only an open stream is transferred")?;
         if stream.epoch != stream_epoch {
             return Err(reject(
                 RejectCode::NotOwner,
