@@ -684,3 +684,64 @@ async fn a_drain_goes_on_after_its_requester_stops_waiting() {
         .collect();
     assert!(marked.is_empty(), "no transfer mark left: {marked:?}");
 }
+
+// SD-TRM-8: a drain's plan belongs to the source's incarnation. The source is killed and
+// restarted while the leader prepares its first transfer (failpoint
+// `transfer_prepare=sleep(2000)`): the drain drops the rest of its plan and says why,
+// and the old incarnation closes nothing after the restart; its streams come back
+// through the takeover, every record intact.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_restarted_mid_drain_invalidates_the_plan() {
+    let stack = Stack::start_replicas_with_env(
+        1,
+        2,
+        Backend::FileWal,
+        SHORT,
+        &[],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(2000)")],
+    )
+    .await;
+    let names = ["rs_a", "rs_b"];
+    let (mut stack, gw) = with_streams_on_the_first(stack, &names).await;
+    for s in names {
+        gw.append(s, &["before"]).await;
+    }
+    let a = stack.nodes[0].id.clone();
+    let client = stack.metad.client();
+    let request = weir_proto::metad::DrainRequest {
+        node: a.clone(),
+        budget_ms: 60_000,
+        requester: Vec::new(),
+    };
+    let drain = tokio::spawn(async move { client.drain(request, Duration::from_secs(70)).await });
+    wait_for("the first transfer begun", Duration::from_secs(20), || async {
+        let entries = log_entries(&stack).await;
+        entries.iter().any(|(_, k, ..)| k == "begin_transfer").then_some(())
+    })
+    .await;
+    let killed_at = log_entries(&stack).await.last().map(|e| e.0).expect("entries");
+    let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
+    let old_epoch = node_row(&nodes, &a)["epoch"].clone();
+    stack.nodes[0].kill();
+    stack.nodes[0].start();
+    let report = drain.await.expect("task").expect("report");
+    assert_eq!(report["finished"], false, "{report}");
+    let why = report["error"].as_str().unwrap_or_default();
+    assert!(why.contains("restarted or was fenced"), "{report}");
+    // The unit in flight either failed or completed to its target through the old
+    // incarnation's takeover (a pending transfer completes to its target); the rest of
+    // the plan was never tried.
+    assert_eq!(report["streams"].as_array().map(Vec::len), Some(1), "{report}");
+    let entries = log_entries(&stack).await;
+    let old_epoch_closes = entries
+        .iter()
+        .filter(|(i, k, _, p)| {
+            *i > killed_at && k == "close_stream" && by_node(p, &a) && p["node"]["epoch"] == old_epoch
+        })
+        .count();
+    assert_eq!(old_epoch_closes, 0, "no move committed at the old epoch");
+    for s in names {
+        gw.wait_open(s).await;
+        assert_eq!(bodies(&gw, s).await, ["before"], "{s}");
+    }
+}
