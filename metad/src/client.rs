@@ -10,7 +10,8 @@ use tonic::transport::Channel;
 use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::metad_client::MetadClient as GrpcMetadClient;
 use weir_proto::metad::{
-    AdminRequest, DrainRequest, LinearizableReadRequest, ProposeRequest, TransferRequest, WatchEvent, WatchRequest,
+    AdminReply, AdminRequest, DrainRequest, LinearizableReadRequest, ProposeRequest, TransferRequest, WatchEvent,
+    WatchRequest,
 };
 
 /// Why a call failed.
@@ -43,6 +44,11 @@ impl From<tonic::Status> for ClientError {
             _ => ClientError::Unavailable(format!("{}: {}", s.code(), message)),
         }
     }
+}
+
+/// An admin reply's JSON document.
+fn json(reply: AdminReply) -> Result<serde_json::Value, ClientError> {
+    serde_json::from_slice(&reply.json).map_err(|e| ClientError::Malformed(e.to_string()))
 }
 
 /// Whether a replica refused the request itself, so another replica would too.
@@ -136,22 +142,31 @@ impl MetadClient {
 
     /// Proposes `command` as `proposer`; returns the applied index and the outcome.
     pub async fn propose(&self, proposer: &Proposer, command: Command) -> Result<(u64, Outcome), ClientError> {
-        self.propose_within(proposer, command, self.timeout).await
+        self.propose_with(proposer, command, self.timeout, true).await
     }
 
-    /// As [`Self::propose`], each attempt bounded by `timeout`, and no other replica
-    /// asked after an attempt that got no answer (the bound is the caller's whole wait).
+    /// As [`Self::propose`], with one bound on the whole wait: no other replica is asked
+    /// after an attempt that got no answer within `timeout`.
     pub async fn propose_within(
         &self,
         proposer: &Proposer,
         command: Command,
         timeout: Duration,
     ) -> Result<(u64, Outcome), ClientError> {
+        self.propose_with(proposer, command, timeout, false).await
+    }
+
+    async fn propose_with(
+        &self,
+        proposer: &Proposer,
+        command: Command,
+        timeout: Duration,
+        retry_unanswered: bool,
+    ) -> Result<(u64, Outcome), ClientError> {
         let bytes = codec::encode(&Proposal {
             proposer: proposer.clone(),
             command,
         });
-        let retry_unanswered = timeout == self.timeout;
         let reply = self
             .each_within(timeout, retry_unanswered, |ch| {
                 let bytes = bytes.clone();
@@ -203,7 +218,7 @@ impl MetadClient {
                 }
             })
             .await?;
-        serde_json::from_slice(&reply.into_inner().json).map_err(|e| ClientError::Malformed(e.to_string()))
+        json(reply.into_inner())
     }
 
     /// Drain node: the leader moves every stream of `request.node` (or, for a stopping
@@ -215,7 +230,7 @@ impl MetadClient {
                 async move { AdminClient::new(ch).drain(request).await }
             })
             .await?;
-        serde_json::from_slice(&reply.into_inner().json).map_err(|e| ClientError::Malformed(e.to_string()))
+        json(reply.into_inner())
     }
 
     /// Moves one stream by planned transfer (or checks that it could); the JSON outcome.
@@ -226,6 +241,6 @@ impl MetadClient {
                 async move { AdminClient::new(ch).transfer(request).await }
             })
             .await?;
-        serde_json::from_slice(&reply.into_inner().json).map_err(|e| ClientError::Malformed(e.to_string()))
+        json(reply.into_inner())
     }
 }

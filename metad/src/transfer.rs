@@ -95,6 +95,17 @@ pub struct Moved {
 }
 
 impl Moved {
+    /// Not moved (yet) toward `to`, without an error.
+    fn toward(stream: &str, to: &NodeId, closed_at: Option<u64>) -> Self {
+        Self {
+            stream: stream.to_string(),
+            moved: false,
+            to: Some(to.to_string()),
+            closed_at,
+            error: None,
+        }
+    }
+
     fn failed(stream: &str, error: impl Into<String>) -> Self {
         Self {
             stream: stream.to_string(),
@@ -346,13 +357,7 @@ impl Coordinator {
             )));
         }
         if dry_run {
-            return Ok(Moved {
-                stream: stream.to_string(),
-                moved: false,
-                to: Some(target.to_string()),
-                closed_at: None,
-                error: None,
-            });
+            return Ok(Moved::toward(stream, target, None));
         }
         let unit = budget
             .unit_bound()
@@ -446,22 +451,16 @@ impl Coordinator {
             });
             if let Some(at) = opened {
                 return Moved {
-                    stream: name.to_string(),
                     moved: true,
-                    to: Some(at.to_string()),
-                    closed_at: Some(closed_at),
-                    error: None,
+                    ..Moved::toward(name, &at, Some(closed_at))
                 };
             }
             if Instant::now() >= deadline {
                 return Moved {
-                    stream: name.to_string(),
-                    moved: false,
-                    to: Some(target.to_string()),
-                    closed_at: Some(closed_at),
                     error: Some(format!(
                         "closed, but '{target}' did not open it within the unit's bound"
                     )),
+                    ..Moved::toward(name, target, Some(closed_at))
                 };
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

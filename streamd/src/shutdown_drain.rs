@@ -40,7 +40,9 @@ pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
     tracing::info!("live reads ended and intake stopped");
     let (operator_cordon, replacement) = node.view.with(|s| {
         let cordon = s.nodes.get(&node.me.node).and_then(|n| n.cordon);
-        (cordon == Some(CordonBy::Operator), has_replacement(s, node))
+        // The leader's own choice of destination, on this node's view (SD-DRN-8/13).
+        let replacement = weir_metad::transfer::choose_destination(s, &node.me.node).is_some();
+        (cordon == Some(CordonBy::Operator), replacement)
     });
     // SD-REL-2: remembered before the drain; the drain never clears it.
     if operator_cordon {
@@ -128,14 +130,6 @@ async fn report_outstanding(node: &Node) {
     if !streams.is_empty() {
         tracing::warn!(streams = %serde_json::Value::from(streams), "local graph drain timed out with admitted work outstanding");
     }
-}
-
-/// Another streamd could take this node's streams.
-fn has_replacement(state: &State, node: &Node) -> bool {
-    state
-        .nodes
-        .values()
-        .any(|n| n.kind == NodeKind::Streamd && n.id != node.me.node && n.is_schedulable())
 }
 
 /// SD-DRN-8, SD-DRN-11, SD-REL-3: waits to observe a metadata leader, then asks it to

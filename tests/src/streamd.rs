@@ -12,6 +12,10 @@ use weir_metad::model::{Applied, Command as MetaCommand, Proposer, StreamConfig}
 use weir_proto::streamd::streamd_client::StreamdClient;
 use weir_shared::ids::{NodeId, StreamId};
 
+/// Flags that keep appended records in the WAL and the tail buffer (no upload until a
+/// close or a takeover), for tests of what a stop or a crash does with them.
+pub const WAL_ONLY: &[&str] = &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"];
+
 /// One streamd process.
 pub struct Streamd {
     pub id: String,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use weir_tests::gateway::Gatewayd;
 use weir_tests::proxy::{Mode, Proxy};
-use weir_tests::streamd::{Backend, Stack};
+use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
 use weir_tests::{node_row, wait_for};
 
 /// Short shutdown timing for tests.
@@ -433,18 +433,15 @@ async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
     let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
     let s3 = Proxy::start(stack.s3.endpoint.trim_start_matches("http://")).await;
     let endpoint = format!("http://{}", s3.addr);
-    let flags = [
+    let timing = [
         "--drain-timeout-sec",
         "3",
         "--shutdown-deadline-sec",
         "8",
         "--shutdown-drain-sec",
         "0",
-        "--upload-interval-ms",
-        "600000",
-        "--upload-bytes",
-        "1000000000",
     ];
+    let flags = [&timing[..], WAL_ONLY].concat();
     stack.add_node_with_env("streamd-1", Backend::FileWal, &flags, &[("AWS_ENDPOINT", &endpoint)]);
     stack.nodes[0].wait_ready().await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);

@@ -8,20 +8,14 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::time::Duration;
 use weir_tests::gateway::Gatewayd;
-use weir_tests::streamd::{Backend, Stack};
+use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
 use weir_tests::wait_for;
 
 /// Two streamd nodes (1 s heartbeats, 3 s timeout), metad placing streams, one gateway.
 /// Uploads wait 10 minutes, so every acknowledged record lives only in the WAL and a
 /// takeover must recover it.
 async fn cluster(backend: Backend) -> (Stack, Gatewayd) {
-    let stack = Stack::start_with(
-        2,
-        backend,
-        &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
-        &[],
-    )
-    .await;
+    let stack = Stack::start_with(2, backend, WAL_ONLY, &[]).await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
     (stack, gw)
@@ -214,8 +208,7 @@ async fn a_streamd_paused_shorter_than_the_timeout_is_never_fenced() {
 /// recovers every acknowledged record.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_recovery_agent_killed_midway_is_replaced() {
-    let wal_only = ["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"];
-    let mut stack = Stack::start_with(1, Backend::FileWal, &wal_only, &[]).await;
+    let mut stack = Stack::start_with(1, Backend::FileWal, WAL_ONLY, &[]).await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
     gw.create_stream("agent").await;
@@ -225,14 +218,14 @@ async fn a_recovery_agent_killed_midway_is_replaced() {
     stack.add_node_with_env(
         "streamd-2",
         Backend::FileWal,
-        &wal_only,
+        WAL_ONLY,
         &[("WEIR_FAILPOINT_TAKEOVER_BEFORE_COMMIT", "1")],
     );
     stack.nodes[1].wait_ready().await;
     stack.nodes[0].kill();
     assert_eq!(stack.nodes[1].wait_exit(Duration::from_secs(60)).await, Some(86));
     // A healthy node joins; the dead agent is fenced and the takeover moves to it.
-    stack.add_node("streamd-3", Backend::FileWal, &wal_only);
+    stack.add_node("streamd-3", Backend::FileWal, WAL_ONLY);
     wait_for("agent reopened on streamd-3", Duration::from_secs(60), || async {
         owner(&stack, &gw, "agent").await.filter(|(i, _)| *i == 2).map(|_| ())
     })
@@ -290,10 +283,9 @@ async fn a_streamd_cut_off_from_metad_is_fenced_and_can_acknowledge_nothing_more
     use weir_proto::streamd::{AppendRequest, ReadRequest};
     use weir_tests::batches::{batch, values};
     use weir_tests::proxy::{Mode, Proxy};
-    let wal_only = ["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"];
-    let mut stack = Stack::start(1, Backend::FileWal, &wal_only).await;
+    let mut stack = Stack::start(1, Backend::FileWal, WAL_ONLY).await;
     let proxy = Proxy::start(&stack.metad.replicas[0].grpc).await;
-    let mut flags = wal_only.to_vec();
+    let mut flags = WAL_ONLY.to_vec();
     flags.extend(["--metad", proxy.addr.as_str()]);
     stack.add_node("streamd-2", Backend::FileWal, &flags);
     stack.nodes[1].wait_ready().await;

@@ -691,13 +691,7 @@ async fn owner_index(stack: &Stack, gw: &Gatewayd, stream: &str) -> Option<usize
 // exactly once, and the group resumes from its committed offsets.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_owner_loses_no_acknowledged_message_and_the_group_resumes() {
-    let stack = Stack::start_with(
-        2,
-        Backend::FileWal,
-        &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
-        &[],
-    )
-    .await;
+    let stack = Stack::start_with(2, Backend::FileWal, weir_tests::streamd::WAL_ONLY, &[]).await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
     let mut stack = stack;

@@ -6,7 +6,7 @@ use nix::sys::signal::Signal;
 use reqwest::Method;
 use std::time::{Duration, Instant};
 use weir_tests::gateway::Gatewayd;
-use weir_tests::streamd::{Backend, Stack};
+use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
 use weir_tests::wait_for;
 
 /// H2 of requirements.md: short shutdown timing for tests.
@@ -19,6 +19,16 @@ const SHORT: &[&str] = &[
     "1",
     "--shutdown-timeout-sec",
     "2",
+];
+
+/// A stop with no readiness drain and a short drain-support.
+const QUICK_STOP: &[&str] = &[
+    "--drain-timeout-sec",
+    "5",
+    "--shutdown-deadline-sec",
+    "8",
+    "--shutdown-drain-sec",
+    "0",
 ];
 
 const PHASES: [&str; 3] = [
@@ -256,24 +266,8 @@ async fn a_signal_during_startup_is_held_until_startup_completes() {
 // closes them in place (uploading what it buffered), and exits 0; nothing is lost.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_last_streamd_closes_its_streams_in_place() {
-    let mut stack = Stack::start_with(
-        1,
-        Backend::FileWal,
-        &[
-            "--drain-timeout-sec",
-            "5",
-            "--shutdown-deadline-sec",
-            "8",
-            "--shutdown-drain-sec",
-            "0",
-            "--upload-interval-ms",
-            "600000",
-            "--upload-bytes",
-            "1000000000",
-        ],
-        &[],
-    )
-    .await;
+    let flags = [QUICK_STOP, WAL_ONLY].concat();
+    let mut stack = Stack::start_with(1, Backend::FileWal, &flags, &[]).await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
     gw.wait_ready().await;
     gw.create_stream("alone").await;
@@ -429,18 +423,7 @@ async fn a_failed_listener_starts_a_clean_shutdown() {
 // record is read back, once, in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_whole_cluster_stop_and_start_loses_nothing() {
-    let flags = [
-        "--drain-timeout-sec",
-        "5",
-        "--shutdown-deadline-sec",
-        "8",
-        "--shutdown-drain-sec",
-        "0",
-        "--upload-interval-ms",
-        "600000",
-        "--upload-bytes",
-        "1000000000",
-    ];
+    let flags = [QUICK_STOP, WAL_ONLY].concat();
     let mut stack = Stack::start_with(2, Backend::FileWal, &flags, &["--shutdown-drain-sec", "0"]).await;
     let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
     gw.wait_ready().await;

@@ -48,6 +48,20 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), Rejection> {
     Ok(())
 }
 
+/// A command made at `stream_epoch` applies only while the stream is still at it.
+fn at_epoch(stream: &StreamRow, stream_epoch: StreamEpoch) -> Result<(), Rejection> {
+    if stream.epoch != stream_epoch {
+        return Err(reject(
+            RejectCode::NotOwner,
+            format!(
+                "stream '{}' is at epoch {}, not {stream_epoch}",
+                stream.name, stream.epoch
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl State {
     /// Applies one proposal at `index`, returning its outcome and the rows it changed.
     pub fn apply(&mut self, index: u64, proposal: &Proposal) -> (Outcome, Vec<Change>) {
@@ -620,15 +634,7 @@ impl Txn<'_> {
     fn close_stream(&mut self, proposer: &Proposer, id: StreamId, stream_epoch: StreamEpoch) -> Outcome {
         self.privileged(proposer)?;
         let stream = self.stream(id)?;
-        if stream.epoch != stream_epoch {
-            return Err(reject(
-                RejectCode::NotOwner,
-                format!(
-                    "stream '{}' is at epoch {}, not {stream_epoch}",
-                    stream.name, stream.epoch
-                ),
-            ));
-        }
+        at_epoch(stream, stream_epoch)?;
         let owner = stream.owner.clone();
         let by_owner = matches!(proposer, Proposer::Node(who) if Some(who) == owner.as_ref());
         if !by_owner {

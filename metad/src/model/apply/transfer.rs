@@ -4,7 +4,7 @@
 //! gate in the log: cancelling it (or the owner's failed close) leaves the stream where
 //! it was.
 
-use super::{reject, Txn};
+use super::{at_epoch, reject, Txn};
 use crate::model::command::{Applied, Outcome, Proposer, RejectCode, Rejection};
 use crate::model::rows::{NodeKind, NodeRow, StreamState};
 use crate::model::state::{RowKey, State};
@@ -49,15 +49,7 @@ impl Txn<'_> {
         self.privileged(proposer)?;
         check_destination(self.state, target)?;
         let stream = self.stream_in(id, StreamState::Open, "only an open stream is transferred")?;
-        if stream.epoch != stream_epoch {
-            return Err(reject(
-                RejectCode::NotOwner,
-                format!(
-                    "stream '{}' is at epoch {}, not {stream_epoch}",
-                    stream.name, stream.epoch
-                ),
-            ));
-        }
+        at_epoch(stream, stream_epoch)?;
         let Some(owner) = stream.owner.clone() else {
             return Err(reject(
                 RejectCode::Conflict,
