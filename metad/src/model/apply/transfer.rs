@@ -166,6 +166,18 @@ mod tests {
             (stream, stream_epoch)
         }
 
+        fn begin(&mut self, stream: StreamId, stream_epoch: StreamEpoch, target: &str) -> Outcome {
+            self.op(Command::BeginTransfer {
+                stream,
+                stream_epoch,
+                target: NodeId::new(target),
+            })
+        }
+
+        fn close(&mut self, proposer: Proposer, stream: StreamId, stream_epoch: StreamEpoch) -> Outcome {
+            self.run(proposer, Command::CloseStream { stream, stream_epoch })
+        }
+
         fn first_failure(&self, node: &str) -> String {
             check_destination(&self.state, &NodeId::new(node)).unwrap_err().message
         }
@@ -208,23 +220,11 @@ mod tests {
         let a = log.register("a", NodeKind::Streamd);
         let b = log.register("b", NodeKind::Streamd);
         let (x, epoch) = log.open_stream("x", &a);
-        let begin = |target: &str| Command::BeginTransfer {
-            stream: x,
-            stream_epoch: epoch,
-            target: NodeId::new(target),
-        };
-        let refused = log.op(begin("a")).unwrap_err();
+        let refused = log.begin(x, epoch, "a").unwrap_err();
         assert_eq!(refused.code, RejectCode::InvalidArgument, "{refused}");
-        log.op(begin("b")).unwrap();
+        log.begin(x, epoch, "b").unwrap();
         assert_eq!(log.state.streams[&x].transfer_target, Some(NodeId::new("b")));
-        log.run(
-            Proposer::Node(a.clone()),
-            Command::CloseStream {
-                stream: x,
-                stream_epoch: epoch,
-            },
-        )
-        .unwrap();
+        log.close(Proposer::Node(a.clone()), x, epoch).unwrap();
         let row = &log.state.streams[&x];
         assert_eq!(row.state, StreamState::Closed);
         assert_eq!(row.owner, Some(b.clone()), "handed to the target in the close's entry");
@@ -238,12 +238,7 @@ mod tests {
 
         // A cancelled transfer: the close leaves the stream unowned, for placement.
         let (y, epoch) = log.open_stream("y", &a);
-        log.op(Command::BeginTransfer {
-            stream: y,
-            stream_epoch: epoch,
-            target: NodeId::new("b"),
-        })
-        .unwrap();
+        log.begin(y, epoch, "b").unwrap();
         log.op(Command::CancelTransfer {
             stream: y,
             stream_epoch: epoch,
@@ -254,14 +249,7 @@ mod tests {
             stream_epoch: epoch,
         })
         .expect("cancelling twice is harmless");
-        log.run(
-            Proposer::Node(a),
-            Command::CloseStream {
-                stream: y,
-                stream_epoch: epoch,
-            },
-        )
-        .unwrap();
+        log.close(Proposer::Node(a), y, epoch).unwrap();
         assert_eq!(log.state.streams[&y].owner, None);
     }
 
@@ -273,21 +261,9 @@ mod tests {
         let a = log.register("a", NodeKind::Streamd);
         let b = log.register("b", NodeKind::Streamd);
         let (x, epoch) = log.open_stream("x", &a);
-        log.op(Command::BeginTransfer {
-            stream: x,
-            stream_epoch: epoch,
-            target: NodeId::new("b"),
-        })
-        .unwrap();
+        log.begin(x, epoch, "b").unwrap();
         log.run(Proposer::Node(b), Command::MarkTerminating).unwrap();
-        log.run(
-            Proposer::Node(a),
-            Command::CloseStream {
-                stream: x,
-                stream_epoch: epoch,
-            },
-        )
-        .unwrap();
+        log.close(Proposer::Node(a), x, epoch).unwrap();
         assert_eq!(log.state.streams[&x].owner, None);
     }
 
@@ -301,12 +277,7 @@ mod tests {
         let b = log.register("b", NodeKind::Streamd);
         let c = log.register("c", NodeKind::Streamd);
         let (x, epoch) = log.open_stream("x", &a);
-        log.op(Command::BeginTransfer {
-            stream: x,
-            stream_epoch: epoch,
-            target: NodeId::new("b"),
-        })
-        .unwrap();
+        log.begin(x, epoch, "b").unwrap();
         let seen = log.state.nodes[&a.node].heartbeats;
         log.op(Command::FenceNode {
             node: a.node.clone(),
