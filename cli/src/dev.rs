@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use weir_metad::MetadArgs;
 use weir_shared::config::{HeartbeatArgs, LogFormat, TelemetryArgs};
+use weir_shared::service::Exit;
 use weir_shared::shutdown::{Shutdown, ShutdownArgs};
 
 #[derive(Args)]
@@ -121,21 +122,22 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // streamd hands off before metad stops: it stops first, then metad, which has a
     // shutdown of its own (same deadline) requested once the others are done.
     let metad_stop = weir_shared::shutdown::Shutdown::new(&args.shutdown);
-    let metad_task = tokio::spawn(weir_metad::run(metad, metad_stop.clone()));
-    let gatewayd_task = tokio::spawn(weir_gatewayd::run(gatewayd, shutdown.clone()));
+    let services = tokio_util::task::TaskTracker::new();
+    let metad_task = services.spawn(weir_metad::run(metad, metad_stop.clone()));
+    let gatewayd_task = services.spawn(weir_gatewayd::run(gatewayd, shutdown.clone()));
     let streamd_result = weir_streamd::run(streamd, shutdown.clone()).await;
     let gatewayd_result = gatewayd_task.await?;
     metad_stop.request("streamd and gatewayd have stopped");
     let metad_result = metad_task.await?;
-    match streamd_result? {
-        weir_streamd::Exit::Clean => {}
-        weir_streamd::Exit::Fenced => anyhow::bail!("the dev streamd was fenced"),
+    for (service, result) in [
+        ("streamd", streamd_result),
+        ("gatewayd", gatewayd_result),
+        ("metad", metad_result),
+    ] {
+        if result? == Exit::Fenced {
+            anyhow::bail!("the dev {service} was fenced");
+        }
     }
-    match gatewayd_result? {
-        weir_gatewayd::Exit::Clean => {}
-        weir_gatewayd::Exit::Fenced => anyhow::bail!("the dev gatewayd was fenced"),
-    }
-    metad_result?;
     if shutdown.exit_code() != 0 {
         anyhow::bail!("the shutdown deadline forced the stop");
     }

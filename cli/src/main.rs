@@ -5,8 +5,8 @@ mod output;
 
 use clap::{Parser, Subcommand};
 use std::time::Duration;
-use weir_metad::client::MetadClient;
-use weir_metad::model::{Command, CordonBy, Proposer, StreamConfig};
+use weir_meta::client::MetadClient;
+use weir_meta::model::{Command, CordonBy, Proposer, StreamConfig};
 use weir_proto::metad::{DrainRequest, TransferRequest};
 
 #[derive(Parser)]

@@ -1,7 +1,7 @@
 //! Renders admin answers as tables for people or JSON for scripts.
 
 use serde_json::Value;
-use weir_metad::model::Outcome;
+use weir_meta::model::Outcome;
 
 pub struct Output {
     pub json: bool,

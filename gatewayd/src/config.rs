@@ -2,19 +2,15 @@
 
 use clap::Parser;
 use std::net::SocketAddr;
-use weir_shared::config::{ConfigError, HeartbeatArgs, TelemetryArgs};
+use weir_meta::registration::NodeArgs;
+use weir_shared::config::{ConfigError, TelemetryArgs};
 
 /// The stateless gateway: HTTP and Kafka clients in, each request routed to its stream's owner.
 #[derive(Parser, Clone, Debug)]
 #[command(name = "gatewayd", version, about)]
 pub struct GatewaydArgs {
-    /// This gateway's stable name.
-    #[arg(long, env = "WEIR_ID")]
-    pub id: String,
-
-    /// metad replicas, comma-separated HOST:PORT.
-    #[arg(long, env = "WEIR_METAD")]
-    pub metad: String,
+    #[command(flatten)]
+    pub node: NodeArgs,
 
     /// HTTP API address (`/v1`, health, admin, metrics).
     #[arg(long, env = "WEIR_HTTP_LISTEN", default_value = "127.0.0.1:8080")]
@@ -67,9 +63,6 @@ pub struct GatewaydArgs {
     pub kafka_default_partitions: u32,
 
     #[command(flatten)]
-    pub heartbeat: HeartbeatArgs,
-
-    #[command(flatten)]
     pub telemetry: TelemetryArgs,
 
     #[command(flatten)]
@@ -79,11 +72,7 @@ pub struct GatewaydArgs {
 impl GatewaydArgs {
     /// Validates once at startup; errors name the flag.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        weir_metad::model::apply::validate_name("node", &self.id)
-            .map_err(|e| ConfigError::new(format!("--id: {}", e.message)))?;
-        if self.metad_addrs().is_empty() {
-            return Err(ConfigError::new("--metad needs at least one HOST:PORT"));
-        }
+        self.node.validate()?;
         if self.max_body_bytes < 1024 {
             return Err(ConfigError::new("--max-body-bytes must be at least 1024"));
         }
@@ -103,13 +92,18 @@ impl GatewaydArgs {
                 return Err(ConfigError::new(format!("--kafka-advertise '{a}' is not HOST:PORT")));
             }
         }
-        self.heartbeat.validate()?;
         self.telemetry.validate()?;
         self.shutdown.validate()?;
         Ok(())
     }
+}
 
-    pub fn metad_addrs(&self) -> Vec<String> {
-        weir_shared::config::addr_list(&self.metad)
+impl weir_shared::service::ServiceConfig for GatewaydArgs {
+    fn shutdown_args(&self) -> &weir_shared::shutdown::ShutdownArgs {
+        &self.shutdown
+    }
+
+    fn telemetry_args(&self) -> &TelemetryArgs {
+        &self.telemetry
     }
 }

@@ -10,4 +10,5 @@ pub mod route;
 pub mod server;
 
 pub use config::GatewaydArgs;
-pub use server::{run, Exit};
+pub use server::run;
+pub use weir_shared::service::Exit;

@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::Channel;
-use weir_metad::model::{StreamRow, StreamState};
-use weir_metad::view::View;
+use weir_meta::model::{StreamRow, StreamState};
+use weir_meta::view::View;
 use weir_proto::streamd::streamd_client::StreamdClient;
+use weir_shared::error_code::ErrorCode;
 use weir_shared::ids::Incarnation;
 
 /// Why a request could not be routed or was refused by the owner.
@@ -42,15 +43,26 @@ enum Retry {
     No,
 }
 
-/// The stable error code the owner put in `x-weir-error`, if any.
-pub fn error_code(status: &tonic::Status) -> Option<&str> {
-    status.metadata().get("x-weir-error").and_then(|v| v.to_str().ok())
+impl RouteError {
+    /// The system's code for this failure; HTTP and Kafka answers follow from it.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RouteError::NotFound(_) => ErrorCode::NotFound,
+            RouteError::NoOwner { .. } | RouteError::CatchingUp => ErrorCode::Unavailable,
+            RouteError::Unknown(_) => ErrorCode::OutcomeUnknown,
+            RouteError::Streamd(status) => ErrorCode::of_status(status).unwrap_or(match status.code() {
+                // The transport refused a message over its limit.
+                tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => ErrorCode::TooLarge,
+                _ => ErrorCode::Unavailable,
+            }),
+        }
+    }
 }
 
 fn classify(status: &tonic::Status) -> Retry {
-    match error_code(status) {
-        Some("not_owner") | Some("unavailable") => Retry::Yes,
-        Some("fenced") => Retry::IfSafe,
+    match ErrorCode::of_status(status) {
+        Some(ErrorCode::NotOwner | ErrorCode::Unavailable) => Retry::Yes,
+        Some(ErrorCode::Fenced) => Retry::IfSafe,
         Some(_) => Retry::No,
         // No code: the transport failed (connection refused, reset, timed out).
         None => match status.code() {
@@ -140,8 +152,7 @@ impl Routes {
         if let Some(c) = clients.get(&owner) {
             return Ok(c.clone());
         }
-        let channel =
-            weir_metad::network::channel(&addr).map_err(|e| no_owner(&format!("owner address {addr}: {e}")))?;
+        let channel = weir_shared::grpc::channel(&addr).map_err(|e| no_owner(&format!("owner address {addr}: {e}")))?;
         let client = StreamdClient::new(channel)
             .max_decoding_message_size(self.max_message)
             .max_encoding_message_size(self.max_message);

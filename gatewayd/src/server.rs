@@ -11,22 +11,12 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use weir_metad::client::MetadClient;
-use weir_metad::model::{NodeAddrs, NodeKind};
-use weir_metad::view::{catch_up, follow, View};
-use weir_shared::ids::NodeId;
-use weir_shared::shutdown::{Outcome, Phase, Shutdown};
-
-/// How a gatewayd run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    Clean,
-    /// Fenced or replaced: exit 75 so a supervisor restarts it (D-5).
-    Fenced,
-}
+use weir_meta::model::{NodeAddrs, NodeKind};
+use weir_meta::registration::{self, Registered};
+use weir_shared::service::Exit;
+use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
 pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<Exit> {
-    let metad = Arc::new(MetadClient::new(&args.metad_addrs(), Duration::from_secs(5))?);
     let http_listener = TcpListener::bind(args.http_listen).await?;
     let http_addr = args
         .http_advertise
@@ -37,69 +27,48 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         .kafka_advertise
         .clone()
         .unwrap_or(kafka_listener.local_addr()?.to_string());
+    let (host, port) = crate::kafka::brokers::split_host_port(&kafka_addr)
+        .ok_or_else(|| anyhow::anyhow!("--kafka-advertise '{kafka_addr}' is not HOST:PORT"))?;
     // A gateway's `grpc` address is its Kafka listener: what Metadata advertises.
     let addrs = NodeAddrs {
         grpc: kafka_addr.clone(),
         http: http_addr.clone(),
     };
-    let node_id = NodeId::new(args.id.clone());
-    // SD-TRG-7: a stop request during registration is held until startup is done.
-    let me = weir_metad::membership::register(
-        &metad,
-        &node_id,
-        NodeKind::Gatewayd,
-        addrs,
-        args.heartbeat,
-        &CancellationToken::new(),
-    )
-    .await?;
+    let registered = Arc::new(Registered::join(&args.node, NodeKind::Gatewayd, addrs).await?);
+    let me = registered.me.clone();
 
-    let view = Arc::new(View::default());
+    // Listeners, the requests they carry and the live reads they start (SSE), tracked
+    // apart from background work so drain-support can wait for in-flight requests alone.
+    let servers = TaskTracker::new();
     let gw = Arc::new(Gateway {
         routes: Routes::new(
-            view.clone(),
+            registered.view.clone(),
             Duration::from_millis(args.route_retry_ms),
             args.max_body_bytes + 64 * 1024,
         ),
-        metad: metad.clone(),
+        metad: registered.metad.clone(),
         me: me.clone(),
         auth: args.auth,
         max_body_bytes: args.max_body_bytes,
-        fenced: CancellationToken::new(),
+        fenced: registered.fenced.clone(),
         stopping: CancellationToken::new(),
         terminating: Default::default(),
+        tasks: servers.clone(),
     });
 
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
-    tasks.spawn(follow(view.clone(), metad.clone(), stop.clone()));
-    let heartbeat_interval = Duration::from_secs(args.heartbeat.heartbeat_interval_sec);
-    tasks.spawn({
-        let (gw, stop) = (gw.clone(), stop.clone());
-        async move {
-            if let Some(why) =
-                weir_metad::membership::heartbeat_loop(&gw.metad, &gw.me, heartbeat_interval, &stop).await
-            {
-                fence(&gw, &why);
-            }
-        }
-    });
-    tasks.spawn(watch_own_row(gw.clone(), stop.clone()));
+    registered.follow(&tasks, args.node.heartbeat, &stop);
 
-    // Listeners and the requests they carry, tracked apart from background tasks so
-    // drain-support can wait for in-flight requests alone.
-    let servers = TaskTracker::new();
     let servers_stop = CancellationToken::new();
     let http =
         axum::serve(http_listener, router(gw.clone())).with_graceful_shutdown(servers_stop.clone().cancelled_owned());
-    servers.spawn(weir_shared::shutdown::watch_listener(
+    servers.spawn(watch_listener(
         "http",
         http.into_future(),
         shutdown.clone(),
         servers_stop.clone(),
     ));
-    let (host, port) = crate::kafka::brokers::split_host_port(&kafka_addr)
-        .ok_or_else(|| anyhow::anyhow!("--kafka-advertise '{kafka_addr}' is not HOST:PORT"))?;
     let kafka = Arc::new(Kafka {
         gw: gw.clone(),
         me: Broker {
@@ -112,7 +81,7 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         auto_create_topics: args.kafka_auto_create_topics,
         default_partitions: args.kafka_default_partitions,
     });
-    servers.spawn(weir_shared::shutdown::watch_listener(
+    servers.spawn(watch_listener(
         "kafka",
         crate::kafka::serve(kafka_listener, kafka, servers.clone(), servers_stop.clone()),
         shutdown.clone(),
@@ -122,77 +91,77 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
 
     // RR-FEN-2: nothing is routed before the catch-up fence.
     let stop_requested = shutdown.token();
-    tokio::select! {
-        admitted = catch_up(&view, &metad, &stop) => if admitted.is_some() { gw.routes.admit() },
-        _ = gw.fenced.cancelled() => {}
-        _ = stop_requested.cancelled() => {}
+    if registered.catch_up(&stop_requested).await {
+        gw.routes.admit();
     }
-    let exit = tokio::select! {
-        _ = stop_requested.cancelled() => Exit::Clean,
-        _ = gw.fenced.cancelled() => Exit::Fenced,
+    let mut steps = GatewaydStop {
+        gw,
+        shutdown: shutdown.clone(),
+        servers,
+        servers_stop,
+        stop,
+        tasks,
     };
-    if exit == Exit::Clean {
-        // SD-CS-9: steps 1–4 of a clean stop; a gateway owns no streams and never fences.
-        shutdown.begin(Phase::StopRequested);
-        gw.terminating.store(true, std::sync::atomic::Ordering::Release);
-        weir_metad::membership::mark_terminating(&metad, &me, shutdown.step(Duration::from_secs(2))).await;
-        shutdown.finish(Phase::StopRequested, Outcome::Completed);
-
-        shutdown.begin(Phase::DrainSupport);
-        tokio::time::sleep(shutdown.step(shutdown.drain_window)).await;
-        // Live reads end (long polls and SSE answer 503, Kafka fetches stop waiting),
-        // then the listeners stop and in-flight requests get a bounded time.
-        gw.stopping.cancel();
-        servers_stop.cancel();
-        servers.close();
-        let inflight = shutdown.step(shutdown.inflight_timeout);
-        let outcome = match tokio::time::timeout(inflight, servers.wait()).await {
-            Ok(()) => Outcome::Completed,
-            Err(_) => {
-                tracing::warn!(timeout = ?inflight, "in-flight requests did not finish; stopping anyway");
-                Outcome::Abandoned
-            }
-        };
-        shutdown.finish(Phase::DrainSupport, outcome);
-        shutdown.begin(Phase::TerminalTeardown);
-    } else {
-        gw.stopping.cancel();
-        servers_stop.cancel();
-        servers.close();
-    }
-    stop.cancel();
-    weir_shared::shutdown::stop_background(&tasks).await;
-    if exit == Exit::Clean {
-        shutdown.finish(Phase::TerminalTeardown, Outcome::Completed);
+    let exit = registered.until_stopped(&stop_requested).await;
+    match exit {
+        Exit::Clean => shutdown.run_phases(&mut steps).await,
+        Exit::Fenced => {
+            steps.stop_serving();
+            steps.stop_background().await;
+        }
     }
     Ok(exit)
 }
 
-fn fence(gw: &Gateway, why: &str) {
-    if !gw.fenced.is_cancelled() {
-        tracing::error!(node_id = %gw.me.node, epoch = %gw.me.epoch, reason = why, "this incarnation is fenced; stopping");
-    }
-    gw.fenced.cancel();
+/// A gateway's stop (SD-CS-9: steps 1–4 of a clean stop; it owns no streams and never
+/// fences itself).
+struct GatewaydStop {
+    gw: Arc<Gateway>,
+    shutdown: Arc<Shutdown>,
+    servers: TaskTracker,
+    servers_stop: CancellationToken,
+    stop: CancellationToken,
+    tasks: TaskTracker,
 }
 
-/// FO-FEN-8 for a gateway: its own row fenced or replaced means stop.
-async fn watch_own_row(gw: Arc<Gateway>, stop: CancellationToken) {
-    let mut applied = gw.routes.view().subscribe();
-    loop {
-        let row = gw
-            .routes
-            .view()
-            .with(|s| s.nodes.get(&gw.me.node).map(|r| (r.epoch, r.fenced)));
-        match row {
-            Some((epoch, true)) if epoch == gw.me.epoch => return fence(&gw, "its node row is fenced"),
-            Some((epoch, _)) if epoch != gw.me.epoch => {
-                return fence(&gw, &format!("a newer registration (epoch {epoch}) replaced it"))
+impl GatewaydStop {
+    /// Live reads end (long polls and SSE answer 503, Kafka fetches stop waiting), then
+    /// the listeners stop.
+    fn stop_serving(&self) {
+        self.gw.stopping.cancel();
+        self.servers_stop.cancel();
+        self.servers.close();
+    }
+
+    async fn stop_background(&self) {
+        self.stop.cancel();
+        weir_shared::shutdown::stop_background(&self.tasks).await;
+    }
+}
+
+impl StopSteps for GatewaydStop {
+    async fn stop_requested(&mut self) {
+        self.gw.terminating.store(true, std::sync::atomic::Ordering::Release);
+        let within = self.shutdown.step(Duration::from_secs(2));
+        registration::mark_terminating(&self.gw.metad, &self.gw.me, within).await;
+    }
+
+    /// Keeps serving for the readiness drain, then in-flight requests get a bounded time.
+    async fn drain_support(&mut self) -> PhaseOutcome {
+        tokio::time::sleep(self.shutdown.step(self.shutdown.drain_window)).await;
+        self.stop_serving();
+        let inflight = self.shutdown.step(self.shutdown.inflight_timeout);
+        match tokio::time::timeout(inflight, self.servers.wait()).await {
+            Ok(()) => PhaseOutcome::Completed,
+            Err(_) => {
+                tracing::warn!(timeout = ?inflight, "in-flight requests did not finish; stopping anyway");
+                PhaseOutcome::Abandoned
             }
-            _ => {}
         }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            changed = applied.changed() => if changed.is_err() { return },
-        }
+    }
+
+    async fn terminal_teardown(&mut self) -> PhaseOutcome {
+        self.stop_background().await;
+        PhaseOutcome::Completed
     }
 }

@@ -2,15 +2,16 @@
 
 use crate::leader::current_leader;
 use crate::leader::{forwarded, leader_channel, mark_forwarded, PeerChannels};
-use crate::model::rows::streams_per_owner;
-use crate::model::State;
 use crate::raft_types::Raft;
 use crate::store::StateMachineStore;
-use crate::transfer::{Budget, Coordinator, Requester};
+use crate::transfer_runner::TransferRunner;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
+use weir_meta::drain_plan::{Budget, Requester};
+use weir_meta::listing::section_json;
 use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::admin_server::Admin;
 use weir_proto::metad::{AdminReply, AdminRequest, DrainRequest, TransferRequest};
@@ -18,57 +19,6 @@ use weir_shared::ids::NodeId;
 
 /// Most history entries one dump returns.
 pub const MAX_DUMP: u64 = 10_000;
-
-/// OBS-5: every registered node with its epoch, heartbeats, flags and owned-stream count.
-pub fn nodes_json(state: &State) -> Value {
-    let owned = streams_per_owner(&state.streams);
-    let nodes: Vec<Value> = state
-        .nodes
-        .values()
-        .map(|n| {
-            json!({
-                "node_id": n.id,
-                "kind": n.kind,
-                "epoch": n.epoch,
-                "heartbeats": n.heartbeats,
-                "fenced": n.fenced,
-                "terminating": n.terminating,
-                "cordoned": n.cordon.is_some(),
-                "cordoned_by": n.cordon,
-                "streams": owned.get(&n.id).copied().unwrap_or(0),
-                "addrs": n.addrs,
-                "registered_index": n.registered_index,
-                "last_heartbeat_index": n.last_heartbeat_index,
-                "fenced_index": n.fenced_index,
-            })
-        })
-        .collect();
-    json!({ "applied_index": state.applied_index, "nodes": nodes })
-}
-
-/// The whole state, with token secrets' hashes left out.
-pub fn state_json(state: &State) -> Value {
-    let mut state = state.clone();
-    for token in state.tokens.values_mut() {
-        token.secret_sha256 = "<redacted>".into();
-    }
-    serde_json::to_value(&state).unwrap_or(Value::Null)
-}
-
-/// One section of the state by name.
-pub fn section_json(state: &State, what: &str) -> Option<Value> {
-    let redacted = state_json(state);
-    Some(match what {
-        "nodes" => nodes_json(state),
-        "state" => redacted,
-        "streams" | "topics" | "leases" | "tokens" | "takeovers" | "objects" => json!({
-            "applied_index": state.applied_index,
-            what: redacted.get(what).cloned().unwrap_or(Value::Null),
-        }),
-        "settings" => json!({ "applied_index": state.applied_index, "settings": state.settings }),
-        _ => return None,
-    })
-}
 
 /// Raft's view of this replica.
 pub fn status_json(raft: &Raft) -> Value {
@@ -98,18 +48,22 @@ pub fn log_json(sm: &StateMachineStore, from: u64, limit: u64) -> Result<Value, 
 pub struct AdminService {
     raft: Raft,
     sm: StateMachineStore,
-    coordinator: Coordinator,
+    runner: TransferRunner,
     peers: Arc<PeerChannels>,
+    /// Drains and transfers run in tasks of their own (SD-DRN-12); Raft stops only once
+    /// they have ended (they propose through it).
+    moves: TaskTracker,
 }
 
 impl AdminService {
-    pub fn new(raft: Raft, sm: StateMachineStore, id: u64, peers: Arc<PeerChannels>) -> Self {
-        let coordinator = Coordinator::new(raft.clone(), sm.hub(), id);
+    pub fn new(raft: Raft, sm: StateMachineStore, id: u64, peers: Arc<PeerChannels>, moves: TaskTracker) -> Self {
+        let runner = TransferRunner::new(raft.clone(), sm.hub(), id);
         Self {
             raft,
             sm,
-            coordinator,
+            runner,
             peers,
+            moves,
         }
     }
 
@@ -136,7 +90,7 @@ fn budget(ms: u64) -> Result<Budget, Status> {
             MAX_BUDGET.as_millis()
         )));
     }
-    Ok(Budget::new(total))
+    Ok(Budget::new(total, std::time::Instant::now()))
 }
 
 #[tonic::async_trait]
@@ -163,7 +117,7 @@ impl Admin for AdminService {
     async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<AdminReply>, Status> {
         let was_forwarded = forwarded(&req);
         let inner = req.into_inner();
-        if !self.coordinator.leading() {
+        if !self.runner.leading() {
             return self.leader(was_forwarded)?.drain(mark_forwarded(inner, None)).await;
         }
         let budget = budget(inner.budget_ms)?;
@@ -180,8 +134,10 @@ impl Admin for AdminService {
             };
         // SD-DRN-12: the drain runs in a task of its own, so it finishes (and releases
         // what it holds) even when the requester stops waiting.
-        let coordinator = self.coordinator.clone();
-        let report = tokio::spawn(async move { coordinator.drain(requester, budget).await })
+        let runner = self.runner.clone();
+        let report = self
+            .moves
+            .spawn(async move { runner.drain(requester, budget).await })
             .await
             .map_err(|e| Status::internal(format!("drain task failed: {e}")))??;
         if weir_shared::failpoint::action("drain_reply") == Some(weir_shared::failpoint::Action::Drop) {
@@ -194,19 +150,17 @@ impl Admin for AdminService {
     async fn transfer(&self, req: Request<TransferRequest>) -> Result<Response<AdminReply>, Status> {
         let was_forwarded = forwarded(&req);
         let inner = req.into_inner();
-        if !self.coordinator.leading() {
+        if !self.runner.leading() {
             return self.leader(was_forwarded)?.transfer(mark_forwarded(inner, None)).await;
         }
         let budget = budget(inner.budget_ms)?;
-        let coordinator = self.coordinator.clone();
+        let runner = self.runner.clone();
         let target = NodeId::new(inner.target.as_str());
-        let moved = tokio::spawn(async move {
-            coordinator
-                .transfer(&inner.stream, &target, inner.dry_run, budget)
-                .await
-        })
-        .await
-        .map_err(|e| Status::internal(format!("transfer task failed: {e}")))??;
+        let moved = self
+            .moves
+            .spawn(async move { runner.transfer(&inner.stream, &target, inner.dry_run, budget).await })
+            .await
+            .map_err(|e| Status::internal(format!("transfer task failed: {e}")))??;
         reply(&moved)
     }
 }

@@ -1,7 +1,7 @@
 //! Admin HTTP on each replica: `/livez`, `/readyz`, `/ready`, `/admin/nodes`,
 //! `/admin/metadata/log`, `/admin/state/{section}`, `/metrics`.
 
-use crate::admin::{log_json, nodes_json, section_json, status_json};
+use crate::admin::{log_json, status_json};
 use crate::leader::current_leader;
 use crate::raft_types::Raft;
 use crate::store::StateMachineStore;
@@ -12,6 +12,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
+use weir_meta::listing::{nodes_json, section_json};
 
 #[derive(Clone)]
 struct AdminState {

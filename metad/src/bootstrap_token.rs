@@ -3,12 +3,12 @@
 //! through the metadata log once, unless one exists; replicas without the file, and
 //! restarts after the token exists, do nothing. Only its SHA-256 is stored.
 
-use crate::client::MetadClient;
-use crate::model::{Command, Proposer, RejectCode};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use weir_meta::client::MetadClient;
+use weir_meta::model::{Command, Proposer, RejectCode};
 
 pub const ADMIN_TOKEN: &str = "admin";
 

@@ -2,9 +2,6 @@
 
 use crate::leader::{forwarded, leader_channel, mark_forwarded, PeerChannels};
 use crate::metrics::metrics;
-use crate::model::codec;
-use crate::model::command::{Command, Outcome, Proposal, RejectCode, Rejection};
-use crate::model::CordonBy;
 use crate::raft_types::Raft;
 use crate::store::{ViewHub, WatchItem};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
@@ -17,6 +14,9 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
+use weir_meta::model::codec;
+use weir_meta::model::command::{Command, Outcome, Proposal, RejectCode, Rejection};
+use weir_meta::model::CordonBy;
 use weir_proto::metad::metad_client::MetadClient;
 use weir_proto::metad::metad_server::Metad;
 use weir_proto::metad::{
@@ -221,7 +221,7 @@ async fn feed_watcher(hub: Arc<ViewHub>, after: Option<u64>, tx: &mpsc::Sender<R
 
 async fn send_delta(
     tx: &mpsc::Sender<Result<WatchEvent, Status>>,
-    delta: &crate::model::Delta,
+    delta: &weir_meta::model::Delta,
     last: &mut Option<u64>,
 ) -> bool {
     if last.is_some_and(|l| delta.index <= l) {

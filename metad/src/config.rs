@@ -128,3 +128,13 @@ impl MetadArgs {
         })
     }
 }
+
+impl weir_shared::service::ServiceConfig for MetadConfig {
+    fn shutdown_args(&self) -> &weir_shared::shutdown::ShutdownArgs {
+        &self.args.shutdown
+    }
+
+    fn telemetry_args(&self) -> &TelemetryArgs {
+        &self.args.telemetry
+    }
+}

@@ -7,15 +7,15 @@
 //! is a compare-and-set in the log, so two holders at once are harmless (INV-9), and
 //! each is logged with its `(node, epoch)` and log index and counted (OBS-18).
 
-use crate::client::MetadClient;
-use crate::failover_plan::{dead_nodes, takeover_steps, Clock, FAILOVER_LEASE};
-use crate::membership;
-use crate::model::rows::NodeAddrs;
-use crate::model::{Command, NodeKind, Proposer};
 use crate::store::ViewHub;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use weir_meta::client::MetadClient;
+use weir_meta::failover_plan::{dead_nodes, takeover_steps, Clock, FAILOVER_LEASE};
+use weir_meta::model::rows::NodeAddrs;
+use weir_meta::model::{Command, NodeKind, Proposer};
+use weir_meta::registration;
 use weir_shared::config::HeartbeatArgs;
 use weir_shared::ids::{Incarnation, NodeId};
 
@@ -35,7 +35,7 @@ pub async fn run(own_addr: String, hub: Arc<ViewHub>, id: u64, timing: Heartbeat
         http: String::new(),
     };
     loop {
-        let me = match membership::register(&metad, &node, NodeKind::Metad, addrs.clone(), timing, &cancel).await {
+        let me = match registration::register(&metad, &node, NodeKind::Metad, addrs.clone(), timing, &cancel).await {
             Ok(me) => me,
             Err(e) => {
                 if !cancel.is_cancelled() {
@@ -45,19 +45,19 @@ pub async fn run(own_addr: String, hub: Arc<ViewHub>, id: u64, timing: Heartbeat
             }
         };
         let stop = cancel.child_token();
-        let heartbeats = tokio::spawn({
-            let (metad, me, stop) = (metad.clone(), me.clone(), stop.clone());
-            let interval = Duration::from_secs(timing.heartbeat_interval_sec);
-            async move {
-                if let Some(why) = membership::heartbeat_loop(&metad, &me, interval, &stop).await {
-                    tracing::warn!(node_id = %me.node, epoch = %me.epoch, reason = why, "this metad incarnation is fenced; registering again");
-                    stop.cancel();
-                }
+        let interval = Duration::from_secs(timing.heartbeat_interval_sec);
+        // Heartbeats and ticks run side by side; either ending ends the other.
+        let heartbeats = async {
+            if let Some(why) = registration::heartbeat_loop(&metad, &me, interval, &stop).await {
+                tracing::warn!(node_id = %me.node, epoch = %me.epoch, reason = why, "this metad incarnation is fenced; registering again");
             }
-        });
-        ticks(&metad, &hub, &me, &stop).await;
-        stop.cancel();
-        let _ = heartbeats.await;
+            stop.cancel();
+        };
+        let ticking = async {
+            ticks(&metad, &hub, &me, &stop).await;
+            stop.cancel();
+        };
+        tokio::join!(heartbeats, ticking);
         crate::metrics::metrics().failover_holder.set(0);
         if cancel.is_cancelled() {
             return;

@@ -1,11 +1,11 @@
 //! Finding the Raft leader's address and forwarding calls to it, so any replica
 //! can serve the client API.
 
-use crate::network::channel;
 use crate::raft_types::Raft;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use tonic::transport::Channel;
+use weir_shared::grpc::channel;
 
 /// gRPC metadata key marking a call already forwarded once; a forwarded call is never
 /// forwarded again, so a stale leader hint cannot make calls bounce.

@@ -1,27 +1,24 @@
 //! metad: the Raft metadata quorum of Weir. The metadata log (openraft, RocksDB)
-//! holds nodes, streams, topics, data objects, leases, takeovers and tokens; every
-//! replica serves the client API (propose, linearizable read, watch) and admin.
+//! holds the model of `weir-meta`; every replica serves the client API (propose,
+//! linearizable read, watch) and admin, and the leader runs placement, failover and
+//! drains. Only the configuration and `run` are public: other services reach metad
+//! through `weir-meta`'s client, never through its storage or Raft.
 
-pub mod admin;
-pub mod admin_http;
-pub mod bootstrap_token;
-pub mod client;
-pub mod client_service;
-pub mod config;
-pub mod failover;
-pub mod failover_plan;
-pub mod leader;
-pub mod membership;
-pub mod metrics;
-pub mod model;
-pub mod network;
-pub mod placement;
-pub mod raft_service;
-pub mod raft_types;
-pub mod server;
-pub mod store;
-pub mod transfer;
-pub mod view;
+mod admin;
+mod admin_http;
+mod bootstrap_token;
+mod client_service;
+mod config;
+mod failover;
+mod leader;
+mod metrics;
+mod network;
+mod placement_loop;
+mod raft_service;
+mod raft_types;
+mod server;
+mod store;
+mod transfer_runner;
 
 pub use config::{MetadArgs, MetadConfig};
 pub use server::run;

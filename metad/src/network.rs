@@ -11,23 +11,13 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use weir_proto::raft::raft_client::RaftClient;
 use weir_proto::raft::RaftRequest;
+use weir_shared::grpc::channel;
 
 /// Largest Raft message accepted (snapshot chunks, append batches).
 pub const MAX_RAFT_MESSAGE: usize = 64 * 1024 * 1024;
-
-/// Builds a lazily connecting channel to `addr` (`host:port`).
-pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .connect_lazy())
-}
 
 /// Creates a [`PeerClient`] per target; openraft keeps one per replication stream.
 #[derive(Clone, Default)]

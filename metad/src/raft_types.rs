@@ -1,7 +1,7 @@
 //! openraft's type configuration for the metadata log.
 
-use crate::model::command::{Outcome, Proposal};
 use std::io::Cursor;
+use weir_meta::model::command::{Outcome, Proposal};
 
 openraft::declare_raft_types!(
     /// Entries are proposals; responses are apply outcomes; snapshots are in-memory documents.

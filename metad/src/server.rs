@@ -5,30 +5,32 @@ use crate::admin::AdminService;
 use crate::client_service::ClientService;
 use crate::config::MetadConfig;
 use crate::leader::PeerChannels;
-use crate::model::command::{Command, Proposal, Proposer};
-use crate::model::rows::ClusterSettings;
 use crate::network::{GrpcNetwork, MAX_RAFT_MESSAGE};
 use crate::raft_service::RaftService;
 use crate::raft_types::Raft;
 use crate::store::{open_db, LogStore, StateMachineStore, ViewHub};
 use openraft::{BasicNode, SnapshotPolicy};
 use std::collections::BTreeMap;
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use weir_meta::model::command::{Command, Proposal, Proposer};
+use weir_meta::model::rows::ClusterSettings;
 use weir_proto::metad::admin_server::AdminServer;
 use weir_proto::metad::metad_server::MetadServer;
 use weir_proto::raft::raft_server::RaftServer;
-use weir_shared::shutdown::{Outcome, Phase, Shutdown};
+use weir_shared::service::Exit;
+use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
 /// Runs a replica until a stop is requested, then runs the shutdown phases: consensus
 /// stays live through stop-requested and drain-support (SD-CS-10: no step-down, no
 /// leadership transfer), and terminal teardown stops Raft and waits for storage to be
 /// idle before releasing it (SD-TD-5).
-pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result<()> {
+pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result<Exit> {
     let args = &config.args;
     // Everything below runs until terminal teardown, not merely until the stop request.
     let shutdown = CancellationToken::new();
@@ -52,6 +54,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
     let raft = Raft::new(args.id, Arc::new(raft_config), GrpcNetwork, log_store, sm.clone()).await?;
 
     let tasks = TaskTracker::new();
+    let moves = TaskTracker::new();
     let grpc_listener = TcpListener::bind(args.listen).await?;
     let http_listener = TcpListener::bind(args.http_listen).await?;
     tracing::info!(
@@ -83,19 +86,26 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
             sm.clone(),
             args.id,
             peers,
+            moves.clone(),
         )))
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),
             shutdown.clone().cancelled_owned(),
         );
-    let grpc_task = tasks.spawn(grpc);
+    // SD-TRG-2: a listener that fails stops the replica rather than leave it half-alive.
+    tasks.spawn(watch_listener("grpc", grpc, stopping.clone(), shutdown.clone()));
 
     let http = axum::serve(
         http_listener,
         crate::admin_http::router(raft.clone(), sm.clone(), args.id),
     )
     .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let http_task = tasks.spawn(async move { http.await });
+    tasks.spawn(watch_listener(
+        "http",
+        http.into_future(),
+        stopping.clone(),
+        shutdown.clone(),
+    ));
 
     tasks.spawn(crate::metrics::follow_raft(raft.clone(), args.id));
     bootstrap(&raft, &config).await?;
@@ -109,7 +119,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
         ));
     }
     if args.auto_place {
-        tasks.spawn(crate::placement::placement_loop(
+        tasks.spawn(crate::placement_loop::placement_loop(
             raft.clone(),
             hub.clone(),
             args.id,
@@ -131,35 +141,76 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
     ));
 
     stopping.token().cancelled().await;
-    stopping.begin(Phase::StopRequested);
-    mark_terminating(&hub, args.id, &config.advertise, stopping.step(Duration::from_secs(2))).await;
-    stopping.finish(Phase::StopRequested, Outcome::Completed);
-    stopping.begin(Phase::DrainSupport);
-    // Nodes stopping alongside this replica still commit their hand-offs meanwhile.
-    tokio::time::sleep(stopping.step(stopping.drain_window)).await;
-    stopping.finish(Phase::DrainSupport, Outcome::Completed);
-    stopping.begin(Phase::TerminalTeardown);
-    shutdown.cancel();
-    tracing::info!("metad stopping: shutting down raft");
-    if let Err(e) = raft.shutdown().await {
-        tracing::warn!(error = %e, "raft shutdown reported an error");
+    stopping
+        .run_phases(&mut MetadStop {
+            stopping: &stopping,
+            hub,
+            id: args.id,
+            advertise: config.advertise.clone(),
+            shutdown,
+            raft,
+            tasks,
+            moves,
+            db,
+        })
+        .await;
+    Ok(Exit::Clean)
+}
+
+/// A replica's stop: consensus stays live through stop-requested and drain-support
+/// (SD-CS-10: no step-down, no leadership transfer); terminal teardown waits for the
+/// drains it runs, stops Raft and waits for storage to be idle before releasing it
+/// (SD-TD-5).
+struct MetadStop<'a> {
+    stopping: &'a Shutdown,
+    hub: Arc<ViewHub>,
+    id: u64,
+    advertise: String,
+    /// Cancels everything that runs until terminal teardown.
+    shutdown: CancellationToken,
+    raft: Raft,
+    tasks: TaskTracker,
+    moves: TaskTracker,
+    db: Arc<rocksdb::DB>,
+}
+
+impl StopSteps for MetadStop<'_> {
+    async fn stop_requested(&mut self) {
+        let within = self.stopping.step(Duration::from_secs(2));
+        mark_terminating(&self.hub, self.id, &self.advertise, within).await;
     }
-    tasks.close();
-    tasks.wait().await;
-    if let Ok(Err(e)) = grpc_task.await {
-        tracing::warn!(error = %e, "grpc server ended with an error");
+
+    async fn drain_support(&mut self) -> PhaseOutcome {
+        // Nodes stopping alongside this replica still commit their hand-offs meanwhile.
+        tokio::time::sleep(self.stopping.step(self.stopping.drain_window)).await;
+        PhaseOutcome::Completed
     }
-    if let Ok(Err(e)) = http_task.await {
-        tracing::warn!(error = %e, "http server ended with an error");
+
+    async fn terminal_teardown(&mut self) -> PhaseOutcome {
+        // A drain this replica runs proposes through its Raft: it ends first, within
+        // the deadline (the deadline thread ends the process past it).
+        self.moves.close();
+        if !self.moves.is_empty() {
+            tracing::info!(
+                running = self.moves.len(),
+                "waiting for drains and transfers this replica runs"
+            );
+        }
+        let _ = tokio::time::timeout(self.stopping.deadline_left(), self.moves.wait()).await;
+        self.shutdown.cancel();
+        tracing::info!("metad stopping: shutting down raft");
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown reported an error");
+        }
+        self.tasks.close();
+        self.tasks.wait().await;
+        // Flush RocksDB before the handle is released.
+        if let Err(e) = self.db.flush_wal(true) {
+            tracing::warn!(error = %e, "flushing the metadata store failed");
+        }
+        tracing::debug!("storage idle; releasing the database");
+        PhaseOutcome::Completed
     }
-    // Flush RocksDB before the handle is released.
-    db.flush_wal(true)?;
-    tracing::debug!("storage idle; releasing the database");
-    drop(sm);
-    drop(raft);
-    drop(db);
-    stopping.finish(Phase::TerminalTeardown, Outcome::Completed);
-    Ok(())
 }
 
 /// SD-TRM-5, SD-REL-7: this replica's `metad-<id>` incarnation is marked terminating,
@@ -171,10 +222,13 @@ async fn mark_terminating(hub: &ViewHub, id: u64, advertise: &str, within: Durat
             .filter(|n| n.is_live())
             .map(|n| n.incarnation())
     });
-    let (Some(me), Ok(client)) = (me, crate::client::MetadClient::new(&[advertise.to_string()], within)) else {
+    let (Some(me), Ok(client)) = (
+        me,
+        weir_meta::client::MetadClient::new(&[advertise.to_string()], within),
+    ) else {
         return;
     };
-    crate::membership::mark_terminating(&client, &me, within).await;
+    weir_meta::registration::mark_terminating(&client, &me, within).await;
 }
 
 /// Initializes the cluster once: only on a replica with no stored state, and only on

@@ -1,6 +1,11 @@
 //! Failpoints for fault tests: `WEIR_FAILPOINT_<NAME>` in the environment selects an
 //! action at a named point (`sleep(<ms>)`, `hang`, `drop`, `return(err)`). Read once per
 //! use, so a test sets them per process; unset costs one environment lookup.
+//!
+//! Compiled only with the `failpoints` feature, which the test crate turns on for the
+//! binaries the tests start (`cargo build --workspace --all-targets`); a release build
+//! (`cargo build --release`, or any build without the test crate) has none, and every
+//! point is `None` there.
 
 use std::time::Duration;
 
@@ -20,7 +25,30 @@ pub enum Action {
 /// The action set for failpoint `name` (`drain_reply` reads `WEIR_FAILPOINT_DRAIN_REPLY`;
 /// characters other than letters, digits and `_` read as `_`, so a name may carry a
 /// stream name: `close_stream_orders/0` reads `WEIR_FAILPOINT_CLOSE_STREAM_ORDERS_0`).
+#[cfg(feature = "failpoints")]
 pub fn action(name: &str) -> Option<Action> {
+    let value = std::env::var(env_key(name)).ok()?;
+    let parsed = parse(&value);
+    if parsed.is_none() {
+        tracing::warn!(failpoint = name, value, "unrecognized failpoint action ignored");
+    }
+    parsed
+}
+
+/// Without the `failpoints` feature no point is ever set.
+#[cfg(not(feature = "failpoints"))]
+pub fn action(_name: &str) -> Option<Action> {
+    None
+}
+
+/// Whether failpoint `name` is set at all, whatever its value (points that only stop
+/// the process where they stand).
+pub fn is_set(name: &str) -> bool {
+    cfg!(feature = "failpoints") && std::env::var_os(env_key(name)).is_some()
+}
+
+/// `WEIR_FAILPOINT_<NAME>`, other characters than letters and digits read as `_`.
+fn env_key(name: &str) -> String {
     let key: String = name
         .chars()
         .map(|c| {
@@ -31,14 +59,10 @@ pub fn action(name: &str) -> Option<Action> {
             }
         })
         .collect();
-    let value = std::env::var(format!("WEIR_FAILPOINT_{key}")).ok()?;
-    let parsed = parse(&value);
-    if parsed.is_none() {
-        tracing::warn!(failpoint = name, value, "unrecognized failpoint action ignored");
-    }
-    parsed
+    format!("WEIR_FAILPOINT_{key}")
 }
 
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
 fn parse(value: &str) -> Option<Action> {
     match value.trim() {
         "hang" => Some(Action::Hang),

@@ -1,9 +1,13 @@
-//! What every Weir binary shares: configuration habits, ids, tracing and metrics.
+//! What every Weir binary shares: configuration habits, ids, the error-code table,
+//! gRPC channels, the service entry point and shutdown sequence, tracing and metrics.
 
 pub mod batch;
 pub mod config;
+pub mod error_code;
 pub mod failpoint;
+pub mod grpc;
 pub mod ids;
 pub mod metrics;
+pub mod service;
 pub mod shutdown;
 pub mod telemetry;

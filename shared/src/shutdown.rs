@@ -70,8 +70,9 @@ impl Phase {
     }
 }
 
+/// How a shutdown phase ended (SD-PH-1..3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum PhaseOutcome {
     Completed,
     Abandoned,
     Forced,
@@ -93,6 +94,9 @@ pub struct Shutdown {
     drain_timeout: Duration,
     pub drain_window: Duration,
     pub inflight_timeout: Duration,
+    /// The signal watcher: it lives as long as the process, to see a repeated signal
+    /// during any phase (SD-EX-4), so nothing waits for it.
+    signals: tokio_util::task::TaskTracker,
 }
 
 impl Shutdown {
@@ -108,6 +112,7 @@ impl Shutdown {
             drain_timeout: Duration::from_secs(args.drain_timeout_sec),
             drain_window: Duration::from_secs(args.shutdown_drain_sec),
             inflight_timeout: Duration::from_secs(args.shutdown_timeout_sec),
+            signals: tokio_util::task::TaskTracker::new(),
         })
     }
 
@@ -122,7 +127,7 @@ impl Shutdown {
             std::process::exit(1);
         };
         let me = this.clone();
-        tokio::spawn(async move {
+        this.signals.spawn(async move {
             let first = tokio::select! {
                 _ = term.recv() => "SIGTERM",
                 _ = int.recv() => "SIGINT",
@@ -216,11 +221,11 @@ impl Shutdown {
 
     /// Logs the phase record. A phase that ends past the deadline logs none: the
     /// process ends there, exactly as the deadline thread ends it (SD-PH-4).
-    pub fn finish(&self, phase: Phase, outcome: Outcome) {
+    pub fn finish(&self, phase: Phase, outcome: PhaseOutcome) {
         if self.is_requested() && self.deadline_left().is_zero() {
             self.expire();
         }
-        if outcome == Outcome::Forced {
+        if outcome == PhaseOutcome::Forced {
             self.lock().forced = true;
         }
         let message = match phase {
@@ -259,6 +264,35 @@ impl Shutdown {
         } else {
             0
         }
+    }
+}
+
+/// What one service does in each phase of a clean stop. [`Shutdown::run_phases`] runs
+/// the phases in order and logs each; every service has its own steps, and none has a
+/// copy of the sequence.
+pub trait StopSteps: Send {
+    /// Stop-requested: readiness fails and the incarnation is marked terminating (D-4).
+    fn stop_requested(&mut self) -> impl std::future::Future<Output = ()> + Send;
+    /// Drain-support: hands work off and serves what was admitted; how far it got.
+    fn drain_support(&mut self) -> impl std::future::Future<Output = PhaseOutcome> + Send;
+    /// Terminal teardown: stops listeners and background work and releases storage.
+    fn terminal_teardown(&mut self) -> impl std::future::Future<Output = PhaseOutcome> + Send;
+}
+
+impl Shutdown {
+    /// The phase sequence of a clean stop (SD-PH-1..4): stop-requested, drain-support,
+    /// terminal-teardown, each logged with its outcome. The deadline thread ends the
+    /// process if a phase runs past the deadline.
+    pub async fn run_phases(&self, steps: &mut impl StopSteps) {
+        self.begin(Phase::StopRequested);
+        steps.stop_requested().await;
+        self.finish(Phase::StopRequested, PhaseOutcome::Completed);
+        self.begin(Phase::DrainSupport);
+        let outcome = steps.drain_support().await;
+        self.finish(Phase::DrainSupport, outcome);
+        self.begin(Phase::TerminalTeardown);
+        let outcome = steps.terminal_teardown().await;
+        self.finish(Phase::TerminalTeardown, outcome);
     }
 }
 
@@ -330,9 +364,9 @@ mod tests {
         let at = s.lock().requested_at;
         s.request("second");
         assert_eq!(s.lock().requested_at, at, "SD-TRG-8: a later request changes nothing");
-        s.finish(Phase::DrainSupport, Outcome::Abandoned);
+        s.finish(Phase::DrainSupport, PhaseOutcome::Abandoned);
         assert_eq!(s.exit_code(), 0, "SD-EX-1: Abandoned still exits 0");
-        s.finish(Phase::TerminalTeardown, Outcome::Forced);
+        s.finish(Phase::TerminalTeardown, PhaseOutcome::Forced);
         assert_eq!(s.exit_code(), 1, "SD-EX-2");
     }
 }

@@ -3,7 +3,8 @@
 use clap::{Parser, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use weir_shared::config::{ConfigError, HeartbeatArgs, TelemetryArgs};
+use weir_meta::registration::NodeArgs;
+use weir_shared::config::{ConfigError, TelemetryArgs};
 
 /// Which WAL backend a node writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -18,13 +19,8 @@ pub enum WalBackend {
 #[derive(Parser, Clone, Debug)]
 #[command(name = "streamd", version, about)]
 pub struct StreamdArgs {
-    /// This node's stable name.
-    #[arg(long, env = "WEIR_ID")]
-    pub id: String,
-
-    /// metad replicas, comma-separated HOST:PORT.
-    #[arg(long, env = "WEIR_METAD")]
-    pub metad: String,
+    #[command(flatten)]
+    pub node: NodeArgs,
 
     /// Local state directory.
     #[arg(long, env = "WEIR_DATA_DIR", default_value = "./streamd-data")]
@@ -61,9 +57,6 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_ADVERTISE")]
     pub advertise: Option<String>,
 
-    #[command(flatten)]
-    pub heartbeat: HeartbeatArgs,
-
     /// Upload buffered records at least this often (milliseconds).
     #[arg(long, env = "WEIR_UPLOAD_INTERVAL_MS", default_value_t = 250)]
     pub upload_interval_ms: u64,
@@ -99,12 +92,7 @@ pub struct StreamdArgs {
 impl StreamdArgs {
     /// Validates once at startup; errors name the flag.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        weir_metad::model::apply::validate_name("node", &self.id)
-            .map_err(|e| ConfigError::new(format!("--id: {}", e.message)))?;
-        if self.metad_addrs().is_empty() {
-            return Err(ConfigError::new("--metad needs at least one HOST:PORT"));
-        }
-        self.heartbeat.validate()?;
+        self.node.validate()?;
         self.telemetry.validate()?;
         self.shutdown.validate()?;
         for (flag, v) in [
@@ -125,11 +113,17 @@ impl StreamdArgs {
         Ok(())
     }
 
-    pub fn metad_addrs(&self) -> Vec<String> {
-        weir_shared::config::addr_list(&self.metad)
-    }
-
     pub fn wal_root(&self) -> PathBuf {
         self.wal_dir.clone().unwrap_or_else(|| self.data_dir.join("wal"))
+    }
+}
+
+impl weir_shared::service::ServiceConfig for StreamdArgs {
+    fn shutdown_args(&self) -> &weir_shared::shutdown::ShutdownArgs {
+        &self.shutdown
+    }
+
+    fn telemetry_args(&self) -> &TelemetryArgs {
+        &self.telemetry
     }
 }

@@ -1,6 +1,8 @@
-//! streamd's error enum, by how a caller reacts, and its one mapping to gRPC.
+//! streamd's error enum, by how a caller reacts, and its one mapping to the system's
+//! error codes (and through them to gRPC).
 
 use tonic::metadata::MetadataValue;
+use weir_shared::error_code::ErrorCode;
 
 /// Why a data-plane call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -40,55 +42,36 @@ pub enum StreamdError {
 }
 
 impl StreamdError {
-    /// The stable code carried in `x-weir-error`.
-    pub fn code(&self) -> &'static str {
+    /// The system's code for this error (`weir_shared::error_code`), carried in `x-weir-error`.
+    pub fn code(&self) -> ErrorCode {
         match self {
-            StreamdError::NotOwner { .. } => "not_owner",
-            StreamdError::Fenced => "fenced",
-            StreamdError::WalFull(_) => "wal_full",
-            StreamdError::OffsetOutOfRange { .. } => "offset_out_of_range",
-            StreamdError::NotFound(_) => "not_found",
-            StreamdError::InvalidArgument(_) => "invalid_argument",
-            StreamdError::OffsetMismatch { .. } => "offset_mismatch",
-            StreamdError::InvalidProducerEpoch(_) => "invalid_producer_epoch",
-            StreamdError::OutOfOrderSequence(_) => "out_of_order_sequence",
-            StreamdError::Unavailable(_) => "unavailable",
-            StreamdError::Corrupt(_) => "corrupt",
-            StreamdError::Internal(_) => "internal",
+            StreamdError::NotOwner { .. } => ErrorCode::NotOwner,
+            StreamdError::Fenced => ErrorCode::Fenced,
+            StreamdError::WalFull(_) => ErrorCode::WalFull,
+            StreamdError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
+            StreamdError::NotFound(_) => ErrorCode::NotFound,
+            StreamdError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            StreamdError::OffsetMismatch { .. } => ErrorCode::OffsetMismatch,
+            StreamdError::InvalidProducerEpoch(_) => ErrorCode::InvalidProducerEpoch,
+            StreamdError::OutOfOrderSequence(_) => ErrorCode::OutOfOrderSequence,
+            StreamdError::Unavailable(_) => ErrorCode::Unavailable,
+            StreamdError::Corrupt(_) => ErrorCode::Corrupt,
+            StreamdError::Internal(_) => ErrorCode::Internal,
         }
     }
 }
+
+/// The owner's address travels in `x-weir-owner` next to the code; must be kept stable.
+pub const OWNER_KEY: &str = "x-weir-owner";
 
 impl From<StreamdError> for tonic::Status {
     fn from(e: StreamdError) -> Self {
-        let code = match &e {
-            StreamdError::NotOwner { .. } | StreamdError::Fenced | StreamdError::Unavailable(_) => {
-                tonic::Code::Unavailable
-            }
-            StreamdError::WalFull(_) => tonic::Code::ResourceExhausted,
-            StreamdError::OffsetOutOfRange { .. } => tonic::Code::OutOfRange,
-            StreamdError::NotFound(_) => tonic::Code::NotFound,
-            StreamdError::InvalidArgument(_) => tonic::Code::InvalidArgument,
-            StreamdError::OffsetMismatch { .. }
-            | StreamdError::InvalidProducerEpoch(_)
-            | StreamdError::OutOfOrderSequence(_) => tonic::Code::FailedPrecondition,
-            StreamdError::Corrupt(_) => tonic::Code::DataLoss,
-            StreamdError::Internal(_) => tonic::Code::Internal,
-        };
-        let mut status = tonic::Status::new(code, e.to_string());
-        status
-            .metadata_mut()
-            .insert("x-weir-error", MetadataValue::from_static(e.code()));
+        let mut status = e.code().status(e.to_string());
         if let StreamdError::NotOwner { owner: Some(owner), .. } = &e {
             if let Ok(v) = MetadataValue::try_from(owner.as_str()) {
-                status.metadata_mut().insert("x-weir-owner", v);
+                status.metadata_mut().insert(OWNER_KEY, v);
             }
         }
         status
     }
-}
-
-/// Reads the stable code back from a status (gatewayd, tests).
-pub fn error_code(status: &tonic::Status) -> Option<&str> {
-    status.metadata().get("x-weir-error").and_then(|v| v.to_str().ok())
 }

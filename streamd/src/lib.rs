@@ -15,4 +15,5 @@ pub mod stream;
 pub mod wal;
 
 pub use config::StreamdArgs;
-pub use server::{run, Exit};
+pub use server::run;
+pub use weir_shared::service::Exit;

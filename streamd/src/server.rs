@@ -12,21 +12,12 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use weir_metad::client::MetadClient;
-use weir_metad::model::{NodeAddrs, NodeKind};
-use weir_metad::view::{catch_up, follow, View};
+use weir_meta::model::{NodeAddrs, NodeKind};
+use weir_meta::registration::{self, Registered};
 use weir_proto::streamd::streamd_server::StreamdServer;
 use weir_shared::ids::NodeId;
-use weir_shared::shutdown::{Outcome, Phase, Shutdown};
-
-/// How a streamd run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
-    /// Stopped on request, after handing off.
-    Clean,
-    /// Fenced or replaced: exit 75 so a supervisor restarts it (D-5).
-    Fenced,
-}
+use weir_shared::service::Exit;
+use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
 /// Largest gRPC message: an append of `--max-append-bytes` plus framing.
 fn max_message(args: &StreamdArgs) -> usize {
@@ -35,7 +26,6 @@ fn max_message(args: &StreamdArgs) -> usize {
 
 pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<Exit> {
     let store = crate::object::store::open(&args.object_store)?;
-    let metad = Arc::new(MetadClient::new(&args.metad_addrs(), Duration::from_secs(5))?);
     let grpc_listener = TcpListener::bind(args.listen).await?;
     let http_listener = TcpListener::bind(args.http_listen).await?;
     let grpc_addr = args
@@ -46,17 +36,9 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         grpc: grpc_addr,
         http: http_listener.local_addr()?.to_string(),
     };
-    let node_id = NodeId::new(args.id.clone());
-    let me = weir_metad::membership::register(
-        &metad,
-        &node_id,
-        NodeKind::Streamd,
-        addrs.clone(),
-        args.heartbeat,
-        // SD-TRG-7: a stop request during registration is held until startup is done.
-        &CancellationToken::new(),
-    )
-    .await?;
+    let node_id = NodeId::new(args.node.id.clone());
+    let registered = Arc::new(Registered::join(&args.node, NodeKind::Streamd, addrs.clone()).await?);
+    let me = registered.me.clone();
 
     let tasks = TaskTracker::new();
     let sink = match args.wal_backend {
@@ -72,7 +54,6 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     // heartbeat and the view; so `stop` is not a child of `shutdown`.
     let stop = CancellationToken::new();
     let wal = WalWriter::start(sink, args.wal_max_bytes, &tasks, stop.clone());
-    let view = Arc::new(View::default());
     let tunables = Tunables {
         upload_interval: Duration::from_millis(args.upload_interval_ms),
         upload_bytes: args.upload_bytes,
@@ -82,9 +63,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         cache_bytes: args.cache_bytes,
     };
     let node = Arc::new(Node::new(
-        me.clone(),
-        metad.clone(),
-        view.clone(),
+        &registered,
         wal,
         store,
         tunables,
@@ -94,33 +73,22 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         },
     ));
 
-    tasks.spawn(follow(view.clone(), metad.clone(), stop.clone()));
-    let heartbeat_interval = Duration::from_secs(args.heartbeat.heartbeat_interval_sec);
-    tasks.spawn({
-        let (node, stop) = (node.clone(), stop.clone());
-        async move {
-            let cancel = stop.child_token();
-            let stopped = tokio::select! {
-                r = weir_metad::membership::heartbeat_loop(&node.metad, &node.me, heartbeat_interval, &cancel) => r,
-                _ = node.fenced.cancelled() => None,
-            };
-            if let Some(why) = stopped {
-                node.fence(&why);
-            }
-        }
-    });
+    registered.follow(&tasks, args.node.heartbeat, &stop);
     tasks.spawn(reconcile_loop(node.clone(), stop.clone()));
     tasks.spawn(upload_loop(node.clone(), stop.clone()));
     let gc_delay = Duration::from_secs(args.gc_delay_sec);
     tasks.spawn(crate::object::gc::gc_loop(
         node.store.clone(),
-        view.clone(),
+        node.view.clone(),
         gc_delay,
         (gc_delay / 4).clamp(Duration::from_secs(1), Duration::from_secs(300)),
         stop.clone(),
     ));
 
-    let servers_stop = CancellationToken::new();
+    // Listeners and the calls they carry, tracked apart from background work so the
+    // teardown can give in-flight calls their own bound (SD-CS-5).
+    let servers = TaskTracker::new();
+    let grpc_stop = CancellationToken::new();
     let grpc = tonic::transport::Server::builder()
         .add_service(
             StreamdServer::new(DataPlane::new(node.clone()))
@@ -129,18 +97,13 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         )
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),
-            servers_stop.clone().cancelled_owned(),
+            grpc_stop.clone().cancelled_owned(),
         );
-    let grpc = tokio::spawn(weir_shared::shutdown::watch_listener(
-        "grpc",
-        grpc,
-        shutdown.clone(),
-        servers_stop.clone(),
-    ));
+    servers.spawn(watch_listener("grpc", grpc, shutdown.clone(), grpc_stop.clone()));
     let http_stop = CancellationToken::new();
     let http = axum::serve(http_listener, crate::http::router(node.clone()))
         .with_graceful_shutdown(http_stop.clone().cancelled_owned());
-    tasks.spawn(weir_shared::shutdown::watch_listener(
+    tasks.spawn(watch_listener(
         "http",
         http.into_future(),
         shutdown.clone(),
@@ -149,49 +112,83 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     tracing::info!(node_id = %me.node, epoch = %me.epoch, grpc = %addrs.grpc, http = %addrs.http, "streamd listening");
 
     let stop_requested = shutdown.token();
-    tokio::select! {
-        admitted = catch_up(&view, &metad, &stop) => if admitted.is_some() {
-            node.admit();
-            node.upload_now.notify_one();
-        },
-        _ = node.fenced.cancelled() => {}
-        _ = stop_requested.cancelled() => {}
+    if registered.catch_up(&stop_requested).await {
+        node.admit();
+        node.upload_now.notify_one();
     }
-
-    let exit = tokio::select! {
-        _ = stop_requested.cancelled() => Exit::Clean,
-        _ = node.fenced.cancelled() => Exit::Fenced,
+    let mut teardown = Teardown {
+        node: node.clone(),
+        shutdown: shutdown.clone(),
+        servers,
+        grpc_stop,
+        http_stop,
+        stop,
+        tasks,
     };
-    if exit == Exit::Clean {
-        stop_requested_phase(&node, &shutdown).await;
-        shutdown.begin(Phase::DrainSupport);
-        let outcome = crate::shutdown_drain::drain(&node, &shutdown).await;
-        shutdown.finish(Phase::DrainSupport, outcome);
-        shutdown.begin(Phase::TerminalTeardown);
-        // SD-TD-1: the self-fence first; failover places whatever did not close.
-        weir_metad::membership::fence_self(&node.metad, &node.me).await;
-        node.fence("clean shutdown");
-    }
-    // Listeners stop; in-flight calls get `--shutdown-timeout-sec` (SD-CS-5).
-    servers_stop.cancel();
-    let inflight = shutdown.inflight_timeout.min(shutdown.deadline_left());
-    if tokio::time::timeout(inflight, grpc).await.is_err() {
-        tracing::warn!(timeout = ?inflight, "in-flight requests did not finish; stopping anyway");
-    }
-    http_stop.cancel();
-    stop.cancel();
-    weir_shared::shutdown::stop_background(&tasks).await;
-    if exit == Exit::Clean {
-        shutdown.finish(Phase::TerminalTeardown, Outcome::Completed);
+    let exit = registered.until_stopped(&stop_requested).await;
+    match exit {
+        Exit::Clean => shutdown.run_phases(&mut StreamdStop { node, teardown }).await,
+        Exit::Fenced => {
+            node.fence("fenced while running");
+            teardown.run().await;
+        }
     }
     Ok(exit)
 }
 
-/// Stop-requested (F step 1): readiness fails and the incarnation is marked
-/// terminating, so it gets no new streams (SD-CS-2, D-4).
-async fn stop_requested_phase(node: &Arc<Node>, shutdown: &Shutdown) {
-    shutdown.begin(Phase::StopRequested);
-    node.terminating.store(true, Ordering::Release);
-    weir_metad::membership::mark_terminating(&node.metad, &node.me, shutdown.step(Duration::from_secs(2))).await;
-    shutdown.finish(Phase::StopRequested, Outcome::Completed);
+/// What ends a streamd, clean or fenced: listeners stop, in-flight calls get
+/// `--shutdown-timeout-sec` (SD-CS-5), then background work ends (SD-TD-2).
+struct Teardown {
+    node: Arc<Node>,
+    shutdown: Arc<Shutdown>,
+    servers: TaskTracker,
+    grpc_stop: CancellationToken,
+    http_stop: CancellationToken,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Teardown {
+    async fn run(&mut self) {
+        self.grpc_stop.cancel();
+        self.servers.close();
+        let inflight = self.shutdown.inflight_timeout.min(self.shutdown.deadline_left());
+        if tokio::time::timeout(inflight, self.servers.wait()).await.is_err() {
+            tracing::warn!(timeout = ?inflight, "in-flight requests did not finish; stopping anyway");
+        }
+        self.http_stop.cancel();
+        self.stop.cancel();
+        // Tasks the node started for single streams (closes, takeovers, group ticks).
+        self.node.tasks.close();
+        weir_shared::shutdown::stop_background(&self.tasks).await;
+        weir_shared::shutdown::stop_background(&self.node.tasks).await;
+    }
+}
+
+/// A clean stop's steps (F steps 1–7, D-3).
+struct StreamdStop {
+    node: Arc<Node>,
+    teardown: Teardown,
+}
+
+impl StopSteps for StreamdStop {
+    /// Readiness fails and the incarnation is marked terminating, so it gets no new
+    /// streams (SD-CS-2, D-4).
+    async fn stop_requested(&mut self) {
+        self.node.terminating.store(true, Ordering::Release);
+        let within = self.teardown.shutdown.step(Duration::from_secs(2));
+        registration::mark_terminating(&self.node.metad, &self.node.me, within).await;
+    }
+
+    async fn drain_support(&mut self) -> PhaseOutcome {
+        crate::shutdown_drain::drain(&self.node, &self.teardown.shutdown).await
+    }
+
+    /// SD-TD-1: the self-fence first; failover places whatever did not close.
+    async fn terminal_teardown(&mut self) -> PhaseOutcome {
+        registration::fence_self(&self.node.metad, &self.node.me).await;
+        self.node.fence("clean shutdown");
+        self.teardown.run().await;
+        PhaseOutcome::Completed
+    }
 }

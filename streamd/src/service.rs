@@ -36,7 +36,7 @@ impl Streamd for DataPlane {
                 m.appended_bytes.inc_by(req.batches.len() as u64);
                 m.append_latency.observe(started.elapsed().as_secs_f64());
             }
-            Err(e) => m.appends.with_label_values(&[e.code()]).inc(),
+            Err(e) => m.appends.with_label_values(&[e.code().as_str()]).inc(),
         }
         let a = result?;
         Ok(Response::new(AppendReply {
@@ -88,7 +88,10 @@ impl Streamd for DataPlane {
         // The close runs in a task of its own: a caller that stops waiting must not
         // cancel it midway (its own bound reopens intake if it cannot finish).
         let node = self.node.clone();
-        let end = tokio::spawn(async move { node.close_stream(&req.stream, within).await })
+        let end = self
+            .node
+            .tasks
+            .spawn(async move { node.close_stream(&req.stream, within).await })
             .await
             .map_err(|e| Status::internal(format!("close task failed: {e}")))??;
         Ok(Response::new(CloseStreamReply { end_offset: end }))

@@ -12,10 +12,10 @@ use crate::node::Node;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use weir_metad::client::ClientError;
-use weir_metad::model::{Command, CordonBy, NodeKind, State};
+use weir_meta::client::ClientError;
+use weir_meta::model::{Command, CordonBy, NodeKind, State};
 use weir_proto::metad::DrainRequest;
-use weir_shared::shutdown::{Outcome, Shutdown};
+use weir_shared::shutdown::{PhaseOutcome as Outcome, Shutdown};
 
 /// SD-REL-6: the release of the drain's cordon always gets at least this long.
 const RELEASE_GRACE: Duration = Duration::from_secs(1);
@@ -41,7 +41,7 @@ pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
     let (operator_cordon, replacement) = node.view.with(|s| {
         let cordon = s.nodes.get(&node.me.node).and_then(|n| n.cordon);
         // The leader's own choice of destination, on this node's view (SD-DRN-8/13).
-        let replacement = weir_metad::transfer::choose_destination(s, &node.me.node).is_some();
+        let replacement = weir_meta::drain_plan::choose_destination(s, &node.me.node).is_some();
         (cordon == Some(CordonBy::Operator), replacement)
     });
     // SD-REL-2: remembered before the drain; the drain never clears it.

@@ -4,6 +4,8 @@
 //! Prints figures; asserts nothing.
 //!
 //! Run: `cargo bench -p weir-tests --bench kafka_clients` (needs s3s-fs, see .ci/run).
+// Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

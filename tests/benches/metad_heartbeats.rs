@@ -1,10 +1,12 @@
 //! Benchmark: Heartbeat proposals from 100 concurrent clients against 3 metad replicas
 //! on loopback. Prints commands/s and p50/p99 commit latency; asserts nothing.
 //! Run: `cargo bench -p weir-tests --bench metad_heartbeats`.
+// Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weir_metad::model::{Command, NodeAddrs, NodeKind, Proposer};
+use weir_meta::model::{Command, NodeAddrs, NodeKind, Proposer};
 use weir_shared::ids::{Epoch, Incarnation, NodeId};
 use weir_tests::metad::Cluster;
 
@@ -35,7 +37,7 @@ async fn main() {
             .await
             .expect("register");
         let epoch = match outcome.expect("registered") {
-            weir_metad::model::Applied::Registered { epoch } => epoch,
+            weir_meta::model::Applied::Registered { epoch } => epoch,
             other => panic!("unexpected {other:?}"),
         };
         proposers.push(Proposer::Node(Incarnation {

@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
-use weir_metad::client::MetadClient;
+use weir_meta::client::MetadClient;
 
 /// One metad process and where it keeps its data.
 pub struct Replica {
@@ -160,10 +160,10 @@ impl Cluster {
         let (_, outcome) = self
             .client()
             .propose(
-                &weir_metad::model::Proposer::Operator {
+                &weir_meta::model::Proposer::Operator {
                     principal: "test".into(),
                 },
-                weir_metad::model::Command::CreateTopic {
+                weir_meta::model::Command::CreateTopic {
                     name: name.into(),
                     partitions,
                     config: Default::default(),
@@ -179,10 +179,10 @@ impl Cluster {
         let (_, outcome) = self
             .client()
             .propose(
-                &weir_metad::model::Proposer::Operator {
+                &weir_meta::model::Proposer::Operator {
                     principal: "test".into(),
                 },
-                weir_metad::model::Command::IssueToken {
+                weir_meta::model::Command::IssueToken {
                     name: name.into(),
                     secret_sha256: weir_gatewayd::api::auth::secret_hash(secret),
                     scopes: scopes.iter().map(|s| s.to_string()).collect(),

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 use tonic::transport::Channel;
-use weir_metad::model::{Applied, Command as MetaCommand, Proposer, StreamConfig};
+use weir_meta::model::{Applied, Command as MetaCommand, Proposer, StreamConfig};
 use weir_proto::streamd::streamd_client::StreamdClient;
 use weir_shared::ids::{NodeId, StreamId};
 
@@ -71,7 +71,7 @@ impl Streamd {
     }
 
     pub async fn client(&self) -> StreamdClient<Channel> {
-        let ch = weir_metad::network::channel(&self.grpc).expect("channel");
+        let ch = weir_shared::grpc::channel(&self.grpc).expect("channel");
         StreamdClient::new(ch).max_decoding_message_size(64 << 20)
     }
 

@@ -3,6 +3,8 @@
 //! cordon survives a stop and a restart, a transfer's dry run names the first failing
 //! check, a node that cannot reach the leader cordons nothing, and an unreachable
 //! object store holds the drain without losing anything.
+// Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -739,6 +741,64 @@ async fn a_source_restarted_mid_drain_invalidates_the_plan() {
     assert_eq!(old_epoch_closes, 0, "no move committed at the old epoch");
     for s in names {
         gw.wait_open(s).await;
+        assert_eq!(bodies(&gw, s).await, ["before"], "{s}");
+    }
+}
+
+// SD-DRN-12, SD-TD-5: a metad asked to stop while it runs a drain finishes the drain
+// before it stops Raft (the drain proposes through it). Transfers are slowed to 1 s
+// each and metad is stopped with no drain window of its own, right after the first
+// transfer begins: every stream still moves, the drain's last transfer lands before
+// "metad stopping: shutting down raft", and metad exits 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_metad_finishes_the_drain_it_runs_before_stopping_raft() {
+    let stack = Stack::start_replicas_with_env(
+        1,
+        2,
+        Backend::FileWal,
+        SHORT,
+        &["--shutdown-drain-sec", "0", "--shutdown-deadline-sec", "30"],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(1000)")],
+    )
+    .await;
+    let names = ["md_a", "md_b", "md_c"];
+    let (mut stack, gw) = with_streams_on_the_first(stack, &names).await;
+    for s in names {
+        gw.append(s, &["before"]).await;
+    }
+    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
+    let client = stack.metad.client();
+    let request = weir_proto::metad::DrainRequest {
+        node: a.clone(),
+        budget_ms: 60_000,
+        requester: Vec::new(),
+    };
+    let drain = tokio::spawn(async move { client.drain(request, Duration::from_secs(70)).await });
+    wait_for("the first transfer begun", Duration::from_secs(20), || async {
+        let entries = log_entries(&stack).await;
+        entries.iter().any(|(_, k, ..)| k == "begin_transfer").then_some(())
+    })
+    .await;
+    let metad = &mut stack.metad.replicas[0];
+    metad.signal(nix::sys::signal::Signal::SIGTERM);
+    let code = metad.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(code, Some(0), "metad exits cleanly:\n{}", metad.log_text());
+    let log = metad.log_text();
+    let stopping_raft = log
+        .find("metad stopping: shutting down raft")
+        .expect("raft stop logged");
+    let finished = log
+        .find("drain finished")
+        .unwrap_or_else(|| panic!("the drain finished:\n{log}"));
+    assert!(finished < stopping_raft, "the drain ends before Raft stops:\n{log}");
+    let transferred = records(&log, "stream transferred");
+    assert_eq!(transferred.len(), names.len(), "every stream moved:\n{log}");
+    // The requester may or may not have had its answer before the replica stopped.
+    let _ = drain.await;
+    metad.start();
+    for s in names {
+        gw.wait_open(s).await;
+        assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s} moved off {a}");
         assert_eq!(bodies(&gw, s).await, ["before"], "{s}");
     }
 }

@@ -1,12 +1,14 @@
 //! Black-box tests of gatewayd's HTTP API over real processes: metad, S3, streamd
 //! nodes and a gateway on loopback.
+// Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
-use weir_metad::model::{Command, Proposer};
+use weir_meta::model::{Command, Proposer};
 use weir_proto::streamd::CloseStreamRequest;
 use weir_shared::ids::NodeId;
 use weir_tests::gateway::{Gatewayd, SseReader};

@@ -2,8 +2,8 @@
 //! a full restart, snapshot catch-up, linearizable reads, and a lost quorum.
 
 use std::time::{Duration, Instant};
-use weir_metad::client::{ClientError, MetadClient};
-use weir_metad::model::{Command, Proposer, StreamConfig};
+use weir_meta::client::{ClientError, MetadClient};
+use weir_meta::model::{Command, Proposer, StreamConfig};
 use weir_tests::metad::Cluster;
 use weir_tests::wait_for;
 
@@ -31,7 +31,7 @@ async fn propose_until_applied(client: &MetadClient, command: Command) -> u64 {
             Ok((index, outcome)) => {
                 // A retry after an unknown outcome may find the topic already there.
                 if let Err(r) = &outcome {
-                    assert_eq!(r.code, weir_metad::model::RejectCode::AlreadyExists, "{r}");
+                    assert_eq!(r.code, weir_meta::model::RejectCode::AlreadyExists, "{r}");
                 }
                 return index;
             }
@@ -321,7 +321,7 @@ async fn restarted_replica_rejoins_through_its_stored_membership() {
 /// The watch API: a snapshot at an index, then every delta in order; resumable from an index.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_streams_a_snapshot_then_ordered_deltas_and_resumes_from_an_index() {
-    use weir_metad::model::{codec, Delta, State};
+    use weir_meta::model::{codec, Delta, State};
     use weir_proto::metad::watch_event::Kind;
     with_timeout(async {
         let cluster = Cluster::start(3, &[]).await;
@@ -368,7 +368,7 @@ async fn watch_streams_a_snapshot_then_ordered_deltas_and_resumes_from_an_index(
             };
             mirror.apply_delta(&codec::decode::<Delta>(&bytes).expect("delta"));
         }
-        assert_eq!(weir_metad::admin::state_json(&mirror), served);
+        assert_eq!(weir_meta::listing::state_json(&mirror), served);
         // Resuming after an index replays the deltas after it, without a snapshot.
         let resume_after = indexes[1];
         let mut resumed = watcher.watch(Some(resume_after)).await.expect("watch");
@@ -389,8 +389,8 @@ async fn admin_http_and_cli_report_nodes_streams_and_the_log() {
         propose_until_applied(&client, topic("audited")).await;
         let register = Command::RegisterNode {
             node: weir_shared::ids::NodeId::new("streamd-x"),
-            kind: weir_metad::model::NodeKind::Streamd,
-            addrs: weir_metad::model::NodeAddrs::default(),
+            kind: weir_meta::model::NodeKind::Streamd,
+            addrs: weir_meta::model::NodeAddrs::default(),
             heartbeat_interval_sec: 1,
             node_timeout_sec: 3,
         };

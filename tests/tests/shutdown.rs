@@ -377,10 +377,10 @@ async fn an_operator_drain_moves_streams_and_stops_nothing() {
         .metad
         .client()
         .propose(
-            &weir_metad::model::Proposer::Operator {
+            &weir_meta::model::Proposer::Operator {
                 principal: "test".into(),
             },
-            weir_metad::model::Command::PlaceStream {
+            weir_meta::model::Command::PlaceStream {
                 stream: id,
                 node: weir_shared::ids::NodeId::new(node.clone()),
             },

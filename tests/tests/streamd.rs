@@ -1,6 +1,8 @@
 //! streamd over real processes and a real S3-protocol server (s3s-fs): appends,
 //! uploads and commits, reads from the tail and from objects, WAL replay after
 //! SIGKILL, WAL fencing, and corruption detection.
+// Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 use weir_proto::streamd::{AppendRequest, CloseStreamRequest, ReadRequest, StatusRequest};
@@ -126,7 +128,10 @@ async fn append_upload_and_read_back(backend: Backend) {
         .await
         .expect_err("closed stream accepted an append");
     assert_eq!(err.code(), tonic::Code::Unavailable);
-    assert_eq!(weir_streamd::error::error_code(&err), Some("not_owner"));
+    assert_eq!(
+        weir_shared::error_code::ErrorCode::of_status(&err).map(|c| c.as_str()),
+        Some("not_owner")
+    );
     stack.place(weir_shared::ids::StreamId(id), 1).await;
     stack.wait_serving("orders", 1).await;
     expect_sequence(&read_all(&stack, 1, "orders", 0, 200).await, 200, "r");
@@ -300,7 +305,10 @@ async fn sigkill_then_replay(backend: Backend) {
         .status(StatusRequest { stream: "acks".into() })
         .await
         .expect_err("restarted node serves the stream");
-    assert_eq!(weir_streamd::error::error_code(&err), Some("not_owner"));
+    assert_eq!(
+        weir_shared::error_code::ErrorCode::of_status(&err).map(|c| c.as_str()),
+        Some("not_owner")
+    );
     let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
     assert_eq!(weir_tests::node_row(&nodes, "streamd-1")["epoch"], 2);
     // FO-LIV-1, FO-LIV-2: the new incarnation heartbeats every second.
@@ -511,7 +519,7 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
 /// stops at once and exits 75.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_or_replaced_node_exits_75() {
-    use weir_metad::model::{Command, NodeAddrs, NodeKind, Proposer};
+    use weir_meta::model::{Command, NodeAddrs, NodeKind, Proposer};
     with_timeout(async {
         let mut stack = Stack::start(2, Backend::FileWal, &[]).await;
         let client = stack.metad.client();
@@ -623,7 +631,10 @@ async fn wal_growth_is_bounded_and_reclaimed_after_commits() {
             assert!(acked < 1000, "the WAL never filled up");
         };
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
-        assert_eq!(weir_streamd::error::error_code(&err), Some("wal_full"));
+        assert_eq!(
+            weir_shared::error_code::ErrorCode::of_status(&err).map(|c| c.as_str()),
+            Some("wal_full")
+        );
         // Closing uploads and commits everything; the committed segments are reclaimed.
         let end = c
             .close_stream(CloseStreamRequest {

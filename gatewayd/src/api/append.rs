@@ -2,17 +2,18 @@
 //! once durable in the owner's WAL. `match_seq_num` makes it conditional; an
 //! idempotency key (body field or `Idempotency-Key` header) makes a retry apply once.
 
-use super::error::{ApiError, Code};
+use super::error::ApiError;
 use super::Gateway;
 use crate::records::{encode_batch, AppendRecord, Format, ProducerStamp};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use weir_proto::streamd::AppendRequest;
+use weir_shared::error_code::ErrorCode;
 
 /// Most records one append may carry.
 pub const MAX_RECORDS: usize = 10_000;
@@ -109,8 +110,7 @@ pub async fn append(
     let batches = encode_batch(&body.records, format, stamp).map_err(ApiError::invalid)?;
     if batches.len() > gw.max_body_bytes {
         return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            Code::TooLarge,
+            ErrorCode::TooLarge,
             format!(
                 "the records encode to {} bytes, over the {} byte limit",
                 batches.len(),

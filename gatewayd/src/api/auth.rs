@@ -1,14 +1,15 @@
 //! Bearer-token authentication: with `--auth`, every API request carries a token issued
 //! through the metadata log; only its SHA-256 is stored and compared.
 
-use super::error::{ApiError, Code};
+use super::error::ApiError;
 use super::{Gateway, Principal};
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
+use weir_shared::error_code::ErrorCode;
 
 /// Hex SHA-256 of a token secret, as stored in the token row.
 pub fn secret_hash(secret: &str) -> String {
@@ -16,7 +17,7 @@ pub fn secret_hash(secret: &str) -> String {
 }
 
 fn unauthorized(message: impl Into<String>) -> Response {
-    ApiError::new(StatusCode::UNAUTHORIZED, Code::Unauthorized, message).into_response()
+    ApiError::new(ErrorCode::Unauthorized, message).into_response()
 }
 
 pub async fn require_token(State(gw): State<Arc<Gateway>>, mut req: Request, next: Next) -> Response {
@@ -49,8 +50,7 @@ pub async fn require_token(State(gw): State<Arc<Gateway>>, mut req: Request, nex
     let path = req.uri().path();
     if (path.starts_with("/v1/admin/") || path.starts_with("/admin/")) && !token.scopes.iter().any(|s| s == "admin") {
         return ApiError::new(
-            StatusCode::FORBIDDEN,
-            Code::Unauthorized,
+            ErrorCode::Forbidden,
             format!("token '{}' lacks the 'admin' scope this endpoint needs", token.name),
         )
         .into_response();

@@ -53,5 +53,5 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
 
 /// The nodes as this gateway's view has them.
 pub async fn nodes(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
-    Json(gw.routes.view().with(weir_metad::admin::nodes_json))
+    Json(gw.routes.view().with(weir_meta::listing::nodes_json))
 }

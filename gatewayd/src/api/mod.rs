@@ -12,16 +12,16 @@ pub mod tokens;
 
 use crate::route::Routes;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use error::{ApiError, Code};
+use error::ApiError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use weir_metad::client::MetadClient;
-use weir_metad::model::Proposer;
+use weir_meta::client::MetadClient;
+use weir_meta::model::Proposer;
+use weir_shared::error_code::ErrorCode;
 use weir_shared::ids::Incarnation;
 
 /// What every handler shares.
@@ -38,6 +38,9 @@ pub struct Gateway {
     pub stopping: CancellationToken,
     /// Set at a stop request: readiness fails (SD-CS-2).
     pub terminating: std::sync::atomic::AtomicBool,
+    /// Work a request leaves running (an SSE subscription's pump), waited for with the
+    /// requests in drain-support.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 impl Gateway {
@@ -104,8 +107,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                Code::InvalidArgument,
+                ErrorCode::MethodNotAllowed,
                 "method not allowed on this endpoint; see /v1/openapi.json",
             )
             .into_response()

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use weir_metad::model::{Command, CordonBy};
+use weir_meta::model::{Command, CordonBy};
 use weir_proto::metad::{DrainRequest, TransferRequest};
 use weir_shared::ids::NodeId;
 

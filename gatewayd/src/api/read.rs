@@ -4,19 +4,19 @@
 //! `GET .../records/tail` gives the next sequence number.
 
 use super::append::{request_format, FormatQuery};
-use super::error::{ApiError, Code};
+use super::error::ApiError;
 use super::Gateway;
 use crate::records::{decode_batches, Format, ReadRecord};
-use crate::route::{error_code, RouteError};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use weir_proto::streamd::{ReadRequest, StatusRequest};
+use weir_shared::error_code::ErrorCode;
 
 pub const MAX_COUNT: usize = 1000;
 pub const MAX_BYTES: usize = 8 << 20;
@@ -108,7 +108,7 @@ pub async fn read_page(gw: &Gateway, name: &str, from: u64, limits: Limits) -> R
         match reply {
             Ok(reply) => {
                 let records = decode_batches(reply.batches.into(), from, limits.count, limits.format)
-                    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, Code::Internal, e))?;
+                    .map_err(|e| ApiError::new(ErrorCode::Internal, e))?;
                 let next_seq_num = match records.last() {
                     Some(last) if records.len() == limits.count => last.seq_num + 1,
                     _ => reply.next_offset.max(from),
@@ -119,15 +119,14 @@ pub async fn read_page(gw: &Gateway, name: &str, from: u64, limits: Limits) -> R
                     tail: reply.end_offset,
                 });
             }
-            Err(RouteError::Streamd(status)) if error_code(&status) == Some("offset_out_of_range") => {
+            Err(e) if e.code() == ErrorCode::OffsetOutOfRange => {
                 let (start, tail) = range(gw, name).await?;
                 if from < start {
                     from = start;
                     continue;
                 }
                 return Err(ApiError::new(
-                    StatusCode::RANGE_NOT_SATISFIABLE,
-                    Code::InvalidArgument,
+                    ErrorCode::OffsetOutOfRange,
                     format!("seq_num {from} is past the stream's tail {tail}"),
                 )
                 .with_details(json!({ "tail": tail })));

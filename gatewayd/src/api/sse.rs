@@ -14,6 +14,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_stream::wrappers::ReceiverStream;
+use weir_shared::error_code::ErrorCode;
 
 /// Long-poll time of each read behind a subscription.
 const POLL_MS: u32 = 25_000;
@@ -41,7 +42,7 @@ pub fn subscribe(
     // `count` bounds the whole subscription when given.
     let total = query.count;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
-    tokio::spawn(pump(gw, name, start, total, limits, tx));
+    gw.tasks.clone().spawn(pump(gw, name, start, total, limits, tx));
     Ok(Sse::new(ReceiverStream::new(rx))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())
@@ -64,7 +65,7 @@ async fn pump(
         let page = tokio::select! {
             _ = tx.closed() => return,
             _ = gw.stopping.cancelled() => {
-                let _ = tx.send(Ok(error_event("unavailable", "the gateway is stopping; reconnect with Last-Event-ID"))).await;
+                let _ = tx.send(Ok(error_event(ErrorCode::Unavailable, "the gateway is stopping; reconnect with Last-Event-ID"))).await;
                 return;
             }
             p = read_page(&gw, &name, next, limits) => p,
@@ -88,20 +89,20 @@ async fn pump(
                 }
                 next = page.next_seq_num;
             }
-            Err(e) if e.status.is_server_error() => {
+            Err(e) if e.status().is_server_error() => {
                 // No owner for now (moving, recovering): keep the subscription and retry.
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => {
-                let _ = tx.send(Ok(error_event(e.code.as_str(), &e.message))).await;
+                let _ = tx.send(Ok(error_event(e.code, &e.message))).await;
                 return;
             }
         }
     }
 }
 
-fn error_event(code: &str, message: &str) -> Event {
+fn error_event(code: ErrorCode, message: &str) -> Event {
     Event::default()
         .event("error")
-        .data(json!({"error": {"code": code, "message": message}}).to_string())
+        .data(json!({"error": {"code": code.api_code(), "message": message}}).to_string())
 }

@@ -11,7 +11,7 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use weir_metad::model::{Applied, Command, StreamConfig, StreamRow, StreamState};
+use weir_meta::model::{Applied, Command, StreamConfig, StreamRow, StreamState};
 use weir_proto::streamd::StatusRequest;
 
 #[derive(Debug, Deserialize)]
@@ -61,7 +61,7 @@ pub async fn create(
     body: Result<Json<CreateBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
-    weir_metad::model::apply::validate_name("stream", &body.stream).map_err(ApiError::from)?;
+    weir_meta::model::validate_name("stream", &body.stream).map_err(ApiError::from)?;
     let config = StreamConfig {
         retention_ms: body.config.and_then(|c| c.retention_ms),
     };

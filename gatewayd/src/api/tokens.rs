@@ -13,7 +13,7 @@ use rand::RngCore;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use weir_metad::model::Command;
+use weir_meta::model::Command;
 
 /// Scopes a token may carry; without `admin` it may use the data and stream APIs only.
 pub const SCOPES: &[&str] = &["admin"];

@@ -11,7 +11,7 @@ use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
-use weir_metad::model::{Applied, Command, StreamConfig};
+use weir_meta::model::{Applied, Command, StreamConfig};
 
 const TOPIC: i8 = 2;
 const BROKER: i8 = 4;
@@ -71,7 +71,7 @@ pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequ
             .with_name(t.name.clone())
             .with_num_partitions(partitions)
             .with_replication_factor(1);
-        let checked = if let Err(e) = weir_metad::model::apply::validate_name("topic", &name) {
+        let checked = if let Err(e) = weir_meta::model::validate_name("topic", &name) {
             Err((errors::INVALID_TOPIC_EXCEPTION, e.message))
         } else if super::brokers::is_internal_topic(&name) {
             Err((

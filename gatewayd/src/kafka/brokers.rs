@@ -14,7 +14,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{BrokerId, DescribeClusterResponse, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use weir_metad::model::{Command, NodeKind, StreamConfig, TopicRow};
+use weir_meta::model::{Command, NodeKind, StreamConfig, TopicRow};
 
 /// The internal topic holding consumer groups' committed offsets.
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
@@ -166,7 +166,7 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
 
 /// Creates a topic a client asked for; the client retries on LEADER_NOT_AVAILABLE.
 async fn auto_create(kafka: &Kafka, session: &Session, name: &str) -> i16 {
-    if weir_metad::model::apply::validate_name("topic", name).is_err() || is_internal_topic(name) {
+    if weir_meta::model::validate_name("topic", name).is_err() || is_internal_topic(name) {
         return errors::INVALID_TOPIC_EXCEPTION;
     }
     let cmd = Command::CreateTopic {

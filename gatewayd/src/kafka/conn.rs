@@ -7,13 +7,14 @@ use super::{admin, brokers, fetch, groups, produce, sasl, versions, Kafka};
 use bytes::{BufMut, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::Encodable;
+use kafka_protocol::ResponseError as KafkaError;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-const UNSUPPORTED_VERSION: i16 = 35;
+const UNSUPPORTED_VERSION: i16 = KafkaError::UnsupportedVersion.code();
 
 /// Per-connection state.
 pub struct Session {

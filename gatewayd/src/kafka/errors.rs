@@ -1,72 +1,52 @@
-//! Kafka error codes, and the one table from routing and metadata errors to them.
+//! The Kafka error codes gatewayd answers with: routing and metadata failures through
+//! the system's one error-code table (`weir_shared::error_code`), and the codes of
+//! request checks made here, all from `kafka_protocol`'s own table.
 
 use super::conn::Session;
-use crate::route::{error_code, RouteError};
-use weir_metad::client::ClientError;
-use weir_metad::model::{Proposer, RejectCode, Rejection};
+use crate::route::RouteError;
+use kafka_protocol::ResponseError as KafkaError;
+use weir_meta::client::ClientError;
+use weir_meta::model::{Proposer, Rejection};
+use weir_shared::error_code::{ErrorCode, KafkaApi};
 
 pub const NONE: i16 = 0;
-pub const UNKNOWN_SERVER_ERROR: i16 = -1;
-pub const OFFSET_OUT_OF_RANGE: i16 = 1;
-pub const CORRUPT_MESSAGE: i16 = 2;
-pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
-pub const LEADER_NOT_AVAILABLE: i16 = 5;
-pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
-pub const REQUEST_TIMED_OUT: i16 = 7;
-pub const MESSAGE_TOO_LARGE: i16 = 10;
-pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
-pub const NOT_COORDINATOR: i16 = 16;
-pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
-pub const INVALID_REQUIRED_ACKS: i16 = 21;
-pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
-pub const INVALID_PARTITIONS: i16 = 37;
-pub const INVALID_REPLICATION_FACTOR: i16 = 38;
-pub const INVALID_CONFIG: i16 = 40;
-pub const INVALID_REQUEST: i16 = 42;
-pub const TOPIC_ALREADY_EXISTS: i16 = 36;
-pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
-pub const INVALID_PRODUCER_EPOCH: i16 = 47;
-pub const KAFKA_STORAGE_ERROR: i16 = 56;
-pub const UNKNOWN_TOPIC_ID: i16 = 100;
+pub const UNKNOWN_SERVER_ERROR: i16 = KafkaError::UnknownServerError.code();
+pub const OFFSET_OUT_OF_RANGE: i16 = KafkaError::OffsetOutOfRange.code();
+pub const CORRUPT_MESSAGE: i16 = KafkaError::CorruptMessage.code();
+pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = KafkaError::UnknownTopicOrPartition.code();
+pub const LEADER_NOT_AVAILABLE: i16 = KafkaError::LeaderNotAvailable.code();
+pub const NOT_LEADER_OR_FOLLOWER: i16 = KafkaError::NotLeaderOrFollower.code();
+pub const REQUEST_TIMED_OUT: i16 = KafkaError::RequestTimedOut.code();
+pub const MESSAGE_TOO_LARGE: i16 = KafkaError::MessageTooLarge.code();
+pub const COORDINATOR_NOT_AVAILABLE: i16 = KafkaError::CoordinatorNotAvailable.code();
+pub const NOT_COORDINATOR: i16 = KafkaError::NotCoordinator.code();
+pub const INVALID_TOPIC_EXCEPTION: i16 = KafkaError::InvalidTopicException.code();
+pub const INVALID_REQUIRED_ACKS: i16 = KafkaError::InvalidRequiredAcks.code();
+pub const TOPIC_AUTHORIZATION_FAILED: i16 = KafkaError::TopicAuthorizationFailed.code();
+pub const INVALID_PARTITIONS: i16 = KafkaError::InvalidPartitions.code();
+pub const INVALID_REPLICATION_FACTOR: i16 = KafkaError::InvalidReplicationFactor.code();
+pub const INVALID_CONFIG: i16 = KafkaError::InvalidConfig.code();
+pub const INVALID_REQUEST: i16 = KafkaError::InvalidRequest.code();
+pub const TOPIC_ALREADY_EXISTS: i16 = KafkaError::TopicAlreadyExists.code();
+pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = KafkaError::OutOfOrderSequenceNumber.code();
+pub const INVALID_PRODUCER_EPOCH: i16 = KafkaError::InvalidProducerEpoch.code();
+pub const KAFKA_STORAGE_ERROR: i16 = KafkaError::KafkaStorageError.code();
+pub const UNKNOWN_TOPIC_ID: i16 = KafkaError::UnknownTopicId.code();
 
-/// A routed call's failure as a partition-level Kafka error. An owner that failed
-/// mid-append (outcome unknown) is REQUEST_TIMED_OUT, as a Kafka broker's timeout is:
-/// the client retries, and an idempotent producer's retry is deduplicated.
+/// A routed call's failure as a partition-level Kafka error of a data API. An owner
+/// that failed mid-append (outcome unknown) is REQUEST_TIMED_OUT, as a Kafka broker's
+/// timeout is: the client retries, and an idempotent producer's retry is deduplicated.
 pub fn route(e: &RouteError) -> i16 {
-    match e {
-        RouteError::NotFound(_) => UNKNOWN_TOPIC_OR_PARTITION,
-        RouteError::NoOwner { .. } | RouteError::CatchingUp => NOT_LEADER_OR_FOLLOWER,
-        RouteError::Unknown(_) => REQUEST_TIMED_OUT,
-        RouteError::Streamd(status) => match error_code(status) {
-            Some("not_owner" | "fenced" | "unavailable") => NOT_LEADER_OR_FOLLOWER,
-            Some("wal_full") => KAFKA_STORAGE_ERROR,
-            Some("offset_out_of_range") => OFFSET_OUT_OF_RANGE,
-            Some("invalid_producer_epoch") => INVALID_PRODUCER_EPOCH,
-            Some("out_of_order_sequence") => OUT_OF_ORDER_SEQUENCE_NUMBER,
-            Some("invalid_argument" | "corrupt") => CORRUPT_MESSAGE,
-            Some("not_found") => UNKNOWN_TOPIC_OR_PARTITION,
-            _ => UNKNOWN_SERVER_ERROR,
-        },
-    }
+    e.code().kafka(KafkaApi::Data).code()
 }
 
 /// A topic admin command's failure. A metadata outage is NOT_LEADER_OR_FOLLOWER (D-9).
 pub fn admin(e: &Result<Rejection, ClientError>) -> (i16, String) {
-    match e {
-        Err(ClientError::Unavailable(m)) => (NOT_LEADER_OR_FOLLOWER, format!("metadata log unavailable: {m}")),
-        Err(other) => (UNKNOWN_SERVER_ERROR, other.to_string()),
-        Ok(r) => (
-            match r.code {
-                RejectCode::AlreadyExists => TOPIC_ALREADY_EXISTS,
-                RejectCode::NotFound => UNKNOWN_TOPIC_OR_PARTITION,
-                RejectCode::InvalidArgument => INVALID_REQUEST,
-                RejectCode::NotReady => NOT_LEADER_OR_FOLLOWER,
-                RejectCode::Fenced | RejectCode::Superseded | RejectCode::UnknownNode => TOPIC_AUTHORIZATION_FAILED,
-                RejectCode::Conflict | RejectCode::NotOwner => INVALID_REQUEST,
-            },
-            r.message.clone(),
-        ),
-    }
+    let (code, message) = match e {
+        Ok(r) => (ErrorCode::from(r.code), r.message.clone()),
+        Err(e) => (e.code(), e.to_string()),
+    };
+    (code.kafka(KafkaApi::Admin).code(), message)
 }
 
 /// Metadata changes are proposed in the authenticated principal's name.
@@ -81,9 +61,7 @@ mod tests {
     use super::*;
 
     fn status(code: &str) -> RouteError {
-        let mut s = tonic::Status::unavailable("x");
-        s.metadata_mut().insert("x-weir-error", code.parse().expect("ascii"));
-        RouteError::Streamd(s)
+        RouteError::Streamd(ErrorCode::parse(code).expect("a known code").status("x"))
     }
 
     // FO-TKO-11, FO-TKO-12: a partition without a live owner is the retryable
@@ -111,7 +89,10 @@ mod tests {
     fn topic_admin_during_an_outage_is_not_leader_or_follower() {
         let (code, _) = admin(&Err(ClientError::Unavailable("no quorum".into())));
         assert_eq!(code, NOT_LEADER_OR_FOLLOWER);
-        let (code, _) = admin(&Ok(Rejection::new(RejectCode::AlreadyExists, "exists")));
+        let (code, _) = admin(&Ok(Rejection::new(
+            weir_meta::model::RejectCode::AlreadyExists,
+            "exists",
+        )));
         assert_eq!(code, TOPIC_ALREADY_EXISTS);
     }
 }

@@ -16,8 +16,9 @@ use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponseParti
 use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponsePartition, OffsetFetchResponseTopic};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use weir_metad::model::{Command, Proposer, StreamConfig};
+use weir_meta::model::{Command, Proposer, StreamConfig};
 use weir_proto::streamd::GroupRequest;
+use weir_shared::error_code::KafkaApi;
 
 /// Offsets streams groups are hashed over (Kafka's `offsets.topic.num.partitions`).
 pub const OFFSETS_PARTITIONS: u32 = 8;
@@ -137,12 +138,9 @@ async fn call(
         .await;
     match result {
         Ok(reply) => Ok(Bytes::from(reply.body)),
-        Err(crate::route::RouteError::Streamd(status)) if crate::route::error_code(&status) == Some("not_owner") => {
-            Err(errors::NOT_COORDINATOR)
-        }
         Err(e) => {
             tracing::debug!(stream, error = %e, "group request not answered by a coordinator");
-            Err(errors::COORDINATOR_NOT_AVAILABLE)
+            Err(e.code().kafka(KafkaApi::Group).code())
         }
     }
 }

@@ -40,7 +40,8 @@ pub async fn serve(
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     // Failpoint for SD-TRG-2 tests: the listener fails at its first accept.
-    let fail_accept = std::env::var("WEIR_FAILPOINT_LISTENER_KAFKA_ACCEPT").as_deref() == Ok("return(err)");
+    let fail_accept =
+        weir_shared::failpoint::action("listener_kafka_accept") == Some(weir_shared::failpoint::Action::Error);
     loop {
         let (socket, peer) = tokio::select! {
             _ = stop.cancelled() => return Ok(()),

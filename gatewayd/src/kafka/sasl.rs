@@ -6,9 +6,10 @@ use kafka_protocol::messages::{
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
 };
 use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError as KafkaError;
 
-const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
-const SASL_AUTHENTICATION_FAILED: i16 = 58;
+const UNSUPPORTED_SASL_MECHANISM: i16 = KafkaError::UnsupportedSaslMechanism.code();
+const SASL_AUTHENTICATION_FAILED: i16 = KafkaError::SaslAuthenticationFailed.code();
 
 pub fn handshake(r: SaslHandshakeRequest) -> (SaslHandshakeResponse, bool) {
     let ok = r.mechanism.as_str() == "PLAIN";

@@ -1,9 +1,9 @@
 //! Opens the RocksDB database and checks its format marker before anything is read.
 
-use crate::model::codec::FORMAT_VERSION;
 use rocksdb::{ColumnFamilyDescriptor, Options, DB};
 use std::path::Path;
 use std::sync::Arc;
+use weir_meta::model::codec::FORMAT_VERSION;
 
 /// Column families; names are stored format and must be kept stable.
 pub const CF_META: &str = "meta";

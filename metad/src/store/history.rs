@@ -1,8 +1,8 @@
 //! The applied-command history: index, proposer, command and outcome of recent
 //! entries, kept for operators (`weir metadata dump`) and for log-order assertions in tests.
 
-use crate::model::command::{Outcome, Proposal};
 use serde::{Deserialize, Serialize};
+use weir_meta::model::command::{Outcome, Proposal};
 
 /// How many recent entries the history keeps.
 pub const HISTORY_RETAIN: u64 = 200_000;

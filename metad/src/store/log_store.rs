@@ -3,7 +3,6 @@
 //! openraft is told it is durable (RR-WAL-3).
 
 use super::db::{sync_write, CF_LOG, CF_META, KEY_COMMITTED, KEY_LAST_PURGED, KEY_VOTE};
-use crate::model::codec;
 use crate::raft_types::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, RaftLogReader, StorageIOError};
@@ -11,6 +10,7 @@ use rocksdb::{Direction, IteratorMode, DB};
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
+use weir_meta::model::codec;
 
 /// The Raft log store; cheap to clone (the log reader is a clone).
 #[derive(Clone)]

@@ -9,3 +9,6 @@ pub mod state_machine;
 pub use db::open_db;
 pub use log_store::LogStore;
 pub use state_machine::{StateMachineStore, ViewHub, WatchItem};
+
+#[cfg(test)]
+mod storage_suite;

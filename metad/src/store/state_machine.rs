@@ -5,9 +5,6 @@
 
 use super::db::{sync_write, CF_HISTORY, CF_META, CF_SM, CF_SNAPSHOT, KEY_APPLIED, KEY_MEMBERSHIP};
 use super::history::{HistoryEntry, HISTORY_RETAIN};
-use crate::model::command::Applied;
-use crate::model::state::{Delta, Row, RowKey, State};
-use crate::model::{codec, Outcome};
 use crate::raft_types::{Entry, LogId, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageIOError};
@@ -17,6 +14,9 @@ use std::collections::VecDeque;
 use std::io::Cursor;
 use std::sync::{Arc, RwLock};
 use tokio::sync::broadcast;
+use weir_meta::model::command::Applied;
+use weir_meta::model::state::{Delta, Row, RowKey, State};
+use weir_meta::model::{codec, Outcome};
 
 /// Keys in `snapshot`; stable.
 const KEY_CURRENT: &[u8] = b"current";
@@ -405,7 +405,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.db
             .write_opt(batch, &sync_write())
             .map_err(|e| io_err(subject(), ErrorVerb::Write, e))?;
-        if std::env::var_os("WEIR_FAILPOINT_SNAPSHOT_INSTALL_MID").is_some() {
+        if weir_shared::failpoint::is_set("snapshot_install_mid") {
             // Test hook for RR-INT-6: die between staging and replacing.
             tracing::error!("failpoint snapshot_install_mid: exiting");
             std::process::exit(86);

@@ -12,13 +12,15 @@ use tokio::sync::oneshot;
 
 /// Kafka error codes the membership protocol answers with.
 pub mod code {
+    use kafka_protocol::ResponseError as Kafka;
+
     pub const NONE: i16 = 0;
-    pub const ILLEGAL_GENERATION: i16 = 22;
-    pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
-    pub const UNKNOWN_MEMBER_ID: i16 = 25;
-    pub const INVALID_SESSION_TIMEOUT: i16 = 26;
-    pub const REBALANCE_IN_PROGRESS: i16 = 27;
-    pub const MEMBER_ID_REQUIRED: i16 = 79;
+    pub const ILLEGAL_GENERATION: i16 = Kafka::IllegalGeneration.code();
+    pub const INCONSISTENT_GROUP_PROTOCOL: i16 = Kafka::InconsistentGroupProtocol.code();
+    pub const UNKNOWN_MEMBER_ID: i16 = Kafka::UnknownMemberId.code();
+    pub const INVALID_SESSION_TIMEOUT: i16 = Kafka::InvalidSessionTimeout.code();
+    pub const REBALANCE_IN_PROGRESS: i16 = Kafka::RebalanceInProgress.code();
+    pub const MEMBER_ID_REQUIRED: i16 = Kafka::MemberIdRequired.code();
 }
 
 /// Session timeouts a member may ask for (Kafka's broker defaults).
@@ -26,21 +28,21 @@ pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(1_000);
 pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub enum GroupState {
     Empty,
     PreparingRebalance { since: Instant },
     CompletingRebalance,
     Stable,
 }
 
-impl Phase {
+impl GroupState {
     /// The state name DescribeGroups and ListGroups report.
     pub fn name(&self) -> &'static str {
         match self {
-            Phase::Empty => "Empty",
-            Phase::PreparingRebalance { .. } => "PreparingRebalance",
-            Phase::CompletingRebalance => "CompletingRebalance",
-            Phase::Stable => "Stable",
+            GroupState::Empty => "Empty",
+            GroupState::PreparingRebalance { .. } => "PreparingRebalance",
+            GroupState::CompletingRebalance => "CompletingRebalance",
+            GroupState::Stable => "Stable",
         }
     }
 }
@@ -113,7 +115,7 @@ impl Member {
 /// One group's membership.
 pub struct Group {
     pub id: String,
-    pub phase: Phase,
+    pub phase: GroupState,
     pub generation: i32,
     pub protocol_type: Option<String>,
     pub protocol: Option<String>,
@@ -136,7 +138,7 @@ impl Group {
     pub fn new(id: &str) -> Self {
         Self {
             id: id.to_string(),
-            phase: Phase::Empty,
+            phase: GroupState::Empty,
             generation: 0,
             protocol_type: None,
             protocol: None,
@@ -206,7 +208,7 @@ impl Group {
             self.protocol_type = Some(args.protocol_type);
         }
         let is_leader = self.leader.as_deref() == Some(member_id.as_str());
-        if self.phase == Phase::Stable && unchanged && !is_leader {
+        if self.phase == GroupState::Stable && unchanged && !is_leader {
             // A follower rejoining with the same metadata gets the current generation.
             let outcome = self.join_outcome(&member_id);
             if let Some(m) = self.members.get_mut(&member_id) {
@@ -245,21 +247,21 @@ impl Group {
             assignment,
         };
         match self.phase {
-            Phase::Empty => error(code::UNKNOWN_MEMBER_ID),
-            Phase::PreparingRebalance { .. } => error(code::REBALANCE_IN_PROGRESS),
-            Phase::Stable => {
+            GroupState::Empty => error(code::UNKNOWN_MEMBER_ID),
+            GroupState::PreparingRebalance { .. } => error(code::REBALANCE_IN_PROGRESS),
+            GroupState::Stable => {
                 let m = self.members.get_mut(member_id).expect("checked above");
                 m.last_seen = now;
                 let a = m.assignment.clone();
                 Answer::Now(ok(a, self))
             }
-            Phase::CompletingRebalance => {
+            GroupState::CompletingRebalance => {
                 if self.leader.as_deref() == Some(member_id) {
                     let mut given: BTreeMap<String, Bytes> = assignments.into_iter().collect();
                     for m in self.members.values_mut() {
                         m.assignment = given.remove(&m.id).unwrap_or_default();
                     }
-                    self.phase = Phase::Stable;
+                    self.phase = GroupState::Stable;
                     let (pt, p) = (self.protocol_type.clone(), self.protocol.clone());
                     for m in self.members.values_mut() {
                         if let Some(tx) = m.sync.take() {
@@ -295,8 +297,8 @@ impl Group {
             return code::ILLEGAL_GENERATION;
         }
         match self.phase {
-            Phase::PreparingRebalance { .. } => code::REBALANCE_IN_PROGRESS,
-            Phase::Empty => code::UNKNOWN_MEMBER_ID,
+            GroupState::PreparingRebalance { .. } => code::REBALANCE_IN_PROGRESS,
+            GroupState::Empty => code::UNKNOWN_MEMBER_ID,
             _ => code::NONE,
         }
     }
@@ -329,7 +331,7 @@ impl Group {
         if generation != self.generation {
             return code::ILLEGAL_GENERATION;
         }
-        if self.phase == Phase::CompletingRebalance {
+        if self.phase == GroupState::CompletingRebalance {
             return code::REBALANCE_IN_PROGRESS;
         }
         code::NONE
@@ -353,7 +355,7 @@ impl Group {
         if !expired.is_empty() {
             self.after_removal(now);
         }
-        if let Phase::PreparingRebalance { since } = self.phase {
+        if let GroupState::PreparingRebalance { since } = self.phase {
             let timeout = self
                 .members
                 .values()
@@ -414,16 +416,16 @@ impl Group {
     }
 
     fn become_empty(&mut self) {
-        if self.phase != Phase::Empty {
+        if self.phase != GroupState::Empty {
             self.generation += 1;
         }
-        self.phase = Phase::Empty;
+        self.phase = GroupState::Empty;
         self.leader = None;
         self.protocol = None;
     }
 
     fn prepare_rebalance(&mut self, now: Instant) {
-        if matches!(self.phase, Phase::PreparingRebalance { .. }) {
+        if matches!(self.phase, GroupState::PreparingRebalance { .. }) {
             return;
         }
         // Members waiting for an assignment learn that a new rebalance began.
@@ -435,7 +437,7 @@ impl Group {
                 });
             }
         }
-        self.phase = Phase::PreparingRebalance { since: now };
+        self.phase = GroupState::PreparingRebalance { since: now };
     }
 
     /// Protocols every member supports, in the leader's (or first member's) order.
@@ -455,7 +457,7 @@ impl Group {
     }
 
     fn try_complete_join(&mut self, now: Instant) {
-        if !matches!(self.phase, Phase::PreparingRebalance { .. })
+        if !matches!(self.phase, GroupState::PreparingRebalance { .. })
             || self.members.is_empty()
             || self.members.values().any(|m| m.join.is_none())
         {
@@ -466,7 +468,7 @@ impl Group {
         if !self.leader.as_ref().is_some_and(|l| self.members.contains_key(l)) {
             self.leader = self.members.keys().next().cloned();
         }
-        self.phase = Phase::CompletingRebalance;
+        self.phase = GroupState::CompletingRebalance;
         // A member's session restarts when its join completes: waiting for slower
         // members does not count against it.
         for m in self.members.values_mut() {
@@ -571,7 +573,7 @@ mod tests {
         assert_eq!(joined.members.len(), 1);
         let synced = now(g.sync(&first.member_id, 1, vec![(first.member_id.clone(), "a".into())], t));
         assert_eq!(synced.assignment, Bytes::from("a"));
-        assert_eq!(g.phase, Phase::Stable);
+        assert_eq!(g.phase, GroupState::Stable);
     }
 
     #[test]
@@ -617,7 +619,7 @@ mod tests {
         now(g.sync(&a.member_id, a.generation, vec![], t));
         g.tick(t + Duration::from_secs(11));
         assert!(g.is_empty());
-        assert_eq!(g.phase, Phase::Empty);
+        assert_eq!(g.phase, GroupState::Empty);
         assert_eq!(g.heartbeat(&a.member_id, a.generation, t), code::UNKNOWN_MEMBER_ID);
         assert_eq!(
             g.check_commit("", -1, t),

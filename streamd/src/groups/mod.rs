@@ -22,6 +22,7 @@ use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponseParti
 use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponsePartition, OffsetFetchResponseTopic};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::ResponseError as Kafka;
 use membership::{code, Answer, Group, JoinArgs, JoinOutcome, SyncOutcome};
 use offsets::{Change, Committed, OffsetTable};
 use std::collections::{BTreeMap, HashMap};
@@ -29,26 +30,26 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use weir_shared::ids::StreamEpoch;
 
-const NOT_COORDINATOR: i16 = 16;
-const OFFSET_METADATA_TOO_LARGE: i16 = 12;
+const NOT_COORDINATOR: i16 = Kafka::NotCoordinator.code();
+const OFFSET_METADATA_TOO_LARGE: i16 = Kafka::OffsetMetadataTooLarge.code();
 /// Kafka's `offset.metadata.max.bytes`.
 const MAX_METADATA: usize = 4096;
-const NON_EMPTY_GROUP: i16 = 68;
-const GROUP_ID_NOT_FOUND: i16 = 69;
+const NON_EMPTY_GROUP: i16 = Kafka::NonEmptyGroup.code();
+const GROUP_ID_NOT_FOUND: i16 = Kafka::GroupIdNotFound.code();
 /// How often sessions and rebalance deadlines are checked.
 const TICK: Duration = Duration::from_millis(250);
 
 /// The coordinators of the offsets streams this node owns.
 pub struct Groups {
     node: Arc<Node>,
-    coordinators: tokio::sync::Mutex<HashMap<String, Arc<Coordinator>>>,
+    coordinators: tokio::sync::Mutex<HashMap<String, Arc<GroupCoordinator>>>,
     /// One load at a time per offsets stream; loads of different streams, and requests
     /// to loaded coordinators, do not wait for each other.
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// The groups of one offsets stream at one stream epoch.
-struct Coordinator {
+struct GroupCoordinator {
     stream: String,
     epoch: StreamEpoch,
     state: Mutex<State>,
@@ -70,7 +71,7 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-impl Coordinator {
+impl GroupCoordinator {
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         f(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()))
     }
@@ -127,10 +128,10 @@ impl Groups {
 
     /// The coordinator for the offsets stream this node owns, rebuilt from the stream
     /// when the stream was (re)opened since.
-    async fn coordinator(self: &Arc<Self>, stream: &str) -> Result<Arc<Coordinator>, StreamdError> {
+    async fn coordinator(self: &Arc<Self>, stream: &str) -> Result<Arc<GroupCoordinator>, StreamdError> {
         let handle = self.node.stream(stream)?;
         let current =
-            |map: &HashMap<String, Arc<Coordinator>>| map.get(stream).filter(|c| c.epoch == handle.epoch).cloned();
+            |map: &HashMap<String, Arc<GroupCoordinator>>| map.get(stream).filter(|c| c.epoch == handle.epoch).cloned();
         if let Some(c) = current(&*self.coordinators.lock().await) {
             return Ok(c);
         }
@@ -147,7 +148,7 @@ impl Groups {
         }
         let offsets = self.replay(stream).await?;
         tracing::info!(stream, epoch = %handle.epoch, groups = offsets.groups().count(), "group coordinator loaded its offsets stream");
-        let c = Arc::new(Coordinator {
+        let c = Arc::new(GroupCoordinator {
             stream: stream.to_string(),
             epoch: handle.epoch,
             state: Mutex::new(State {
@@ -156,7 +157,7 @@ impl Groups {
             }),
         });
         self.coordinators.lock().await.insert(stream.to_string(), c.clone());
-        tokio::spawn(tick(Arc::downgrade(self), c.clone()));
+        self.node.tasks.spawn(tick(Arc::downgrade(self), c.clone()));
         Ok(c)
     }
 
@@ -182,12 +183,12 @@ impl Groups {
         }
     }
 
-    async fn append(&self, c: &Coordinator, changes: &[Change]) -> Result<(), StreamdError> {
+    async fn append(&self, c: &GroupCoordinator, changes: &[Change]) -> Result<(), StreamdError> {
         let batch = offsets::encode(changes).map_err(StreamdError::Internal)?;
         self.node.append(&c.stream, &batch, None).await.map(|_| ())
     }
 
-    async fn join(&self, c: &Coordinator, r: JoinGroupRequest, version: i16, client: Client) -> JoinGroupResponse {
+    async fn join(&self, c: &GroupCoordinator, r: JoinGroupRequest, version: i16, client: Client) -> JoinGroupResponse {
         let args = JoinArgs {
             member_id: r.member_id.to_string(),
             group_instance_id: r.group_instance_id.as_ref().map(|i| i.to_string()),
@@ -249,7 +250,7 @@ impl Groups {
             )
     }
 
-    async fn commit(&self, c: &Coordinator, r: OffsetCommitRequest) -> OffsetCommitResponse {
+    async fn commit(&self, c: &GroupCoordinator, r: OffsetCommitRequest) -> OffsetCommitResponse {
         let group = r.group_id.0.to_string();
         let check = c.with(|st| match st.groups.get_mut(&group) {
             Some(g) => g.check_commit(&r.member_id, r.generation_id_or_member_epoch, Instant::now()),
@@ -312,7 +313,7 @@ impl Groups {
         )
     }
 
-    async fn delete(&self, c: &Coordinator, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    async fn delete(&self, c: &GroupCoordinator, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
         let mut results = vec![];
         for name in r.groups_names {
             let group = name.0.to_string();
@@ -348,7 +349,7 @@ impl Groups {
 /// Expires sessions and ends rebalances until the stream moves away or its epoch
 /// changes; then the coordinator is dropped and waiting members are answered
 /// NOT_COORDINATOR (their answer channels close).
-async fn tick(groups: Weak<Groups>, c: Arc<Coordinator>) {
+async fn tick(groups: Weak<Groups>, c: Arc<GroupCoordinator>) {
     loop {
         tokio::time::sleep(TICK).await;
         let Some(groups) = groups.upgrade() else { return };
@@ -367,7 +368,7 @@ async fn tick(groups: Weak<Groups>, c: Arc<Coordinator>) {
     }
 }
 
-async fn sync(c: &Coordinator, r: SyncGroupRequest) -> SyncGroupResponse {
+async fn sync(c: &GroupCoordinator, r: SyncGroupRequest) -> SyncGroupResponse {
     let assignments = r
         .assignments
         .iter()
@@ -394,7 +395,7 @@ async fn sync(c: &Coordinator, r: SyncGroupRequest) -> SyncGroupResponse {
         .with_assignment(o.assignment)
 }
 
-fn leave(c: &Coordinator, r: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
+fn leave(c: &GroupCoordinator, r: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
     let now = Instant::now();
     c.with(|st| {
         let group = st.groups.get_mut(r.group_id.0.as_str());
@@ -419,7 +420,7 @@ fn leave(c: &Coordinator, r: LeaveGroupRequest, version: i16) -> LeaveGroupRespo
     })
 }
 
-fn fetch_offsets(c: &Coordinator, r: OffsetFetchRequest) -> OffsetFetchResponse {
+fn fetch_offsets(c: &GroupCoordinator, r: OffsetFetchRequest) -> OffsetFetchResponse {
     c.with(|st| {
         let committed = st.offsets.group(r.group_id.0.as_str());
         let wanted: Vec<(TopicName, Vec<i32>)> = match &r.topics {
@@ -458,7 +459,7 @@ fn fetch_offsets(c: &Coordinator, r: OffsetFetchRequest) -> OffsetFetchResponse 
     })
 }
 
-fn describe(c: &Coordinator, r: DescribeGroupsRequest) -> DescribeGroupsResponse {
+fn describe(c: &GroupCoordinator, r: DescribeGroupsRequest) -> DescribeGroupsResponse {
     c.with(|st| {
         let groups = r
             .groups
@@ -494,7 +495,7 @@ fn describe(c: &Coordinator, r: DescribeGroupsRequest) -> DescribeGroupsResponse
     })
 }
 
-fn list(c: &Coordinator, r: ListGroupsRequest) -> ListGroupsResponse {
+fn list(c: &GroupCoordinator, r: ListGroupsRequest) -> ListGroupsResponse {
     c.with(|st| {
         let mut listed: BTreeMap<String, (String, &'static str)> = BTreeMap::new();
         for g in st.offsets.groups() {

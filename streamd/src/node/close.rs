@@ -4,8 +4,8 @@
 use super::Node;
 use crate::error::StreamdError;
 use std::time::Duration;
-use weir_metad::client::ClientError;
-use weir_metad::model::{Command, RejectCode};
+use weir_meta::client::ClientError;
+use weir_meta::model::{Command, RejectCode};
 
 /// How long a close may take when its caller sets no bound.
 pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(30);

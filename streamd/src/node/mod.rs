@@ -20,9 +20,11 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use weir_metad::client::MetadClient;
-use weir_metad::model::Proposer;
-use weir_metad::view::View;
+use tokio_util::task::TaskTracker;
+use weir_meta::client::MetadClient;
+use weir_meta::model::Proposer;
+use weir_meta::registration::Registered;
+use weir_meta::view::View;
 use weir_shared::ids::{Incarnation, StreamId};
 
 pub use reconcile::reconcile_loop;
@@ -74,22 +76,23 @@ pub struct Node {
     pub wal_source: WalSource,
     /// Takeovers this incarnation is running as agent.
     takeovers_running: std::sync::Mutex<std::collections::HashSet<Incarnation>>,
+    /// Work the node starts for one stream or takeover (closes, takeovers, group
+    /// ticks), waited for at teardown.
+    pub tasks: TaskTracker,
 }
 
 impl Node {
     pub fn new(
-        me: Incarnation,
-        metad: Arc<MetadClient>,
-        view: Arc<View>,
+        registered: &Registered,
         wal: WalWriter,
         store: Arc<dyn ObjectStore>,
         tunables: Tunables,
         wal_source: WalSource,
     ) -> Self {
         Self {
-            me,
-            metad,
-            view,
+            me: registered.me.clone(),
+            metad: registered.metad.clone(),
+            view: registered.view.clone(),
             wal,
             store,
             cache: BlockCache::new(tunables.cache_bytes),
@@ -98,12 +101,14 @@ impl Node {
             closed_ends: RwLock::new(HashMap::new()),
             admitted: AtomicBool::new(false),
             upload_now: Notify::new(),
-            fenced: CancellationToken::new(),
+            // The registration's token: fenced there (heartbeat refused, own row) is fenced here.
+            fenced: registered.fenced.clone(),
             terminating: AtomicBool::new(false),
             reads_end: CancellationToken::new(),
             intake_closed: AtomicBool::new(false),
             wal_source,
             takeovers_running: Default::default(),
+            tasks: TaskTracker::new(),
         }
     }
 

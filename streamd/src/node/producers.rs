@@ -4,7 +4,7 @@
 use super::Node;
 use crate::error::StreamdError;
 use crate::stream::producers::ProducerTable;
-use weir_metad::model::ObjectRange;
+use weir_meta::model::ObjectRange;
 use weir_shared::batch::split_batches;
 
 impl Node {

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use object_store::{GetOptions, GetRange};
 use std::sync::Arc;
 use std::time::Duration;
-use weir_metad::model::ObjectRange;
+use weir_meta::model::ObjectRange;
 use weir_shared::batch::split_batches;
 
 /// A read's answer.

@@ -6,7 +6,7 @@
 use super::Node;
 use crate::stream::StreamHandle;
 use std::sync::Arc;
-use weir_metad::model::{Applied, Command, StreamState};
+use weir_meta::model::{Applied, Command, StreamState};
 use weir_shared::ids::StreamId;
 
 /// Reconciles on every view change until the node is fenced or `cancel` fires.
@@ -128,7 +128,7 @@ async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) {
         }
         Ok((_, Ok(other))) => tracing::warn!(stream = name, ?other, "unexpected answer to OpenStream"),
         Ok((_, Err(rejection))) => {
-            use weir_metad::model::RejectCode;
+            use weir_meta::model::RejectCode;
             match rejection.code {
                 RejectCode::Fenced | RejectCode::Superseded => node.fence(&rejection.message),
                 _ => tracing::debug!(stream = name, %rejection, "stream not opened"),

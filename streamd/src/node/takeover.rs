@@ -14,7 +14,7 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
-use weir_metad::model::{Command, RejectCode, StreamState, TakeoverState};
+use weir_meta::model::{Command, RejectCode, StreamState, TakeoverState};
 use weir_shared::batch::split_batches;
 use weir_shared::ids::{Incarnation, ObjectKey, StreamEpoch, StreamId};
 
@@ -46,7 +46,7 @@ impl Node {
                 continue;
             }
             let node = self.clone();
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 match node.take_over(&dead).await {
                     Ok(()) => {}
                     Err(e) => {
@@ -75,7 +75,7 @@ impl Node {
             WalSource::Object => object::take_over(self.store.clone(), &dead.node, dead.epoch, &agent).await,
         }
         .map_err(|e| e.to_string())?;
-        if std::env::var_os("WEIR_FAILPOINT_TAKEOVER_BEFORE_COMMIT").is_some() {
+        if weir_shared::failpoint::is_set("takeover_before_commit") {
             // Tests: the agent dies after fencing and replaying, before committing anything.
             tracing::error!("failpoint: exiting in the middle of a WAL takeover");
             std::process::exit(86);

@@ -10,8 +10,8 @@ use object_store::{ObjectStoreExt, PutPayload};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weir_metad::client::ClientError;
-use weir_metad::model::{Command, CommitRange, RejectCode};
+use weir_meta::client::ClientError;
+use weir_meta::model::{Command, CommitRange, RejectCode};
 use weir_shared::ids::{ObjectKey, Offset, StreamId};
 
 /// Runs upload rounds until `cancel` (a final round is the caller's, via close).
@@ -172,7 +172,7 @@ impl Node {
             let mut inner = handle.inner.lock().await;
             if committed {
                 inner.committed_end = part.chunk.end;
-                inner.ranges.push(weir_metad::model::ObjectRange {
+                inner.ranges.push(weir_meta::model::ObjectRange {
                     key: key.clone(),
                     start: Offset(part.chunk.start),
                     end: Offset(part.chunk.end),

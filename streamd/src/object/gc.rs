@@ -9,7 +9,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use weir_metad::view::View;
+use weir_meta::view::View;
 use weir_shared::ids::ObjectKey;
 
 /// Objects deleted per batch.

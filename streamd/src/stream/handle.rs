@@ -5,7 +5,7 @@ use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{watch, Mutex};
-use weir_metad::model::ObjectRange;
+use weir_meta::model::ObjectRange;
 use weir_shared::ids::{StreamEpoch, StreamId};
 
 /// One batch in the tail buffer, with its assigned offsets.

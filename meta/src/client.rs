@@ -3,7 +3,6 @@
 
 use crate::model::codec;
 use crate::model::command::{Command, Outcome, Proposal, Proposer};
-use crate::network::channel;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tonic::transport::Channel;
@@ -13,6 +12,8 @@ use weir_proto::metad::{
     AdminReply, AdminRequest, DrainRequest, LinearizableReadRequest, ProposeRequest, TransferRequest, WatchEvent,
     WatchRequest,
 };
+use weir_shared::error_code::ErrorCode;
+use weir_shared::grpc::channel;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +33,19 @@ pub enum ClientError {
     /// A reply could not be decoded.
     #[error("malformed reply: {0}")]
     Malformed(String),
+}
+
+impl ClientError {
+    /// The system's code for this failure; HTTP and Kafka answers follow from it.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ClientError::Unavailable(_) => ErrorCode::Unavailable,
+            ClientError::Invalid(_) => ErrorCode::InvalidArgument,
+            ClientError::NotFound(_) => ErrorCode::NotFound,
+            ClientError::Conflict(_) => ErrorCode::Conflict,
+            ClientError::Malformed(_) => ErrorCode::Internal,
+        }
+    }
 }
 
 impl From<tonic::Status> for ClientError {

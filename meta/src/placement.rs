@@ -1,16 +1,12 @@
-//! Placement of closed streams: each tick, the leader assigns every closed stream
-//! without a live owner to the least loaded schedulable streamd. The decision is a pure
-//! function of the state; applying it is a `PlaceStream` CAS that refuses a stream
-//! already placed on a live node, so a stale or doubled decision is harmless.
+//! Placement of closed streams as pure decisions: every closed stream without a live
+//! owner goes to the least loaded schedulable streamd, once the restart grace is over.
+//! metad's placement loop proposes each decision as a `PlaceStream` CAS that refuses a
+//! stream already placed on a live node, so a stale or doubled decision is harmless.
 
 use crate::model::rows::{NodeKind, StreamState};
-use crate::model::{Command, Proposal, Proposer, State};
-use crate::raft_types::Raft;
-use crate::store::ViewHub;
+use crate::model::State;
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
-use tokio_util::sync::CancellationToken;
+use std::time::{Duration, Instant};
 use weir_shared::ids::{NodeId, StreamId};
 
 /// The placements to make now: (stream, node), balancing by owned-stream count.
@@ -62,7 +58,8 @@ pub const RESTART_GRACE: Duration = Duration::from_secs(10);
 /// since it started, kept whether or not it leads, and dropped after the grace.
 #[derive(Debug)]
 pub struct RestartGrace {
-    started: std::time::Instant,
+    /// When this process started; the grace runs from here.
+    started: Instant,
     /// Heartbeat count of each incarnation when first observed, and whether it has moved.
     observed: BTreeMap<(NodeId, weir_shared::ids::Epoch), (u64, bool)>,
     /// The applied index first seen: a node registered after it is back by definition.
@@ -71,17 +68,18 @@ pub struct RestartGrace {
 }
 
 impl RestartGrace {
-    pub fn new() -> Self {
+    /// A grace that started at `started` (this process's start).
+    pub fn new(started: Instant) -> Self {
         Self {
-            started: std::time::Instant::now(),
+            started,
             observed: BTreeMap::new(),
             start_index: None,
             over: false,
         }
     }
 
-    /// Records what `state` shows; true while placement should still wait.
-    pub fn defer(&mut self, state: &State) -> bool {
+    /// Records what `state` shows at `now`; true while placement should still wait.
+    pub fn defer(&mut self, state: &State, now: Instant) -> bool {
         if self.over {
             return false;
         }
@@ -101,7 +99,7 @@ impl RestartGrace {
             }
             waiting |= !entry.1;
         }
-        if !waiting || self.started.elapsed() >= RESTART_GRACE {
+        if !waiting || now.saturating_duration_since(self.started) >= RESTART_GRACE {
             if waiting {
                 tracing::info!("restart grace over; placing streams of nodes that did not return");
             }
@@ -113,62 +111,11 @@ impl RestartGrace {
     }
 }
 
-impl Default for RestartGrace {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// On the leader, places orphaned closed streams four times a second (after the
-/// restart grace), so a stream closed by a move or a takeover is reopened quickly.
-pub async fn placement_loop(raft: Raft, hub: Arc<ViewHub>, id: u64, cancel: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut grace = RestartGrace::new();
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        // Observed on every replica, leader or not, so a leadership change keeps the deadline.
-        if hub.with_state(|s| grace.defer(s)) {
-            continue;
-        }
-        if raft.metrics().borrow().current_leader != Some(id) {
-            continue;
-        }
-        let decisions = hub.with_state(plan);
-        for (stream, node) in decisions {
-            let proposal = Proposal {
-                proposer: Proposer::Operator {
-                    principal: format!("metad-{id}/placement"),
-                },
-                command: Command::PlaceStream {
-                    stream,
-                    node: node.clone(),
-                },
-            };
-            match raft.client_write(proposal).await {
-                Ok(resp) => match resp.data {
-                    Ok(_) => {
-                        tracing::info!(stream = %stream, node_id = %node, log_index = resp.log_id.index, "placed stream")
-                    }
-                    Err(r) => tracing::debug!(stream = %stream, node_id = %node, rejection = %r, "placement refused"),
-                },
-                Err(e) => {
-                    tracing::debug!(error = %e, "placement not proposed");
-                    break;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::rows::ClusterSettings;
-    use crate::model::{Applied, NodeAddrs};
+    use crate::model::{Applied, Command, NodeAddrs, Proposal, Proposer};
     use proptest::prelude::*;
 
     fn op() -> Proposer {
@@ -266,16 +213,62 @@ mod tests {
         let Ok(Applied::Registered { epoch }) = next(&mut s, op(), register("old")) else {
             panic!()
         };
-        let mut grace = RestartGrace::new();
-        assert!(grace.defer(&s), "the old node has not heartbeated since the restart");
+        let start = Instant::now();
+        let mut grace = RestartGrace::new(start);
+        assert!(
+            grace.defer(&s, start),
+            "the old node has not heartbeated since the restart"
+        );
         next(&mut s, op(), register("new")).unwrap();
-        assert!(grace.defer(&s), "a new node does not end the wait for the old one");
+        assert!(
+            grace.defer(&s, start),
+            "a new node does not end the wait for the old one"
+        );
         let old = weir_shared::ids::Incarnation {
             node: NodeId::new("old"),
             epoch,
         };
         next(&mut s, Proposer::Node(old), Command::Heartbeat).unwrap();
-        assert!(!grace.defer(&s), "every registered node is back");
-        assert!(!grace.defer(&s), "the grace is over for good");
+        assert!(!grace.defer(&s, start), "every registered node is back");
+        assert!(!grace.defer(&s, start), "the grace is over for good");
+    }
+
+    /// RR-GRC-2: a node that does not return ends the wait once the grace has passed.
+    #[test]
+    fn restart_grace_ends_when_its_time_is_up() {
+        let mut s = State::default();
+        for (i, command) in [
+            Command::InitCluster {
+                settings: ClusterSettings {
+                    heartbeat_interval_sec: 1,
+                    node_timeout_sec: 3,
+                },
+            },
+            Command::RegisterNode {
+                node: NodeId::new("gone"),
+                kind: NodeKind::Streamd,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            s.apply(
+                i as u64 + 1,
+                &Proposal {
+                    proposer: op(),
+                    command,
+                },
+            )
+            .0
+            .unwrap();
+        }
+        let start = Instant::now();
+        let mut grace = RestartGrace::new(start);
+        assert!(grace.defer(&s, start + RESTART_GRACE - Duration::from_millis(1)));
+        assert!(!grace.defer(&s, start + RESTART_GRACE));
+        assert!(!grace.defer(&s, start), "over for good, whatever the clock says");
     }
 }

@@ -1,190 +1,40 @@
-//! Planned transfers and drain node, coordinated by the metad leader (SD-DRN-1…12).
+//! Planned transfers and drain node, run by the metad leader (SD-DRN-1…12).
 //!
 //! A transfer of one stream: choose the destination from the state as it is now, mark
 //! it in the log (`BeginTransfer`), ask the owner to close the stream (it stops intake,
 //! lets admitted appends become durable, uploads and commits them; its close hands the
 //! stream to the destination in the same entry), then wait for the destination to open
-//! it at the next epoch. A drain runs transfers one stream at a time in canonical order,
-//! each bounded by what is left of the requester's budget.
+//! it at the next epoch. A drain asks the pure `drain_plan::next_step` what to do next
+//! and runs one transfer at a time, each bounded by what is left of the budget.
 
 use crate::leader::current_leader;
 use crate::metrics::metrics;
-use crate::model::rows::{streams_per_owner, NodeKind, StreamRow, StreamState};
-use crate::model::{check_destination, Command, CordonBy, Outcome, Proposal, Proposer, RejectCode, Rejection, State};
 use crate::raft_types::Raft;
 use crate::store::ViewHub;
-use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tonic::Status;
+use weir_meta::drain_plan::{
+    next_step, owned_streams, prepare_bound, Budget, DrainPlan, Moved, Reason, Report, Requester, Step, Stopped,
+};
+use weir_meta::model::{
+    check_destination, Command, CordonBy, NodeKind, Outcome, Proposal, Proposer, State, StreamState,
+};
 use weir_proto::streamd::streamd_client::StreamdClient;
 use weir_proto::streamd::CloseStreamRequest;
+use weir_shared::error_code::ErrorCode;
 use weir_shared::ids::{Incarnation, NodeId, StreamEpoch, StreamId};
-
-/// What a transfer is for; a label of `metad_transfers_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    /// An operator's drain node.
-    Drain,
-    /// A stopping node's drain of itself.
-    Shutdown,
-    /// An operator's transfer of one stream.
-    Transfer,
-}
-
-impl Reason {
-    fn label(self) -> &'static str {
-        match self {
-            Reason::Drain => "drain",
-            Reason::Shutdown => "shutdown",
-            Reason::Transfer => "transfer",
-        }
-    }
-}
-
-/// A request's time budget, from its arrival.
-#[derive(Clone, Copy, Debug)]
-pub struct Budget {
-    start: Instant,
-    total: Duration,
-}
-
-impl Budget {
-    pub fn new(total: Duration) -> Self {
-        Self {
-            start: Instant::now(),
-            total,
-        }
-    }
-
-    fn left_at(&self, now: Instant) -> Duration {
-        self.total.saturating_sub(now.saturating_duration_since(self.start))
-    }
-
-    /// SD-DRN-6: one unit's bound is the time left less 1/6 of the initial budget
-    /// (kept for what follows the moves); none when nothing is left for another unit.
-    pub fn unit_bound_at(&self, now: Instant) -> Option<Duration> {
-        Some(self.left_at(now).saturating_sub(self.total / 6)).filter(|d| !d.is_zero())
-    }
-
-    pub fn unit_bound(&self) -> Option<Duration> {
-        self.unit_bound_at(Instant::now())
-    }
-}
-
-/// SD-DRN-6: preparation (the owner's close) gets at most 4/5 of a unit's bound;
-/// activation uses the rest, up to the same unit deadline.
-pub fn prepare_bound(unit: Duration) -> Duration {
-    unit * 4 / 5
-}
-
-/// What happened to one stream.
-#[derive(Clone, Debug, Serialize)]
-pub struct Moved {
-    pub stream: String,
-    pub moved: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub to: Option<String>,
-    /// The committed end the stream closed at on its former owner.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub closed_at: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl Moved {
-    /// Not moved (yet) toward `to`, without an error.
-    fn toward(stream: &str, to: &NodeId, closed_at: Option<u64>) -> Self {
-        Self {
-            stream: stream.to_string(),
-            moved: false,
-            to: Some(to.to_string()),
-            closed_at,
-            error: None,
-        }
-    }
-
-    fn failed(stream: &str, error: impl Into<String>) -> Self {
-        Self {
-            stream: stream.to_string(),
-            moved: false,
-            to: None,
-            closed_at: None,
-            error: Some(error.into()),
-        }
-    }
-}
-
-/// A drain's report: every stream it tried, in order, and whether it finished.
-#[derive(Clone, Debug, Serialize)]
-pub struct Report {
-    pub node: String,
-    /// The metad replica that ran the drain (OBS-10).
-    pub leader: String,
-    pub reason: Reason,
-    pub cordoned: bool,
-    pub streams: Vec<Moved>,
-    /// True when every stream the node owned was tried and moved.
-    pub finished: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// True when the budget ended before every stream was tried.
-    pub timed_out: bool,
-}
-
-/// Who asked for a drain.
-#[derive(Clone, Debug)]
-pub enum Requester {
-    /// An operator names the node; its cordon is an operator cordon.
-    Operator(NodeId),
-    /// A stopping node drains itself (`stopping_node_drain`, SD-DRN-10).
-    Stopping(Incarnation),
-}
 
 /// Runs transfers on this replica while it leads.
 #[derive(Clone)]
-pub struct Coordinator {
+pub struct TransferRunner {
     raft: Raft,
     hub: Arc<ViewHub>,
     id: u64,
 }
 
-/// The streams `owner` holds open, in canonical order: topics by (name, partition),
-/// then HTTP streams by name (SD-DRN-1).
-fn owned_streams(state: &State, owner: &Incarnation) -> Vec<(StreamId, String)> {
-    let mut owned: Vec<&StreamRow> = state
-        .streams
-        .values()
-        .filter(|s| s.state == StreamState::Open && s.owner.as_ref() == Some(owner))
-        .collect();
-    owned.sort_by(|a, b| {
-        let key = |s: &StreamRow| {
-            (
-                s.topic.is_none(),
-                s.topic.clone().unwrap_or_default(),
-                s.partition,
-                s.name.clone(),
-            )
-        };
-        key(a).cmp(&key(b))
-    });
-    owned.into_iter().map(|s| (s.id, s.name.clone())).collect()
-}
-
-/// The least loaded node that may receive a stream, other than `source`.
-pub fn choose_destination(state: &State, source: &NodeId) -> Option<NodeId> {
-    let load = streams_per_owner(&state.streams);
-    state
-        .nodes
-        .values()
-        .filter(|n| n.kind == NodeKind::Streamd && &n.id != source && check_destination(state, &n.id).is_ok())
-        .min_by_key(|n| (load.get(&n.id).copied().unwrap_or(0), n.id.clone()))
-        .map(|n| n.id.clone())
-}
-
-impl Coordinator {
+impl TransferRunner {
     pub fn new(raft: Raft, hub: Arc<ViewHub>, id: u64) -> Self {
         Self { raft, hub, id }
     }
@@ -265,7 +115,7 @@ impl Coordinator {
             )));
         }
         let owner = source.incarnation();
-        tracing::info!(node_id = %node, epoch = %owner.epoch, reason = reason.label(), log_index = index, budget = ?budget.total, "drain started; node cordoned");
+        tracing::info!(node_id = %node, epoch = %owner.epoch, reason = reason.label(), log_index = index, budget = ?budget.total(), "drain started; node cordoned");
         let mut report = Report {
             node: node.to_string(),
             leader: format!("metad-{}", self.id),
@@ -276,8 +126,8 @@ impl Coordinator {
             error: None,
             timed_out: false,
         };
-        let planned = self.hub.with_state(|s| owned_streams(s, &owner));
-        for (stream, name) in planned {
+        let mut plan = self.hub.with_state(|s| DrainPlan::new(s, owner.clone()));
+        loop {
             if !self.leading() {
                 let msg = if reason == Reason::Shutdown {
                     "stopping-node drain lost leadership; remaining work needs the next leader"
@@ -287,32 +137,28 @@ impl Coordinator {
                 tracing::warn!(node_id = %node, moved = report.streams.iter().filter(|m| m.moved).count(), report = %serde_json::to_string(&report).unwrap_or_default(), "{msg}");
                 return Err(Status::unavailable(msg));
             }
-            // SD-TRM-8: the source's restart or loss invalidates the plan.
-            let same_source = self.hub.with_state(|s| {
-                s.nodes
-                    .get(&node)
-                    .is_some_and(|n| n.epoch == owner.epoch && n.is_live())
-            });
-            if !same_source {
-                report.error = Some(format!(
-                    "node '{node}' restarted or was fenced during the drain; the plan was dropped"
-                ));
-                break;
+            let step = self
+                .hub
+                .with_state(|s| next_step(s, &mut plan, &budget, std::time::Instant::now()));
+            match step {
+                Step::Move {
+                    stream,
+                    name,
+                    target,
+                    unit,
+                } => {
+                    let moved = self.move_stream(stream, &name, &owner, &target, unit, reason).await;
+                    report.streams.push(moved);
+                }
+                Step::Done => break,
+                Step::Stop(stopped) => {
+                    report.timed_out = stopped == Stopped::BudgetSpent;
+                    report.error = Some(stopped.message(&node));
+                    break;
+                }
             }
-            let Some(unit) = budget.unit_bound() else {
-                report.error = Some("the drain budget is spent; the remaining streams were not tried".into());
-                report.timed_out = true;
-                break;
-            };
-            let target = self.hub.with_state(|s| choose_destination(s, &node));
-            let Some(target) = target else {
-                report.error = Some("no live schedulable replacement node remains".into());
-                break;
-            };
-            let moved = self.move_stream(stream, &name, &owner, &target, unit, reason).await;
-            report.streams.push(moved);
         }
-        let untried = self.hub.with_state(|s| owned_streams(s, &owner)).len();
+        let untried = self.hub.with_state(|s| owned_streams(s, &owner).len());
         report.finished = report.error.is_none() && untried == 0 && report.streams.iter().all(|m| m.moved);
         let moved = report.streams.iter().filter(|m| m.moved).count();
         let failed = report.streams.len() - moved;
@@ -342,7 +188,7 @@ impl Coordinator {
         // SD-TRM-6: the destination's checks, in order, come first.
         self.hub
             .with_state(|s| check_destination(s, target).map(|_| ()))
-            .map_err(status_of)?;
+            .map_err(|r| ErrorCode::from(r.code).status(r.message))?;
         let owner = match (&row.owner, row.state) {
             (Some(owner), StreamState::Open) => owner.clone(),
             _ => {
@@ -360,7 +206,7 @@ impl Coordinator {
             return Ok(Moved::toward(stream, target, None));
         }
         let unit = budget
-            .unit_bound()
+            .unit_bound_at(std::time::Instant::now())
             .ok_or_else(|| Status::invalid_argument("the budget is too small for a transfer"))?;
         Ok(self
             .move_stream(row.id, stream, &owner, target, unit, Reason::Transfer)
@@ -470,7 +316,7 @@ impl Coordinator {
     /// Asks the owner to close the stream within `bound`; its committed end.
     async fn prepare(&self, name: &str, addr: &str, bound: Duration) -> Result<u64, String> {
         weir_shared::failpoint::pause("transfer_prepare").await;
-        let channel = crate::network::channel(addr).map_err(|e| format!("owner address '{addr}': {e}"))?;
+        let channel = weir_shared::grpc::channel(addr).map_err(|e| format!("owner address '{addr}': {e}"))?;
         let reply = StreamdClient::new(channel)
             .close_stream(CloseStreamRequest {
                 stream: name.to_string(),
@@ -490,40 +336,9 @@ impl Coordinator {
     }
 }
 
-/// A rejection as the gRPC status its caller reacts to.
-fn status_of(r: Rejection) -> Status {
-    match r.code {
-        RejectCode::NotFound | RejectCode::UnknownNode => Status::not_found(r.message),
-        RejectCode::InvalidArgument => Status::invalid_argument(r.message),
-        _ => Status::failed_precondition(r.message),
-    }
-}
-
 fn owned_by(state: &State, stream: StreamId, owner: &Incarnation) -> bool {
     state
         .streams
         .get(&stream)
         .is_some_and(|r| r.state == StreamState::Open && r.owner.as_ref() == Some(owner))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// SD-DRN-6: with a 30 s budget, a unit is bounded by 30 − 5 = 25 s and its
-    /// preparation by 4/5 of that, 20 s; later units get what is left less the reserve.
-    #[test]
-    fn unit_bounds_follow_the_budget() {
-        let budget = Budget::new(Duration::from_secs(30));
-        let start = budget.start;
-        let unit = budget.unit_bound_at(start).unwrap();
-        assert_eq!(unit, Duration::from_secs(25));
-        assert_eq!(prepare_bound(unit), Duration::from_secs(20));
-        assert_eq!(
-            budget.unit_bound_at(start + Duration::from_secs(10)),
-            Some(Duration::from_secs(15))
-        );
-        assert_eq!(budget.unit_bound_at(start + Duration::from_secs(25)), None);
-        assert_eq!(budget.unit_bound_at(start + Duration::from_secs(40)), None);
-    }
 }

@@ -1,6 +1,5 @@
-//! A node's mirror of the metadata state (streamd, gatewayd), followed through metad's watch API,
-//! and the catch-up fence that admits the node only once it has applied through a
-//! linearizable read index (RR-FEN-1, RR-FEN-3, RR-FEN-5).
+//! A node's mirror of the metadata state (streamd, gatewayd), followed through metad's
+//! watch API: a snapshot, then the delta of every applied entry in index order.
 
 use crate::client::MetadClient;
 use crate::model::{codec, Delta, State};
@@ -108,36 +107,5 @@ pub async fn follow(view: Arc<View>, metad: Arc<MetadClient>, cancel: Cancellati
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
-    }
-}
-
-/// RR-FEN-1, RR-FEN-5: retries a linearizable read every 0.5 s until one succeeds, then
-/// waits for the view to apply through its index. Returns the admitted index.
-pub async fn catch_up(view: &View, metad: &MetadClient, cancel: &CancellationToken) -> Option<u64> {
-    let mut warned = false;
-    loop {
-        match metad.linearizable_read().await {
-            Ok(index) => {
-                tokio::select! {
-                    _ = cancel.cancelled() => return None,
-                    _ = view.wait_applied(index) => {}
-                }
-                tracing::info!(
-                    committed_log_index = index,
-                    "runtime execution admitted after linearizable consensus catch-up"
-                );
-                return Some(index);
-            }
-            Err(e) => {
-                if !warned {
-                    tracing::warn!(error = %e, "runtime execution is waiting for linearizable consensus catch-up");
-                    warned = true;
-                }
-            }
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return None,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-        }
     }
 }

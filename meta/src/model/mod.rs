@@ -3,11 +3,13 @@
 pub mod apply;
 pub mod codec;
 pub mod command;
+pub mod names;
 pub mod rows;
 pub mod state;
 
 pub use apply::check_destination;
 pub use command::{Applied, Command, CommitRange, Outcome, Proposal, Proposer, RejectCode, Rejection};
+pub use names::validate_name;
 pub use rows::*;
 pub use state::{Change, Delta, Row, RowKey, State};
 

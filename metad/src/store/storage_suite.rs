@@ -1,8 +1,8 @@
 //! openraft's storage test suite run against the RocksDB log and state machine.
 
+use super::{open_db, LogStore, StateMachineStore};
+use crate::raft_types::{StorageError, TypeConfig};
 use openraft::testing::{StoreBuilder, Suite};
-use weir_metad::raft_types::{StorageError, TypeConfig};
-use weir_metad::store::{open_db, LogStore, StateMachineStore};
 
 struct RocksBuilder;
 

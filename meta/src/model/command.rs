@@ -273,5 +273,23 @@ impl Rejection {
     }
 }
 
+impl From<RejectCode> for weir_shared::error_code::ErrorCode {
+    /// The one mapping of a refusal to the system's error codes; HTTP, gRPC and Kafka
+    /// answers follow from the code.
+    fn from(code: RejectCode) -> Self {
+        use weir_shared::error_code::ErrorCode as E;
+        match code {
+            // An incarnation the log fenced, replaced or does not know must stop.
+            RejectCode::Fenced | RejectCode::Superseded | RejectCode::UnknownNode => E::Fenced,
+            RejectCode::NotFound => E::NotFound,
+            RejectCode::AlreadyExists => E::AlreadyExists,
+            RejectCode::Conflict => E::Conflict,
+            RejectCode::NotOwner => E::NotOwner,
+            RejectCode::InvalidArgument => E::InvalidArgument,
+            RejectCode::NotReady => E::Unavailable,
+        }
+    }
+}
+
 /// The result of applying one command.
 pub type Outcome = Result<Applied, Rejection>;

@@ -1,0 +1,382 @@
+//! The pure decisions of planned transfers and drain node (SD-DRN-1…13): which streams a
+//! node holds in canonical order, where each goes, how much of the budget each unit
+//! gets, and what a drain does next. metad's transfer runner does the IO.
+
+use crate::model::rows::{streams_per_owner, NodeKind, StreamRow, StreamState};
+use crate::model::{check_destination, State};
+use serde::Serialize;
+use std::time::{Duration, Instant};
+use weir_shared::ids::{Incarnation, NodeId, StreamId};
+
+/// What a transfer is for; a label of `metad_transfers_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// An operator's drain node.
+    Drain,
+    /// A stopping node's drain of itself.
+    Shutdown,
+    /// An operator's transfer of one stream.
+    Transfer,
+}
+
+impl Reason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::Drain => "drain",
+            Reason::Shutdown => "shutdown",
+            Reason::Transfer => "transfer",
+        }
+    }
+}
+
+/// A request's time budget, from its arrival.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    start: Instant,
+    total: Duration,
+}
+
+impl Budget {
+    pub fn new(total: Duration, start: Instant) -> Self {
+        Self { start, total }
+    }
+
+    pub fn total(&self) -> Duration {
+        self.total
+    }
+
+    fn left_at(&self, now: Instant) -> Duration {
+        self.total.saturating_sub(now.saturating_duration_since(self.start))
+    }
+
+    /// SD-DRN-6: one unit's bound is the time left less 1/6 of the initial budget
+    /// (kept for what follows the moves); none when nothing is left for another unit.
+    pub fn unit_bound_at(&self, now: Instant) -> Option<Duration> {
+        Some(self.left_at(now).saturating_sub(self.total / 6)).filter(|d| !d.is_zero())
+    }
+}
+
+/// SD-DRN-6: preparation (the owner's close) gets at most 4/5 of a unit's bound;
+/// activation uses the rest, up to the same unit deadline.
+pub fn prepare_bound(unit: Duration) -> Duration {
+    unit * 4 / 5
+}
+
+/// What happened to one stream.
+#[derive(Clone, Debug, Serialize)]
+pub struct Moved {
+    pub stream: String,
+    pub moved: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The committed end the stream closed at on its former owner.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closed_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Moved {
+    /// Not moved (yet) toward `to`, without an error.
+    pub fn toward(stream: &str, to: &NodeId, closed_at: Option<u64>) -> Self {
+        Self {
+            stream: stream.to_string(),
+            moved: false,
+            to: Some(to.to_string()),
+            closed_at,
+            error: None,
+        }
+    }
+
+    pub fn failed(stream: &str, error: impl Into<String>) -> Self {
+        Self {
+            stream: stream.to_string(),
+            moved: false,
+            to: None,
+            closed_at: None,
+            error: Some(error.into()),
+        }
+    }
+}
+
+/// A drain's report: every stream it tried, in order, and whether it finished.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub node: String,
+    /// The metad replica that ran the drain (OBS-10).
+    pub leader: String,
+    pub reason: Reason,
+    pub cordoned: bool,
+    pub streams: Vec<Moved>,
+    /// True when every stream the node owned was tried and moved.
+    pub finished: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// True when the budget ended before every stream was tried.
+    pub timed_out: bool,
+}
+
+/// Who asked for a drain.
+#[derive(Clone, Debug)]
+pub enum Requester {
+    /// An operator names the node; its cordon is an operator cordon.
+    Operator(NodeId),
+    /// A stopping node drains itself (`stopping_node_drain`, SD-DRN-10).
+    Stopping(Incarnation),
+}
+
+/// The streams `owner` holds open, in canonical order: topics by (name, partition),
+/// then HTTP streams by name (SD-DRN-1).
+pub fn owned_streams(state: &State, owner: &Incarnation) -> Vec<(StreamId, String)> {
+    let mut owned: Vec<&StreamRow> = state
+        .streams
+        .values()
+        .filter(|s| s.state == StreamState::Open && s.owner.as_ref() == Some(owner))
+        .collect();
+    owned.sort_by(|a, b| {
+        let key = |s: &StreamRow| {
+            (
+                s.topic.is_none(),
+                s.topic.clone().unwrap_or_default(),
+                s.partition,
+                s.name.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    owned.into_iter().map(|s| (s.id, s.name.clone())).collect()
+}
+
+/// The least loaded node that may receive a stream, other than `source`.
+pub fn choose_destination(state: &State, source: &NodeId) -> Option<NodeId> {
+    let load = streams_per_owner(&state.streams);
+    state
+        .nodes
+        .values()
+        .filter(|n| n.kind == NodeKind::Streamd && &n.id != source && check_destination(state, &n.id).is_ok())
+        .min_by_key(|n| (load.get(&n.id).copied().unwrap_or(0), n.id.clone()))
+        .map(|n| n.id.clone())
+}
+
+/// A drain in progress: the source incarnation and the streams still to try, in order.
+#[derive(Clone, Debug)]
+pub struct DrainPlan {
+    pub owner: Incarnation,
+    remaining: std::collections::VecDeque<(StreamId, String)>,
+}
+
+impl DrainPlan {
+    /// The plan for `owner`'s streams as `state` shows them.
+    pub fn new(state: &State, owner: Incarnation) -> Self {
+        let remaining = owned_streams(state, &owner).into();
+        Self { owner, remaining }
+    }
+}
+
+/// What a drain does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Move `stream` to `target`, within `unit`.
+    Move {
+        stream: StreamId,
+        name: String,
+        target: NodeId,
+        unit: Duration,
+    },
+    /// Every stream of the plan was tried.
+    Done,
+    /// The drain stops here; the remaining streams are not tried.
+    Stop(Stopped),
+}
+
+/// Why a drain stopped before trying every stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// SD-TRM-8: the source restarted or was fenced; the plan no longer holds.
+    SourceChanged,
+    /// SD-DRN-6: nothing is left of the budget for another unit.
+    BudgetSpent,
+    /// SD-DRN-13: no live schedulable node can take a stream.
+    NoDestination,
+}
+
+impl Stopped {
+    /// The report's account of the stop.
+    pub fn message(&self, node: &NodeId) -> String {
+        match self {
+            Stopped::SourceChanged => {
+                format!("node '{node}' restarted or was fenced during the drain; the plan was dropped")
+            }
+            Stopped::BudgetSpent => "the drain budget is spent; the remaining streams were not tried".into(),
+            Stopped::NoDestination => "no live schedulable replacement node remains".into(),
+        }
+    }
+}
+
+/// The drain's next step at `now`, taking it off the plan (SD-DRN-1, -6, -13, SD-TRM-8).
+pub fn next_step(state: &State, plan: &mut DrainPlan, budget: &Budget, now: Instant) -> Step {
+    let Some((stream, name)) = plan.remaining.front().cloned() else {
+        return Step::Done;
+    };
+    let owner = &plan.owner;
+    let same_source = state
+        .nodes
+        .get(&owner.node)
+        .is_some_and(|n| n.epoch == owner.epoch && n.is_live());
+    if !same_source {
+        return Step::Stop(Stopped::SourceChanged);
+    }
+    let Some(unit) = budget.unit_bound_at(now) else {
+        return Step::Stop(Stopped::BudgetSpent);
+    };
+    let Some(target) = choose_destination(state, &owner.node) else {
+        return Step::Stop(Stopped::NoDestination);
+    };
+    plan.remaining.pop_front();
+    Step::Move {
+        stream,
+        name,
+        target,
+        unit,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Applied, ClusterSettings, Command, CordonBy, NodeAddrs, Proposal, Proposer};
+
+    /// SD-DRN-6: with a 30 s budget, a unit is bounded by 30 − 5 = 25 s and its
+    /// preparation by 4/5 of that, 20 s; later units get what is left less the reserve.
+    #[test]
+    fn unit_bounds_follow_the_budget() {
+        let start = Instant::now();
+        let budget = Budget::new(Duration::from_secs(30), start);
+        let unit = budget.unit_bound_at(start).unwrap();
+        assert_eq!(unit, Duration::from_secs(25));
+        assert_eq!(prepare_bound(unit), Duration::from_secs(20));
+        assert_eq!(
+            budget.unit_bound_at(start + Duration::from_secs(10)),
+            Some(Duration::from_secs(15))
+        );
+        assert_eq!(budget.unit_bound_at(start + Duration::from_secs(25)), None);
+        assert_eq!(budget.unit_bound_at(start + Duration::from_secs(40)), None);
+    }
+
+    struct Log {
+        state: State,
+        index: u64,
+    }
+
+    impl Log {
+        fn op(&mut self, proposer: Proposer, command: Command) -> Applied {
+            self.index += 1;
+            let proposal = Proposal { proposer, command };
+            self.state.apply(self.index, &proposal).0.expect("applies")
+        }
+
+        fn operator(&mut self, command: Command) -> Applied {
+            self.op(Proposer::Operator { principal: "t".into() }, command)
+        }
+
+        fn register(&mut self, name: &str) -> Incarnation {
+            let Applied::Registered { epoch } = self.operator(Command::RegisterNode {
+                node: NodeId::new(name),
+                kind: NodeKind::Streamd,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            }) else {
+                panic!("registered")
+            };
+            Incarnation {
+                node: NodeId::new(name),
+                epoch,
+            }
+        }
+
+        /// A stream opened on `owner`.
+        fn open(&mut self, name: &str, owner: &Incarnation) {
+            let Applied::StreamCreated { stream } = self.operator(Command::CreateStream {
+                name: name.into(),
+                config: Default::default(),
+            }) else {
+                panic!("created")
+            };
+            self.operator(Command::PlaceStream {
+                stream,
+                node: owner.node.clone(),
+            });
+            self.op(Proposer::Node(owner.clone()), Command::OpenStream { stream });
+        }
+    }
+
+    fn cluster() -> (Log, Incarnation, Incarnation) {
+        let mut log = Log {
+            state: State::default(),
+            index: 0,
+        };
+        log.operator(Command::InitCluster {
+            settings: ClusterSettings {
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            },
+        });
+        let a = log.register("a");
+        let b = log.register("b");
+        for name in ["s2", "s1"] {
+            log.open(name, &a);
+        }
+        (log, a, b)
+    }
+
+    /// SD-DRN-1: streams in canonical order, each to a schedulable node, then done.
+    #[test]
+    fn a_drain_moves_each_stream_in_order_and_then_is_done() {
+        let (log, a, b) = cluster();
+        let start = Instant::now();
+        let budget = Budget::new(Duration::from_secs(60), start);
+        let mut plan = DrainPlan::new(&log.state, a);
+        let mut moved = Vec::new();
+        loop {
+            match next_step(&log.state, &mut plan, &budget, start) {
+                Step::Move { name, target, unit, .. } => {
+                    assert_eq!(target, b.node);
+                    assert_eq!(unit, Duration::from_secs(50));
+                    moved.push(name);
+                }
+                Step::Done => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(moved, ["s1", "s2"]);
+    }
+
+    /// SD-DRN-6, SD-DRN-13, SD-TRM-8: the drain stops when the budget is spent, when no
+    /// node can take a stream, or when the source is no longer the incarnation planned.
+    #[test]
+    fn a_drain_stops_for_budget_destination_or_source() {
+        let (mut log, a, b) = cluster();
+        let start = Instant::now();
+        let budget = Budget::new(Duration::from_secs(60), start);
+        let mut plan = DrainPlan::new(&log.state, a.clone());
+        assert_eq!(
+            next_step(&log.state, &mut plan, &budget, start + Duration::from_secs(50)),
+            Step::Stop(Stopped::BudgetSpent)
+        );
+        log.operator(Command::Cordon {
+            node: b.node.clone(),
+            by: CordonBy::Operator,
+        });
+        assert_eq!(
+            next_step(&log.state, &mut plan, &budget, start),
+            Step::Stop(Stopped::NoDestination)
+        );
+        log.register("a");
+        assert_eq!(
+            next_step(&log.state, &mut plan, &budget, start),
+            Step::Stop(Stopped::SourceChanged)
+        );
+    }
+}

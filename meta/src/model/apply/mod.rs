@@ -1,0 +1,215 @@
+//! The apply rules: a pure, deterministic function from (state, index, proposal)
+//! to (outcome, changed rows). Every replica runs it and so reaches the same state.
+//! A rejected command changes nothing: each rule validates before it mutates.
+
+use super::command::{Command, Outcome, Proposal, Proposer, RejectCode, Rejection};
+use super::rows::*;
+use super::state::{Change, RowKey, State};
+use std::collections::BTreeSet;
+use weir_shared::ids::{Incarnation, NodeId, StreamEpoch, StreamId};
+
+mod leases;
+mod nodes;
+mod objects;
+mod streams;
+mod takeover;
+mod tokens;
+mod topics;
+mod transfer;
+
+use super::names::validate_name;
+pub use transfer::check_destination;
+
+/// Most partitions one topic may have.
+pub const MAX_PARTITIONS: u32 = 10_000;
+/// Most producer ids one allocation may take.
+pub const MAX_PRODUCER_ID_BLOCK: u32 = 10_000;
+
+fn reject(code: RejectCode, message: impl Into<String>) -> Rejection {
+    Rejection::new(code, message)
+}
+
+/// A command made at `stream_epoch` applies only while the stream is still at it.
+fn at_epoch(stream: &StreamRow, stream_epoch: StreamEpoch) -> Result<(), Rejection> {
+    if stream.epoch != stream_epoch {
+        return Err(reject(
+            RejectCode::NotOwner,
+            format!(
+                "stream '{}' is at epoch {}, not {stream_epoch}",
+                stream.name, stream.epoch
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl State {
+    /// Applies one proposal at `index`, returning its outcome and the rows it changed.
+    pub fn apply(&mut self, index: u64, proposal: &Proposal) -> (Outcome, Vec<Change>) {
+        let mut txn = Txn {
+            state: self,
+            index,
+            touched: BTreeSet::new(),
+        };
+        let outcome = txn.apply(&proposal.proposer, &proposal.command);
+        let touched = std::mem::take(&mut txn.touched);
+        debug_assert!(outcome.is_ok() || touched.is_empty(), "a rejection changed rows");
+        self.applied_index = index;
+        let changes = touched
+            .into_iter()
+            .map(|key| Change {
+                row: self.row(&key),
+                key,
+            })
+            .collect();
+        (outcome, changes)
+    }
+}
+
+/// One command's application: the state, the entry's index, and the rows touched.
+struct Txn<'a> {
+    state: &'a mut State,
+    index: u64,
+    touched: BTreeSet<RowKey>,
+}
+
+impl Txn<'_> {
+    fn apply(&mut self, proposer: &Proposer, command: &Command) -> Outcome {
+        match command {
+            Command::InitCluster { settings } => self.init_cluster(proposer, *settings),
+            Command::RegisterNode {
+                node,
+                kind,
+                addrs,
+                heartbeat_interval_sec,
+                node_timeout_sec,
+            } => self.register(node, *kind, addrs, *heartbeat_interval_sec, *node_timeout_sec),
+            Command::Heartbeat => self.heartbeat(proposer),
+            Command::FenceNode {
+                node,
+                epoch,
+                seen_heartbeats,
+            } => self.fence_node(proposer, node, *epoch, *seen_heartbeats),
+            Command::FenceSelf => self.fence_self(proposer),
+            Command::MarkTerminating => self.mark_terminating(proposer),
+            Command::Cordon { node, by } => self.cordon(proposer, node, *by),
+            Command::Uncordon { node, by } => self.uncordon(proposer, node, *by),
+            Command::CreateTopic {
+                name,
+                partitions,
+                config,
+            } => self.create_topic(proposer, name, *partitions, config),
+            Command::DeleteTopic { name } => self.delete_topic(proposer, name),
+            Command::CreatePartitions { name, partitions } => self.create_partitions(proposer, name, *partitions),
+            Command::CreateStream { name, config } => self.create_stream(proposer, name, config),
+            Command::DeleteStream { name } => self.delete_stream(proposer, name),
+            Command::DestroyStream { stream } => self.destroy_stream(proposer, *stream),
+            Command::PlaceStream { stream, node } => self.place_stream(proposer, *stream, node),
+            Command::BeginTransfer {
+                stream,
+                stream_epoch,
+                target,
+            } => self.begin_transfer(proposer, *stream, *stream_epoch, target),
+            Command::CancelTransfer { stream, stream_epoch } => self.cancel_transfer(proposer, *stream, *stream_epoch),
+            Command::OpenStream { stream } => self.open_stream(proposer, *stream),
+            Command::CloseStream { stream, stream_epoch } => self.close_stream(proposer, *stream, *stream_epoch),
+            Command::CommitObjects { key, size, ranges } => self.commit_objects(proposer, key, *size, ranges),
+            Command::AcquireLease { name, expected } => self.acquire_lease(proposer, name, expected.as_ref()),
+            Command::RenewLease { name } => self.renew_lease(proposer, name),
+            Command::IssueToken {
+                name,
+                secret_sha256,
+                scopes,
+            } => self.issue_token(proposer, name, secret_sha256, scopes),
+            Command::RevokeToken { name } => self.revoke_token(proposer, name),
+            Command::AllocateProducerIds { count } => self.allocate_producer_ids(proposer, *count),
+            Command::BeginTakeover { node, epoch, agent } => self.begin_takeover(proposer, node, *epoch, agent),
+            Command::CompleteTakeover { node, epoch } => self.complete_takeover(proposer, node, *epoch),
+        }
+    }
+
+    // ---- proposer checks ----
+
+    /// A node proposer must be registered at its current epoch and not fenced
+    /// (FO-FEN-4, FO-FEN-5, INV-5).
+    fn live_node(&self, who: &Incarnation) -> Result<&NodeRow, Rejection> {
+        let row = self.state.nodes.get(&who.node).ok_or_else(|| {
+            reject(
+                RejectCode::UnknownNode,
+                format!("node '{}' is not registered", who.node),
+            )
+        })?;
+        if row.epoch != who.epoch {
+            return Err(reject(
+                RejectCode::Superseded,
+                format!(
+                    "node '{}' epoch {} was replaced by epoch {}",
+                    who.node, who.epoch, row.epoch
+                ),
+            ));
+        }
+        if row.fenced {
+            return Err(reject(
+                RejectCode::Fenced,
+                format!("node '{}' epoch {} is fenced", who.node, who.epoch),
+            ));
+        }
+        Ok(row)
+    }
+
+    /// Commands any operator or live node may propose.
+    fn privileged(&self, proposer: &Proposer) -> Result<(), Rejection> {
+        match proposer {
+            Proposer::Operator { .. } => Ok(()),
+            Proposer::Node(who) => self.live_node(who).map(|_| ()),
+        }
+    }
+
+    fn node_proposer<'p>(&self, proposer: &'p Proposer) -> Result<&'p Incarnation, Rejection> {
+        match proposer {
+            Proposer::Node(who) => {
+                self.live_node(who)?;
+                Ok(who)
+            }
+            Proposer::Operator { principal } => Err(reject(
+                RejectCode::InvalidArgument,
+                format!("only a node may propose this command, not operator '{principal}'"),
+            )),
+        }
+    }
+
+    /// Whether `(node, epoch)` is the live current incarnation of its node.
+    fn incarnation_live(&self, who: &Incarnation) -> bool {
+        self.live_node(who).is_ok()
+    }
+
+    fn touch(&mut self, key: RowKey) {
+        self.touched.insert(key);
+    }
+
+    fn stream(&self, id: StreamId) -> Result<&StreamRow, Rejection> {
+        self.state
+            .streams
+            .get(&id)
+            .ok_or_else(|| reject(RejectCode::NotFound, format!("stream {id} does not exist")))
+    }
+
+    /// The stream's row if it is in `state`; otherwise a conflict saying `rule`.
+    fn stream_in(&self, id: StreamId, state: StreamState, rule: &str) -> Result<&StreamRow, Rejection> {
+        let stream = self.stream(id)?;
+        if stream.state != state {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!("stream '{}' is {:?}; {rule}", stream.name, stream.state),
+            ));
+        }
+        Ok(stream)
+    }
+
+    fn node_row(&self, node: &NodeId) -> Result<&NodeRow, Rejection> {
+        self.state
+            .nodes
+            .get(node)
+            .ok_or_else(|| reject(RejectCode::NotFound, format!("node '{node}' is not registered")))
+    }
+}

@@ -1,0 +1,198 @@
+//! Nodes: cluster settings, registration at a new epoch, heartbeats, fencing, the
+//! terminating mark and cordons (FO-LIV, FO-FEN, SD-CRD, D-4).
+
+use super::{reject, validate_name, Txn};
+use crate::model::command::{Applied, Outcome, Proposer, RejectCode, Rejection};
+use crate::model::rows::*;
+use crate::model::state::RowKey;
+use weir_shared::ids::{Epoch, NodeId};
+
+impl Txn<'_> {
+    pub(super) fn init_cluster(&mut self, proposer: &Proposer, settings: ClusterSettings) -> Outcome {
+        self.privileged(proposer)?;
+        if let Err(e) =
+            weir_shared::config::check_heartbeat_timing(settings.heartbeat_interval_sec, settings.node_timeout_sec)
+        {
+            return Err(reject(RejectCode::InvalidArgument, e.message));
+        }
+        match self.state.settings {
+            Some(current) if current == settings => Ok(Applied::Done),
+            Some(current) => Err(reject(
+                RejectCode::Conflict,
+                format!(
+                    "cluster already initialized with --heartbeat-interval-sec {} and --node-timeout-sec {}",
+                    current.heartbeat_interval_sec, current.node_timeout_sec
+                ),
+            )),
+            None => {
+                self.state.settings = Some(settings);
+                self.touch(RowKey::Settings);
+                Ok(Applied::Done)
+            }
+        }
+    }
+
+    pub(super) fn register(
+        &mut self,
+        node: &NodeId,
+        kind: NodeKind,
+        addrs: &NodeAddrs,
+        heartbeat_interval_sec: u64,
+        node_timeout_sec: u64,
+    ) -> Outcome {
+        validate_name("node", node.as_str())?;
+        let Some(settings) = self.state.settings else {
+            return Err(reject(RejectCode::NotReady, "cluster settings are not initialized yet"));
+        };
+        // FO-LIV-14: one clock for the whole cluster.
+        if settings.heartbeat_interval_sec != heartbeat_interval_sec || settings.node_timeout_sec != node_timeout_sec {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                format!(
+                    "node '{node}' runs --heartbeat-interval-sec {heartbeat_interval_sec} and --node-timeout-sec {node_timeout_sec}, \
+                     but the cluster runs --heartbeat-interval-sec {} and --node-timeout-sec {}",
+                    settings.heartbeat_interval_sec, settings.node_timeout_sec
+                ),
+            ));
+        }
+        let previous = self.state.nodes.get(node);
+        if let Some(prev) = previous {
+            if prev.kind != kind {
+                return Err(reject(
+                    RejectCode::Conflict,
+                    format!("node id '{node}' is registered as {:?}, not {kind:?}", prev.kind),
+                ));
+            }
+        }
+        // FO-LIV-10: strictly above every earlier epoch of this id.
+        let epoch = previous.map_or(Epoch(1), |p| p.epoch.next());
+        let row = NodeRow {
+            id: node.clone(),
+            kind,
+            epoch,
+            addrs: addrs.clone(),
+            heartbeats: 0,
+            registered_index: self.index,
+            last_heartbeat_index: self.index,
+            fenced: false,
+            fenced_index: None,
+            // An operator's cordon survives restarts; so does a drain's until it releases it.
+            cordon: previous.and_then(|p| p.cordon),
+            terminating: false,
+        };
+        self.state.nodes.insert(node.clone(), row);
+        self.touch(RowKey::Node(node.clone()));
+        Ok(Applied::Registered { epoch })
+    }
+
+    pub(super) fn heartbeat(&mut self, proposer: &Proposer) -> Outcome {
+        let who = self.node_proposer(proposer)?.clone();
+        let index = self.index;
+        let row = self.state.nodes.get_mut(&who.node).expect("checked live");
+        row.heartbeats += 1;
+        row.last_heartbeat_index = index;
+        self.touch(RowKey::Node(who.node));
+        Ok(Applied::Done)
+    }
+
+    /// FO-FEN-1, FO-FEN-2, INV-4: applies only on an exact match of an unfenced row.
+    pub(super) fn fence_node(
+        &mut self,
+        proposer: &Proposer,
+        node: &NodeId,
+        epoch: Epoch,
+        seen_heartbeats: u64,
+    ) -> Outcome {
+        self.privileged(proposer)?;
+        let row = self.node_row(node)?;
+        if row.epoch != epoch || row.heartbeats != seen_heartbeats || row.fenced {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!(
+                    "node '{node}' is at epoch {} with {} heartbeats (fenced: {}), not epoch {epoch} with {seen_heartbeats}",
+                    row.epoch, row.heartbeats, row.fenced
+                ),
+            ));
+        }
+        self.set_fenced(node);
+        Ok(Applied::Done)
+    }
+
+    /// FO-FEN-3: unconditional on the count, but only for the current incarnation (FO-FEN-4).
+    pub(super) fn fence_self(&mut self, proposer: &Proposer) -> Outcome {
+        let who = self.node_proposer(proposer)?.clone();
+        self.set_fenced(&who.node);
+        Ok(Applied::Done)
+    }
+
+    pub(super) fn set_fenced(&mut self, node: &NodeId) {
+        let index = self.index;
+        let row = self.state.nodes.get_mut(node).expect("caller checked the row");
+        row.fenced = true;
+        row.fenced_index = Some(index);
+        self.touch(RowKey::Node(node.clone()));
+    }
+
+    pub(super) fn mark_terminating(&mut self, proposer: &Proposer) -> Outcome {
+        let who = self.node_proposer(proposer)?.clone();
+        let row = self.state.nodes.get_mut(&who.node).expect("checked live");
+        if !row.terminating {
+            row.terminating = true;
+            self.touch(RowKey::Node(who.node));
+        }
+        Ok(Applied::Done)
+    }
+
+    pub(super) fn cordon(&mut self, proposer: &Proposer, node: &NodeId, by: CordonBy) -> Outcome {
+        self.check_cordon_proposer(proposer, node, by)?;
+        let row = self.node_row(node)?;
+        match (row.cordon, by) {
+            // Already cordoned: an operator's cordon is remembered, never downgraded.
+            (Some(CordonBy::Operator), _) | (Some(CordonBy::Drain), CordonBy::Drain) => Ok(Applied::Done),
+            _ => {
+                self.state.nodes.get_mut(node).expect("checked").cordon = Some(by);
+                self.touch(RowKey::Node(node.clone()));
+                Ok(Applied::Done)
+            }
+        }
+    }
+
+    pub(super) fn uncordon(&mut self, proposer: &Proposer, node: &NodeId, by: CordonBy) -> Outcome {
+        self.check_cordon_proposer(proposer, node, by)?;
+        let row = self.node_row(node)?;
+        match (row.cordon, by) {
+            // A drain releases only the cordon it set (SD-REL).
+            (Some(CordonBy::Operator), CordonBy::Drain) | (None, _) => Ok(Applied::Done),
+            _ => {
+                self.state.nodes.get_mut(node).expect("checked").cordon = None;
+                self.touch(RowKey::Node(node.clone()));
+                Ok(Applied::Done)
+            }
+        }
+    }
+
+    /// Operators cordon any node; a node sets or releases only its own drain cordon (SD-DRN-10).
+    pub(super) fn check_cordon_proposer(
+        &self,
+        proposer: &Proposer,
+        node: &NodeId,
+        by: CordonBy,
+    ) -> Result<(), Rejection> {
+        match (proposer, by) {
+            (Proposer::Operator { .. }, CordonBy::Operator) => Ok(()),
+            (Proposer::Node(who), CordonBy::Drain) if &who.node == node => self.live_node(who).map(|_| ()),
+            (Proposer::Node(who), CordonBy::Drain) => Err(reject(
+                RejectCode::InvalidArgument,
+                format!("node '{}' may drain only itself, not '{node}'", who.node),
+            )),
+            (_, CordonBy::Operator) => Err(reject(
+                RejectCode::InvalidArgument,
+                "only an operator sets or clears an operator cordon",
+            )),
+            (Proposer::Operator { .. }, CordonBy::Drain) => Err(reject(
+                RejectCode::InvalidArgument,
+                "a drain cordon is set only by the draining node",
+            )),
+        }
+    }
+}

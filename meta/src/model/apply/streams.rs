@@ -1,0 +1,221 @@
+//! Streams: creation, deletion and destruction, and their ownership cycle: placed on a
+//! node, opened at the next stream epoch (INV-6), closed by the owner (or, once its WAL
+//! is recovered, for a dead owner), possibly handing it to a planned transfer's target.
+
+use super::transfer::check_destination;
+use super::{at_epoch, reject, validate_name, Txn};
+use crate::model::command::{Applied, Outcome, Proposer, RejectCode};
+use crate::model::rows::*;
+use crate::model::state::{Row, RowKey};
+use weir_shared::ids::{NodeId, ObjectKey, Offset, StreamEpoch, StreamId};
+
+impl Txn<'_> {
+    pub(super) fn new_stream(&mut self, name: String, topic: Option<(&str, u32)>, config: &StreamConfig) -> StreamId {
+        let id = StreamId(self.state.counters.next_stream_id);
+        self.state.counters.next_stream_id += 1;
+        self.touch(RowKey::Counters);
+        let row = StreamRow {
+            id,
+            name,
+            topic: topic.map(|(t, _)| t.to_string()),
+            partition: topic.map(|(_, p)| p),
+            state: StreamState::Closed,
+            owner: None,
+            epoch: StreamEpoch(0),
+            transfer_target: None,
+            start_offset: Offset(0),
+            committed_end: Offset(0),
+            objects: Vec::new(),
+            config: config.clone(),
+        };
+        self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
+        self.touch(RowKey::Stream(id));
+        id
+    }
+
+    pub(super) fn mark_deleted(&mut self, id: StreamId) {
+        if let Some(mut row) = self.state.streams.get(&id).cloned() {
+            row.state = StreamState::Deleted;
+            row.transfer_target = None;
+            self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
+            self.touch(RowKey::Stream(id));
+        }
+    }
+
+    pub(super) fn create_stream(&mut self, proposer: &Proposer, name: &str, config: &StreamConfig) -> Outcome {
+        self.privileged(proposer)?;
+        validate_name("stream", name)?;
+        if self.state.stream_names.contains_key(name) {
+            return Err(reject(
+                RejectCode::AlreadyExists,
+                format!("stream '{name}' already exists"),
+            ));
+        }
+        let stream = self.new_stream(name.to_string(), None, config);
+        Ok(Applied::StreamCreated { stream })
+    }
+
+    pub(super) fn delete_stream(&mut self, proposer: &Proposer, name: &str) -> Outcome {
+        self.privileged(proposer)?;
+        let row = self
+            .state
+            .stream_by_name(name)
+            .ok_or_else(|| reject(RejectCode::NotFound, format!("stream '{name}' does not exist")))?;
+        if row.topic.is_some() {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                format!("stream '{name}' is a topic partition; delete the topic instead"),
+            ));
+        }
+        let id = row.id;
+        self.mark_deleted(id);
+        Ok(Applied::Done)
+    }
+
+    pub(super) fn destroy_stream(&mut self, proposer: &Proposer, id: StreamId) -> Outcome {
+        self.privileged(proposer)?;
+        let row = self.stream(id)?;
+        if row.state != StreamState::Deleted {
+            return Err(reject(RejectCode::Conflict, format!("stream {id} is not deleted")));
+        }
+        // A live owner destroys it itself once it has stopped serving it; anyone else waits.
+        if let Some(owner) = &row.owner {
+            let by_owner = matches!(proposer, Proposer::Node(who) if who == owner);
+            if self.incarnation_live(owner) && !by_owner {
+                return Err(reject(
+                    RejectCode::Conflict,
+                    format!("stream {id} is still held by live owner {owner}"),
+                ));
+            }
+        }
+        let keys: Vec<ObjectKey> = row.objects.iter().map(|o| o.key.clone()).collect();
+        for key in keys {
+            if let Some(obj) = self.state.objects.get_mut(&key) {
+                obj.streams.retain(|s| *s != id);
+                if obj.streams.is_empty() {
+                    self.state.objects.remove(&key);
+                }
+                self.touch(RowKey::Object(key));
+            }
+        }
+        self.state.set_row(&RowKey::Stream(id), None);
+        self.touch(RowKey::Stream(id));
+        Ok(Applied::Done)
+    }
+
+    pub(super) fn place_stream(&mut self, proposer: &Proposer, id: StreamId, node: &NodeId) -> Outcome {
+        self.privileged(proposer)?;
+        // The target's checks come first: a refusal names the first failing one (OBS-14).
+        let target = check_destination(self.state, node)?;
+        let stream = self.stream_in(id, StreamState::Closed, "only a closed stream is placed")?;
+        if let Some(owner) = &stream.owner {
+            if self.incarnation_live(owner) && &owner.node != node {
+                return Err(reject(
+                    RejectCode::Conflict,
+                    format!("stream '{}' is already placed on live {owner}", stream.name),
+                ));
+            }
+        }
+        let owner = target.incarnation();
+        let row = self.state.streams.get_mut(&id).expect("checked");
+        row.owner = Some(owner);
+        row.transfer_target = None;
+        self.touch(RowKey::Stream(id));
+        Ok(Applied::Done)
+    }
+
+    pub(super) fn open_stream(&mut self, proposer: &Proposer, id: StreamId) -> Outcome {
+        let who = self.node_proposer(proposer)?.clone();
+        let stream = self.stream(id)?;
+        if stream.owner.as_ref() != Some(&who) {
+            return Err(reject(
+                RejectCode::NotOwner,
+                format!("stream '{}' is not placed on {who}", stream.name),
+            ));
+        }
+        match stream.state {
+            // A retried open after an unknown outcome gets the same answer.
+            StreamState::Open => Ok(Applied::StreamOpened {
+                stream_epoch: stream.epoch,
+                committed_end: stream.committed_end,
+            }),
+            StreamState::Deleted => Err(reject(
+                RejectCode::NotFound,
+                format!("stream '{}' is deleted", stream.name),
+            )),
+            StreamState::Closed => {
+                let row = self.state.streams.get_mut(&id).expect("checked");
+                row.state = StreamState::Open;
+                row.epoch = row.epoch.next();
+                let applied = Applied::StreamOpened {
+                    stream_epoch: row.epoch,
+                    committed_end: row.committed_end,
+                };
+                self.touch(RowKey::Stream(id));
+                Ok(applied)
+            }
+        }
+    }
+
+    /// The owner closes its stream; another privileged proposer may close a dead
+    /// owner's open stream only once that owner's WAL takeover has recovered it.
+    pub(super) fn close_stream(&mut self, proposer: &Proposer, id: StreamId, stream_epoch: StreamEpoch) -> Outcome {
+        self.privileged(proposer)?;
+        let stream = self.stream(id)?;
+        at_epoch(stream, stream_epoch)?;
+        let owner = stream.owner.clone();
+        let by_owner = matches!(proposer, Proposer::Node(who) if Some(who) == owner.as_ref());
+        if !by_owner {
+            let Some(owner) = owner.as_ref() else {
+                return Err(reject(
+                    RejectCode::Conflict,
+                    format!("stream '{}' has no owner", stream.name),
+                ));
+            };
+            if self.incarnation_live(owner) {
+                return Err(reject(
+                    RejectCode::NotOwner,
+                    format!(
+                        "stream '{}' is owned by live {owner}; only it may close it",
+                        stream.name
+                    ),
+                ));
+            }
+            if stream.state == StreamState::Open {
+                let recovered = self
+                    .state
+                    .takeovers
+                    .get(&(owner.node.clone(), owner.epoch))
+                    .is_some_and(|t| t.state != TakeoverState::Pending);
+                if !recovered {
+                    return Err(reject(
+                        RejectCode::Conflict,
+                        format!(
+                            "stream '{}' is open on dead {owner} whose WAL is not recovered yet",
+                            stream.name
+                        ),
+                    ));
+                }
+            }
+        }
+        if stream.state == StreamState::Deleted {
+            return Err(reject(
+                RejectCode::NotFound,
+                format!("stream '{}' is deleted", stream.name),
+            ));
+        }
+        // A planned transfer (or one a takeover interrupted) completes to its target in
+        // this same entry, if the target can still take it; otherwise placement decides.
+        let handed_to = stream
+            .transfer_target
+            .as_ref()
+            .and_then(|t| check_destination(self.state, t).ok())
+            .map(NodeRow::incarnation);
+        let row = self.state.streams.get_mut(&id).expect("checked");
+        row.state = StreamState::Closed;
+        row.owner = handed_to;
+        row.transfer_target = None;
+        self.touch(RowKey::Stream(id));
+        Ok(Applied::Done)
+    }
+}

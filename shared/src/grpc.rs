@@ -1,0 +1,15 @@
+//! gRPC channels between Weir's services, built one way everywhere: lazy connection,
+//! bounded connect time, TCP_NODELAY and HTTP/2 keep-alives that notice a dead peer.
+
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+
+/// Builds a lazily connecting channel to `addr` (`host:port`).
+pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect_lazy())
+}
