@@ -3,15 +3,77 @@
 
 use crate::model::codec;
 use crate::model::command::{Command, Outcome, Proposal, Proposer};
+use crate::model::rows::ObjectRange;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tonic::transport::Channel;
 use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::metad_client::MetadClient as GrpcMetadClient;
 use weir_proto::metad::{
-    AdminReply, AdminRequest, DrainRequest, LinearizableReadRequest, ProposeRequest, TransferRequest, WatchEvent,
-    WatchRequest,
+    AdminReply, AdminRequest, DrainRequest, LinearizableReadRequest, ObjectsCommittedRequest, ProposeRequest, Range,
+    ReadRangesRequest, TransferRequest, WatchEvent, WatchRequest,
 };
+use weir_shared::grpc::MAX_MESSAGE;
+use weir_shared::ids::{ObjectKey, Offset, StreamId};
+
+/// Most ranges (or object keys) one index call carries.
+pub const MAX_PAGE: u32 = 1_000;
+
+/// How fresh an index read must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consistency {
+    /// Confirmed with a quorum by the leader: reflects every entry committed before the call.
+    Linearizable,
+    /// Whatever replica answers, once it has applied at least this index.
+    AtLeast(u64),
+}
+
+/// A page of a stream's ranges.
+#[derive(Clone, Debug, Default)]
+pub struct RangesPage {
+    pub ranges: Vec<ObjectRange>,
+    /// The answering replica's applied index when it read.
+    pub applied_index: u64,
+    /// More ranges follow in the direction read.
+    pub more: bool,
+}
+
+/// A range as the index API carries it.
+pub fn range_to_proto(r: &ObjectRange) -> Range {
+    Range {
+        object_key: r.key.0.clone(),
+        start: r.start.0,
+        end: r.end.0,
+        pos: r.pos,
+        len: r.len,
+        crc: r.crc,
+    }
+}
+
+pub fn range_from_proto(r: Range) -> ObjectRange {
+    ObjectRange {
+        key: ObjectKey(r.object_key),
+        start: Offset(r.start),
+        end: Offset(r.end),
+        pos: r.pos,
+        len: r.len,
+        crc: r.crc,
+    }
+}
+
+/// The client API's stub on `ch`, with the message limits of this API.
+fn metad_stub(ch: Channel) -> GrpcMetadClient<Channel> {
+    GrpcMetadClient::new(ch)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
+}
+
+fn admin_stub(ch: Channel) -> AdminClient<Channel> {
+    AdminClient::new(ch)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
+}
 use weir_shared::error_code::ErrorCode;
 use weir_shared::grpc::channel;
 
@@ -184,11 +246,7 @@ impl MetadClient {
         let reply = self
             .each_within(timeout, retry_unanswered, |ch| {
                 let bytes = bytes.clone();
-                async move {
-                    GrpcMetadClient::new(ch)
-                        .propose(ProposeRequest { command: bytes })
-                        .await
-                }
+                async move { metad_stub(ch).propose(ProposeRequest { command: bytes }).await }
             })
             .await?
             .into_inner();
@@ -199,11 +257,7 @@ impl MetadClient {
     /// An index the leader confirmed committed with a quorum.
     pub async fn linearizable_read(&self) -> Result<u64, ClientError> {
         let reply = self
-            .each(|ch| async move {
-                GrpcMetadClient::new(ch)
-                    .linearizable_read(LinearizableReadRequest {})
-                    .await
-            })
+            .each(|ch| async move { metad_stub(ch).linearizable_read(LinearizableReadRequest {}).await })
             .await?;
         Ok(reply.into_inner().committed_index)
     }
@@ -211,9 +265,65 @@ impl MetadClient {
     /// Opens a watch on some replica, resuming after `after_index` when given.
     pub async fn watch(&self, after_index: Option<u64>) -> Result<tonic::Streaming<WatchEvent>, ClientError> {
         let reply = self
-            .each(|ch| async move { GrpcMetadClient::new(ch).watch(WatchRequest { after_index }).await })
+            .each(|ch| async move { metad_stub(ch).watch(WatchRequest { after_index }).await })
             .await?;
         Ok(reply.into_inner())
+    }
+
+    /// A page of `stream`'s committed ranges from the object index: those holding
+    /// `offset` and after it, or (`reverse`) those ending at or before it, newest first.
+    pub async fn read_ranges(
+        &self,
+        stream: StreamId,
+        offset: Offset,
+        reverse: bool,
+        limit: u32,
+        consistency: Consistency,
+    ) -> Result<RangesPage, ClientError> {
+        let (linearizable, min_applied_index) = match consistency {
+            Consistency::Linearizable => (true, 0),
+            Consistency::AtLeast(i) => (false, i),
+        };
+        let request = ReadRangesRequest {
+            stream: stream.0,
+            offset: offset.0,
+            reverse,
+            limit: limit.min(MAX_PAGE),
+            linearizable,
+            min_applied_index,
+        };
+        let reply = self
+            .each(|ch| async move { metad_stub(ch).read_ranges(request).await })
+            .await?
+            .into_inner();
+        Ok(RangesPage {
+            ranges: reply.ranges.into_iter().map(range_from_proto).collect(),
+            applied_index: reply.applied_index,
+            more: reply.more,
+        })
+    }
+
+    /// Which of `keys` (at most [`MAX_PAGE`]) the object index holds, read linearizably:
+    /// an object not among them is not committed at any index up to the read's.
+    pub async fn objects_committed(&self, keys: &[ObjectKey]) -> Result<(BTreeSet<ObjectKey>, u64), ClientError> {
+        if keys.len() > MAX_PAGE as usize {
+            return Err(ClientError::Invalid(format!("at most {MAX_PAGE} keys per call")));
+        }
+        let request = ObjectsCommittedRequest {
+            keys: keys.iter().map(|k| k.0.clone()).collect(),
+            linearizable: true,
+        };
+        let reply = self
+            .each(|ch| {
+                let request = request.clone();
+                async move { metad_stub(ch).objects_committed(request).await }
+            })
+            .await?
+            .into_inner();
+        Ok((
+            reply.committed.into_iter().map(ObjectKey).collect(),
+            reply.applied_index,
+        ))
     }
 
     /// An admin query (`nodes`, `streams`, `log`, ...) answered by some replica.
@@ -222,7 +332,7 @@ impl MetadClient {
             .each(|ch| {
                 let what = what.to_string();
                 async move {
-                    AdminClient::new(ch)
+                    admin_stub(ch)
                         .query(AdminRequest {
                             what,
                             from_index,
@@ -241,7 +351,7 @@ impl MetadClient {
         let reply = self
             .each_within(wait, false, |ch| {
                 let request = request.clone();
-                async move { AdminClient::new(ch).drain(request).await }
+                async move { admin_stub(ch).drain(request).await }
             })
             .await?;
         json(reply.into_inner())
@@ -252,7 +362,7 @@ impl MetadClient {
         let reply = self
             .each_within(wait, false, |ch| {
                 let request = request.clone();
-                async move { AdminClient::new(ch).transfer(request).await }
+                async move { admin_stub(ch).transfer(request).await }
             })
             .await?;
         json(reply.into_inner())

@@ -273,7 +273,10 @@ mod tests {
         fn op(&mut self, proposer: Proposer, command: Command) -> Applied {
             self.index += 1;
             let proposal = Proposal { proposer, command };
-            self.state.apply(self.index, &proposal).0.expect("applies")
+            self.state
+                .apply(self.index, &proposal, &crate::model::MemIndex::default())
+                .outcome
+                .expect("applies")
         }
 
         fn operator(&mut self, command: Command) -> Applied {

@@ -184,7 +184,13 @@ mod tests {
 
         fn apply(&mut self, proposer: Proposer, command: Command) -> crate::model::Outcome {
             self.i += 1;
-            self.s.apply(self.i, &Proposal { proposer, command }).0
+            self.s
+                .apply(
+                    self.i,
+                    &Proposal { proposer, command },
+                    &crate::model::MemIndex::default(),
+                )
+                .outcome
         }
 
         fn register(&mut self, name: &str, kind: NodeKind) -> Incarnation {

@@ -47,7 +47,7 @@ pub fn section_json(state: &State, what: &str) -> Option<Value> {
     Some(match what {
         "nodes" => nodes_json(state),
         "state" => redacted,
-        "streams" | "topics" | "leases" | "tokens" | "takeovers" | "objects" => json!({
+        "streams" | "topics" | "leases" | "tokens" | "takeovers" => json!({
             "applied_index": state.applied_index,
             what: redacted.get(what).cloned().unwrap_or(Value::Null),
         }),

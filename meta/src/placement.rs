@@ -130,7 +130,7 @@ mod tests {
         fn plan_places_every_orphan_on_a_schedulable_node_evenly(nodes in 1usize..5, streams in 0usize..40, cordoned in 0usize..5, terminating in 0usize..5) {
             let mut s = State::default();
             let i = std::cell::Cell::new(0u64);
-            let next_by = |s: &mut State, p: Proposer, c: Command| { i.set(i.get() + 1); s.apply(i.get(), &Proposal { proposer: p, command: c }).0 };
+            let next_by = |s: &mut State, p: Proposer, c: Command| { i.set(i.get() + 1); s.apply(i.get(), &Proposal { proposer: p, command: c }, &crate::model::MemIndex::default()).outcome };
             let next = |s: &mut State, c: Command| next_by(s, op(), c);
             next(&mut s, Command::InitCluster { settings: ClusterSettings { heartbeat_interval_sec: 1, node_timeout_sec: 3 } }).unwrap();
             let mut incarnations = Vec::new();
@@ -189,8 +189,9 @@ mod tests {
                     proposer: p,
                     command: c,
                 },
+                &crate::model::MemIndex::default(),
             )
-            .0
+            .outcome
         };
         next(
             &mut s,
@@ -261,8 +262,9 @@ mod tests {
                     proposer: op(),
                     command,
                 },
+                &crate::model::MemIndex::default(),
             )
-            .0
+            .outcome
             .unwrap();
         }
         let start = Instant::now();

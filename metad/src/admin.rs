@@ -37,11 +37,40 @@ pub fn status_json(raft: &Raft) -> Value {
     })
 }
 
-/// The applied-command history from `from`, at most `limit` entries.
+/// Most bytes of entries one admin reply carries; the rest is paged (`next_index`).
+pub const MAX_REPLY_BYTES: usize = 8 << 20;
+
+/// The applied-command history from `from`, at most `limit` entries and
+/// [`MAX_REPLY_BYTES`]; `next_index` says where the next page starts, if any.
 pub fn log_json(sm: &StateMachineStore, from: u64, limit: u64) -> Result<Value, String> {
     let limit = limit.clamp(1, MAX_DUMP) as usize;
     let entries = sm.history(from, limit).map_err(|e| e.to_string())?;
-    Ok(json!({ "entries": entries }))
+    let mut bytes = 0;
+    let mut kept = Vec::new();
+    let mut next_index = None;
+    for entry in entries {
+        let value = serde_json::to_value(&entry).map_err(|e| e.to_string())?;
+        bytes += value.to_string().len();
+        if bytes > MAX_REPLY_BYTES && !kept.is_empty() {
+            next_index = Some(entry.index);
+            break;
+        }
+        kept.push(value);
+    }
+    Ok(json!({ "entries": kept, "next_index": next_index }))
+}
+
+/// The object index's size (design 0002): how many ranges and objects it holds.
+pub fn index_json(sm: &StateMachineStore) -> Value {
+    let (ranges, objects) = crate::store::index::counts(sm.db());
+    json!({ "applied_index": sm.hub().durable_index(), "ranges": ranges, "objects": objects })
+}
+
+/// Committed objects in key order, `skip` then at most `limit` (≤ 1,000).
+pub fn objects_json(sm: &StateMachineStore, skip: u64, limit: u64) -> Value {
+    let limit = limit.clamp(1, 1_000) as usize;
+    let objects = crate::store::index::objects(sm.db(), skip as usize, limit);
+    json!({ "applied_index": sm.hub().durable_index(), "objects": objects })
 }
 
 /// The admin gRPC service.
@@ -101,13 +130,15 @@ impl Admin for AdminService {
             "status" => status_json(&self.raft),
             "log" => log_json(&self.sm, req.from_index, if req.limit == 0 { 1000 } else { req.limit })
                 .map_err(Status::internal)?,
+            "index" => index_json(&self.sm),
+            "objects" => objects_json(&self.sm, req.from_index, if req.limit == 0 { 1000 } else { req.limit }),
             what => self
                 .sm
                 .hub()
                 .with_state(|s| section_json(s, what))
                 .ok_or_else(|| {
                     Status::invalid_argument(format!(
-                        "unknown query '{what}'; use status, nodes, streams, topics, leases, tokens, takeovers, objects, settings, state or log"
+                        "unknown query '{what}'; use status, nodes, streams, topics, leases, tokens, takeovers, settings, state, index, objects or log"
                     ))
                 })?,
         };

@@ -1,7 +1,7 @@
 //! Admin HTTP on each replica: `/livez`, `/readyz`, `/ready`, `/admin/nodes`,
 //! `/admin/metadata/log`, `/admin/state/{section}`, `/metrics`.
 
-use crate::admin::{log_json, status_json};
+use crate::admin::{index_json, log_json, status_json};
 use crate::leader::current_leader;
 use crate::raft_types::Raft;
 use crate::store::StateMachineStore;
@@ -31,6 +31,7 @@ pub fn router(raft: Raft, sm: StateMachineStore, node_id: u64) -> Router {
         .route("/admin/status", get(status))
         .route("/admin/metadata/log", get(log))
         .route("/admin/state/{section}", get(section))
+        .route("/admin/index", get(index))
         .route("/metrics", get(weir_shared::metrics::metrics_handler))
         .with_state(AdminState { raft, sm, node_id })
 }
@@ -98,6 +99,11 @@ async fn log(
         Ok(v) => Json(v).into_response(),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }
+}
+
+/// The object index's size (design 0002).
+async fn index(State(s): State<AdminState>) -> Response {
+    Json(index_json(&s.sm)).into_response()
 }
 
 async fn section(State(s): State<AdminState>, Path(what): Path<String>) -> Response {

@@ -3,7 +3,7 @@
 use crate::leader::{forwarded, leader_channel, mark_forwarded, PeerChannels};
 use crate::metrics::metrics;
 use crate::raft_types::Raft;
-use crate::store::{ViewHub, WatchItem};
+use crate::store::{StateMachineStore, ViewHub, WatchItem};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,20 +14,31 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
+use weir_meta::client::{range_to_proto, MAX_PAGE};
 use weir_meta::model::codec;
 use weir_meta::model::command::{Command, Outcome, Proposal, RejectCode, Rejection};
+use weir_meta::model::index::page;
 use weir_meta::model::CordonBy;
+use weir_meta::model::{IndexRead, Row};
 use weir_proto::metad::metad_client::MetadClient;
 use weir_proto::metad::metad_server::Metad;
 use weir_proto::metad::{
-    watch_event, LinearizableReadReply, LinearizableReadRequest, ProposeReply, ProposeRequest, WatchEvent, WatchRequest,
+    watch_event, LinearizableReadReply, LinearizableReadRequest, ObjectsCommittedReply, ObjectsCommittedRequest,
+    ProposeReply, ProposeRequest, ReadRangesReply, ReadRangesRequest, SnapshotBegin, SnapshotEnd, WatchEvent,
+    WatchRequest,
 };
 use weir_shared::failpoint;
+use weir_shared::ids::{ObjectKey, Offset, StreamId};
+
+/// Most encoded row bytes in one watch snapshot chunk.
+const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
 /// Serves the client API from one replica.
 pub struct ClientService {
     raft: Raft,
     hub: Arc<ViewHub>,
+    /// The state machine's store, for the object index.
+    sm: StateMachineStore,
     peers: Arc<PeerChannels>,
     /// Bound on a proposal or read, after which the caller gets a retryable `unavailable`.
     timeout: Duration,
@@ -38,7 +49,7 @@ pub struct ClientService {
 impl ClientService {
     pub fn new(
         raft: Raft,
-        hub: Arc<ViewHub>,
+        sm: StateMachineStore,
         peers: Arc<PeerChannels>,
         timeout: Duration,
         tasks: TaskTracker,
@@ -46,7 +57,8 @@ impl ClientService {
     ) -> Self {
         Self {
             raft,
-            hub,
+            hub: sm.hub(),
+            sm,
             peers,
             timeout,
             tasks,
@@ -56,7 +68,36 @@ impl ClientService {
 
     /// The leader's client, unless this call was already forwarded or no leader is known.
     fn leader_client(&self, forwarded: bool) -> Result<MetadClient<tonic::transport::Channel>, Status> {
-        Ok(MetadClient::new(leader_channel(&self.raft, &self.peers, forwarded)?))
+        Ok(MetadClient::new(leader_channel(&self.raft, &self.peers, forwarded)?)
+            .max_decoding_message_size(weir_shared::grpc::MAX_MESSAGE)
+            .max_encoding_message_size(weir_shared::grpc::MAX_MESSAGE))
+    }
+
+    /// Makes this replica's store reflect what a read must see: with `linearizable`,
+    /// every entry committed before the call (confirmed by the leader with a quorum; a
+    /// follower answers `None` and the caller forwards); otherwise `min_applied`.
+    async fn read_barrier(&self, linearizable: bool, min_applied: u64) -> Result<Option<()>, Status> {
+        let wait = |index: u64| async move {
+            tokio::time::timeout(self.timeout, self.hub.wait_durable(index))
+                .await
+                .map_err(|_| Status::unavailable(format!("this replica has not applied index {index} yet; retry")))
+        };
+        if !linearizable {
+            wait(min_applied).await?;
+            return Ok(Some(()));
+        }
+        match tokio::time::timeout(self.timeout, self.raft.ensure_linearizable()).await {
+            Err(_) => Err(Status::unavailable(format!(
+                "leadership not confirmed within {:?}: no metadata quorum; retry",
+                self.timeout
+            ))),
+            Ok(Ok(read)) => {
+                wait(read.map_or(0, |l| l.index)).await?;
+                Ok(Some(()))
+            }
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => Ok(None),
+            Ok(Err(e)) => Err(Status::unavailable(format!("metadata log unavailable: {e}"))),
+        }
     }
 }
 
@@ -156,11 +197,76 @@ impl Metad for ClientService {
         }
     }
 
+    async fn read_ranges(&self, req: Request<ReadRangesRequest>) -> Result<Response<ReadRangesReply>, Status> {
+        let was_forwarded = forwarded(&req);
+        let inner = req.into_inner();
+        if self
+            .read_barrier(inner.linearizable, inner.min_applied_index)
+            .await?
+            .is_none()
+        {
+            return self
+                .leader_client(was_forwarded)?
+                .read_ranges(mark_forwarded(inner, Some(self.timeout)))
+                .await;
+        }
+        let limit = match inner.limit {
+            0 => MAX_PAGE,
+            n => n.min(MAX_PAGE),
+        } as usize;
+        let applied_index = self.hub.durable_index();
+        let index = crate::store::index::StoreIndex::new(self.sm.db());
+        let (ranges, more) = page(
+            &index,
+            StreamId(inner.stream),
+            Offset(inner.offset),
+            inner.reverse,
+            limit,
+        );
+        Ok(Response::new(ReadRangesReply {
+            ranges: ranges.iter().map(range_to_proto).collect(),
+            applied_index,
+            more,
+        }))
+    }
+
+    async fn objects_committed(
+        &self,
+        req: Request<ObjectsCommittedRequest>,
+    ) -> Result<Response<ObjectsCommittedReply>, Status> {
+        let was_forwarded = forwarded(&req);
+        let inner = req.into_inner();
+        if inner.keys.len() > MAX_PAGE as usize {
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_PAGE} object keys per call, got {}",
+                inner.keys.len()
+            )));
+        }
+        if self.read_barrier(inner.linearizable, 0).await?.is_none() {
+            return self
+                .leader_client(was_forwarded)?
+                .objects_committed(mark_forwarded(inner, Some(self.timeout)))
+                .await;
+        }
+        let applied_index = self.hub.durable_index();
+        let index = crate::store::index::StoreIndex::new(self.sm.db());
+        let committed = inner
+            .keys
+            .into_iter()
+            .filter(|k| index.object(&ObjectKey(k.clone())).is_some())
+            .collect();
+        Ok(Response::new(ObjectsCommittedReply {
+            committed,
+            applied_index,
+        }))
+    }
+
     type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let after = req.into_inner().after_index;
-        let (tx, rx) = mpsc::channel(256);
+        // Bounded: a slow watcher holds at most this many frames (a snapshot chunk is ≤ 1 MiB).
+        let (tx, rx) = mpsc::channel(16);
         let hub = self.hub.clone();
         let cancel = self.cancel.clone();
         self.tasks.spawn(async move {
@@ -187,11 +293,7 @@ async fn feed_watcher(hub: Arc<ViewHub>, after: Option<u64>, tx: &mpsc::Sender<R
         let mut rx = start.rx;
         if let Some(state) = start.snapshot {
             let index = state.applied_index;
-            let event = WatchEvent {
-                index,
-                kind: Some(watch_event::Kind::Snapshot(codec::encode(&state))),
-            };
-            if tx.send(Ok(event)).await.is_err() {
+            if !send_snapshot(tx, &state).await {
                 return;
             }
             last = Some(index);
@@ -217,6 +319,52 @@ async fn feed_watcher(hub: Arc<ViewHub>, after: Option<u64>, tx: &mpsc::Sender<R
             }
         }
     }
+}
+
+/// Sends `state` as a snapshot in chunks of at most [`SNAPSHOT_CHUNK_BYTES`] of rows.
+async fn send_snapshot(tx: &mpsc::Sender<Result<WatchEvent, Status>>, state: &weir_meta::model::State) -> bool {
+    let index = state.applied_index;
+    let event = |kind| {
+        Ok(WatchEvent {
+            index,
+            kind: Some(kind),
+        })
+    };
+    if tx
+        .send(event(watch_event::Kind::SnapshotBegin(SnapshotBegin {})))
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    let rows = state.rows();
+    let total = rows.len() as u64;
+    let mut chunk: Vec<Row> = Vec::new();
+    let mut bytes = 0;
+    for row in rows {
+        // JSON of one row; a chunk is flushed before it would pass the bound.
+        let size = serde_json::to_vec(&row).map_or(0, |b| b.len());
+        if !chunk.is_empty() && bytes + size > SNAPSHOT_CHUNK_BYTES {
+            let rows = codec::encode(&std::mem::take(&mut chunk));
+            if tx.send(event(watch_event::Kind::SnapshotRows(rows))).await.is_err() {
+                return false;
+            }
+            bytes = 0;
+        }
+        bytes += size;
+        chunk.push(row);
+    }
+    if !chunk.is_empty()
+        && tx
+            .send(event(watch_event::Kind::SnapshotRows(codec::encode(&chunk))))
+            .await
+            .is_err()
+    {
+        return false;
+    }
+    tx.send(event(watch_event::Kind::SnapshotEnd(SnapshotEnd { rows: total })))
+        .await
+        .is_ok()
 }
 
 async fn send_delta(

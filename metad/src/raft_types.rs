@@ -1,17 +1,16 @@
 //! openraft's type configuration for the metadata log.
 
-use std::io::Cursor;
 use weir_meta::model::command::{Outcome, Proposal};
 
 openraft::declare_raft_types!(
-    /// Entries are proposals; responses are apply outcomes; snapshots are in-memory documents.
+    /// Entries are proposals; responses are apply outcomes; snapshots are files sent in chunks.
     pub TypeConfig:
         D = Proposal,
         R = Outcome,
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = tokio::fs::File,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

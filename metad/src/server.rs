@@ -23,6 +23,7 @@ use weir_meta::model::rows::ClusterSettings;
 use weir_proto::metad::admin_server::AdminServer;
 use weir_proto::metad::metad_server::MetadServer;
 use weir_proto::raft::raft_server::RaftServer;
+use weir_shared::grpc::MAX_MESSAGE;
 use weir_shared::service::Exit;
 use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
@@ -36,7 +37,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
     let shutdown = CancellationToken::new();
     let db = open_db(&args.data_dir)?;
     let log_store = LogStore::new(db.clone());
-    let sm = StateMachineStore::open(db.clone())?;
+    let sm = StateMachineStore::open(db.clone(), &args.data_dir.join("snapshots"))?;
     let hub = sm.hub();
 
     let raft_config = openraft::Config {
@@ -48,6 +49,10 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
         snapshot_policy: SnapshotPolicy::LogsSinceLast(args.snapshot_logs),
         max_in_snapshot_log_to_keep: args.snapshot_logs / 2,
         purge_batch_size: (args.snapshot_logs / 2).clamp(1, 256),
+        // Bounded messages (design 0002): snapshots travel in 1 MiB chunks, and one
+        // append carries at most 64 entries.
+        snapshot_max_chunk_size: 1 << 20,
+        max_payload_entries: 64,
         ..Default::default()
     }
     .validate()?;
@@ -73,21 +78,29 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
                 .max_decoding_message_size(MAX_RAFT_MESSAGE)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE),
         )
-        .add_service(MetadServer::new(ClientService::new(
-            raft.clone(),
-            hub.clone(),
-            peers.clone(),
-            timeout,
-            tasks.clone(),
-            shutdown.child_token(),
-        )))
-        .add_service(AdminServer::new(AdminService::new(
-            raft.clone(),
-            sm.clone(),
-            args.id,
-            peers,
-            moves.clone(),
-        )))
+        .add_service(
+            MetadServer::new(ClientService::new(
+                raft.clone(),
+                sm.clone(),
+                peers.clone(),
+                timeout,
+                tasks.clone(),
+                shutdown.child_token(),
+            ))
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .add_service(
+            AdminServer::new(AdminService::new(
+                raft.clone(),
+                sm.clone(),
+                args.id,
+                peers,
+                moves.clone(),
+            ))
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+        )
         .serve_with_incoming_shutdown(
             TcpListenerStream::new(grpc_listener),
             shutdown.clone().cancelled_owned(),

@@ -13,3 +13,10 @@ pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
         .keep_alive_timeout(Duration::from_secs(5))
         .connect_lazy())
 }
+
+/// Largest message of metad's client and admin APIs, both ways, set explicitly on every
+/// stub and service. Nothing sent grows with the cluster's age: a watch frame is one
+/// applied entry's delta or a snapshot chunk of at most 1 MiB, an index page at most
+/// 1,000 ranges and an admin reply at most 4 MiB; the headroom is for one proposal that
+/// commits a range of every stream a busy node owns.
+pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;

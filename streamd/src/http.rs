@@ -26,9 +26,12 @@ async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
     weir_shared::metrics::metrics_handler().await
 }
 
-/// D-2: ready once caught up, and neither fenced nor terminating.
+/// D-2: ready once caught up, following the log, and neither fenced nor terminating.
 fn is_ready(node: &Node) -> bool {
-    node.is_admitted() && !node.fenced.is_cancelled() && !node.terminating.load(std::sync::atomic::Ordering::Acquire)
+    node.is_admitted()
+        && node.view.error().is_none()
+        && !node.fenced.is_cancelled()
+        && !node.terminating.load(std::sync::atomic::Ordering::Acquire)
 }
 
 async fn readyz(State(node): State<Arc<Node>>) -> StatusCode {
@@ -48,6 +51,8 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
         "fenced": node.fenced.is_cancelled(),
         "terminating": node.terminating.load(std::sync::atomic::Ordering::Acquire),
         "caught_up": node.is_admitted(),
+        // Why the node cannot follow the metadata log, when it cannot (design 0002).
+        "view_error": node.view.error(),
         "streams": node.all_streams().len(),
         "wal_bytes": node.wal.bytes(),
     });

@@ -79,7 +79,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     let gc_delay = Duration::from_secs(args.gc_delay_sec);
     tasks.spawn(crate::object::gc::gc_loop(
         node.store.clone(),
-        node.view.clone(),
+        node.metad.clone(),
         gc_delay,
         (gc_delay / 4).clamp(Duration::from_secs(1), Duration::from_secs(300)),
         stop.clone(),

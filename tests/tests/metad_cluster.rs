@@ -321,7 +321,7 @@ async fn restarted_replica_rejoins_through_its_stored_membership() {
 /// The watch API: a snapshot at an index, then every delta in order; resumable from an index.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_streams_a_snapshot_then_ordered_deltas_and_resumes_from_an_index() {
-    use weir_meta::model::{codec, Delta, State};
+    use weir_meta::model::{codec, Delta, Row, State};
     use weir_proto::metad::watch_event::Kind;
     with_timeout(async {
         let cluster = Cluster::start(3, &[]).await;
@@ -330,13 +330,33 @@ async fn watch_streams_a_snapshot_then_ordered_deltas_and_resumes_from_an_index(
         let follower = (leader + 1) % 3;
         let watcher = cluster.replicas[follower].client();
         let mut stream = watcher.watch(None).await.expect("watch");
+        // The snapshot comes in chunks of rows between a begin and an end (design 0002).
         let first = stream.message().await.expect("event").expect("open stream");
-        let Some(Kind::Snapshot(bytes)) = first.kind else {
-            panic!("first event is not a snapshot")
-        };
-        let mut mirror: State = codec::decode(&bytes).expect("snapshot");
+        assert!(
+            matches!(first.kind, Some(Kind::SnapshotBegin(_))),
+            "first event is not a snapshot"
+        );
+        let mut mirror = State::default();
+        let mut rows = 0;
+        loop {
+            let event = stream.message().await.expect("event").expect("open stream");
+            assert_eq!(event.index, first.index, "a snapshot's chunks share its index");
+            match event.kind {
+                Some(Kind::SnapshotRows(bytes)) => {
+                    for row in codec::decode::<Vec<Row>>(&bytes).expect("rows") {
+                        mirror.set_row(&row.key(), Some(row));
+                        rows += 1;
+                    }
+                }
+                Some(Kind::SnapshotEnd(end)) => {
+                    assert_eq!(end.rows, rows);
+                    break;
+                }
+                other => panic!("unexpected event in a snapshot: {other:?}"),
+            }
+        }
+        mirror.applied_index = first.index;
         mirror.reindex();
-        assert_eq!(mirror.applied_index, first.index);
         for i in 0..5 {
             propose_until_applied(&client, topic(&format!("w{i}"))).await;
         }

@@ -12,9 +12,9 @@ pub async fn livez() -> &'static str {
     "ok"
 }
 
-/// Ready once caught up with the metadata log, not fenced and not stopping.
+/// Ready once caught up with the metadata log and following it, not fenced and not stopping.
 fn is_ready(gw: &Gateway) -> bool {
-    gw.routes.is_admitted() && !gw.fenced.is_cancelled() && !gw.is_terminating()
+    gw.routes.is_admitted() && gw.routes.view().error().is_none() && !gw.fenced.is_cancelled() && !gw.is_terminating()
 }
 
 pub async fn readyz(State(gw): State<Arc<Gateway>>) -> StatusCode {
@@ -35,6 +35,8 @@ pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
         "terminating": gw.is_terminating(),
         "caught_up": gw.routes.is_admitted(),
         "applied_index": gw.routes.view().applied_index(),
+        // Why the gateway cannot follow the metadata log, when it cannot (design 0002).
+        "view_error": gw.routes.view().error(),
     });
     let status = if ready {
         StatusCode::OK

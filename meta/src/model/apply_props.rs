@@ -2,6 +2,8 @@
 
 use super::command::CommitRange;
 use super::command::{Command, Proposal, Proposer};
+use super::index::IndexRead;
+use super::metadata::Metadata;
 use super::rows::*;
 use super::state::State;
 use proptest::prelude::*;
@@ -294,8 +296,8 @@ fn proposer_for(state: &State, (n, skew): (usize, i64)) -> Proposer {
     })
 }
 
-fn initialized() -> State {
-    let mut state = State::default();
+fn initialized() -> Metadata {
+    let mut state = Metadata::default();
     let init = Proposal {
         proposer: Proposer::Operator { principal: "op".into() },
         command: Command::InitCluster {
@@ -322,27 +324,29 @@ fn is_live_proposer(state: &State, p: &Proposer) -> bool {
 /// Runs `ops` from an initialized state, checking every invariant after each entry;
 /// returns the kinds of command that applied.
 fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, TestCaseError> {
-    let mut state = initialized();
+    let mut meta = initialized();
     let mut applied = BTreeSet::new();
     let mut fenced: BTreeMap<(NodeId, Epoch), ()> = BTreeMap::new();
     for (i, (who, op)) in ops.into_iter().enumerate() {
         let index = i as u64 + 2;
-        let before = state.clone();
-        let command = resolve(&before, &op);
+        let before_all = meta.clone();
+        let before = &before_all.state;
+        let command = resolve(before, &op);
         let proposer = match (&op, &command) {
             // The agent reports its own takeover, as streamd does.
             (Op::CompleteTakeover { by_agent: true, .. }, Command::CompleteTakeover { node, epoch }) => before
                 .takeovers
                 .get(&(node.clone(), *epoch))
                 .and_then(|t| t.agent.clone())
-                .map_or_else(|| proposer_for(&before, who), Proposer::Node),
-            _ => proposer_for(&before, who),
+                .map_or_else(|| proposer_for(before, who), Proposer::Node),
+            _ => proposer_for(before, who),
         };
         let proposal = Proposal {
             proposer: proposer.clone(),
             command: command.clone(),
         };
-        let (outcome, changes) = state.apply(index, &proposal);
+        let (outcome, changes) = meta.apply(index, &proposal);
+        let state = &meta.state;
         if outcome.is_ok() {
             applied.insert(command.kind());
         }
@@ -351,12 +355,13 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
         if outcome.is_err() {
             let mut expect = before.clone();
             expect.applied_index = index;
-            prop_assert_eq!(&state, &expect);
+            prop_assert_eq!(state, &expect);
             prop_assert!(changes.is_empty());
+            prop_assert_eq!(&meta.index, &before_all.index);
         }
         // Node commands from a fenced or replaced incarnation are rejected (INV-5).
         let node_scoped = !matches!(command, Command::RegisterNode { .. });
-        if node_scoped && matches!(proposer, Proposer::Node(_)) && !is_live_proposer(&before, &proposer) {
+        if node_scoped && matches!(proposer, Proposer::Node(_)) && !is_live_proposer(before, &proposer) {
             prop_assert!(outcome.is_err(), "dead proposer {:?} applied {:?}", proposer, command);
         }
         // FenceNode applies only on an exact match of an unfenced row (INV-4).
@@ -401,11 +406,13 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
             // RR-WAL-4: committed ranges are contiguous from the start and end at the
             // committed end, and each names a committed object that names the stream.
             let mut at = s.start_offset;
-            for r in &s.objects {
+            let ranges = meta.index.ranges_from(*id, Offset(0), usize::MAX);
+            prop_assert_eq!(ranges.len() as u64, s.commits);
+            for r in &ranges {
                 prop_assert_eq!(r.start, at);
                 prop_assert!(r.end > r.start);
                 at = r.end;
-                let object = state.objects.get(&r.key);
+                let object = meta.index.object(&r.key);
                 prop_assert!(
                     object.is_some_and(|o| o.streams.contains(id)),
                     "{:?} not committed for {}",
@@ -414,6 +421,40 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
                 );
             }
             prop_assert_eq!(at, s.committed_end);
+            // The index API finds every committed offset in exactly one range, and
+            // pages of any size, either way, return every range exactly once.
+            for offset in s.start_offset.0..s.committed_end.0 {
+                let holding: Vec<_> = ranges
+                    .iter()
+                    .filter(|r| r.start.0 <= offset && offset < r.end.0)
+                    .collect();
+                prop_assert_eq!(holding.len(), 1);
+                let (first, _) = super::index::page(&meta.index, *id, Offset(offset), false, 1);
+                prop_assert_eq!(first.first(), holding.first().copied());
+            }
+            for limit in [1, 2, 1000] {
+                let (mut forward, mut at, mut more) = (Vec::new(), s.start_offset, true);
+                while more {
+                    let (page, m) = super::index::page(&meta.index, *id, at, false, limit);
+                    more = m;
+                    if let Some(last) = page.last() {
+                        at = last.end;
+                    }
+                    forward.extend(page);
+                }
+                prop_assert_eq!(&forward, &ranges);
+                let (mut backward, mut at, mut more) = (Vec::new(), s.committed_end, true);
+                while more {
+                    let (page, m) = super::index::page(&meta.index, *id, at, true, limit);
+                    more = m;
+                    if let Some(last) = page.last() {
+                        at = last.start;
+                    }
+                    backward.extend(page);
+                }
+                backward.reverse();
+                prop_assert_eq!(&backward, &ranges);
+            }
             // An open stream has an owner; a transfer mark sits only on an open stream.
             if s.state == StreamState::Open {
                 prop_assert!(s.owner.is_some());
@@ -422,16 +463,21 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
                 prop_assert_eq!(s.state, StreamState::Open);
             }
         }
-        // Every committed object is referenced by the streams it names.
-        for (key, o) in &state.objects {
+        // Every committed object is referenced by the streams it names, and a destroyed
+        // stream leaves no range behind.
+        for o in meta.index.objects() {
             prop_assert!(!o.streams.is_empty());
             for id in &o.streams {
-                let refs = state
-                    .streams
-                    .get(id)
-                    .is_some_and(|s| s.objects.iter().any(|r| &r.key == key));
-                prop_assert!(refs, "object {:?} names {} which does not reference it", key, id);
+                let refs = meta
+                    .index
+                    .ranges_from(*id, Offset(0), usize::MAX)
+                    .iter()
+                    .any(|r| r.key == o.key);
+                prop_assert!(refs, "object {:?} names {} which does not reference it", o.key, id);
             }
+        }
+        for (id, _) in meta.index.all_ranges() {
+            prop_assert!(state.streams.contains_key(&id), "a range of destroyed stream {}", id);
         }
         // A topic's partitions are its own live streams, in order.
         for t in state.topics.values() {
@@ -462,8 +508,13 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
         // The reported changes rebuild exactly the new state.
         let mut mirror = before.clone();
         mirror.apply_delta(&super::state::Delta { index, changes });
-        prop_assert_eq!(&mirror, &state);
+        prop_assert_eq!(&mirror, state);
     }
+    // Migrated from format 1 (ranges in the view), the same view and index answer every
+    // read the same way.
+    let rows = super::format1::tests::format1_rows(&meta);
+    let migrated = super::format1::tests::migrate_rows(&rows, meta.state.applied_index);
+    prop_assert_eq!(&migrated, &meta);
     Ok(applied)
 }
 
@@ -562,7 +613,7 @@ fn self_fence_is_unconditional_but_not_for_a_replaced_epoch() {
         },
     );
     assert_eq!(outcome.unwrap_err().code, super::command::RejectCode::Superseded);
-    assert!(!state.nodes[&node(0)].fenced);
+    assert!(!state.state.nodes[&node(0)].fenced);
     let hb = Proposal {
         proposer: current.clone(),
         command: Command::Heartbeat,
@@ -576,7 +627,7 @@ fn self_fence_is_unconditional_but_not_for_a_replaced_epoch() {
         },
     );
     assert!(outcome.is_ok());
-    assert!(state.nodes[&node(0)].fenced);
+    assert!(state.state.nodes[&node(0)].fenced);
     // FO-FEN-5: a fenced node's commands are rejected.
     let (outcome, _) = state.apply(7, &hb);
     assert_eq!(outcome.unwrap_err().code, super::command::RejectCode::Fenced);
@@ -599,5 +650,5 @@ fn registration_with_another_heartbeat_timing_is_refused() {
     let err = state.apply(2, &p).0.unwrap_err();
     assert!(err.message.contains("--heartbeat-interval-sec 10"), "{}", err.message);
     assert!(err.message.contains("--heartbeat-interval-sec 1"), "{}", err.message);
-    assert!(state.nodes.is_empty());
+    assert!(state.state.nodes.is_empty());
 }

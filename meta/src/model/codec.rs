@@ -7,8 +7,12 @@ use serde::Serialize;
 /// Marks a Weir metadata document; must be kept stable.
 pub const MAGIC: u8 = b'W';
 /// The current format of stored rows, log entries, snapshots and deltas; bump on any
-/// incompatible change to `rows`, `command` or `state`.
-pub const FORMAT_VERSION: u8 = 1;
+/// incompatible change to `rows`, `command` or `state`. Format 2 moved the committed
+/// ranges out of the view into the object index (design 0002).
+pub const FORMAT_VERSION: u8 = 2;
+/// The oldest format [`decode_compatible`] reads: documents whose shape did not change
+/// since (commands, outcomes, log entries, history).
+pub const OLDEST_COMPATIBLE: u8 = 1;
 
 /// A stored or received document that cannot be decoded.
 #[derive(Debug, thiserror::Error)]
@@ -28,10 +32,21 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     out
 }
 
-/// Decodes a document after checking its header.
+/// Decodes a document of the current format after checking its header: rows, the
+/// view, deltas and snapshots, whose shape changes with the format.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     match bytes {
         [MAGIC, FORMAT_VERSION, body @ ..] => Ok(serde_json::from_slice(body)?),
+        [MAGIC, found, ..] => Err(CodecError::UnsupportedVersion { found: *found }),
+        other => Err(CodecError::UnknownFormat(other.iter().take(2).copied().collect())),
+    }
+}
+
+/// Decodes a document written by this format or an older one whose shape is the same:
+/// commands, outcomes, log entries and history entries written before an upgrade.
+pub fn decode_compatible<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    match bytes {
+        [MAGIC, v, body @ ..] if (OLDEST_COMPATIBLE..=FORMAT_VERSION).contains(v) => Ok(serde_json::from_slice(body)?),
         [MAGIC, found, ..] => Err(CodecError::UnsupportedVersion { found: *found }),
         other => Err(CodecError::UnknownFormat(other.iter().take(2).copied().collect())),
     }
@@ -57,6 +72,14 @@ mod tests {
         assert!(matches!(
             decode::<Vec<u64>>(&[MAGIC, FORMAT_VERSION, b'x']),
             Err(CodecError::Corrupt(_))
+        ));
+        // A format-1 command still decodes where its shape is unchanged, never as a row.
+        let mut old = good.clone();
+        old[1] = 1;
+        assert_eq!(decode_compatible::<Vec<u64>>(&old).unwrap(), vec![1, 2]);
+        assert!(matches!(
+            decode::<Vec<u64>>(&old),
+            Err(CodecError::UnsupportedVersion { found: 1 })
         ));
     }
 }

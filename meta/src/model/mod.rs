@@ -3,12 +3,17 @@
 pub mod apply;
 pub mod codec;
 pub mod command;
+pub mod format1;
+pub mod index;
+pub mod metadata;
 pub mod names;
 pub mod rows;
 pub mod state;
 
-pub use apply::check_destination;
+pub use apply::{check_destination, Effects};
 pub use command::{Applied, Command, CommitRange, Outcome, Proposal, Proposer, RejectCode, Rejection};
+pub use index::{IndexChange, IndexRead, MemIndex, Overlay};
+pub use metadata::Metadata;
 pub use names::validate_name;
 pub use rows::*;
 pub use state::{Change, Delta, Row, RowKey, State};

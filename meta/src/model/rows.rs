@@ -1,5 +1,5 @@
-//! The rows of the metadata state. Field names are part of the stored format
-//! (`codec::FORMAT_VERSION`): rename only with a format bump.
+//! The rows of the metadata state and of the object index. Field names are part of the
+//! stored format (`codec::FORMAT_VERSION`): rename only with a format bump.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -90,7 +90,8 @@ pub struct StreamConfig {
     pub retention_ms: Option<u64>,
 }
 
-/// A contiguous range of one stream's records stored in a data object.
+/// A contiguous range of one stream's records stored in a data object: a row of the
+/// object index, never of the view.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectRange {
     pub key: ObjectKey,
@@ -123,8 +124,10 @@ pub struct StreamRow {
     pub start_offset: Offset,
     /// Offset after the last record committed in data objects.
     pub committed_end: Offset,
-    /// Committed data-object ranges, ordered and contiguous.
-    pub objects: Vec<ObjectRange>,
+    /// How many ranges have been committed to the stream (its ranges themselves are in
+    /// the object index, design 0002); readers' caches compare it.
+    #[serde(default)]
+    pub commits: u64,
     pub config: StreamConfig,
 }
 
@@ -138,7 +141,8 @@ pub struct TopicRow {
     pub config: StreamConfig,
 }
 
-/// A data object committed to the log, with the streams that reference it.
+/// A data object committed to the log, with the streams that reference it: a row of the
+/// object index, never of the view.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectRow {
     pub key: ObjectKey,

@@ -1,10 +1,12 @@
-//! The whole metadata state, addressed row by row so that apply can report
-//! exactly what changed (the watch deltas) and storage can persist only that.
+//! The metadata state every node watches (the view), addressed row by row so that apply
+//! can report exactly what changed (the watch deltas) and storage can persist only that.
+//! It holds no per-object rows: those are in the object index (`index`, design 0002),
+//! so its size follows the number of streams, never time or bytes written (D-19).
 
 use super::rows::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use weir_shared::ids::{Epoch, NodeId, ObjectKey, StreamId};
+use weir_shared::ids::{Epoch, NodeId, StreamId};
 
 /// The replicated state machine's state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,7 +18,6 @@ pub struct State {
     pub nodes: BTreeMap<NodeId, NodeRow>,
     pub streams: BTreeMap<StreamId, StreamRow>,
     pub topics: BTreeMap<String, TopicRow>,
-    pub objects: BTreeMap<ObjectKey, ObjectRow>,
     pub leases: BTreeMap<String, LeaseRow>,
     /// Stored as a list of rows: JSON map keys must be strings, and the key is in the row.
     #[serde(with = "takeover_list")]
@@ -36,7 +37,6 @@ pub enum RowKey {
     Node(NodeId),
     Stream(StreamId),
     Topic(String),
-    Object(ObjectKey),
     Lease(String),
     Takeover(NodeId, Epoch),
     Token(String),
@@ -51,7 +51,6 @@ pub enum Row {
     Node(NodeRow),
     Stream(StreamRow),
     Topic(TopicRow),
-    Object(ObjectRow),
     Lease(LeaseRow),
     Takeover(TakeoverRow),
     Token(TokenRow),
@@ -65,7 +64,6 @@ impl Row {
             Row::Node(r) => RowKey::Node(r.id.clone()),
             Row::Stream(r) => RowKey::Stream(r.id),
             Row::Topic(r) => RowKey::Topic(r.name.clone()),
-            Row::Object(r) => RowKey::Object(r.key.clone()),
             Row::Lease(r) => RowKey::Lease(r.name.clone()),
             Row::Takeover(r) => RowKey::Takeover(r.dead.node.clone(), r.dead.epoch),
             Row::Token(r) => RowKey::Token(r.name.clone()),
@@ -96,7 +94,6 @@ impl State {
             RowKey::Node(id) => self.nodes.get(id).cloned().map(Row::Node),
             RowKey::Stream(id) => self.streams.get(id).cloned().map(Row::Stream),
             RowKey::Topic(n) => self.topics.get(n).cloned().map(Row::Topic),
-            RowKey::Object(k) => self.objects.get(k).cloned().map(Row::Object),
             RowKey::Lease(n) => self.leases.get(n).cloned().map(Row::Lease),
             RowKey::Takeover(n, e) => self.takeovers.get(&(n.clone(), *e)).cloned().map(Row::Takeover),
             RowKey::Token(n) => self.tokens.get(n).cloned().map(Row::Token),
@@ -111,7 +108,6 @@ impl State {
         rows.extend(self.nodes.values().cloned().map(Row::Node));
         rows.extend(self.streams.values().cloned().map(Row::Stream));
         rows.extend(self.topics.values().cloned().map(Row::Topic));
-        rows.extend(self.objects.values().cloned().map(Row::Object));
         rows.extend(self.leases.values().cloned().map(Row::Lease));
         rows.extend(self.takeovers.values().cloned().map(Row::Takeover));
         rows.extend(self.tokens.values().cloned().map(Row::Token));
@@ -153,12 +149,6 @@ impl State {
             }
             (RowKey::Topic(n), None) => {
                 self.topics.remove(n);
-            }
-            (RowKey::Object(_), Some(Row::Object(r))) => {
-                self.objects.insert(r.key.clone(), r);
-            }
-            (RowKey::Object(k), None) => {
-                self.objects.remove(k);
             }
             (RowKey::Lease(_), Some(Row::Lease(r))) => {
                 self.leases.insert(r.name.clone(), r);

@@ -11,6 +11,8 @@ pub const CF_LOG: &str = "log";
 pub const CF_SM: &str = "sm";
 pub const CF_HISTORY: &str = "history";
 pub const CF_SNAPSHOT: &str = "snapshot";
+/// The object index (design 0002; format 2).
+pub const CF_INDEX: &str = "index";
 
 /// Keys in `meta`; stable.
 pub const KEY_FORMAT: &[u8] = b"format";
@@ -20,14 +22,14 @@ pub const KEY_LAST_PURGED: &[u8] = b"last_purged";
 pub const KEY_APPLIED: &[u8] = b"applied";
 pub const KEY_MEMBERSHIP: &[u8] = b"membership";
 
-/// Opens (creating if needed) the metadata database under `dir`, refusing one written
-/// in another format (RR-WAL-6).
+/// Opens (creating if needed) the metadata database under `dir`, migrating one written
+/// in format 1 and refusing any other format (RR-WAL-6).
 pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
     std::fs::create_dir_all(dir)?;
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
-    let cfs = [CF_META, CF_LOG, CF_SM, CF_HISTORY, CF_SNAPSHOT]
+    let cfs = [CF_META, CF_LOG, CF_SM, CF_HISTORY, CF_SNAPSHOT, CF_INDEX]
         .into_iter()
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db = DB::open_cf_descriptors(&opts, dir, cfs)
@@ -40,6 +42,10 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
             db.put_cf_opt(meta, KEY_FORMAT, [FORMAT_VERSION], &wo)?;
         }
         Some(v) if v.as_slice() == [FORMAT_VERSION] => {}
+        Some(v) if v.as_slice() == [weir_meta::model::format1::FORMAT] => {
+            super::migrate::from_format1(&db)
+                .map_err(|e| anyhow::anyhow!("cannot migrate the metadata store at {} from format 1: {e:#}", dir.display()))?;
+        }
         Some(v) => anyhow::bail!(
             "metadata store at {} has format {:?}, this build reads format {FORMAT_VERSION}; recreate the data directory or run a matching version",
             dir.display(),

@@ -45,7 +45,7 @@ impl LogStore {
             .get_cf(self.cf_meta(), key)
             .map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))?;
         bytes
-            .map(|b| codec::decode(&b).map_err(|e| io_err(subject, ErrorVerb::Read, e)))
+            .map(|b| codec::decode_compatible(&b).map_err(|e| io_err(subject, ErrorVerb::Read, e)))
             .transpose()
     }
 
@@ -66,7 +66,8 @@ impl LogStore {
             None => Ok(None),
             Some(item) => {
                 let (_, value) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
-                let entry: Entry = codec::decode(&value).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+                let entry: Entry =
+                    codec::decode_compatible(&value).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
                 Ok(Some(entry.log_id))
             }
         }
@@ -100,7 +101,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
             if !range.contains(&index) {
                 break;
             }
-            let entry: Entry = codec::decode(&value).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            let entry: Entry =
+                codec::decode_compatible(&value).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
             entries.push(entry);
         }
         Ok(entries)

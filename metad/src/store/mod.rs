@@ -1,9 +1,13 @@
-//! RocksDB storage of the metadata log: the Raft log and vote (`log_store`) and
-//! the state machine with snapshots (`state_machine`), in column families of one database.
+//! RocksDB storage of the metadata log: the Raft log and vote (`log_store`), the state
+//! machine (`state_machine`) with the view's rows and the object index (`index`), in
+//! column families of one database, and snapshots as files (`snapshot_file`).
 
 pub mod db;
 pub mod history;
+pub mod index;
 pub mod log_store;
+mod migrate;
+pub mod snapshot_file;
 pub mod state_machine;
 
 pub use db::open_db;

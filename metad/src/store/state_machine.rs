@@ -1,27 +1,34 @@
-//! The state machine in RocksDB: one row per key in `sm`, the applied log id and
-//! membership in `meta`, each applied range written as one synced batch together
-//! with its rows and history (RR-WAL-3). The in-memory copy lives in a [`ViewHub`]
-//! that serves reads and feeds watchers the delta of every applied entry.
+//! The state machine in RocksDB: the view's rows in `sm`, the object index in `index`
+//! (design 0002), the applied log id and membership in `meta`, each applied range
+//! written as one synced batch together with its history (RR-WAL-3). The in-memory view
+//! lives in a [`ViewHub`] that serves reads and feeds watchers the delta of every
+//! applied entry; the index is read from the store. Snapshots are files
+//! (`snapshot_file`), sent and installed in bounded chunks.
 
 use super::db::{sync_write, CF_HISTORY, CF_META, CF_SM, CF_SNAPSHOT, KEY_APPLIED, KEY_MEMBERSHIP};
 use super::history::{HistoryEntry, HISTORY_RETAIN};
+use super::index::StoreIndex;
+use super::snapshot_file;
 use crate::raft_types::{Entry, LogId, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageIOError};
 use rocksdb::{IteratorMode, WriteBatch, DB};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use std::io::Cursor;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use tokio::sync::broadcast;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{broadcast, watch};
 use weir_meta::model::command::Applied;
 use weir_meta::model::state::{Delta, Row, RowKey, State};
-use weir_meta::model::{codec, Outcome};
+use weir_meta::model::{codec, Outcome, Overlay};
 
-/// Keys in `snapshot`; stable.
+/// Keys in `snapshot`; stable. (`staged`, a whole format-1 snapshot, is no longer written.)
 const KEY_CURRENT: &[u8] = b"current";
-const KEY_STAGED: &[u8] = b"staged";
 const KEY_INSTALL_MARKER: &[u8] = b"install_marker";
+
+/// The file a snapshot being received is written to, in the snapshot directory.
+const INCOMING: &str = "incoming.snap";
 
 /// How many recent deltas a watcher can resume from without a new snapshot.
 const RECENT_DELTAS: usize = 16_384;
@@ -30,22 +37,16 @@ fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::fmt::Disp
     StorageIOError::new(subject, verb, openraft::AnyError::error(e.to_string())).into()
 }
 
-/// What a snapshot holds.
-#[derive(Serialize, Deserialize)]
-struct SnapshotDoc {
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    state: State,
-}
-
-/// A snapshot as stored: its metadata and the encoded [`SnapshotDoc`].
-#[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
+/// The current snapshot, or one being installed: its metadata and its file's name in
+/// the snapshot directory.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct SnapshotRecord {
     meta: SnapshotMeta,
-    data: Vec<u8>,
+    file: String,
 }
 
-/// Stable storage key of a row: a kind byte (must be kept stable) then the key.
+/// Stable storage key of a view row: a kind byte (must be kept stable) then the key.
+/// 0x13 held format 1's object rows; it is never reused.
 pub fn row_key_bytes(key: &RowKey) -> Vec<u8> {
     let mut out = Vec::new();
     match key {
@@ -62,10 +63,6 @@ pub fn row_key_bytes(key: &RowKey) -> Vec<u8> {
         RowKey::Topic(name) => {
             out.push(0x12);
             out.extend_from_slice(name.as_bytes());
-        }
-        RowKey::Object(key) => {
-            out.push(0x13);
-            out.extend_from_slice(key.0.as_bytes());
         }
         RowKey::Lease(name) => {
             out.push(0x14);
@@ -100,11 +97,13 @@ struct ViewInner {
     recent: VecDeque<Arc<Delta>>,
 }
 
-/// The applied state in memory, shared by the state machine (writer) and the
-/// client, admin and watch services (readers).
+/// The applied view in memory, shared by the state machine (writer) and the client,
+/// admin and watch services (readers), and the index of the last batch written.
 pub struct ViewHub {
     inner: RwLock<ViewInner>,
     tx: broadcast::Sender<WatchItem>,
+    /// The applied index whose batch (view and index rows) is in the store.
+    durable: watch::Sender<u64>,
 }
 
 /// How a new watcher starts: from a snapshot, or from a backlog of deltas after its index.
@@ -117,6 +116,7 @@ pub struct WatchStart {
 impl ViewHub {
     fn new(state: State, last_applied: Option<LogId>, membership: StoredMembership) -> Self {
         let (tx, _) = broadcast::channel(RECENT_DELTAS);
+        let durable = watch::channel(state.applied_index).0;
         Self {
             inner: RwLock::new(ViewInner {
                 state,
@@ -125,6 +125,7 @@ impl ViewHub {
                 recent: VecDeque::new(),
             }),
             tx,
+            durable,
         }
     }
 
@@ -136,13 +137,23 @@ impl ViewHub {
         self.inner.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` over the applied state.
+    /// Runs `f` over the applied view.
     pub fn with_state<R>(&self, f: impl FnOnce(&State) -> R) -> R {
         f(&self.read().state)
     }
 
     pub fn applied_index(&self) -> u64 {
         self.read().state.applied_index
+    }
+
+    /// The applied index whose rows, view and index alike, are in the store.
+    pub fn durable_index(&self) -> u64 {
+        *self.durable.borrow()
+    }
+
+    /// Waits until the store holds what was applied through `index`.
+    pub async fn wait_durable(&self, index: u64) {
+        let _ = self.durable.subscribe().wait_for(|i| *i >= index).await;
     }
 
     /// Subscribes a watcher that has applied through `after` (or nothing).
@@ -177,35 +188,47 @@ impl ViewHub {
     }
 }
 
-/// The RocksDB state machine; its clones share the database and the hub.
+/// The RocksDB state machine; its clones share the database, the hub and the
+/// snapshot directory.
 #[derive(Clone)]
 pub struct StateMachineStore {
     db: Arc<DB>,
     hub: Arc<ViewHub>,
+    snapshots: PathBuf,
 }
 
 impl StateMachineStore {
-    /// Loads the state machine, first redoing a snapshot install a crash interrupted (RR-INT-6).
-    pub fn open(db: Arc<DB>) -> anyhow::Result<Self> {
-        let snapshots = db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
-        if db.get_cf(snapshots, KEY_INSTALL_MARKER)?.is_some() {
-            let staged = db.get_cf(snapshots, KEY_STAGED)?.ok_or_else(|| {
-                anyhow::anyhow!("snapshot install marker without a staged snapshot; recreate the data directory")
-            })?;
-            let staged: StoredSnapshot = codec::decode(&staged)?;
-            tracing::warn!(snapshot_id = %staged.meta.snapshot_id, "redoing an interrupted snapshot install");
-            replace_state(&db, &staged)?;
-            tracing::info!(snapshot_id = %staged.meta.snapshot_id, "installed metadata snapshot (redone at startup)");
+    /// Loads the state machine, first redoing a snapshot install a crash interrupted
+    /// (RR-INT-6). Snapshot files live in `snapshots`.
+    pub fn open(db: Arc<DB>, snapshots: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(snapshots)?;
+        let cf = db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
+        if let Some(marker) = db.get_cf(cf, KEY_INSTALL_MARKER)? {
+            let record: SnapshotRecord = codec::decode(&marker)?;
+            tracing::warn!(snapshot_id = %record.meta.snapshot_id, "redoing an interrupted snapshot install");
+            finish_install(&db, snapshots, &record)?;
+            tracing::info!(snapshot_id = %record.meta.snapshot_id, "installed metadata snapshot (redone at startup)");
         }
         let (state, last_applied, membership) = load_state(&db)?;
-        Ok(Self {
+        let store = Self {
             hub: Arc::new(ViewHub::new(state, last_applied, membership)),
             db,
-        })
+            snapshots: snapshots.to_path_buf(),
+        };
+        // A store migrated from format 1 has no snapshot of its own format yet; a
+        // follower behind the purged log needs one.
+        if store.current_record()?.is_none() && last_applied.is_some() {
+            store.write_snapshot()?;
+        }
+        Ok(store)
     }
 
     pub fn hub(&self) -> Arc<ViewHub> {
         self.hub.clone()
+    }
+
+    pub fn db(&self) -> &DB {
+        &self.db
     }
 
     /// Up to `limit` history entries from `from_index` on.
@@ -219,13 +242,83 @@ impl StateMachineStore {
             .take(limit)
         {
             let (_, value) = item?;
-            out.push(codec::decode(&value)?);
+            out.push(codec::decode_compatible(&value)?);
         }
         Ok(out)
     }
+
+    fn current_record(&self) -> anyhow::Result<Option<SnapshotRecord>> {
+        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
+        Ok(self
+            .db
+            .get_cf(cf, KEY_CURRENT)?
+            .map(|b| codec::decode(&b))
+            .transpose()?)
+    }
+
+    /// Writes a snapshot of the store as it stands, makes it the current one and drops
+    /// older files.
+    fn write_snapshot(&self) -> anyhow::Result<(SnapshotRecord, PathBuf)> {
+        let building = self
+            .snapshots
+            .join(format!("building-{:08x}.tmp", rand::random::<u32>()));
+        let header = snapshot_file::write(&self.db, &building)?;
+        let snapshot_id = match header.last_applied {
+            Some(l) => format!("{}-{}-{:08x}", l.leader_id.term, l.index, rand::random::<u32>()),
+            None => format!("0-0-{:08x}", rand::random::<u32>()),
+        };
+        let path = snapshot_file::path_of(&self.snapshots, &snapshot_id);
+        std::fs::rename(&building, &path)?;
+        snapshot_file::sync_dir(&self.snapshots)?;
+        let record = SnapshotRecord {
+            meta: SnapshotMeta {
+                last_log_id: header.last_applied,
+                last_membership: header.membership,
+                snapshot_id,
+            },
+            file: file_name(&path),
+        };
+        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
+        self.db
+            .put_cf_opt(cf, KEY_CURRENT, codec::encode(&record), &sync_write())?;
+        remove_other_snapshots(&self.snapshots, &record.file);
+        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        tracing::info!(snapshot_id = %record.meta.snapshot_id, bytes, "built metadata snapshot");
+        Ok((record, path))
+    }
 }
 
-/// Reads every row and the applied position from storage.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Deletes snapshot files other than `keep` and the one being received.
+fn remove_other_snapshots(dir: &Path, keep: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != keep && name != INCOMING && (name.ends_with(".snap") || name.ends_with(".tmp")) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Replaces the store with the staged snapshot `record` names, clearing the install
+/// marker and making it current in the last (synced) batch.
+fn finish_install(db: &DB, snapshots: &Path, record: &SnapshotRecord) -> anyhow::Result<()> {
+    let path = snapshots.join(&record.file);
+    let cf = db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
+    snapshot_file::install(db, &path, |batch| {
+        batch.put_cf(cf, KEY_CURRENT, codec::encode(record));
+        batch.delete_cf(cf, KEY_INSTALL_MARKER);
+    })?;
+    remove_other_snapshots(snapshots, &record.file);
+    Ok(())
+}
+
+/// Reads every view row and the applied position from storage.
 fn load_state(db: &DB) -> anyhow::Result<(State, Option<LogId>, StoredMembership)> {
     let sm = db.cf_handle(CF_SM).expect("opened with this column family");
     let meta = db.cf_handle(CF_META).expect("opened with this column family");
@@ -237,12 +330,12 @@ fn load_state(db: &DB) -> anyhow::Result<(State, Option<LogId>, StoredMembership
     }
     let last_applied: Option<LogId> = db
         .get_cf(meta, KEY_APPLIED)?
-        .map(|b| codec::decode(&b))
+        .map(|b| codec::decode_compatible(&b))
         .transpose()?
         .flatten();
     let membership: StoredMembership = db
         .get_cf(meta, KEY_MEMBERSHIP)?
-        .map(|b| codec::decode(&b))
+        .map(|b| codec::decode_compatible(&b))
         .transpose()?
         .unwrap_or_default();
     state.applied_index = last_applied.map_or(0, |l| l.index);
@@ -250,59 +343,24 @@ fn load_state(db: &DB) -> anyhow::Result<(State, Option<LogId>, StoredMembership
     Ok((state, last_applied, membership))
 }
 
-/// Replaces the stored state with a staged snapshot in one synced batch, making it
-/// the current snapshot and clearing the install marker.
-fn replace_state(db: &DB, staged: &StoredSnapshot) -> anyhow::Result<SnapshotDoc> {
-    let doc: SnapshotDoc = codec::decode(&staged.data)?;
-    let sm = db.cf_handle(CF_SM).expect("opened with this column family");
-    let meta = db.cf_handle(CF_META).expect("opened with this column family");
-    let snapshots = db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
-    let mut batch = WriteBatch::default();
-    batch.delete_range_cf(sm, [0x00u8].as_slice(), [0xffu8; 9].as_slice());
-    for row in doc.state.rows() {
-        batch.put_cf(sm, row_key_bytes(&row.key()), codec::encode(&row));
-    }
-    batch.put_cf(meta, KEY_APPLIED, codec::encode(&doc.last_applied));
-    batch.put_cf(meta, KEY_MEMBERSHIP, codec::encode(&doc.membership));
-    batch.put_cf(snapshots, KEY_CURRENT, codec::encode(staged));
-    batch.delete_cf(snapshots, KEY_STAGED);
-    batch.delete_cf(snapshots, KEY_INSTALL_MARKER);
-    db.write_opt(batch, &sync_write())?;
-    Ok(doc)
-}
-
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let (doc_bytes, last_applied, membership) = {
-            let inner = self.hub.read();
-            let doc = SnapshotDoc {
-                last_applied: inner.last_applied,
-                membership: inner.membership.clone(),
-                state: inner.state.clone(),
-            };
-            (codec::encode(&doc), inner.last_applied, inner.membership.clone())
-        };
-        let snapshot_id = match last_applied {
-            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, rand::random::<u32>()),
-            None => format!("0-0-{}", rand::random::<u32>()),
-        };
-        let meta = SnapshotMeta {
-            last_log_id: last_applied,
-            last_membership: membership,
-            snapshot_id,
-        };
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data: doc_bytes.clone(),
-        };
-        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
-        self.db
-            .put_cf_opt(cf, KEY_CURRENT, codec::encode(&stored), &sync_write())
-            .map_err(|e| io_err(ErrorSubject::Snapshot(Some(meta.signature())), ErrorVerb::Write, e))?;
-        tracing::info!(snapshot_id = %meta.snapshot_id, bytes = doc_bytes.len(), "built metadata snapshot");
+        let store = self.clone();
+        let built = tokio::task::spawn_blocking(move || store.write_snapshot())
+            .await
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, format!("{e:#}")))?;
+        let (record, path) = built;
+        let file = tokio::fs::File::open(&path).await.map_err(|e| {
+            io_err(
+                ErrorSubject::Snapshot(Some(record.meta.signature())),
+                ErrorVerb::Read,
+                e,
+            )
+        })?;
         Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(doc_bytes)),
+            meta: record.meta,
+            snapshot: Box::new(file),
         })
     }
 }
@@ -320,20 +378,26 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
+        // Test hook: a replica that applies slowly (a lagging follower's view).
+        weir_shared::failpoint::pause("state_machine_apply").await;
         let sm = self.db.cf_handle(CF_SM).expect("opened with this column family");
         let meta = self.db.cf_handle(CF_META).expect("opened with this column family");
         let history = self.db.cf_handle(CF_HISTORY).expect("opened with this column family");
         let mut batch = WriteBatch::default();
         let mut outcomes = Vec::new();
+        let last_index;
         {
+            let stored = StoreIndex::new(&self.db);
+            // The index as stored plus this batch's writes, so later entries see earlier ones.
+            let mut index = Overlay::new(&stored);
             let mut inner = self.hub.write();
             let inner = &mut *inner;
             for entry in entries {
                 let log_id = entry.log_id;
-                let index = log_id.index;
+                let entry_index = log_id.index;
                 inner.last_applied = Some(log_id);
                 let mut record = HistoryEntry {
-                    index,
+                    index: entry_index,
                     term: log_id.leader_id.term,
                     proposal: None,
                     outcome: None,
@@ -342,10 +406,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let (outcome, changes) = match entry.payload {
                     EntryPayload::Blank => (Ok(Applied::Done), Vec::new()),
                     EntryPayload::Normal(proposal) => {
-                        let (outcome, changes) = inner.state.apply(index, &proposal);
+                        let effects = inner.state.apply(entry_index, &proposal, &index);
+                        index.apply(&effects.index);
+                        super::index::write(&self.db, &mut batch, &effects.index);
                         record.proposal = Some(proposal);
-                        record.outcome = Some(outcome.clone());
-                        (outcome, changes)
+                        record.outcome = Some(effects.outcome.clone());
+                        (effects.outcome, effects.changes)
                     }
                     EntryPayload::Membership(m) => {
                         record.membership = Some(m.voter_ids().collect());
@@ -353,7 +419,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         (Ok(Applied::Done), Vec::new())
                     }
                 };
-                inner.state.applied_index = index;
+                inner.state.applied_index = entry_index;
                 for change in &changes {
                     let key = row_key_bytes(&change.key);
                     match &change.row {
@@ -361,20 +427,33 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         None => batch.delete_cf(sm, key),
                     }
                 }
-                batch.put_cf(history, index.to_be_bytes(), codec::encode(&record));
-                if index % 1024 == 0 && index > HISTORY_RETAIN {
-                    batch.delete_range_cf(history, 0u64.to_be_bytes(), (index - HISTORY_RETAIN).to_be_bytes());
+                batch.put_cf(history, entry_index.to_be_bytes(), codec::encode(&record));
+                if entry_index % 1024 == 0 && entry_index > HISTORY_RETAIN {
+                    batch.delete_range_cf(
+                        history,
+                        0u64.to_be_bytes(),
+                        (entry_index - HISTORY_RETAIN).to_be_bytes(),
+                    );
                 }
-                ViewHub::publish(inner, &self.hub.tx, Delta { index, changes });
+                ViewHub::publish(
+                    inner,
+                    &self.hub.tx,
+                    Delta {
+                        index: entry_index,
+                        changes,
+                    },
+                );
                 outcomes.push(outcome);
             }
             batch.put_cf(meta, KEY_APPLIED, codec::encode(&inner.last_applied));
             batch.put_cf(meta, KEY_MEMBERSHIP, codec::encode(&inner.membership));
+            last_index = inner.state.applied_index;
         }
         // The applied range is acknowledged only once synced (RR-WAL-3).
         self.db
             .write_opt(batch, &sync_write())
             .map_err(|e| io_err(ErrorSubject::StateMachine, ErrorVerb::Write, e))?;
+        self.hub.durable.send_replace(last_index);
         Ok(outcomes)
     }
 
@@ -382,60 +461,102 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let path = self.snapshots.join(INCOMING);
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?;
+        Ok(Box::new(file))
     }
 
-    /// RR-INT-6: stage the snapshot and a marker durably, then replace the state in one
-    /// synced batch that also clears the marker; a crash in between is redone at open.
+    /// RR-INT-6: the received snapshot is staged durably as a file and marked, then the
+    /// store is replaced in bounded batches; the last one clears the marker. A crash in
+    /// between is redone from the staged file at open.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        mut snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
         let subject = || ErrorSubject::Snapshot(Some(meta.signature()));
-        let staged = StoredSnapshot {
-            meta: meta.clone(),
-            data: snapshot.into_inner(),
-        };
-        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
-        let mut batch = WriteBatch::default();
-        batch.put_cf(cf, KEY_STAGED, codec::encode(&staged));
-        batch.put_cf(cf, KEY_INSTALL_MARKER, meta.snapshot_id.as_bytes());
-        self.db
-            .write_opt(batch, &sync_write())
-            .map_err(|e| io_err(subject(), ErrorVerb::Write, e))?;
-        if weir_shared::failpoint::is_set("snapshot_install_mid") {
-            // Test hook for RR-INT-6: die between staging and replacing.
-            tracing::error!("failpoint snapshot_install_mid: exiting");
-            std::process::exit(86);
+        let staged = snapshot_file::path_of(&self.snapshots, &meta.snapshot_id);
+        // Whatever file the snapshot arrived in, the staged copy is ours and synced.
+        {
+            use tokio::io::AsyncSeekExt;
+            snapshot
+                .flush()
+                .await
+                .map_err(|e| io_err(subject(), ErrorVerb::Write, e))?;
+            snapshot
+                .seek(std::io::SeekFrom::Start(0))
+                .await
+                .map_err(|e| io_err(subject(), ErrorVerb::Read, e))?;
+            let mut out = tokio::fs::File::create(&staged)
+                .await
+                .map_err(|e| io_err(subject(), ErrorVerb::Write, e))?;
+            tokio::io::copy(&mut *snapshot, &mut out)
+                .await
+                .map_err(|e| io_err(subject(), ErrorVerb::Write, e))?;
+            out.sync_all()
+                .await
+                .map_err(|e| io_err(subject(), ErrorVerb::Write, e))?;
         }
-        let mut doc = replace_state(&self.db, &staged).map_err(|e| io_err(subject(), ErrorVerb::Write, e))?;
-        doc.state.reindex();
+        let record = SnapshotRecord {
+            meta: meta.clone(),
+            file: file_name(&staged),
+        };
+        let (db, dir) = (self.db.clone(), self.snapshots.clone());
+        let state = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            snapshot_file::verify(&staged)?;
+            snapshot_file::sync_dir(&dir)?;
+            let cf = db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
+            db.put_cf_opt(cf, KEY_INSTALL_MARKER, codec::encode(&record), &sync_write())?;
+            if weir_shared::failpoint::is_set("snapshot_install_mid") {
+                // Test hook for RR-INT-6: die between staging and replacing.
+                tracing::error!("failpoint snapshot_install_mid: exiting");
+                std::process::exit(86);
+            }
+            finish_install(&db, &dir, &record)?;
+            load_state(&db)
+        })
+        .await
+        .map_err(|e| io_err(subject(), ErrorVerb::Write, e))?
+        .map_err(|e| io_err(subject(), ErrorVerb::Write, format!("{e:#}")))?;
+        let (state, last_applied, membership) = state;
         let mut inner = self.hub.write();
-        inner.state = doc.state;
-        inner.last_applied = doc.last_applied;
-        inner.membership = doc.membership;
+        inner.state = state;
+        inner.last_applied = last_applied;
+        inner.membership = membership;
         inner.recent.clear();
+        let applied = inner.state.applied_index;
         let _ = self.hub.tx.send(WatchItem::Reset);
-        tracing::info!(snapshot_id = %meta.snapshot_id, applied_index = inner.state.applied_index, "installed metadata snapshot");
+        self.hub.durable.send_replace(applied);
+        tracing::info!(snapshot_id = %meta.snapshot_id, applied_index = applied, "installed metadata snapshot");
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
-        let Some(bytes) = self
-            .db
-            .get_cf(cf, KEY_CURRENT)
-            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?
-        else {
+        let record = self
+            .current_record()
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, format!("{e:#}")))?;
+        let Some(record) = record else {
             return Ok(None);
         };
-        let stored: StoredSnapshot =
-            codec::decode(&bytes).map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?;
-        Ok(Some(Snapshot {
-            meta: stored.meta,
-            snapshot: Box::new(Cursor::new(stored.data)),
-        }))
+        let path = self.snapshots.join(&record.file);
+        match tokio::fs::File::open(&path).await {
+            Ok(file) => Ok(Some(Snapshot {
+                meta: record.meta,
+                snapshot: Box::new(file),
+            })),
+            Err(e) => Err(io_err(
+                ErrorSubject::Snapshot(Some(record.meta.signature())),
+                ErrorVerb::Read,
+                e,
+            )),
+        }
     }
 }

@@ -10,7 +10,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError> {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = open_db(dir.path()).expect("open rocksdb");
-        let sm = StateMachineStore::open(db.clone()).expect("open state machine");
+        let sm = StateMachineStore::open(db.clone(), &dir.path().join("snapshots")).expect("open state machine");
         Ok((dir, LogStore::new(db), sm))
     }
 }

@@ -4,6 +4,7 @@
 mod append;
 pub(crate) mod close;
 mod producers;
+pub mod ranges;
 mod read;
 mod reconcile;
 mod takeover;
@@ -56,6 +57,8 @@ pub struct Node {
     pub wal: WalWriter,
     pub store: Arc<dyn ObjectStore>,
     pub cache: BlockCache,
+    /// Where committed offsets are stored: cached ranges of the object index.
+    pub ranges: ranges::RangeCache,
     pub tunables: Tunables,
     streams: RwLock<HashMap<StreamId, Arc<StreamHandle>>>,
     /// Final committed ends of streams no longer served, for WAL reclaim.
@@ -96,6 +99,7 @@ impl Node {
             wal,
             store,
             cache: BlockCache::new(tunables.cache_bytes),
+            ranges: ranges::RangeCache::new(ranges::CAPACITY),
             tunables,
             streams: RwLock::new(HashMap::new()),
             closed_ends: RwLock::new(HashMap::new()),
@@ -160,6 +164,7 @@ impl Node {
         if let Some(h) = &removed {
             h.stop();
         }
+        self.ranges.forget(id);
         removed
     }
 

@@ -4,20 +4,18 @@
 use super::Node;
 use crate::error::StreamdError;
 use crate::stream::producers::ProducerTable;
-use weir_meta::model::ObjectRange;
 use weir_shared::batch::split_batches;
+use weir_shared::ids::StreamId;
 
 impl Node {
-    /// Replays the batch headers of the last `--producer-state-bytes` of committed data.
-    pub async fn rebuild_producers(&self, ranges: &[ObjectRange]) -> Result<ProducerTable, StreamdError> {
+    /// Replays the batch headers of the last `--producer-state-bytes` of the stream's
+    /// committed data, below `end` (read from the object index's tail).
+    pub async fn rebuild_producers(&self, stream: StreamId, end: u64) -> Result<ProducerTable, StreamdError> {
         let mut table = ProducerTable::default();
-        let mut covered = 0u64;
-        let mut first = ranges.len();
-        while first > 0 && covered < self.tunables.producer_state_bytes {
-            first -= 1;
-            covered += ranges[first].len;
-        }
-        for range in &ranges[first..] {
+        let ranges = self
+            .tail_ranges(stream, end, self.tunables.producer_state_bytes)
+            .await?;
+        for range in &ranges {
             let chunk = self.fetch_range(range).await?;
             let parsed =
                 split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;

@@ -83,7 +83,7 @@ impl Node {
         max_bytes: usize,
     ) -> Result<Bytes, StreamdError> {
         // The tail buffer covers offsets from its first batch on.
-        let (from_buffer, range) = {
+        {
             let inner = handle.inner.lock().await;
             if inner.buffer.front().is_some_and(|b| b.start <= offset) {
                 let mut out = BytesMut::new();
@@ -93,39 +93,34 @@ impl Node {
                     }
                     out.extend_from_slice(&b.data);
                 }
-                (Some(out.freeze()), None)
-            } else {
-                let range = inner
-                    .ranges
-                    .iter()
-                    .find(|r| r.start.0 <= offset && offset < r.end.0)
-                    .cloned();
-                (None, range)
+                return Ok(out.freeze());
             }
-        };
-        if let Some(b) = from_buffer {
-            return Ok(b);
         }
-        let range = range.ok_or_else(|| {
-            StreamdError::Internal(format!(
-                "no committed object holds offset {offset} of '{}'",
-                handle.name
-            ))
-        })?;
-        let chunk = self.fetch_range(&range).await?;
-        let parsed = split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;
+        // Committed ranges, one after the other, until `max_bytes` (at least one batch)
+        // or the start of the tail buffer.
         let mut out = BytesMut::new();
-        for (header, bytes) in parsed {
-            let start = header.base_offset as u64;
-            if start + header.offset_count() <= offset {
-                continue;
+        let mut at = offset;
+        loop {
+            let range = self.range_at(handle.id, at).await?;
+            let chunk = self.fetch_range(&range).await?;
+            let parsed =
+                split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;
+            for (header, bytes) in parsed {
+                let start = header.base_offset as u64;
+                if start + header.offset_count() <= at {
+                    continue;
+                }
+                if !out.is_empty() && out.len() + bytes.len() > max_bytes {
+                    return Ok(out.freeze());
+                }
+                out.extend_from_slice(bytes);
             }
-            if !out.is_empty() && out.len() + bytes.len() > max_bytes {
-                break;
+            at = range.end.0;
+            let committed = handle.inner.lock().await.committed_end;
+            if out.len() >= max_bytes || at >= committed.min(durable_end) {
+                return Ok(out.freeze());
             }
-            out.extend_from_slice(bytes);
         }
-        Ok(out.freeze())
     }
 
     /// One committed range's bytes, from the cache or a ranged GET, checked against its CRC.

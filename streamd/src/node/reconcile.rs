@@ -102,7 +102,7 @@ async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) {
             let Some(row) = row.filter(|r| r.epoch == stream_epoch && r.owner.as_ref() == Some(&node.me)) else {
                 return;
             };
-            let producers = match node.rebuild_producers(&row.objects).await {
+            let producers = match node.rebuild_producers(id, committed_end.0).await {
                 Ok(p) => p,
                 // Damaged data is never served, but must not keep the stream closed to appends.
                 Err(e @ crate::error::StreamdError::Corrupt(_)) => {
@@ -120,7 +120,6 @@ async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) {
                 stream_epoch,
                 row.start_offset.0,
                 committed_end.0,
-                row.objects.clone(),
                 producers,
             );
             tracing::info!(stream = name, stream_epoch = %stream_epoch, offset = committed_end.0, log_index = index, "opened stream");

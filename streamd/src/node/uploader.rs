@@ -172,14 +172,17 @@ impl Node {
             let mut inner = handle.inner.lock().await;
             if committed {
                 inner.committed_end = part.chunk.end;
-                inner.ranges.push(weir_meta::model::ObjectRange {
-                    key: key.clone(),
-                    start: Offset(part.chunk.start),
-                    end: Offset(part.chunk.end),
-                    pos: part.chunk.pos,
-                    len: part.chunk.len,
-                    crc: part.chunk.crc,
-                });
+                self.ranges.insert(
+                    part.stream,
+                    [weir_meta::model::ObjectRange {
+                        key: key.clone(),
+                        start: Offset(part.chunk.start),
+                        end: Offset(part.chunk.end),
+                        pos: part.chunk.pos,
+                        len: part.chunk.len,
+                        crc: part.chunk.crc,
+                    }],
+                );
                 inner.trim_committed();
                 let mut joined = Vec::with_capacity(part.chunk.len as usize);
                 for b in &part.batches {

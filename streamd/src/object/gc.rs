@@ -1,7 +1,13 @@
 //! Garbage collection of data objects that were uploaded but never committed (a crash
-//! between PUT and CommitObjects, or a refused commit): deleted once older than the
-//! safety delay and still absent from the metadata log (RR-WAL-4, RR-WAL-5, INV-17).
-//! Deletes in bounded batches and checks for cancellation between them.
+//! between PUT and CommitObjects, or a refused commit), or that no stream references
+//! any more (a destroyed stream): deleted once older than the safety delay and absent
+//! from the object index (RR-WAL-4, RR-WAL-5, INV-17).
+//!
+//! The decision is made from the index, not from this node's view of the log: right
+//! before deleting, a linearizable read (through the metad leader) shows which of the
+//! candidates are committed, so a node whose view lags — or that follows a lagging
+//! replica — deletes nothing committed (design 0002). Deletes in bounded batches and
+//! checks for cancellation between them.
 
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -9,42 +15,41 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use weir_meta::view::View;
+use weir_meta::client::{MetadClient, MAX_PAGE};
 use weir_shared::ids::ObjectKey;
 
-/// Objects deleted per batch.
-const BATCH: usize = 100;
-
-/// One pass: deletes uncommitted `data/` objects older than `delay`. Returns how many.
+/// One pass: deletes `data/` objects older than `delay` that the index does not hold.
+/// Returns how many.
 pub async fn collect(
     store: &dyn ObjectStore,
-    view: &View,
+    metad: &MetadClient,
     delay: Duration,
     cancel: &CancellationToken,
-) -> object_store::Result<usize> {
+) -> anyhow::Result<usize> {
     let cutoff = std::time::SystemTime::now() - delay;
     let listed: Vec<_> = store.list(Some(&Path::from("data"))).try_collect().await?;
-    let orphans: Vec<Path> = listed
+    let candidates: Vec<Path> = listed
         .into_iter()
         .filter(|m| std::time::SystemTime::from(m.last_modified) < cutoff)
-        .filter(|m| !view.with(|s| s.objects.contains_key(&ObjectKey(m.location.to_string()))))
         .map(|m| m.location)
         .collect();
     let mut deleted = 0;
-    for batch in orphans.chunks(BATCH) {
+    for batch in candidates.chunks(MAX_PAGE as usize) {
         if cancel.is_cancelled() {
             break;
         }
-        for path in batch {
-            // Re-check right before deleting: a commit may have landed since the listing.
-            if view.with(|s| s.objects.contains_key(&ObjectKey(path.to_string()))) {
+        let keys: Vec<ObjectKey> = batch.iter().map(|p| ObjectKey(p.to_string())).collect();
+        // Asked right before deleting: a commit that landed since the listing counts.
+        let (committed, read_index) = metad.objects_committed(&keys).await?;
+        for (path, key) in batch.iter().zip(&keys) {
+            if committed.contains(key) {
                 continue;
             }
             match store.delete(path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                     deleted += 1;
                     crate::metrics::metrics().gc_deleted.inc();
-                    tracing::info!(object_key = %path, "deleted uncommitted data object");
+                    tracing::info!(object_key = %path, log_index = read_index, "deleted uncommitted data object");
                 }
                 Err(e) => tracing::warn!(object_key = %path, error = %e, "cannot delete uncommitted data object"),
             }
@@ -56,7 +61,7 @@ pub async fn collect(
 /// Runs [`collect`] every `every` until `cancel`.
 pub async fn gc_loop(
     store: Arc<dyn ObjectStore>,
-    view: Arc<View>,
+    metad: Arc<MetadClient>,
     delay: Duration,
     every: Duration,
     cancel: CancellationToken,
@@ -66,13 +71,9 @@ pub async fn gc_loop(
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        // Only a view that has caught up knows every committed object.
-        if view.applied_index() == 0 {
-            continue;
-        }
-        match collect(store.as_ref(), &view, delay, &cancel).await {
+        match collect(store.as_ref(), &metad, delay, &cancel).await {
             Ok(_) => crate::metrics::metrics().gc_passes.inc(),
-            Err(e) => tracing::warn!(error = %e, "object garbage collection failed; will retry"),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "object garbage collection failed; will retry"),
         }
     }
 }

@@ -5,7 +5,6 @@ use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{watch, Mutex};
-use weir_meta::model::ObjectRange;
 use weir_shared::ids::{StreamEpoch, StreamId};
 
 /// One batch in the tail buffer, with its assigned offsets.
@@ -27,8 +26,6 @@ pub struct StreamInner {
     pub uploaded_end: u64,
     /// End of what is committed in data objects.
     pub committed_end: u64,
-    /// Committed object ranges, in order; the view's copy may lag our own commits.
-    pub ranges: Vec<ObjectRange>,
     /// Set while closing: no new appends.
     pub closing: bool,
     /// Idempotent producers' recent batches (duplicate and sequence checks).
@@ -78,7 +75,6 @@ impl StreamHandle {
         epoch: StreamEpoch,
         start_offset: u64,
         committed_end: u64,
-        ranges: Vec<ObjectRange>,
         producers: ProducerTable,
     ) -> Self {
         Self {
@@ -91,7 +87,6 @@ impl StreamHandle {
                 buffer: VecDeque::new(),
                 uploaded_end: committed_end,
                 committed_end,
-                ranges,
                 closing: false,
                 producers,
                 buffered: 0,

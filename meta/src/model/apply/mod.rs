@@ -3,6 +3,7 @@
 //! A rejected command changes nothing: each rule validates before it mutates.
 
 use super::command::{Command, Outcome, Proposal, Proposer, RejectCode, Rejection};
+use super::index::{IndexChange, IndexRead};
 use super::rows::*;
 use super::state::{Change, RowKey, State};
 use std::collections::BTreeSet;
@@ -43,17 +44,33 @@ fn at_epoch(stream: &StreamRow, stream_epoch: StreamEpoch) -> Result<(), Rejecti
     Ok(())
 }
 
+/// What applying one entry did: its outcome, the view rows it changed (the watch
+/// delta), and its writes to the object index.
+#[derive(Debug)]
+pub struct Effects {
+    pub outcome: Outcome,
+    pub changes: Vec<Change>,
+    pub index: Vec<IndexChange>,
+}
+
 impl State {
-    /// Applies one proposal at `index`, returning its outcome and the rows it changed.
-    pub fn apply(&mut self, index: u64, proposal: &Proposal) -> (Outcome, Vec<Change>) {
+    /// Applies one proposal at `index` against this view and the object index as
+    /// `objects` reads it; the index writes are the caller's to store.
+    pub fn apply(&mut self, index: u64, proposal: &Proposal, objects: &dyn IndexRead) -> Effects {
         let mut txn = Txn {
             state: self,
+            objects,
             index,
             touched: BTreeSet::new(),
+            index_changes: Vec::new(),
         };
         let outcome = txn.apply(&proposal.proposer, &proposal.command);
         let touched = std::mem::take(&mut txn.touched);
-        debug_assert!(outcome.is_ok() || touched.is_empty(), "a rejection changed rows");
+        let index_changes = std::mem::take(&mut txn.index_changes);
+        debug_assert!(
+            outcome.is_ok() || (touched.is_empty() && index_changes.is_empty()),
+            "a rejection changed rows"
+        );
         self.applied_index = index;
         let changes = touched
             .into_iter()
@@ -62,15 +79,22 @@ impl State {
                 key,
             })
             .collect();
-        (outcome, changes)
+        Effects {
+            outcome,
+            changes,
+            index: index_changes,
+        }
     }
 }
 
-/// One command's application: the state, the entry's index, and the rows touched.
+/// One command's application: the view, the object index it reads, the entry's index,
+/// and what it changed.
 struct Txn<'a> {
     state: &'a mut State,
+    objects: &'a dyn IndexRead,
     index: u64,
     touched: BTreeSet<RowKey>,
+    index_changes: Vec<IndexChange>,
 }
 
 impl Txn<'_> {

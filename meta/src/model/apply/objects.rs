@@ -1,7 +1,10 @@
-//! Data objects: CommitObjects makes an uploaded object's ranges visible (RR-WAL-4).
+//! Data objects: CommitObjects makes an uploaded object's ranges visible (RR-WAL-4),
+//! advancing each stream's committed end in the view and writing the ranges and the
+//! object to the object index.
 
 use super::{reject, Txn};
 use crate::model::command::{Applied, CommitRange, Outcome, Proposer, RejectCode};
+use crate::model::index::IndexChange;
 use crate::model::rows::*;
 use crate::model::state::RowKey;
 use weir_shared::ids::{ObjectKey, StreamId};
@@ -20,13 +23,14 @@ impl Txn<'_> {
         if ranges.is_empty() {
             return Err(reject(RejectCode::InvalidArgument, "a commit needs at least one range"));
         }
-        if self.state.objects.contains_key(key) {
+        if self.objects.object(key).is_some() {
             return Err(reject(
                 RejectCode::AlreadyExists,
                 format!("object '{key}' is already committed"),
             ));
         }
         let mut updated: std::collections::BTreeMap<StreamId, StreamRow> = Default::default();
+        let mut ranges_out = Vec::with_capacity(ranges.len());
         for range in ranges {
             let mut row = match updated.get(&range.stream) {
                 Some(r) => r.clone(),
@@ -75,13 +79,17 @@ impl Txn<'_> {
                 ));
             }
             row.committed_end = range.end;
-            row.objects.push(ObjectRange {
-                key: key.clone(),
-                start: range.start,
-                end: range.end,
-                pos: range.pos,
-                len: range.len,
-                crc: range.crc,
+            row.commits += 1;
+            ranges_out.push(IndexChange::PutRange {
+                stream: range.stream,
+                range: ObjectRange {
+                    key: key.clone(),
+                    start: range.start,
+                    end: range.end,
+                    pos: range.pos,
+                    len: range.len,
+                    crc: range.crc,
+                },
             });
             updated.insert(range.stream, row);
         }
@@ -90,16 +98,13 @@ impl Txn<'_> {
             self.state.streams.insert(id, row);
             self.touch(RowKey::Stream(id));
         }
-        self.state.objects.insert(
-            key.clone(),
-            ObjectRow {
-                key: key.clone(),
-                size,
-                committed_index: self.index,
-                streams,
-            },
-        );
-        self.touch(RowKey::Object(key.clone()));
+        self.index_changes.extend(ranges_out);
+        self.index_changes.push(IndexChange::PutObject(ObjectRow {
+            key: key.clone(),
+            size,
+            committed_index: self.index,
+            streams,
+        }));
         Ok(Applied::Done)
     }
 }

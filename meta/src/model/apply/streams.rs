@@ -5,8 +5,10 @@
 use super::transfer::check_destination;
 use super::{at_epoch, reject, validate_name, Txn};
 use crate::model::command::{Applied, Outcome, Proposer, RejectCode};
+use crate::model::index::IndexChange;
 use crate::model::rows::*;
 use crate::model::state::{Row, RowKey};
+use std::collections::BTreeMap;
 use weir_shared::ids::{NodeId, ObjectKey, Offset, StreamEpoch, StreamId};
 
 impl Txn<'_> {
@@ -25,7 +27,7 @@ impl Txn<'_> {
             transfer_target: None,
             start_offset: Offset(0),
             committed_end: Offset(0),
-            objects: Vec::new(),
+            commits: 0,
             config: config.clone(),
         };
         self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
@@ -88,15 +90,25 @@ impl Txn<'_> {
                 ));
             }
         }
-        let keys: Vec<ObjectKey> = row.objects.iter().map(|o| o.key.clone()).collect();
-        for key in keys {
-            if let Some(obj) = self.state.objects.get_mut(&key) {
-                obj.streams.retain(|s| *s != id);
-                if obj.streams.is_empty() {
-                    self.state.objects.remove(&key);
-                }
-                self.touch(RowKey::Object(key));
-            }
+        // Its ranges leave the index, and each object holding one no longer names it
+        // (an object that names no stream is no longer committed; GC takes it).
+        let mut objects: BTreeMap<ObjectKey, Option<ObjectRow>> = BTreeMap::new();
+        for range in self.objects.ranges_from(id, Offset(0), usize::MAX) {
+            self.index_changes.push(IndexChange::DeleteRange {
+                stream: id,
+                start: range.start,
+            });
+            let object = self.objects.object(&range.key);
+            objects.entry(range.key).or_insert(object);
+        }
+        for (key, object) in objects {
+            let Some(mut object) = object else { continue };
+            object.streams.retain(|s| *s != id);
+            self.index_changes.push(if object.streams.is_empty() {
+                IndexChange::DeleteObject(key)
+            } else {
+                IndexChange::PutObject(object)
+            });
         }
         self.state.set_row(&RowKey::Stream(id), None);
         self.touch(RowKey::Stream(id));

@@ -117,7 +117,13 @@ mod tests {
 
         fn run(&mut self, proposer: Proposer, command: Command) -> Outcome {
             self.index += 1;
-            self.state.apply(self.index, &Proposal { proposer, command }).0
+            self.state
+                .apply(
+                    self.index,
+                    &Proposal { proposer, command },
+                    &crate::model::MemIndex::default(),
+                )
+                .outcome
         }
 
         fn op(&mut self, command: Command) -> Outcome {
