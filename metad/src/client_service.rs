@@ -342,9 +342,10 @@ async fn send_snapshot(tx: &mpsc::Sender<Result<WatchEvent, Status>>, state: &we
     let mut chunk: Vec<Row> = Vec::new();
     let mut bytes = 0;
     for row in rows {
-        // JSON of one row; a chunk is flushed before it would pass the bound.
-        let size = serde_json::to_vec(&row).map_or(0, |b| b.len());
-        if !chunk.is_empty() && bytes + size > SNAPSHOT_CHUNK_BYTES {
+        // JSON of one row and its separator; a chunk (with its two-byte header and the
+        // brackets) is flushed before it would pass the bound.
+        let size = serde_json::to_vec(&row).map_or(0, |b| b.len()) + 1;
+        if !chunk.is_empty() && bytes + size + 4 > SNAPSHOT_CHUNK_BYTES {
             let rows = codec::encode(&std::mem::take(&mut chunk));
             if tx.send(event(watch_event::Kind::SnapshotRows(rows))).await.is_err() {
                 return false;

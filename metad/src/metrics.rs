@@ -21,6 +21,9 @@ pub struct MetadMetrics {
     /// Planned transfers this replica coordinated, by outcome (`moved`, `failed`) and
     /// reason (`drain`, `shutdown`, `transfer`).
     pub transfers: IntCounterVec,
+    /// Raft snapshot chunks, by direction (`sent`, `received`): a snapshot travels in
+    /// chunks of at most 1 MiB (design 0002).
+    pub snapshot_chunks: IntCounterVec,
 }
 
 pub fn metrics() -> &'static MetadMetrics {
@@ -56,6 +59,13 @@ pub fn metrics() -> &'static MetadMetrics {
                         "Planned transfers coordinated, by outcome and reason",
                     ),
                     &["outcome", "reason"],
+                )
+                .expect("valid metric"),
+            ),
+            snapshot_chunks: register(
+                IntCounterVec::new(
+                    Opts::new("metad_raft_snapshot_chunks_total", "Raft snapshot chunks, by direction"),
+                    &["direction"],
                 )
                 .expect("valid metric"),
             ),

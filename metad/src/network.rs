@@ -76,6 +76,12 @@ impl PeerClient {
             Rpc::Snapshot => RPCTypes::InstallSnapshot,
             Rpc::Vote => RPCTypes::Vote,
         };
+        if matches!(rpc, Rpc::Snapshot) {
+            crate::metrics::metrics()
+                .snapshot_chunks
+                .with_label_values(&["sent"])
+                .inc();
+        }
         let call = async {
             match rpc {
                 Rpc::Append => client.append_entries(request).await,

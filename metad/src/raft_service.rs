@@ -36,6 +36,10 @@ impl RaftRpc for RaftService {
     }
 
     async fn install_snapshot(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        crate::metrics::metrics()
+            .snapshot_chunks
+            .with_label_values(&["received"])
+            .inc();
         let result = self.raft.install_snapshot(decode(req)?).await;
         reply(&result)
     }

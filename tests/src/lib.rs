@@ -10,6 +10,7 @@ pub mod history;
 pub mod metad;
 pub mod process;
 pub mod proxy;
+pub mod readback;
 pub mod s3;
 pub mod streamd;
 

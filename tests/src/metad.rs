@@ -76,6 +76,11 @@ impl Replica {
         self.proc.resume();
     }
 
+    /// The running process's id (for its RSS in benchmarks).
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     pub fn log_text(&self) -> String {
         self.proc.log_text()
     }

@@ -73,6 +73,34 @@ impl S3Server {
         format!("s3://{BUCKET}")
     }
 
+    /// A client of the bucket, as a node has it.
+    pub fn store(&self) -> object_store::aws::AmazonS3 {
+        object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_bucket_name(BUCKET)
+            .with_access_key_id(ACCESS_KEY)
+            .with_secret_access_key(SECRET_KEY)
+            .with_region("us-east-1")
+            .with_allow_http(true)
+            .build()
+            .expect("s3 client")
+    }
+
+    /// Puts object `key`, as an uploader would.
+    pub async fn put(&self, key: &str, bytes: &[u8]) {
+        use object_store::ObjectStoreExt;
+        self.store()
+            .put(&object_store::path::Path::from(key), bytes.to_vec().into())
+            .await
+            .expect("put");
+    }
+
+    /// Whether object `key` exists.
+    pub async fn exists(&self, key: &str) -> bool {
+        use object_store::ObjectStoreExt;
+        self.store().head(&object_store::path::Path::from(key)).await.is_ok()
+    }
+
     /// Where the server keeps object `key` on disk.
     pub fn object_path(&self, key: &str) -> PathBuf {
         self.dir.path().join(BUCKET).join(key)

@@ -22,6 +22,9 @@ pub const KEY_LAST_PURGED: &[u8] = b"last_purged";
 pub const KEY_APPLIED: &[u8] = b"applied";
 pub const KEY_MEMBERSHIP: &[u8] = b"membership";
 
+/// The most write-ahead log a restart replays.
+const MAX_TOTAL_WAL_BYTES: u64 = 16 << 20;
+
 /// Opens (creating if needed) the metadata database under `dir`, migrating one written
 /// in format 1 and refusing any other format (RR-WAL-6).
 pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
@@ -29,6 +32,11 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
+    // One WAL serves every column family, and a file is kept until every family has
+    // flushed past it: the quiet ones (meta, sm) would keep the busy log's writes alive
+    // and make a restart replay all of them. Past this size RocksDB flushes the
+    // families holding the oldest file, which bounds the replay (design 0002).
+    opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
     let cfs = [CF_META, CF_LOG, CF_SM, CF_HISTORY, CF_SNAPSHOT, CF_INDEX]
         .into_iter()
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));

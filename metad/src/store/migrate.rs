@@ -4,7 +4,7 @@
 //! format-2 snapshot file, which `StateMachineStore::open` writes. One synced batch: a
 //! crash midway leaves format 1, and the migration runs again at the next open.
 
-use super::db::{sync_write, CF_INDEX, CF_META, CF_SM, CF_SNAPSHOT, KEY_APPLIED, KEY_FORMAT, KEY_MEMBERSHIP};
+use super::db::{sync_write, CF_META, CF_SM, CF_SNAPSHOT, KEY_APPLIED, KEY_FORMAT, KEY_MEMBERSHIP};
 use super::state_machine::row_key_bytes;
 use rocksdb::{IteratorMode, WriteBatch, DB};
 use serde_json::Value;
@@ -90,7 +90,6 @@ pub fn from_format1(db: &DB) -> anyhow::Result<()> {
     for key in [KEY_CURRENT, KEY_STAGED, KEY_INSTALL_MARKER] {
         batch.delete_cf(cf(CF_SNAPSHOT), key);
     }
-    let _ = cf(CF_INDEX);
     batch.put_cf(cf(CF_META), KEY_FORMAT, [FORMAT_VERSION]);
     db.write_opt(batch, &sync_write())?;
     tracing::info!(

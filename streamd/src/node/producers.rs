@@ -4,6 +4,7 @@
 use super::Node;
 use crate::error::StreamdError;
 use crate::stream::producers::ProducerTable;
+use futures::StreamExt;
 use weir_shared::batch::split_batches;
 use weir_shared::ids::StreamId;
 
@@ -15,8 +16,16 @@ impl Node {
         let ranges = self
             .tail_ranges(stream, end, self.tunables.producer_state_bytes)
             .await?;
-        for range in &ranges {
-            let chunk = self.fetch_range(range).await?;
+        // Fetched several at a time (a tail of many small ranges would otherwise cost
+        // one round trip each), replayed in order.
+        let mut chunks = futures::stream::iter(ranges)
+            .map(|range| async move {
+                let chunk = self.fetch_range(&range).await?;
+                Ok::<_, StreamdError>((range, chunk))
+            })
+            .buffered(super::read::FETCH_CONCURRENCY);
+        while let Some(fetched) = chunks.next().await {
+            let (range, chunk) = fetched?;
             let parsed =
                 split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;
             let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();

@@ -5,11 +5,17 @@ use super::Node;
 use crate::error::StreamdError;
 use crate::stream::StreamHandle;
 use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
 use object_store::{GetOptions, GetRange};
 use std::sync::Arc;
 use std::time::Duration;
 use weir_meta::model::ObjectRange;
 use weir_shared::batch::split_batches;
+
+/// Ranged GETs one read or open has in flight at once.
+pub const FETCH_CONCURRENCY: usize = 16;
+/// Most committed ranges one read answers from (each can be a separate object).
+const MAX_RANGES_PER_READ: usize = 256;
 
 /// A read's answer.
 #[derive(Debug, Clone)]
@@ -96,13 +102,32 @@ impl Node {
                 return Ok(out.freeze());
             }
         }
-        // Committed ranges, one after the other, until `max_bytes` (at least one batch)
-        // or the start of the tail buffer.
-        let mut out = BytesMut::new();
-        let mut at = offset;
+        // Committed ranges from `offset` until `max_bytes` (at least one batch) or the
+        // start of the tail buffer: found first (mostly in the range cache), then
+        // fetched several at a time, and cut in order.
+        let committed = handle.inner.lock().await.committed_end;
+        let stop = committed.min(durable_end);
+        let mut ranges = Vec::new();
+        let (mut at, mut planned) = (offset, 0u64);
         loop {
             let range = self.range_at(handle.id, at).await?;
-            let chunk = self.fetch_range(&range).await?;
+            planned += range.len;
+            at = range.end.0;
+            ranges.push(range);
+            if planned >= max_bytes as u64 || at >= stop || ranges.len() >= MAX_RANGES_PER_READ {
+                break;
+            }
+        }
+        let mut chunks = futures::stream::iter(ranges)
+            .map(|range| async move {
+                let chunk = self.fetch_range(&range).await?;
+                Ok::<_, StreamdError>((range, chunk))
+            })
+            .buffered(FETCH_CONCURRENCY);
+        let mut out = BytesMut::new();
+        let mut at = offset;
+        while let Some(fetched) = chunks.next().await {
+            let (range, chunk) = fetched?;
             let parsed =
                 split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;
             for (header, bytes) in parsed {
@@ -116,11 +141,8 @@ impl Node {
                 out.extend_from_slice(bytes);
             }
             at = range.end.0;
-            let committed = handle.inner.lock().await.committed_end;
-            if out.len() >= max_bytes || at >= committed.min(durable_end) {
-                return Ok(out.freeze());
-            }
         }
+        Ok(out.freeze())
     }
 
     /// One committed range's bytes, from the cache or a ranged GET, checked against its CRC.

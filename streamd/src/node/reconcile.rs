@@ -5,6 +5,7 @@
 
 use super::Node;
 use crate::stream::StreamHandle;
+use futures::StreamExt;
 use std::sync::Arc;
 use weir_meta::model::{Applied, Command, StreamState};
 use weir_shared::ids::StreamId;
@@ -23,6 +24,9 @@ pub async fn reconcile_loop(node: Arc<Node>, cancel: tokio_util::sync::Cancellat
         }
     }
 }
+
+/// Placed streams opened at once.
+const OPEN_CONCURRENCY: usize = 16;
 
 async fn reconcile(node: &Arc<Node>) {
     let me = node.me.clone();
@@ -75,9 +79,12 @@ async fn reconcile(node: &Arc<Node>) {
             .collect()
     });
     let served: Vec<StreamId> = node.all_streams().iter().map(|h| h.id).collect();
-    for (id, name) in to_open.into_iter().filter(|(id, _)| !served.contains(id)) {
-        open_stream(node, id, &name).await;
-    }
+    // Several at a time: each open waits on metad and reads its producer-state tail.
+    futures::stream::iter(to_open.into_iter().filter(|(id, _)| !served.contains(id)))
+        .for_each_concurrent(OPEN_CONCURRENCY, |(id, name)| async move {
+            open_stream(node, id, &name).await
+        })
+        .await;
     // WAL takeovers this incarnation is the agent of (FO-TKO-3).
     node.start_takeovers();
 }
