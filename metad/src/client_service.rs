@@ -322,6 +322,16 @@ async fn feed_watcher(hub: Arc<ViewHub>, after: Option<u64>, tx: &mpsc::Sender<R
 }
 
 /// Sends `state` as a snapshot in chunks of at most [`SNAPSHOT_CHUNK_BYTES`] of rows.
+/// One watch-snapshot chunk. Failpoint `watch_snapshot_rows` (`return(err)`) marks it
+/// with a format this build does not write, as a newer replica's frame would be.
+fn rows_frame(rows: &[Row]) -> Vec<u8> {
+    let mut frame = codec::encode(&rows);
+    if failpoint::action("watch_snapshot_rows") == Some(failpoint::Action::Error) {
+        frame[1] = codec::FORMAT_VERSION + 1;
+    }
+    frame
+}
+
 async fn send_snapshot(tx: &mpsc::Sender<Result<WatchEvent, Status>>, state: &weir_meta::model::State) -> bool {
     let index = state.applied_index;
     let event = |kind| {
@@ -346,7 +356,7 @@ async fn send_snapshot(tx: &mpsc::Sender<Result<WatchEvent, Status>>, state: &we
         // brackets) is flushed before it would pass the bound.
         let size = serde_json::to_vec(&row).map_or(0, |b| b.len()) + 1;
         if !chunk.is_empty() && bytes + size + 4 > SNAPSHOT_CHUNK_BYTES {
-            let rows = codec::encode(&std::mem::take(&mut chunk));
+            let rows = rows_frame(&std::mem::take(&mut chunk));
             if tx.send(event(watch_event::Kind::SnapshotRows(rows))).await.is_err() {
                 return false;
             }
@@ -357,7 +367,7 @@ async fn send_snapshot(tx: &mpsc::Sender<Result<WatchEvent, Status>>, state: &we
     }
     if !chunk.is_empty()
         && tx
-            .send(event(watch_event::Kind::SnapshotRows(codec::encode(&chunk))))
+            .send(event(watch_event::Kind::SnapshotRows(rows_frame(&chunk))))
             .await
             .is_err()
     {

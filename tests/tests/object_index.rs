@@ -446,3 +446,42 @@ async fn a_format1_weir_dev_directory_stuck_past_the_limit_comes_back_after_the_
     })
     .await;
 }
+
+// Design 0002's bounded messages, the failure side: a watcher that receives a snapshot
+// frame it cannot decode (here one marked with a format this build does not read, as a
+// newer metad's would be) logs an error naming the cause, is not ready, and says why in
+// `/ready`; once metad sends frames it reads, the same process becomes ready.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watcher_that_cannot_decode_its_snapshot_says_why_and_is_not_ready() {
+    within(120, async {
+        let mut cluster =
+            Cluster::start_with_env(1, &[], &[("WEIR_FAILPOINT_WATCH_SNAPSHOT_ROWS", "return(err)")]).await;
+        cluster.wait_leader(&[]).await;
+        let dir = tempfile::tempdir().expect("dir");
+        let gw = Gatewayd::start("gw-undecodable", &cluster.replicas[0].grpc, dir.path(), &[]);
+        let why = wait_for("the watcher reports the cause", Duration::from_secs(30), || async {
+            let r = reqwest::get(gw.url("/ready")).await.ok()?;
+            let status = r.status();
+            let body: Value = r.json().await.ok()?;
+            Some((status, body["view_error"].as_str()?.to_string()))
+        })
+        .await;
+        assert_eq!(why.0, reqwest::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(why.1.contains("undecodable metadata snapshot rows"), "{}", why.1);
+        let log = gw.log_text();
+        assert!(
+            log.lines().any(|l| l.contains("\"ERROR\"")
+                && l.contains("cannot follow the metadata log")
+                && l.contains("undecodable")),
+            "{log}"
+        );
+        // metad restarted without the fault: the same gateway recovers by itself.
+        cluster.replicas[0].kill();
+        cluster.replicas[0].env.clear();
+        cluster.replicas[0].start();
+        gw.wait_ready().await;
+        let (_, ready) = gw.send(gw.request(reqwest::Method::GET, "/ready")).await;
+        assert_eq!(ready["view_error"], Value::Null, "{ready}");
+    })
+    .await;
+}
