@@ -98,7 +98,7 @@ async fn ready_after(url: &str, since: Instant) -> Duration {
 // record reads back; and a gateway started afterwards is ready within 5 s.
 #[tokio::test(flavor = "multi_thread")]
 async fn after_an_ingest_past_three_times_the_old_limit_every_process_restarts_ready_within_5_s() {
-    within(600, async {
+    within(900, async {
         let mut stack = Stack::start_with(
             1,
             Backend::FileWal,
