@@ -104,7 +104,8 @@ fn producer(bootstrap: &str) -> FutureProducer {
 }
 
 async fn soak(minutes: u64, partitions: u32) {
-    let stack = Stack::start(2, Backend::FileWal, &[]).await;
+    // Placement on (metad's default), as a user's cluster runs.
+    let stack = Stack::start_with(2, Backend::FileWal, &[], &[]).await;
     stack.metad.create_topic("soak", partitions).await;
     let gw = Gatewayd::start("soak-gw", &stack.metad_addrs(), stack.dir.path(), &[]);
     gw.wait_ready().await;
@@ -158,7 +159,7 @@ async fn soak(minutes: u64, partitions: u32) {
 }
 
 async fn wide(streams: u32) {
-    let stack = Stack::start(3, Backend::FileWal, &[]).await;
+    let stack = Stack::start_with(3, Backend::FileWal, &[], &[]).await;
     let client = stack.metad.client();
     let started = Instant::now();
     stack.metad.create_topic("wide", streams).await;
