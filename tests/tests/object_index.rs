@@ -206,7 +206,8 @@ async fn after_an_ingest_past_three_times_the_old_limit_every_process_restarts_r
     .await;
 }
 
-// Design 0002's bounded messages: a view over 4 MiB (20,000 streams) reaches a new
+// RR-INT-6 (a lagging replica installs a snapshot and then holds the leader's state),
+// design 0002's bounded messages: a view over 4 MiB (20,000 streams) reaches a new
 // gateway as a watch snapshot in chunks, and a replica that missed the log behind a
 // purge installs a Raft snapshot over 4 MiB, sent in chunks, and then holds the same
 // view as the leader.
@@ -363,7 +364,8 @@ async fn a_gc_following_a_lagging_follower_deletes_nothing_committed() {
     .await;
 }
 
-// Issue 15's upgrade in place. The fixture is a `weir dev` data directory written by the
+// RR-WAL-6 (metad storage carries a format identifier, checked before decoding), issue
+// 15's upgrade in place. The fixture is a `weir dev` data directory written by the
 // previous release (format 1): a 200-partition topic `fx` and an HTTP stream `plain`,
 // ingested until the view passed the 4 MiB message limit, after which no watcher could
 // start. This release migrates it when metad opens it: every process is ready, the
