@@ -48,6 +48,7 @@ pub fn range_to_proto(r: &ObjectRange) -> Range {
         pos: r.pos,
         len: r.len,
         crc: r.crc,
+        max_timestamp: r.max_timestamp,
     }
 }
 
@@ -59,6 +60,7 @@ pub fn range_from_proto(r: Range) -> ObjectRange {
         pos: r.pos,
         len: r.len,
         crc: r.crc,
+        max_timestamp: r.max_timestamp,
     }
 }
 

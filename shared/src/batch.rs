@@ -146,6 +146,46 @@ pub fn split_batches(mut bytes: &[u8]) -> Result<Vec<(BatchHeader, &[u8])>, Batc
 }
 
 /// Rewrites `baseOffset` in place; it lies outside the CRC, so the batch stays valid.
+/// The newest `maxTimestamp` among the batches in `bytes` (already validated; headers
+/// only, no CRC), or `-1` when there is none. Age-based retention reads it.
+pub fn max_timestamp(mut bytes: &[u8]) -> i64 {
+    let mut newest = -1;
+    while let Ok(header) = parse_header(bytes) {
+        newest = newest.max(header.max_timestamp);
+        if header.total_len > bytes.len() {
+            break;
+        }
+        bytes = &bytes[header.total_len..];
+    }
+    newest
+}
+
+/// Where the first whole batch starts in `bytes`, a tail cut at an unknown position
+/// from a run of batches whose last one ends exactly at the end of `bytes` at offset
+/// `end`: the first position from which headers chain to the end with continuous
+/// offsets, ending at `end`, every CRC valid. A read of just the tail of a large range
+/// (an open rebuilding producer state) finds its footing this way.
+pub fn first_whole_batch(bytes: &[u8], end: u64) -> Option<usize> {
+    (0..bytes.len()).find(|&at| chains_to(&bytes[at..], end) && split_batches(&bytes[at..]).is_ok())
+}
+
+/// Whether `bytes` is headers chained to its very end, offsets continuous, ending at `end`.
+fn chains_to(mut bytes: &[u8], end: u64) -> bool {
+    let mut next: Option<u64> = None;
+    while !bytes.is_empty() {
+        let Ok(header) = parse_header(bytes) else { return false };
+        let Ok(base) = u64::try_from(header.base_offset) else {
+            return false;
+        };
+        if next.is_some_and(|n| n != base) {
+            return false;
+        }
+        next = Some(base + header.offset_count());
+        bytes = &bytes[header.total_len..];
+    }
+    next == Some(end)
+}
+
 pub fn set_base_offset(batch: &mut [u8], base_offset: i64) {
     batch[0..8].copy_from_slice(&base_offset.to_be_bytes());
 }
@@ -191,6 +231,44 @@ pub(crate) mod tests {
         set_base_offset(&mut first, 42);
         let (h, _) = split_batches(&first).unwrap()[0];
         assert_eq!(h.base_offset, 42);
+    }
+
+    /// Batches at offsets 0.., each `count` records of `payload`, concatenated.
+    fn run(batches: usize, count: i32, payload: &[u8]) -> (Vec<u8>, Vec<usize>) {
+        let (mut out, mut starts, mut offset) = (Vec::new(), Vec::new(), 0i64);
+        for _ in 0..batches {
+            let mut b = batch(count, payload);
+            set_base_offset(&mut b, offset);
+            offset += i64::from(count);
+            starts.push(out.len());
+            out.extend(b);
+        }
+        (out, starts)
+    }
+
+    #[test]
+    fn a_tail_cut_anywhere_finds_its_first_whole_batch() {
+        // Payloads that look like batch headers must not fool it.
+        let (bytes, starts) = run(20, 3, &batch(1, b"decoy"));
+        let end = 60;
+        for cut in [0, 1, 17, starts[5] - 1, starts[5], starts[5] + 30, starts[19]] {
+            let expected = starts
+                .iter()
+                .copied()
+                .find(|&s| s >= cut)
+                .expect("a batch after the cut");
+            assert_eq!(
+                first_whole_batch(&bytes[cut..], end),
+                Some(expected - cut),
+                "cut at {cut}"
+            );
+        }
+        assert_eq!(first_whole_batch(&bytes[starts[19] + 1..], end), None, "no whole batch");
+        assert_eq!(
+            first_whole_batch(&bytes, 59),
+            None,
+            "must end at the range's end offset"
+        );
     }
 
     #[test]

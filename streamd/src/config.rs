@@ -82,6 +82,24 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_GC_DELAY_SEC", default_value_t = 3600)]
     pub gc_delay_sec: u64,
 
+    /// Seconds an object must stay unreferenced (trimmed, compacted away, or never
+    /// committed) before it is deleted, so reads that found it just before still can.
+    #[arg(long, env = "WEIR_GC_GRACE_SEC", default_value_t = 60)]
+    pub gc_grace_sec: u64,
+
+    /// Size of the per-stream objects compaction rewrites small ranges into.
+    #[arg(long, env = "WEIR_COMPACTION_TARGET_BYTES", default_value_t = 64 << 20)]
+    pub compaction_target_bytes: u64,
+
+    /// How often the owner compacts its streams' small ranges.
+    #[arg(long, env = "WEIR_COMPACTION_INTERVAL_MS", default_value_t = 60_000)]
+    pub compaction_interval_ms: u64,
+
+    /// How often the owner checks its streams' `retention.ms` and `retention.bytes`
+    /// (Kafka's `log.retention.check.interval.ms`).
+    #[arg(long, env = "WEIR_RETENTION_CHECK_INTERVAL_MS", default_value_t = 300_000)]
+    pub retention_check_interval_ms: u64,
+
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 
@@ -99,10 +117,15 @@ impl StreamdArgs {
             ("--upload-interval-ms", self.upload_interval_ms),
             ("--upload-bytes", self.upload_bytes),
             ("--wal-max-bytes", self.wal_max_bytes),
+            ("--retention-check-interval-ms", self.retention_check_interval_ms),
+            ("--compaction-interval-ms", self.compaction_interval_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError::new(format!("{flag} must be at least 1")));
             }
+        }
+        if self.compaction_target_bytes < 4096 {
+            return Err(ConfigError::new("--compaction-target-bytes must be at least 4096"));
         }
         if self.gc_delay_sec == 0 {
             return Err(ConfigError::new("--gc-delay-sec must be at least 1"));

@@ -18,6 +18,13 @@ pub struct StreamdMetrics {
     pub gc_deleted: IntCounter,
     /// Garbage-collection passes run.
     pub gc_passes: IntCounter,
+    /// Start offsets advanced, by reason (`request` or `retention`).
+    pub trims: IntCounterVec,
+    /// Ranges compaction replaced, and bytes it wrote.
+    pub compacted_ranges: IntCounter,
+    pub compacted_bytes: IntCounter,
+    /// Bytes read by partial reads of a range's tail (producer-state rebuilds).
+    pub tail_bytes_read: IntCounter,
 }
 
 pub fn metrics() -> &'static StreamdMetrics {
@@ -51,8 +58,24 @@ pub fn metrics() -> &'static StreamdMetrics {
             streams_served: register(
                 IntGauge::new("streamd_streams_served", "Streams this node serves").expect("valid metric"),
             ),
-            gc_deleted: counter("streamd_gc_deleted_objects_total", "Uncommitted data objects collected"),
+            gc_deleted: counter(
+                "streamd_gc_deleted_objects_total",
+                "Data objects deleted: uncommitted, or no longer referenced",
+            ),
             gc_passes: counter("streamd_gc_passes_total", "Garbage-collection passes run"),
+            trims: register(
+                IntCounterVec::new(
+                    Opts::new("streamd_trims_total", "Stream start offsets advanced, by reason"),
+                    &["reason"],
+                )
+                .expect("valid metric"),
+            ),
+            compacted_ranges: counter("streamd_compacted_ranges_total", "Ranges compaction replaced"),
+            compacted_bytes: counter("streamd_compacted_bytes_total", "Bytes compaction wrote"),
+            tail_bytes_read: counter(
+                "streamd_tail_read_bytes_total",
+                "Bytes read by partial reads of a range's tail (producer-state rebuilds)",
+            ),
         }
     })
 }

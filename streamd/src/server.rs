@@ -61,6 +61,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         max_append_bytes: args.max_append_bytes,
         producer_state_bytes: args.producer_state_bytes,
         cache_bytes: args.cache_bytes,
+        compaction_target_bytes: args.compaction_target_bytes,
     };
     let node = Arc::new(Node::new(
         &registered,
@@ -76,12 +77,25 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     registered.follow(&tasks, args.node.heartbeat, &stop);
     tasks.spawn(reconcile_loop(node.clone(), stop.clone()));
     tasks.spawn(upload_loop(node.clone(), stop.clone()));
+    tasks.spawn(crate::node::compaction_loop(
+        node.clone(),
+        Duration::from_millis(args.compaction_interval_ms),
+        stop.clone(),
+    ));
+    tasks.spawn(crate::node::retention_loop(
+        node.clone(),
+        Duration::from_millis(args.retention_check_interval_ms),
+        stop.clone(),
+    ));
     let gc_delay = Duration::from_secs(args.gc_delay_sec);
+    let gc_grace = Duration::from_secs(args.gc_grace_sec);
     tasks.spawn(crate::object::gc::gc_loop(
         node.store.clone(),
         node.metad.clone(),
         gc_delay,
-        (gc_delay / 4).clamp(Duration::from_secs(1), Duration::from_secs(300)),
+        gc_grace,
+        (gc_delay.min(gc_grace.max(Duration::from_secs(1))) / 4)
+            .clamp(Duration::from_secs(1), Duration::from_secs(300)),
         stop.clone(),
     ));
 

@@ -97,6 +97,12 @@ impl Streamd for DataPlane {
         Ok(Response::new(CloseStreamReply { end_offset: end }))
     }
 
+    async fn trim(&self, req: Request<TrimRequest>) -> Result<Response<TrimReply>, Status> {
+        let req = req.into_inner();
+        let start_offset = self.node.trim(&req.stream, req.offset).await?;
+        Ok(Response::new(TrimReply { start_offset }))
+    }
+
     async fn group(&self, req: Request<GroupRequest>) -> Result<Response<GroupReply>, Status> {
         let req = req.into_inner();
         let version = i16::try_from(req.api_version)

@@ -1,10 +1,17 @@
-//! Benchmark: does the metadata stay small as a cluster ingests (issue 15, D-19)?
+//! Benchmark: do the metadata and the bucket stay bounded as a cluster ingests
+//! (issues 15 and 16, D-19, D-20)?
 //!
 //! Part 1, the soak: a Kafka producer writes continuously to a topic of 1,000
-//! partitions on two streamd nodes. Every minute it prints the view's encoded size (the
-//! bytes of a Watch snapshot), the object index's rows, metad's RSS and how long a newly
-//! started gatewayd takes to be ready. Goals: the view under 2 KiB per stream and flat;
-//! catch-up under 2 s.
+//! partitions on two streamd nodes, with `retention.bytes` per partition and compaction
+//! on. Every minute it prints the view's encoded size (the bytes of a Watch snapshot),
+//! the object index's rows and ranges per stream, the data objects in the bucket,
+//! metad's RSS and how long a newly started gatewayd takes to be ready. Goals: the view
+//! under 2 KiB per stream and flat; catch-up under 2 s; index and bucket level off.
+//!
+//! Part 3, compaction: one partition written in small uploads with compaction off, then
+//! the same with it on, at a fixed produce rate. It prints ranges (objects a read
+//! touches) per MiB before and after compaction, compaction's throughput, and produce
+//! p99 without and with compaction running.
 //!
 //! Part 2, a wide cluster: 10,000 streams (one topic) on three streamd nodes. It prints
 //! the placement time (creation until every stream is open on an owner), the view's
@@ -13,8 +20,9 @@
 //!
 //! Asserts nothing. Run on a release build:
 //! `cargo bench -p weir-tests --bench metadata_soak` (needs s3s-fs, see .ci/run).
-//! `WEIR_SOAK_MINUTES` (default 10), `WEIR_SOAK_PARTITIONS` (default 1000) and
-//! `WEIR_WIDE_STREAMS` (default 10000) scale it.
+//! `WEIR_SOAK_MINUTES` (default 10), `WEIR_SOAK_PARTITIONS` (default 1000),
+//! `WEIR_SOAK_RETENTION_BYTES` (per partition, default 1 MiB), `WEIR_WIDE_STREAMS`
+//! (default 10000) and `WEIR_COMPACTION_MIB` (default 64) scale it.
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
@@ -103,10 +111,53 @@ fn producer(bootstrap: &str) -> FutureProducer {
         .expect("producer")
 }
 
-async fn soak(minutes: u64, partitions: u32) {
-    // Placement on (metad's default), as a user's cluster runs.
-    let stack = Stack::start_with(2, Backend::FileWal, &[], &[]).await;
+/// Data objects in the bucket.
+async fn bucket_objects(stack: &Stack) -> usize {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let listed: Vec<_> = stack
+        .s3
+        .store()
+        .list(Some(&object_store::path::Path::from("data")))
+        .try_collect()
+        .await
+        .unwrap_or_default();
+    listed.len()
+}
+
+/// Sets `topic`'s `retention.bytes` through the metadata log.
+async fn set_retention_bytes(stack: &Stack, topic: &str, bytes: u64) {
+    use weir_meta::model::{Command, ConfigTarget, Proposer, StreamConfig};
+    let command = Command::AlterConfig {
+        target: ConfigTarget::Topic(topic.into()),
+        config: StreamConfig {
+            retention_bytes: Some(bytes),
+            ..StreamConfig::default()
+        },
+    };
+    let op = Proposer::Operator {
+        principal: "bench".into(),
+    };
+    let (_, outcome) = stack.metad.client().propose(&op, command).await.expect("alter config");
+    outcome.expect("config set");
+}
+
+async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
+    // Placement on (metad's default), as a user's cluster runs; retention and compaction
+    // checked every 10 s so a 10-minute soak shows where they level off.
+    let flags = [
+        "--retention-check-interval-ms",
+        "10000",
+        "--compaction-interval-ms",
+        "10000",
+        "--gc-delay-sec",
+        "60",
+        "--gc-grace-sec",
+        "10",
+    ];
+    let stack = Stack::start_with(2, Backend::FileWal, &flags, &[]).await;
     stack.metad.create_topic("soak", partitions).await;
+    set_retention_bytes(&stack, "soak", retention_bytes).await;
     let gw = Gatewayd::start("soak-gw", &stack.metad_addrs(), stack.dir.path(), &[]);
     gw.wait_ready().await;
     for p in 0..partitions {
@@ -132,9 +183,11 @@ async fn soak(minutes: u64, partitions: u32) {
             })
         })
         .collect();
-    println!("soak: {partitions} partitions, 2 streamd, 1 metad, {RECORD}-byte records, {minutes} min");
-    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | index objects | metad RSS MiB | new gateway ready |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "soak: {partitions} partitions, 2 streamd, 1 metad, {RECORD}-byte records, {minutes} min, retention.bytes {retention_bytes} per partition"
+    );
+    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | index objects | bucket objects | metad RSS MiB | new gateway ready |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let started = Instant::now();
     let mut last = 0;
     for minute in 1..=minutes {
@@ -145,10 +198,12 @@ async fn soak(minutes: u64, partitions: u32) {
         let (view, _) = view_bytes(&client).await;
         let (ranges, objects) = index_rows(&stack).await;
         let rss = rss_mib(stack.metad.replicas[0].pid());
+        let bucket = bucket_objects(&stack).await;
         let catch_up = gateway_catch_up(&stack, &format!("soak-new-{minute}")).await;
         println!(
-            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {objects} | {rss:.0} | {catch_up:.2?} |",
-            view as f64 / f64::from(partitions)
+            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {:.1} | {objects} | {bucket} | {rss:.0} | {catch_up:.2?} |",
+            view as f64 / f64::from(partitions),
+            ranges as f64 / f64::from(partitions)
         );
     }
     stop.store(true, Ordering::Relaxed);
@@ -205,15 +260,140 @@ async fn wide(streams: u32) {
     );
 }
 
+/// p99 of `latencies`.
+fn p99(latencies: &mut [Duration]) -> Duration {
+    latencies.sort();
+    latencies
+        .get(latencies.len().saturating_sub(1) * 99 / 100)
+        .copied()
+        .unwrap_or_default()
+}
+
+/// Produces `mib` MiB of 1 KiB records to `topic` at `rate` records a second (one at a
+/// time per sender), returning each acknowledgement's latency.
+async fn produce_at(producer: &FutureProducer, topic: &str, mib: u64, rate: u64) -> Vec<Duration> {
+    let count = mib * 1024;
+    let value = vec![b'c'; 1024];
+    let mut latencies = Vec::with_capacity(count as usize);
+    let started = Instant::now();
+    let mut pending = futures::stream::FuturesUnordered::new();
+    for i in 0..count {
+        tokio::time::sleep_until((started + Duration::from_secs_f64(i as f64 / rate as f64)).into()).await;
+        let producer = producer.clone();
+        let value = value.clone();
+        let topic = topic.to_string();
+        pending.push(async move {
+            let sent = Instant::now();
+            let record = FutureRecord::<(), [u8]>::to(&topic).partition(0).payload(&value);
+            producer
+                .send(record, Duration::from_secs(60))
+                .await
+                .ok()
+                .map(|_| sent.elapsed())
+        });
+        while let Some(Some(l)) = futures::FutureExt::now_or_never(futures::StreamExt::next(&mut pending)).flatten() {
+            latencies.push(l);
+        }
+    }
+    while let Some(l) = futures::StreamExt::next(&mut pending).await {
+        latencies.extend(l);
+    }
+    latencies
+}
+
+/// Waits until compaction's written bytes stop growing for 5 s; the bytes and the
+/// seconds it was busy since `since`.
+async fn compaction_settles(stack: &Stack, since: Instant) -> (f64, f64) {
+    let url = format!("http://{}/metrics", stack.nodes[0].http);
+    let (mut written, mut last_change) = (0.0, Instant::now());
+    while last_change.elapsed() < Duration::from_secs(5) && since.elapsed() < Duration::from_secs(600) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let text = weir_tests::get_text(&url).await;
+        let now = weir_tests::metric_value(&text, "weir_streamd_compacted_bytes_total").unwrap_or(0.0);
+        if now > written {
+            (written, last_change) = (now, Instant::now());
+        }
+    }
+    (written, last_change.duration_since(since).as_secs_f64().max(0.001))
+}
+
+async fn compaction_stack(flags: &[&str]) -> (Stack, Gatewayd, FutureProducer) {
+    let stack = Stack::start_with(1, Backend::FileWal, flags, &[]).await;
+    stack.metad.create_topic("compact", 1).await;
+    let gw = Gatewayd::start("compact-gw", &stack.metad_addrs(), stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    gw.wait_open("compact/0").await;
+    let producer = producer(&gw.kafka);
+    (stack, gw, producer)
+}
+
+async fn compaction(mib: u64) {
+    const RATE: u64 = 2_000;
+    const TARGET: &str = "8388608";
+    let off = [
+        "--upload-interval-ms",
+        "100",
+        "--compaction-target-bytes",
+        TARGET,
+        "--compaction-interval-ms",
+        "3600000",
+    ];
+    let on = [
+        "--upload-interval-ms",
+        "100",
+        "--compaction-target-bytes",
+        TARGET,
+        "--compaction-interval-ms",
+        "2000",
+    ];
+    println!("compaction: 1 partition, {mib} MiB of 1 KiB records at {RATE}/s, uploads every 100 ms, target 8 MiB");
+
+    // Compaction off while producing; then the node restarts with it on and compacts
+    // everything at once: ranges (objects a read touches) per MiB before and after,
+    // and compaction's own throughput.
+    let (mut stack, _gw, producer) = compaction_stack(&off).await;
+    let mut quiet = produce_at(&producer, "compact", mib, RATE).await;
+    let (before, _) = index_rows(&stack).await;
+    stack.nodes[0].term();
+    let _ = stack.nodes[0].wait_exit(Duration::from_secs(60)).await;
+    stack.nodes[0].override_flags(&on);
+    let restarted = Instant::now();
+    stack.nodes[0].start();
+    let (written, busy) = compaction_settles(&stack, restarted).await;
+    let (after, _) = index_rows(&stack).await;
+    drop(stack);
+
+    // Compaction on while producing: its effect on produce latency.
+    let (stack, _gw, producer) = compaction_stack(&on).await;
+    let mut busy_latencies = produce_at(&producer, "compact", mib, RATE).await;
+    let (during, _) = compaction_settles(&stack, Instant::now()).await;
+    println!("| produce p99, compaction off | produce p99, compaction on | ranges per MiB before | after | compaction MB/s (after a restart, incl. reopen) | bytes compacted while producing |");
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| {:.2?} | {:.2?} | {:.1} | {:.2} | {:.1} | {:.0} |",
+        p99(&mut quiet),
+        p99(&mut busy_latencies),
+        before as f64 / mib as f64,
+        after as f64 / mib as f64,
+        written / busy / 1e6,
+        during
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let minutes = env_or("WEIR_SOAK_MINUTES", 10);
     let partitions = env_or("WEIR_SOAK_PARTITIONS", 1000) as u32;
+    let retention_bytes = env_or("WEIR_SOAK_RETENTION_BYTES", 1 << 20);
     let streams = env_or("WEIR_WIDE_STREAMS", 10_000) as u32;
+    let compaction_mib = env_or("WEIR_COMPACTION_MIB", 64);
     if minutes > 0 {
-        soak(minutes, partitions).await;
+        soak(minutes, partitions, retention_bytes).await;
     }
     if streams > 0 {
         wide(streams).await;
+    }
+    if compaction_mib > 0 {
+        compaction(compaction_mib).await;
     }
 }

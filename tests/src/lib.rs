@@ -13,6 +13,7 @@ pub mod proxy;
 pub mod readback;
 pub mod s3;
 pub mod streamd;
+pub mod writer;
 
 use std::future::Future;
 use std::path::PathBuf;

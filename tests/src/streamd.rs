@@ -40,6 +40,11 @@ impl Streamd {
         self.proc.kill();
     }
 
+    /// Changes flags for the next [`Streamd::start`] (a restart with new settings).
+    pub fn override_flags(&mut self, extra: &[&str]) {
+        crate::override_flags(&mut self.args, extra);
+    }
+
     pub fn term(&self) {
         self.proc.term();
     }
@@ -265,6 +270,28 @@ impl Stack {
             .await
             .expect("place");
         outcome.expect("placed");
+    }
+
+    /// Places `stream` on node `on` as soon as it can be placed: once a failover has
+    /// recovered and closed it (stacks without automatic placement).
+    pub async fn place_once_closed(&self, stream: StreamId, on: usize) {
+        let client = self.metad.client();
+        let op = Proposer::Operator {
+            principal: "test".into(),
+        };
+        let node = NodeId::new(self.nodes[on].id.clone());
+        wait_for(
+            &format!("stream {stream} placed on {node}"),
+            Duration::from_secs(60),
+            || {
+                let (client, op, node) = (&client, &op, node.clone());
+                async move {
+                    let command = MetaCommand::PlaceStream { stream, node };
+                    matches!(client.propose(op, command).await, Ok((_, Ok(_)))).then_some(())
+                }
+            },
+        )
+        .await;
     }
 
     pub async fn wait_serving(&self, name: &str, on: usize) {

@@ -15,9 +15,6 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use reqwest::{Method, StatusCode};
-use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,49 +29,6 @@ const TOPIC: &str = "nk";
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-/// One client: appends unique payloads to `stream` until `stop`, recording each outcome.
-async fn client(gw: Arc<Gatewayd>, stream: &'static str, id: usize, history: Arc<History>, stop: Arc<AtomicBool>) {
-    let mut i = 0;
-    while !stop.load(Ordering::Relaxed) {
-        let payload = format!("c{id}-{i}");
-        i += 1;
-        let sent = gw
-            .request(Method::POST, &format!("/v1/streams/{stream}/records"))
-            .timeout(Duration::from_secs(20))
-            .json(&json!({"records": [{"body": payload}]}))
-            .send()
-            .await;
-        let outcome = match sent {
-            Ok(r) if r.status() == StatusCode::OK => {
-                let v: Value = r.json().await.unwrap_or(Value::Null);
-                match v["start_seq_num"].as_u64() {
-                    Some(o) => Outcome::Ok(o),
-                    None => Outcome::Unknown,
-                }
-            }
-            Ok(r) => {
-                let status = r.status();
-                let v: Value = r.json().await.unwrap_or(Value::Null);
-                let unknown = v["error"]["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("outcome unknown"));
-                // A 5xx that is not the gateway's "nothing applied" answer may have applied it.
-                if status.is_server_error() && (unknown || v.is_null()) {
-                    Outcome::Unknown
-                } else {
-                    Outcome::Failed
-                }
-            }
-            Err(_) => Outcome::Unknown,
-        };
-        let pause = !matches!(outcome, Outcome::Ok(_));
-        history.record(stream, &payload, outcome);
-        if pause {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
 }
 
 /// An idempotent Kafka producer (librdkafka) sending unique payloads one at a time until
@@ -158,7 +112,15 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     let mut clients: Vec<_> = STREAMS
         .iter()
         .enumerate()
-        .map(|(i, s)| tokio::spawn(client(gw.clone(), s, i, history.clone(), stop.clone())))
+        .map(|(i, s)| {
+            tokio::spawn(weir_tests::writer::client(
+                gw.clone(),
+                s,
+                i,
+                history.clone(),
+                stop.clone(),
+            ))
+        })
         .collect();
     clients.push(tokio::spawn(kafka_client(gw.clone(), history.clone(), stop.clone())));
 
@@ -252,22 +214,7 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
             );
         }
     }
-    let mut read_back: HashMap<String, Vec<(u64, String)>> = HashMap::new();
-    for &s in &all_streams {
-        // A partition's stream name has a slash, escaped in the path.
-        let all = gw.read_all(&s.replace('/', "%2F")).await;
-        read_back.insert(
-            s.to_string(),
-            all.iter()
-                .map(|r| {
-                    (
-                        r["seq_num"].as_u64().expect("seq"),
-                        r["body"].as_str().expect("body").to_string(),
-                    )
-                })
-                .collect(),
-        );
-    }
+    let read_back = weir_tests::writer::read_back(&gw, &all_streams).await;
     let acknowledged = history.acknowledged();
     println!("{acknowledged} acknowledged appends of {}", history.attempts().len());
     assert!(acknowledged > 0, "clients made progress");

@@ -331,7 +331,7 @@ async fn a_gc_following_a_lagging_follower_deletes_nothing_committed() {
         stack.add_node(
             "gc-node",
             Backend::FileWal,
-            &["--metad", &follower_addr, "--gc-delay-sec", "1"],
+            &["--metad", &follower_addr, "--gc-delay-sec", "1", "--gc-grace-sec", "1"],
         );
         let mut expected: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let until = Instant::now() + Duration::from_secs(12);

@@ -706,7 +706,14 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
         let stack = Stack::start(
             1,
             Backend::FileWal,
-            &["--upload-interval-ms", "100", "--gc-delay-sec", "2"],
+            &[
+                "--upload-interval-ms",
+                "100",
+                "--gc-delay-sec",
+                "2",
+                "--gc-grace-sec",
+                "1",
+            ],
         )
         .await;
         stack.create_stream("gc", 0).await;

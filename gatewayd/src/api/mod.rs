@@ -9,6 +9,7 @@ pub mod read;
 pub mod sse;
 pub mod streams;
 pub mod tokens;
+pub mod trim;
 
 use crate::route::Routes;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
@@ -84,6 +85,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             get(read::read_or_subscribe).post(append::append),
         )
         .route("/v1/streams/{name}/records/tail", get(read::tail))
+        .route("/v1/streams/{name}/trim", post(trim::trim))
         .route("/v1/admin/tokens", get(tokens::list).post(tokens::issue))
         .route("/v1/admin/tokens/{name}", delete(tokens::revoke))
         .route("/admin/nodes", get(health::nodes))

@@ -17,9 +17,12 @@ use weir_proto::streamd::StatusRequest;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigBody {
-    /// Records older than this may be trimmed; absent keeps everything.
+    /// Records older than this are trimmed; absent keeps everything.
     #[serde(default)]
     retention_ms: Option<u64>,
+    /// The oldest records are trimmed while the rest hold at least this many bytes.
+    #[serde(default)]
+    retention_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -51,7 +54,7 @@ pub fn stream_json(row: &StreamRow) -> Value {
         "committed_seq_num": row.committed_end.0,
         "topic": row.topic,
         "partition": row.partition,
-        "config": {"retention_ms": row.config.retention_ms},
+        "config": {"retention_ms": row.config.retention_ms, "retention_bytes": row.config.retention_bytes},
     })
 }
 
@@ -62,9 +65,11 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     weir_meta::model::validate_name("stream", &body.stream).map_err(ApiError::from)?;
-    let config = StreamConfig {
-        retention_ms: body.config.and_then(|c| c.retention_ms),
-    };
+    let config = body.config.map_or_else(StreamConfig::default, |c| StreamConfig {
+        retention_ms: c.retention_ms,
+        retention_bytes: c.retention_bytes,
+        ..StreamConfig::default()
+    });
     let (index, outcome) = gw
         .metad
         .propose(

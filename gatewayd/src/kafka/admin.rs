@@ -1,5 +1,6 @@
 //! Topic admin (CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs) through
-//! the metadata log, and InitProducerId with ids allocated by metad.
+//! the metadata log, and InitProducerId with ids allocated by metad. Topic configs
+//! themselves are `configs`' business.
 
 use super::brokers::topic_id;
 use super::conn::Session;
@@ -11,12 +12,10 @@ use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
-use weir_meta::model::{Applied, Command, StreamConfig};
+use weir_meta::model::{Applied, Command};
 
-const TOPIC: i8 = 2;
-const BROKER: i8 = 4;
-/// DescribeConfigs sources.
-const TOPIC_CONFIG: i8 = 1;
+use super::configs::{BROKER, TOPIC};
+/// DescribeConfigs' source of the gateway's own settings.
 const DEFAULT_CONFIG: i8 = 5;
 
 fn s(v: &str) -> StrBytes {
@@ -24,7 +23,7 @@ fn s(v: &str) -> StrBytes {
 }
 
 /// Proposes `cmd`; the applied result, or a Kafka error code and message.
-async fn propose(kafka: &Kafka, session: &Session, cmd: Command) -> Result<Applied, (i16, String)> {
+pub(super) async fn propose(kafka: &Kafka, session: &Session, cmd: Command) -> Result<Applied, (i16, String)> {
     match kafka.gw.metad.propose(&errors::proposer(session), cmd).await {
         Ok((index, Ok(applied))) => {
             kafka.gw.settle(index).await;
@@ -33,24 +32,6 @@ async fn propose(kafka: &Kafka, session: &Session, cmd: Command) -> Result<Appli
         Ok((_, Err(rejection))) => Err(errors::admin(&Ok(rejection))),
         Err(e) => Err(errors::admin(&Err(e))),
     }
-}
-
-/// Topic configs Weir understands; the rest are refused so nobody believes them applied.
-fn topic_config(configs: &[(String, Option<String>)]) -> Result<StreamConfig, String> {
-    let mut config = StreamConfig::default();
-    for (name, value) in configs {
-        match (name.as_str(), value.as_deref()) {
-            ("retention.ms", Some(v)) => {
-                let ms: i64 = v.parse().map_err(|_| format!("retention.ms '{v}' is not a number"))?;
-                config.retention_ms = (ms >= 0).then_some(ms as u64);
-            }
-            ("cleanup.policy", Some("delete")) => {}
-            // Replication is the object store's; these are accepted and mean nothing here.
-            ("min.insync.replicas" | "unclean.leader.election.enable", _) => {}
-            (other, _) => return Err(format!("config '{other}' is not supported by Weir")),
-        }
-    }
-    Ok(config)
 }
 
 pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequest) -> CreateTopicsResponse {
@@ -94,7 +75,7 @@ pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequ
                 "replication factor must be -1 or at least 1".into(),
             ))
         } else {
-            topic_config(&configs).map_err(|e| (errors::INVALID_CONFIG, e))
+            super::configs::parse(kafka, &configs).map_err(|e| (errors::INVALID_CONFIG, e))
         };
         let outcome = match checked {
             Err(e) => Err(e),
@@ -260,25 +241,7 @@ pub fn describe_configs(kafka: &Kafka, r: DescribeConfigsRequest) -> DescribeCon
                     );
                     continue;
                 }
-                Some(t) => vec![
-                    match t.config.retention_ms {
-                        Some(ms) => config_entry("retention.ms", Some(ms.to_string()), TOPIC_CONFIG, false),
-                        None => config_entry("retention.ms", Some("-1".into()), DEFAULT_CONFIG, false),
-                    },
-                    config_entry("cleanup.policy", Some("delete".into()), DEFAULT_CONFIG, true),
-                    config_entry(
-                        "max.message.bytes",
-                        Some(kafka.max_message_bytes.to_string()),
-                        DEFAULT_CONFIG,
-                        true,
-                    ),
-                    config_entry(
-                        "message.timestamp.type",
-                        Some("CreateTime".into()),
-                        DEFAULT_CONFIG,
-                        true,
-                    ),
-                ],
+                Some(t) => super::configs::describe(kafka, &t.config),
             },
             BROKER => vec![
                 config_entry(

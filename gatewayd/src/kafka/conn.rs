@@ -184,6 +184,15 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             admin::create_partitions(kafka, session, r).await,
         )),
         RequestKind::DescribeConfigs(r) => Respond(ResponseKind::DescribeConfigs(admin::describe_configs(kafka, r))),
+        RequestKind::AlterConfigs(r) => Respond(ResponseKind::AlterConfigs(
+            super::configs::alter_configs(kafka, session, r).await,
+        )),
+        RequestKind::IncrementalAlterConfigs(r) => Respond(ResponseKind::IncrementalAlterConfigs(
+            super::configs::incremental_alter_configs(kafka, session, r).await,
+        )),
+        RequestKind::DeleteRecords(r) => Respond(ResponseKind::DeleteRecords(
+            super::delete_records::delete_records(kafka, r).await,
+        )),
         RequestKind::InitProducerId(r) => Respond(ResponseKind::InitProducerId(
             admin::init_producer_id(kafka, session, r).await,
         )),

@@ -5,7 +5,9 @@
 
 pub mod admin;
 pub mod brokers;
+pub mod configs;
 pub mod conn;
+pub mod delete_records;
 pub mod errors;
 pub mod fetch;
 pub mod frame;

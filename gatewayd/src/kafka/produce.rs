@@ -68,22 +68,23 @@ async fn append(kafka: &Kafka, topic: &str, partition: i32, records: bytes::Byte
     if kafka.gw.routes.stream(&stream).is_none() {
         return (errors::UNKNOWN_TOPIC_OR_PARTITION, -1, None);
     }
-    if records.len() > kafka.max_message_bytes {
-        return (
-            errors::MESSAGE_TOO_LARGE,
-            -1,
-            Some(format!(
-                "{} bytes of records is over the limit of {} (--kafka-max-message-bytes)",
-                records.len(),
-                kafka.max_message_bytes
-            )),
-        );
-    }
     let batches = match weir_shared::batch::split_batches(&records) {
         Ok(b) if !b.is_empty() => b,
         Ok(_) => return (errors::CORRUPT_MESSAGE, -1, Some("no record batch".into())),
         Err(e) => return (errors::CORRUPT_MESSAGE, -1, Some(e.to_string())),
     };
+    // The topic's max.message.bytes, or the gateway's default, bounds each batch.
+    let limit = super::configs::max_message_bytes(kafka, topic);
+    if let Some((h, _)) = batches.iter().find(|(h, _)| h.total_len > limit) {
+        return (
+            errors::MESSAGE_TOO_LARGE,
+            -1,
+            Some(format!(
+                "a record batch of {} bytes is over the limit of {limit} (topic max.message.bytes, or --kafka-max-message-bytes)",
+                h.total_len
+            )),
+        );
+    }
     // An idempotent batch is deduplicated by its owner, so it may be sent again when
     // the outcome of a first attempt is unknown.
     let idempotent = batches[0].0.producer_id >= 0;

@@ -42,6 +42,33 @@ pub struct CommitRange {
     pub len: u64,
     /// CRC-32C of the range's bytes, checked by readers.
     pub crc: u32,
+    /// Newest record timestamp in the range (ms), for `retention.ms`.
+    #[serde(default = "super::rows::no_timestamp_default")]
+    pub max_timestamp: i64,
+}
+
+/// One range a compaction replaces, exactly as the compactor read it from the index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplacedRange {
+    pub start: Offset,
+    pub end: Offset,
+    pub key: ObjectKey,
+}
+
+/// A per-stream object a compaction wrote, and the one range of the stream it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactedObject {
+    pub size: u64,
+    /// Its `key` is the object's key.
+    pub range: ObjectRange,
+}
+
+/// What an `AlterConfig` changes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfigTarget {
+    Topic(String),
+    Stream(String),
 }
 
 /// The commands of the metadata log. Variant and field names are stored format.
@@ -135,6 +162,28 @@ pub enum Command {
         size: u64,
         ranges: Vec<CommitRange>,
     },
+    /// Advances the stream's start offset to `start` (retention, DeleteRecords, HTTP
+    /// trim); never moves it back. Ranges wholly below it leave the object index, and
+    /// objects no stream references any more leave it too (GC then deletes them).
+    TrimStream {
+        stream: StreamId,
+        start: Offset,
+    },
+    /// Replaces `replaced`, a contiguous run of the stream's ranges, by the ranges of
+    /// `objects`, which cover exactly the same offsets (D-20). Compare-and-set: it
+    /// applies only while every replaced range is in the index as read, so a stale or
+    /// overlapping compaction changes nothing. Objects left without a stream leave the
+    /// index (GC deletes them after its grace period).
+    CompactObjects {
+        stream: StreamId,
+        replaced: Vec<ReplacedRange>,
+        objects: Vec<CompactedObject>,
+    },
+    /// Replaces the configuration of a topic (and of each of its partitions) or of a stream.
+    AlterConfig {
+        target: ConfigTarget,
+        config: StreamConfig,
+    },
     /// Takes lease `name` if its holder is still `expected` (compare-and-set).
     AcquireLease {
         name: String,
@@ -196,6 +245,9 @@ impl Command {
             Command::OpenStream { .. } => "open_stream",
             Command::CloseStream { .. } => "close_stream",
             Command::CommitObjects { .. } => "commit_objects",
+            Command::TrimStream { .. } => "trim_stream",
+            Command::CompactObjects { .. } => "compact_objects",
+            Command::AlterConfig { .. } => "alter_config",
             Command::AcquireLease { .. } => "acquire_lease",
             Command::RenewLease { .. } => "renew_lease",
             Command::IssueToken { .. } => "issue_token",
@@ -225,6 +277,10 @@ pub enum Applied {
     StreamOpened {
         stream_epoch: StreamEpoch,
         committed_end: Offset,
+    },
+    /// The stream's start offset after a trim.
+    Trimmed {
+        start: Offset,
     },
     LeaseHeld {
         generation: u64,

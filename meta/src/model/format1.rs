@@ -38,6 +38,7 @@ fn split_row_value(mut row: Value) -> Result<(Option<Row>, Vec<IndexChange>), Co
         };
         let mut stream: StreamRow = serde_json::from_value(stream.take())?;
         stream.commits = ranges.len() as u64;
+        stream.bytes = ranges.iter().map(|r| r.len).sum();
         let id = stream.id;
         let changes = ranges
             .into_iter()
@@ -96,6 +97,7 @@ pub(crate) mod tests {
                 let ranges = meta.index.ranges_from(s.id, Offset(0), usize::MAX);
                 let stream = v["stream"].as_object_mut().unwrap();
                 stream.remove("commits");
+                stream.remove("bytes");
                 stream.insert("objects".into(), serde_json::to_value(ranges).unwrap());
             }
             out.push(encode(&v));
@@ -138,6 +140,7 @@ pub(crate) mod tests {
             start_offset: Offset(0),
             committed_end: Offset(5),
             commits: 2,
+            bytes: 20,
             config: Default::default(),
         };
         meta.state
@@ -149,6 +152,7 @@ pub(crate) mod tests {
             pos: 0,
             len: 10,
             crc: 7,
+            max_timestamp: crate::model::rows::NO_TIMESTAMP,
         };
         meta.index.apply(&[
             IndexChange::PutRange {
@@ -189,6 +193,7 @@ pub(crate) mod tests {
         let mut doc = serde_json::to_value(&meta.state).unwrap();
         let stream = doc["streams"]["1"].as_object_mut().unwrap();
         stream.remove("commits");
+        stream.remove("bytes");
         stream.insert(
             "objects".into(),
             serde_json::to_value(meta.index.ranges_from(StreamId(1), Offset(0), 10)).unwrap(),

@@ -11,7 +11,10 @@ pub mod rows;
 pub mod state;
 
 pub use apply::{check_destination, Effects};
-pub use command::{Applied, Command, CommitRange, Outcome, Proposal, Proposer, RejectCode, Rejection};
+pub use command::{
+    Applied, Command, CommitRange, CompactedObject, ConfigTarget, Outcome, Proposal, Proposer, RejectCode, Rejection,
+    ReplacedRange,
+};
 pub use index::{IndexChange, IndexRead, MemIndex, Overlay};
 pub use metadata::Metadata;
 pub use names::validate_name;

@@ -83,11 +83,33 @@ pub enum StreamState {
     Deleted,
 }
 
-/// Per-stream configuration.
+/// Per-stream configuration (a topic's is copied to each of its partitions).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamConfig {
-    /// Records older than this may be trimmed; `None` keeps everything.
+    /// Committed ranges whose newest record is older than this are trimmed by the
+    /// owner; `None` keeps everything (Kafka's `retention.ms`).
     pub retention_ms: Option<u64>,
+    /// The oldest committed ranges are trimmed while the rest still hold at least this
+    /// many bytes (Kafka's `retention.bytes`).
+    #[serde(default)]
+    pub retention_bytes: Option<u64>,
+    /// Largest record batch a producer may send; `None` is the gateway's default
+    /// (Kafka's `max.message.bytes`).
+    #[serde(default)]
+    pub max_message_bytes: Option<u64>,
+    /// Kafka's `segment.bytes`: kept and shown, advisory only (objects are cut by the
+    /// uploader and compaction, not by segment size).
+    #[serde(default)]
+    pub segment_bytes: Option<u64>,
+}
+
+/// `max_timestamp` of ranges committed before ranges carried one: unknown, so age-based
+/// retention keeps them.
+pub const NO_TIMESTAMP: i64 = -1;
+
+/// Serde default of `max_timestamp` fields.
+pub fn no_timestamp_default() -> i64 {
+    NO_TIMESTAMP
 }
 
 /// A contiguous range of one stream's records stored in a data object: a row of the
@@ -103,6 +125,9 @@ pub struct ObjectRange {
     pub len: u64,
     /// CRC-32C of the range's bytes.
     pub crc: u32,
+    /// Newest record timestamp in the range (ms since the epoch), for `retention.ms`.
+    #[serde(default = "no_timestamp_default")]
+    pub max_timestamp: i64,
 }
 
 /// One stream (an HTTP stream, or one partition of a topic).
@@ -128,6 +153,9 @@ pub struct StreamRow {
     /// the object index, design 0002); readers' caches compare it.
     #[serde(default)]
     pub commits: u64,
+    /// Bytes of the committed ranges the index holds for the stream (`retention.bytes`).
+    #[serde(default)]
+    pub bytes: u64,
     pub config: StreamConfig,
 }
 

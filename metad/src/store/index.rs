@@ -149,6 +149,7 @@ mod tests {
             pos: start,
             len: end - start,
             crc: 1,
+            max_timestamp: weir_meta::model::NO_TIMESTAMP,
         }
     }
 

@@ -5,7 +5,9 @@
 //! gatewayd forwards group requests here as Kafka-encoded bodies. Membership lives in
 //! memory and is rebuilt by members rejoining after a move; committed offsets are
 //! appended to the offsets stream before they are acknowledged, and a new owner rebuilds
-//! them by replaying the stream, so they survive failover with it.
+//! them by replaying the stream, so they survive failover with it. Every so often the
+//! coordinator appends a snapshot of the whole table and trims the stream to it, so a
+//! load replays the groups' current offsets and a short tail, not every commit ever made.
 
 pub mod membership;
 pub mod offsets;
@@ -53,7 +55,18 @@ struct GroupCoordinator {
     stream: String,
     epoch: StreamEpoch,
     state: Mutex<State>,
+    /// Held shared by each append-and-apply of changes, and exclusively while a
+    /// snapshot is taken and appended: the snapshot then holds every change stored
+    /// before it, so trimming to it loses none.
+    log: tokio::sync::RwLock<()>,
+    snapshotting: std::sync::atomic::AtomicBool,
 }
+
+/// A snapshot is taken once this many changes, and at least twice the table's size,
+/// have been stored since the last one: load work stays within a few table sizes.
+const SNAPSHOT_MIN_CHANGES: u64 = 1_000;
+/// Commits per batch of a snapshot.
+const SNAPSHOT_BATCH: usize = 5_000;
 
 #[derive(Default)]
 struct State {
@@ -119,6 +132,9 @@ impl Groups {
             RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(self.delete(&c, r).await),
             _ => return Err(bad(format!("{key:?} is not a group request"))),
         };
+        if matches!(key, ApiKey::OffsetCommit | ApiKey::DeleteGroups) {
+            self.maybe_snapshot(&c);
+        }
         let mut out = BytesMut::new();
         response
             .encode(&mut out, version)
@@ -146,8 +162,16 @@ impl Groups {
         if let Some(c) = current(&*self.coordinators.lock().await) {
             return Ok(c);
         }
+        let loading = Instant::now();
         let offsets = self.replay(stream).await?;
-        tracing::info!(stream, epoch = %handle.epoch, groups = offsets.groups().count(), "group coordinator loaded its offsets stream");
+        tracing::info!(
+            stream,
+            epoch = %handle.epoch,
+            groups = offsets.groups().count(),
+            changes_replayed = offsets.changes_since_snapshot(),
+            elapsed_ms = loading.elapsed().as_millis() as u64,
+            "group coordinator loaded its offsets stream"
+        );
         let c = Arc::new(GroupCoordinator {
             stream: stream.to_string(),
             epoch: handle.epoch,
@@ -155,10 +179,53 @@ impl Groups {
                 groups: BTreeMap::new(),
                 offsets,
             }),
+            log: tokio::sync::RwLock::new(()),
+            snapshotting: Default::default(),
         });
         self.coordinators.lock().await.insert(stream.to_string(), c.clone());
         self.node.tasks.spawn(tick(Arc::downgrade(self), c.clone()));
+        // A stream written before snapshots existed (or long since one) gets one now.
+        self.maybe_snapshot(&c);
         Ok(c)
+    }
+
+    /// Starts a snapshot of `c`'s table when enough changes were stored since the last.
+    fn maybe_snapshot(self: &Arc<Self>, c: &Arc<GroupCoordinator>) {
+        let due = c.with(|st| {
+            let changes = st.offsets.changes_since_snapshot();
+            changes >= SNAPSHOT_MIN_CHANGES.max(2 * st.offsets.entries())
+        });
+        if due && !c.snapshotting.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            let (groups, c) = (self.clone(), c.clone());
+            self.node.tasks.spawn(async move {
+                if let Err(e) = groups.snapshot(&c).await {
+                    tracing::warn!(stream = %c.stream, error = %e, "offsets snapshot failed; will retry after more commits");
+                }
+                c.snapshotting.store(false, std::sync::atomic::Ordering::Release);
+            });
+        }
+    }
+
+    /// Appends the whole offsets table and trims the stream to where it starts.
+    async fn snapshot(&self, c: &GroupCoordinator) -> Result<(), StreamdError> {
+        let start = {
+            let _exclusive = c.log.write().await;
+            let (changes, replayed) = c.with(|st| (st.offsets.snapshot(), st.offsets.changes_since_snapshot()));
+            // An empty table is a snapshot too: everything before now can go.
+            let mut start = self.node.stream(&c.stream)?.durable_end();
+            for (i, chunk) in changes.chunks(SNAPSHOT_BATCH).enumerate() {
+                let batch = offsets::encode(chunk).map_err(StreamdError::Internal)?;
+                let appended = self.node.append(&c.stream, &batch, None).await?;
+                if i == 0 {
+                    start = appended.base_offset;
+                }
+            }
+            c.with(|st| st.offsets.snapshotted());
+            tracing::info!(stream = %c.stream, entries = changes.len(), replaced_changes = replayed, offset = start, "stored a snapshot of the group offsets");
+            start
+        };
+        self.node.trim(&c.stream, start).await?;
+        Ok(())
     }
 
     async fn replay(&self, stream: &str) -> Result<OffsetTable, StreamdError> {
@@ -183,9 +250,13 @@ impl Groups {
         }
     }
 
-    async fn append(&self, c: &GroupCoordinator, changes: &[Change]) -> Result<(), StreamdError> {
-        let batch = offsets::encode(changes).map_err(StreamdError::Internal)?;
-        self.node.append(&c.stream, &batch, None).await.map(|_| ())
+    /// Appends `changes` to the offsets stream, then applies them to the table.
+    async fn store(&self, c: &GroupCoordinator, changes: Vec<Change>) -> Result<(), StreamdError> {
+        let _shared = c.log.read().await;
+        let batch = offsets::encode(&changes).map_err(StreamdError::Internal)?;
+        self.node.append(&c.stream, &batch, None).await?;
+        c.with(|st| changes.into_iter().for_each(|ch| st.offsets.apply(ch)));
+        Ok(())
     }
 
     async fn join(&self, c: &GroupCoordinator, r: JoinGroupRequest, version: i16, client: Client) -> JoinGroupResponse {
@@ -281,11 +352,8 @@ impl Groups {
         } else if check != code::NONE || changes.is_empty() {
             check
         } else {
-            match self.append(c, &changes).await {
-                Ok(()) => {
-                    c.with(|st| changes.into_iter().for_each(|ch| st.offsets.apply(ch)));
-                    code::NONE
-                }
+            match self.store(c, changes).await {
+                Ok(()) => code::NONE,
                 Err(e) => {
                     tracing::warn!(group = %group, error = %e, "offset commit was not stored");
                     NOT_COORDINATOR
@@ -325,12 +393,9 @@ impl Groups {
             let error = match state {
                 (true, _) => NON_EMPTY_GROUP,
                 (false, false) => GROUP_ID_NOT_FOUND,
-                (false, true) => match self.append(c, &[Change::DeleteGroup { group: group.clone() }]).await {
+                (false, true) => match self.store(c, vec![Change::DeleteGroup { group: group.clone() }]).await {
                     Ok(()) => {
-                        c.with(|st| {
-                            st.groups.remove(&group);
-                            st.offsets.apply(Change::DeleteGroup { group: group.clone() });
-                        });
+                        c.with(|st| st.groups.remove(&group));
                         code::NONE
                     }
                     Err(_) => NOT_COORDINATOR,

@@ -3,10 +3,12 @@
 
 mod append;
 pub(crate) mod close;
+pub mod compaction;
 mod producers;
 pub mod ranges;
 mod read;
 mod reconcile;
+mod retention;
 mod takeover;
 mod uploader;
 
@@ -28,7 +30,9 @@ use weir_meta::registration::Registered;
 use weir_meta::view::View;
 use weir_shared::ids::{Incarnation, StreamId};
 
+pub use compaction::compaction_loop;
 pub use reconcile::reconcile_loop;
+pub use retention::{retention_loop, Retention};
 pub use takeover::WalSource;
 pub use uploader::upload_loop;
 
@@ -47,6 +51,8 @@ pub struct Tunables {
     pub producer_state_bytes: u64,
     /// Bytes of object ranges cached for reads.
     pub cache_bytes: u64,
+    /// Size of the per-stream objects compaction writes.
+    pub compaction_target_bytes: u64,
 }
 
 /// One streamd incarnation's data plane.

@@ -1,5 +1,7 @@
 //! Rebuilding a stream's idempotent-producer state from its stored batches when the
-//! stream is opened, so duplicate detection survives moves and failover.
+//! stream is opened, so duplicate detection survives moves and failover. Only the
+//! tail is read, however large the range holding it (a compacted object): the oldest
+//! range needed is read from where the tail starts, to its first whole batch.
 
 use super::Node;
 use crate::error::StreamdError;
@@ -13,14 +15,20 @@ impl Node {
     /// committed data, below `end` (read from the object index's tail).
     pub async fn rebuild_producers(&self, stream: StreamId, end: u64) -> Result<ProducerTable, StreamdError> {
         let mut table = ProducerTable::default();
-        let ranges = self
-            .tail_ranges(stream, end, self.tunables.producer_state_bytes)
-            .await?;
+        let wanted = self.tunables.producer_state_bytes;
+        let ranges = self.tail_ranges(stream, end, wanted).await?;
+        // Of the oldest range, only what the tail needs.
+        let covered: u64 = ranges.iter().map(|r| r.len).sum();
+        let skip = covered.saturating_sub(wanted);
         // Fetched several at a time (a tail of many small ranges would otherwise cost
         // one round trip each), replayed in order.
-        let mut chunks = futures::stream::iter(ranges)
-            .map(|range| async move {
-                let chunk = self.fetch_range(&range).await?;
+        let mut chunks = futures::stream::iter(ranges.into_iter().enumerate())
+            .map(|(i, range)| async move {
+                let chunk = if i == 0 && skip > 0 {
+                    self.fetch_range_tail(&range, skip).await?
+                } else {
+                    self.fetch_range(&range).await?
+                };
                 Ok::<_, StreamdError>((range, chunk))
             })
             .buffered(super::read::FETCH_CONCURRENCY);

@@ -79,6 +79,23 @@ impl RangeCache {
         inner.order.retain(|k| k.0 != stream);
     }
 
+    /// Drops the cached ranges of `stream` that end at or below `start` (trimmed).
+    pub fn forget_below(&self, stream: StreamId, start: u64) {
+        let mut inner = self.lock();
+        let keys: Vec<_> = inner
+            .ranges
+            .range((stream, 0)..(stream, start))
+            .filter(|(_, r)| r.end.0 <= start)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in &keys {
+            inner.ranges.remove(key);
+        }
+        if !keys.is_empty() {
+            inner.order.retain(|k| !(k.0 == stream && keys.contains(k)));
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.lock().ranges.len()
     }
@@ -158,6 +175,7 @@ mod tests {
             pos: 0,
             len: end - start,
             crc: 0,
+            max_timestamp: weir_meta::model::NO_TIMESTAMP,
         }
     }
 
@@ -175,5 +193,22 @@ mod tests {
         assert_eq!(cache.find(StreamId(1), 0), None);
         cache.forget(StreamId(1));
         assert_eq!(cache.len(), 1);
+
+        let cache = RangeCache::new(10);
+        cache.insert(StreamId(1), [range(0, 5), range(5, 9), range(9, 12)]);
+        cache.insert(StreamId(2), [range(0, 4)]);
+        cache.forget_below(StreamId(1), 10);
+        assert_eq!(cache.find(StreamId(1), 4), None, "trimmed");
+        assert_eq!(
+            cache.find(StreamId(1), 10),
+            Some(range(9, 12)),
+            "the range holding the start stays"
+        );
+        assert_eq!(
+            cache.find(StreamId(2), 0),
+            Some(range(0, 4)),
+            "another stream is untouched"
+        );
+        assert_eq!(cache.len(), 2);
     }
 }

@@ -150,6 +150,14 @@ impl Node {
         if let Some(b) = self.cache.get(&range.key.0, range.pos) {
             return Ok(b);
         }
+        let bytes = self.fetch_range_uncached(range).await?;
+        self.cache.insert(&range.key.0, range.pos, bytes.clone());
+        Ok(bytes)
+    }
+
+    /// One committed range's bytes by a ranged GET, checked against its CRC, without
+    /// filling the cache (background work such as compaction reads old data once).
+    pub async fn fetch_range_uncached(&self, range: &ObjectRange) -> Result<Bytes, StreamdError> {
         let path = object_store::path::Path::from(range.key.0.as_str());
         let opts = GetOptions {
             range: Some(GetRange::Bounded(range.pos..range.pos + range.len)),
@@ -169,8 +177,36 @@ impl Node {
                 range.key, range.start, range.end
             )));
         }
-        self.cache.insert(&range.key.0, range.pos, bytes.clone());
         Ok(bytes)
+    }
+}
+
+impl Node {
+    /// The whole batches of `range` after its first `skip` bytes: a ranged GET of the
+    /// rest, from its first whole batch (each batch's CRC is checked; the range's own
+    /// CRC covers bytes not read). Metered for tests in `tail_bytes_read`.
+    pub async fn fetch_range_tail(&self, range: &ObjectRange, skip: u64) -> Result<Bytes, StreamdError> {
+        let path = object_store::path::Path::from(range.key.0.as_str());
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(range.pos + skip..range.pos + range.len)),
+            ..Default::default()
+        };
+        let unavailable =
+            |e: object_store::Error| StreamdError::Unavailable(format!("reading object {}: {e}", range.key));
+        let bytes = self
+            .store
+            .get_opts(&path, opts)
+            .await
+            .map_err(unavailable)?
+            .bytes()
+            .await
+            .map_err(unavailable)?;
+        crate::metrics::metrics().tail_bytes_read.inc_by(bytes.len() as u64);
+        match weir_shared::batch::first_whole_batch(&bytes, range.end.0) {
+            Some(at) => Ok(bytes.slice(at..)),
+            // A tail shorter than one batch: the whole range, then.
+            None => self.fetch_range(range).await,
+        }
     }
 }
 

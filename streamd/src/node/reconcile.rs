@@ -49,6 +49,12 @@ async fn reconcile(node: &Arc<Node>) {
             let end = handle.inner.lock().await.committed_end;
             tracing::info!(stream = %handle.name, stream_epoch = %handle.epoch, "ownership moved; no longer serving the stream");
             node.remove_stream(handle.id, end);
+            continue;
+        }
+        // A trim another proposer made (an operator's) moves the served start too.
+        let start = node.view.with(|s| s.streams.get(&handle.id).map(|r| r.start_offset.0));
+        if let Some(start) = start {
+            node.apply_start(&handle, start).await;
         }
     }
     // Deleted streams this incarnation holds: it has stopped serving them, so it destroys them.
@@ -110,7 +116,11 @@ async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) {
                 return;
             };
             let producers = match node.rebuild_producers(id, committed_end.0).await {
-                Ok(p) => p,
+                Ok(mut p) => {
+                    // A range holding the start can carry trimmed producers' batches.
+                    p.expire_below(row.start_offset.0);
+                    p
+                }
                 // Damaged data is never served, but must not keep the stream closed to appends.
                 Err(e @ crate::error::StreamdError::Corrupt(_)) => {
                     tracing::error!(stream = name, error = %e, "producer state not rebuilt from damaged data; duplicates of earlier idempotent batches are not detected");

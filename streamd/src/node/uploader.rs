@@ -36,6 +36,17 @@ pub(super) struct Part {
     pub batches: Vec<Bytes>,
 }
 
+impl Part {
+    /// The newest record timestamp in the part, for `retention.ms`.
+    fn max_timestamp(&self) -> i64 {
+        self.batches
+            .iter()
+            .map(|b| weir_shared::batch::max_timestamp(b))
+            .max()
+            .unwrap_or(weir_meta::model::NO_TIMESTAMP)
+    }
+}
+
 impl Node {
     /// Uploads and commits everything durable and not yet uploaded; returns once committed
     /// (or once the node is fenced). Only the uploader task runs rounds, one at a time, and
@@ -99,6 +110,7 @@ impl Node {
                 pos: p.chunk.pos,
                 len: p.chunk.len,
                 crc: p.chunk.crc,
+                max_timestamp: p.max_timestamp(),
             })
             .collect();
         let command = Command::CommitObjects {
@@ -172,6 +184,7 @@ impl Node {
             let mut inner = handle.inner.lock().await;
             if committed {
                 inner.committed_end = part.chunk.end;
+                handle.committed.send_replace(part.chunk.end);
                 self.ranges.insert(
                     part.stream,
                     [weir_meta::model::ObjectRange {
@@ -181,6 +194,7 @@ impl Node {
                         pos: part.chunk.pos,
                         len: part.chunk.len,
                         crc: part.chunk.crc,
+                        max_timestamp: part.max_timestamp(),
                     }],
                 );
                 inner.trim_committed();

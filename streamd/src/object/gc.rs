@@ -1,7 +1,9 @@
 //! Garbage collection of data objects that were uploaded but never committed (a crash
 //! between PUT and CommitObjects, or a refused commit), or that no stream references
-//! any more (a destroyed stream): deleted once older than the safety delay and absent
-//! from the object index (RR-WAL-4, RR-WAL-5, INV-17).
+//! any more (a destroyed stream, a trim, retention, a compaction): deleted once older
+//! than the safety delay, absent from the object index, and found absent for a grace
+//! period, so a read that looked a range up just before it was released still finds
+//! its object (RR-WAL-4, RR-WAL-5, INV-17).
 //!
 //! The decision is made from the index, not from this node's view of the log: right
 //! before deleting, a linearizable read (through the metad leader) shows which of the
@@ -12,18 +14,36 @@
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use weir_meta::client::{MetadClient, MAX_PAGE};
 use weir_shared::ids::ObjectKey;
 
-/// One pass: deletes `data/` objects older than `delay` that the index does not hold.
-/// Returns how many.
+/// When this node first found each object unreferenced; an object is deleted only once
+/// it has stayed so for the grace period. Kept in memory: a restart only delays deletes.
+#[derive(Debug, Default)]
+pub struct Unreferenced {
+    since: HashMap<Path, Instant>,
+}
+
+impl Unreferenced {
+    /// Whether `path`, found unreferenced now, has been so for at least `grace`.
+    fn grace_passed(&mut self, path: &Path, grace: Duration) -> bool {
+        let first = *self.since.entry(path.clone()).or_insert_with(Instant::now);
+        first.elapsed() >= grace
+    }
+}
+
+/// One pass: deletes `data/` objects older than `delay` that the index does not hold
+/// and has not held for `grace`. Returns how many.
 pub async fn collect(
     store: &dyn ObjectStore,
     metad: &MetadClient,
     delay: Duration,
+    grace: Duration,
+    unreferenced: &mut Unreferenced,
     cancel: &CancellationToken,
 ) -> anyhow::Result<usize> {
     let cutoff = std::time::SystemTime::now() - delay;
@@ -33,6 +53,9 @@ pub async fn collect(
         .filter(|m| std::time::SystemTime::from(m.last_modified) < cutoff)
         .map(|m| m.location)
         .collect();
+    // What is gone from the bucket (or committed again, below) is forgotten.
+    let listed: std::collections::HashSet<&Path> = candidates.iter().collect();
+    unreferenced.since.retain(|p, _| listed.contains(p));
     let mut deleted = 0;
     for batch in candidates.chunks(MAX_PAGE as usize) {
         if cancel.is_cancelled() {
@@ -43,15 +66,20 @@ pub async fn collect(
         let (committed, read_index) = metad.objects_committed(&keys).await?;
         for (path, key) in batch.iter().zip(&keys) {
             if committed.contains(key) {
+                unreferenced.since.remove(path);
+                continue;
+            }
+            if !unreferenced.grace_passed(path, grace) {
                 continue;
             }
             match store.delete(path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                     deleted += 1;
                     crate::metrics::metrics().gc_deleted.inc();
-                    tracing::info!(object_key = %path, log_index = read_index, "deleted uncommitted data object");
+                    unreferenced.since.remove(path);
+                    tracing::info!(object_key = %path, log_index = read_index, "deleted unreferenced data object");
                 }
-                Err(e) => tracing::warn!(object_key = %path, error = %e, "cannot delete uncommitted data object"),
+                Err(e) => tracing::warn!(object_key = %path, error = %e, "cannot delete unreferenced data object"),
             }
         }
     }
@@ -63,15 +91,17 @@ pub async fn gc_loop(
     store: Arc<dyn ObjectStore>,
     metad: Arc<MetadClient>,
     delay: Duration,
+    grace: Duration,
     every: Duration,
     cancel: CancellationToken,
 ) {
+    let mut unreferenced = Unreferenced::default();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        match collect(store.as_ref(), &metad, delay, &cancel).await {
+        match collect(store.as_ref(), &metad, delay, grace, &mut unreferenced, &cancel).await {
             Ok(_) => crate::metrics::metrics().gc_passes.inc(),
             Err(e) => tracing::warn!(error = %format!("{e:#}"), "object garbage collection failed; will retry"),
         }

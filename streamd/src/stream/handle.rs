@@ -3,7 +3,7 @@
 use super::producers::ProducerTable;
 use bytes::Bytes;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::{watch, Mutex};
 use weir_shared::ids::{StreamEpoch, StreamId};
 
@@ -65,6 +65,10 @@ pub struct StreamHandle {
     pub inner: Mutex<StreamInner>,
     /// The durable end offset; readers wait on it.
     pub durable: watch::Sender<u64>,
+    /// The committed end offset; a trim above it waits on it.
+    pub committed: watch::Sender<u64>,
+    /// `inner.start_offset`, readable without the lock (the view follower compares it).
+    pub start: AtomicU64,
     serving: AtomicBool,
 }
 
@@ -92,6 +96,8 @@ impl StreamHandle {
                 buffered: 0,
             }),
             durable: watch::channel(committed_end).0,
+            committed: watch::channel(committed_end).0,
+            start: AtomicU64::new(start_offset),
             serving: AtomicBool::new(true),
         }
     }

@@ -171,6 +171,14 @@ impl ProducerTable {
         }
     }
 
+    /// Forgets producers whose every remembered batch lies below `start`: their data
+    /// was trimmed, as Kafka evicts producers below the log start offset. Returns how many.
+    pub fn expire_below(&mut self, start: u64) -> usize {
+        let before = self.producers.len();
+        self.producers.retain(|_, p| p.last_offset() > start);
+        before - self.producers.len()
+    }
+
     /// Records batches appended at `offsets` (`(base, end)` per batch).
     pub fn record(&mut self, headers: &[BatchHeader], offsets: &[(u64, u64)]) {
         for (h, &(base, end)) in headers.iter().zip(offsets) {

@@ -9,16 +9,21 @@ use super::state::{Change, RowKey, State};
 use std::collections::BTreeSet;
 use weir_shared::ids::{Incarnation, NodeId, StreamEpoch, StreamId};
 
+mod compaction;
 mod leases;
 mod nodes;
 mod objects;
+mod retention;
 mod streams;
 mod takeover;
+#[cfg(test)]
+mod test_log;
 mod tokens;
 mod topics;
 mod transfer;
 
 use super::names::validate_name;
+pub use retention::validate_config;
 pub use transfer::check_destination;
 
 /// Most partitions one topic may have.
@@ -138,6 +143,13 @@ impl Txn<'_> {
             Command::OpenStream { stream } => self.open_stream(proposer, *stream),
             Command::CloseStream { stream, stream_epoch } => self.close_stream(proposer, *stream, *stream_epoch),
             Command::CommitObjects { key, size, ranges } => self.commit_objects(proposer, key, *size, ranges),
+            Command::TrimStream { stream, start } => self.trim_stream(proposer, *stream, *start),
+            Command::CompactObjects {
+                stream,
+                replaced,
+                objects,
+            } => self.compact_objects(proposer, *stream, replaced, objects),
+            Command::AlterConfig { target, config } => self.alter_config(proposer, target, config),
             Command::AcquireLease { name, expected } => self.acquire_lease(proposer, name, expected.as_ref()),
             Command::RenewLease { name } => self.renew_lease(proposer, name),
             Command::IssueToken {

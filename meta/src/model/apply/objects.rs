@@ -29,6 +29,15 @@ impl Txn<'_> {
                 format!("object '{key}' is already committed"),
             ));
         }
+        // One range per stream per object: trims and compactions release an object from a
+        // stream when they drop that stream's range in it.
+        let mut seen = std::collections::BTreeSet::new();
+        if !ranges.iter().all(|r| seen.insert(r.stream)) {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                "a commit holds at most one range per stream",
+            ));
+        }
         let mut updated: std::collections::BTreeMap<StreamId, StreamRow> = Default::default();
         let mut ranges_out = Vec::with_capacity(ranges.len());
         for range in ranges {
@@ -80,6 +89,7 @@ impl Txn<'_> {
             }
             row.committed_end = range.end;
             row.commits += 1;
+            row.bytes += range.len;
             ranges_out.push(IndexChange::PutRange {
                 stream: range.stream,
                 range: ObjectRange {
@@ -89,6 +99,7 @@ impl Txn<'_> {
                     pos: range.pos,
                     len: range.len,
                     crc: range.crc,
+                    max_timestamp: range.max_timestamp,
                 },
             });
             updated.insert(range.stream, row);

@@ -5,11 +5,9 @@
 use super::transfer::check_destination;
 use super::{at_epoch, reject, validate_name, Txn};
 use crate::model::command::{Applied, Outcome, Proposer, RejectCode};
-use crate::model::index::IndexChange;
 use crate::model::rows::*;
 use crate::model::state::{Row, RowKey};
-use std::collections::BTreeMap;
-use weir_shared::ids::{NodeId, ObjectKey, Offset, StreamEpoch, StreamId};
+use weir_shared::ids::{NodeId, Offset, StreamEpoch, StreamId};
 
 impl Txn<'_> {
     pub(super) fn new_stream(&mut self, name: String, topic: Option<(&str, u32)>, config: &StreamConfig) -> StreamId {
@@ -28,6 +26,7 @@ impl Txn<'_> {
             start_offset: Offset(0),
             committed_end: Offset(0),
             commits: 0,
+            bytes: 0,
             config: config.clone(),
         };
         self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
@@ -92,24 +91,7 @@ impl Txn<'_> {
         }
         // Its ranges leave the index, and each object holding one no longer names it
         // (an object that names no stream is no longer committed; GC takes it).
-        let mut objects: BTreeMap<ObjectKey, Option<ObjectRow>> = BTreeMap::new();
-        for range in self.objects.ranges_from(id, Offset(0), usize::MAX) {
-            self.index_changes.push(IndexChange::DeleteRange {
-                stream: id,
-                start: range.start,
-            });
-            let object = self.objects.object(&range.key);
-            objects.entry(range.key).or_insert(object);
-        }
-        for (key, object) in objects {
-            let Some(mut object) = object else { continue };
-            object.streams.retain(|s| *s != id);
-            self.index_changes.push(if object.streams.is_empty() {
-                IndexChange::DeleteObject(key)
-            } else {
-                IndexChange::PutObject(object)
-            });
-        }
+        self.drop_ranges_below(id, Offset(u64::MAX));
         self.state.set_row(&RowKey::Stream(id), None);
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)

@@ -1,0 +1,109 @@
+//! A small metadata log for the apply rules' unit tests: two open streams on one node.
+
+use crate::model::command::{Applied, CommitRange, Proposal, Proposer, RejectCode};
+use crate::model::rows::*;
+use crate::model::{Command, Metadata};
+use weir_shared::ids::{Epoch, Incarnation, NodeId, ObjectKey, Offset, StreamId};
+
+pub struct Log {
+    pub meta: Metadata,
+    index: u64,
+}
+
+pub fn op() -> Proposer {
+    Proposer::Operator { principal: "op".into() }
+}
+
+pub fn node() -> Proposer {
+    Proposer::Node(Incarnation {
+        node: NodeId::new("n"),
+        epoch: Epoch(1),
+    })
+}
+
+impl Log {
+    pub fn apply(&mut self, proposer: Proposer, command: Command) -> Result<Applied, RejectCode> {
+        self.index += 1;
+        let (outcome, _) = self.meta.apply(self.index, &Proposal { proposer, command });
+        outcome.map_err(|r| r.code)
+    }
+
+    /// Two open streams on node `n`.
+    pub fn new() -> Self {
+        let mut log = Log {
+            meta: Metadata::default(),
+            index: 0,
+        };
+        let settings = ClusterSettings {
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        log.apply(op(), Command::InitCluster { settings }).expect("init");
+        log.apply(
+            op(),
+            Command::RegisterNode {
+                node: NodeId::new("n"),
+                kind: NodeKind::Streamd,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            },
+        )
+        .expect("register");
+        for name in ["a", "b"] {
+            let config = StreamConfig::default();
+            let Ok(Applied::StreamCreated { stream }) = log.apply(
+                op(),
+                Command::CreateStream {
+                    name: name.into(),
+                    config,
+                },
+            ) else {
+                panic!("create")
+            };
+            log.apply(
+                op(),
+                Command::PlaceStream {
+                    stream,
+                    node: NodeId::new("n"),
+                },
+            )
+            .expect("place");
+            log.apply(node(), Command::OpenStream { stream }).expect("open");
+        }
+        log
+    }
+
+    /// Commits object `key` holding `ranges` of (stream, records, bytes).
+    pub fn commit(&mut self, key: &str, ranges: &[(u64, u64, u64)]) {
+        let mut pos = 0;
+        let ranges = ranges
+            .iter()
+            .map(|&(s, records, len)| {
+                let row = &self.meta.state.streams[&StreamId(s)];
+                let range = CommitRange {
+                    stream: StreamId(s),
+                    stream_epoch: row.epoch,
+                    start: row.committed_end,
+                    end: Offset(row.committed_end.0 + records),
+                    pos,
+                    len,
+                    crc: 0,
+                    max_timestamp: 1,
+                };
+                pos += len;
+                range
+            })
+            .collect();
+        let command = Command::CommitObjects {
+            key: ObjectKey(key.into()),
+            size: pos,
+            ranges,
+        };
+        self.apply(node(), command).expect("commit");
+    }
+
+    pub fn row(&self, s: u64) -> &StreamRow {
+        &self.meta.state.streams[&StreamId(s)]
+    }
+}

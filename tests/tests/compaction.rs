@@ -1,0 +1,437 @@
+//! Compaction over real processes (issue 16, D-20): small multi-stream upload objects
+//! are rewritten into per-stream objects while clients append and read, the ranges per
+//! stream fall to the bound, and the bucket empties of what nothing references. A
+//! compactor killed midway, and one whose stream is taken over while it works, lose no
+//! acknowledged record (the history checker reads every stream back) and leak no object
+//! past GC's grace period. A consumer group that committed 100,000 times loads from a
+//! snapshot of its offsets, not from every commit.
+// Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
+use futures::TryStreamExt;
+use object_store::ObjectStore;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use weir_meta::client::Consistency;
+use weir_shared::ids::{ObjectKey, Offset, StreamId};
+use weir_tests::gateway::Gatewayd;
+use weir_tests::history::History;
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::wait_for;
+
+/// Small targets and quick passes, so a test sees many compactions and GC in seconds.
+const COMPACTING: &[&str] = &[
+    "--upload-interval-ms",
+    "30",
+    "--compaction-target-bytes",
+    "8192",
+    "--compaction-interval-ms",
+    "300",
+    "--gc-delay-sec",
+    "1",
+    "--gc-grace-sec",
+    "1",
+];
+
+async fn within<F: std::future::Future<Output = ()>>(secs: u64, f: F) {
+    tokio::time::timeout(Duration::from_secs(secs), f)
+        .await
+        .unwrap_or_else(|_| panic!("test did not finish within {secs} s"));
+}
+
+/// Every data object's key in the bucket.
+async fn bucket(stack: &Stack) -> BTreeSet<String> {
+    let listed: Vec<_> = stack
+        .s3
+        .store()
+        .list(Some(&object_store::path::Path::from("data")))
+        .try_collect()
+        .await
+        .expect("list the bucket");
+    listed.into_iter().map(|m| m.location.to_string()).collect()
+}
+
+/// The stream's ranges in the object index, and their total bytes.
+async fn ranges_of(stack: &Stack, stream: StreamId) -> (usize, u64) {
+    let client = stack.metad.client();
+    let (mut count, mut bytes, mut at) = (0, 0, Offset(0));
+    loop {
+        let page = client
+            .read_ranges(stream, at, false, 1000, Consistency::Linearizable)
+            .await
+            .expect("read ranges");
+        count += page.ranges.len();
+        bytes += page.ranges.iter().map(|r| r.len).sum::<u64>();
+        match page.ranges.last() {
+            Some(last) if page.more => at = last.end,
+            _ => return (count, bytes),
+        }
+    }
+}
+
+fn stream_id(gw_row: &serde_json::Value) -> StreamId {
+    StreamId(gw_row["id"].as_u64().expect("stream id"))
+}
+
+/// Waits until every object in the bucket is one the index holds: nothing leaked.
+async fn bucket_holds_only_committed_objects(stack: &Stack, within: Duration) {
+    let client = stack.metad.client();
+    wait_for("every object left in the bucket is committed", within, || async {
+        let keys: Vec<ObjectKey> = bucket(stack).await.into_iter().map(ObjectKey).collect();
+        let mut committed = 0;
+        for chunk in keys.chunks(1000) {
+            let (found, _) = client.objects_committed(chunk).await.ok()?;
+            committed += found.len();
+        }
+        (committed == keys.len()).then_some(())
+    })
+    .await;
+}
+
+/// Appends `records` records of about `size` bytes to each stream, interleaved, so the
+/// uploads hold several streams each.
+async fn interleaved(gw: &Gatewayd, streams: &[&str], records: usize, size: usize) -> Vec<Vec<String>> {
+    let mut acked = vec![Vec::new(); streams.len()];
+    for i in 0..records {
+        for (s, stream) in streams.iter().enumerate() {
+            let body = format!("{stream}-{i:06}-{}", "x".repeat(size));
+            gw.append(stream, &[&body]).await;
+            acked[s].push(body);
+        }
+    }
+    acked
+}
+
+// Issue 16, D-20: small upload objects become per-stream objects of the target size;
+// every record reads back in order while and after it happens; the ranges per stream
+// fall to ceil(bytes / target) plus a few per size class; the upload objects leave the
+// bucket once no stream references them.
+#[tokio::test(flavor = "multi_thread")]
+async fn compaction_rewrites_small_uploads_into_per_stream_objects_and_reads_go_on() {
+    within(240, async {
+        let stack = Stack::start_with(1, Backend::FileWal, COMPACTING, &[]).await;
+        let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+        gw.wait_ready().await;
+        let streams = ["c-0", "c-1", "c-2"];
+        let mut ids = Vec::new();
+        for s in streams {
+            ids.push(stream_id(&gw.create_stream(s).await));
+            gw.wait_open(s).await;
+        }
+        // About 120 KiB per stream in 300 uploads of ~400 bytes.
+        let acked = interleaved(&gw, &streams, 300, 400).await;
+        wait_for(
+            "compaction brings each stream near bytes / target",
+            Duration::from_secs(120),
+            || async {
+                for id in &ids {
+                    let (count, bytes) = ranges_of(&stack, *id).await;
+                    // ceil(bytes / target) plus at most one range per size class below it.
+                    if count as u64 > bytes.div_ceil(8192) + 8 {
+                        return None;
+                    }
+                }
+                Some(())
+            },
+        )
+        .await;
+        for (s, stream) in streams.iter().enumerate() {
+            let got: Vec<String> = gw
+                .read_all(stream)
+                .await
+                .iter()
+                .map(|r| r["body"].as_str().expect("body").to_string())
+                .collect();
+            assert_eq!(got, acked[s], "{stream} reads back every record, once, in order");
+        }
+        let metrics = weir_tests::get_text(&format!("http://{}/metrics", stack.nodes[0].http)).await;
+        let compacted = weir_tests::metric_value(&metrics, "weir_streamd_compacted_ranges_total").unwrap_or(0.0);
+        assert!(
+            compacted > 0.0,
+            "compaction replaced upload ranges: {}\n{}",
+            metrics
+                .lines()
+                .filter(|l| l.contains("compact"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            stack.nodes[0]
+                .log_text()
+                .lines()
+                .filter(|l| l.contains("compact"))
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        // The upload objects leave once no stream references them; what is left is committed.
+        bucket_holds_only_committed_objects(&stack, Duration::from_secs(60)).await;
+        let left = bucket(&stack).await;
+        assert!(left.len() <= 3 * (150 * 1024 / 8192 + 8), "{} objects left", left.len());
+    })
+    .await;
+}
+
+/// Runs writers on `streams` until the returned flag is set.
+fn writers(
+    gw: &Arc<Gatewayd>,
+    streams: &[&'static str],
+    history: &Arc<History>,
+) -> (Arc<AtomicBool>, Vec<tokio::task::JoinHandle<()>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = streams
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            tokio::spawn(weir_tests::writer::client(
+                gw.clone(),
+                s,
+                i,
+                history.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    (stop, tasks)
+}
+
+async fn check_history(gw: &Gatewayd, streams: &[&str], history: &History) {
+    for s in streams {
+        gw.wait_open(s).await;
+    }
+    let read_back = weir_tests::writer::read_back(gw, streams).await;
+    assert!(history.acknowledged() > 0, "the writers made progress");
+    let problems = history.check(&read_back);
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+// Issue 16, D-20: a compactor that dies with its objects written and nothing committed
+// (a failpoint exits the process there, as SIGKILL would) loses nothing: the stream
+// fails over, every acknowledged record reads back once and in order, and the objects it
+// wrote are deleted by GC on the live node after the grace period.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compactor_killed_midway_loses_nothing_and_leaks_nothing() {
+    within(300, async {
+        let mut stack = Stack::start(1, Backend::FileWal, COMPACTING).await;
+        stack.add_node_with_env(
+            "streamd-2",
+            Backend::FileWal,
+            COMPACTING,
+            &[("WEIR_FAILPOINT_COMPACTION_BEFORE_COMMIT", "1")],
+        );
+        stack.nodes[1].wait_ready().await;
+        let gw = Arc::new(Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &[],
+        ));
+        gw.wait_ready().await;
+        let streams = ["k-0", "k-1"];
+        let mut ids = Vec::new();
+        for s in streams {
+            ids.push(stack.create_stream(s, 1).await);
+        }
+        let history = Arc::new(History::default());
+        let (stop, tasks) = writers(&gw, &streams, &history);
+        // The failpoint exits the node at its first compaction commit.
+        let code = stack.nodes[1].wait_exit(Duration::from_secs(60)).await;
+        assert_eq!(
+            code,
+            Some(86),
+            "the compactor died midway:\n{}",
+            stack.nodes[1].log_text()
+        );
+        let written_then = bucket(&stack).await;
+        assert!(
+            written_then.iter().any(|k| k.contains("/compacted/")),
+            "it wrote compacted objects first"
+        );
+        // The surviving node takes the streams over; the writers go on through it.
+        for id in &ids {
+            stack.place_once_closed(*id, 0).await;
+        }
+        for s in streams {
+            gw.wait_open(s).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.expect("writer");
+        }
+        check_history(&gw, &streams, &history).await;
+        bucket_holds_only_committed_objects(&stack, Duration::from_secs(60)).await;
+    })
+    .await;
+}
+
+// Issue 16, D-20: the owner is hung (SIGSTOP) between writing its compacted objects and
+// committing them; it is fenced and its streams taken over and written on elsewhere.
+// Resumed, its stale compaction is refused (it is fenced, and its ranges moved on) and it
+// exits 75; nothing acknowledged is lost and nothing it wrote outlives the grace period.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_during_compaction_wins_and_the_stale_compaction_changes_nothing() {
+    within(300, async {
+        let mut stack = Stack::start(1, Backend::FileWal, COMPACTING).await;
+        stack.add_node_with_env(
+            "streamd-2",
+            Backend::FileWal,
+            COMPACTING,
+            &[("WEIR_FAILPOINT_COMPACTION_COMMIT", "sleep(60000)")],
+        );
+        stack.nodes[1].wait_ready().await;
+        let gw = Arc::new(Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &[],
+        ));
+        gw.wait_ready().await;
+        let streams = ["t-0", "t-1"];
+        let mut ids = Vec::new();
+        for s in streams {
+            ids.push(stack.create_stream(s, 1).await);
+        }
+        let history = Arc::new(History::default());
+        let (stop, tasks) = writers(&gw, &streams, &history);
+        wait_for(
+            "the compactor is between its writes and its commit",
+            Duration::from_secs(60),
+            || async { stack.nodes[1].log_text().contains("compaction_commit").then_some(()) },
+        )
+        .await;
+        stack.nodes[1].pause();
+        // Fenced after the node timeout; the failover recovers its streams, which are
+        // then placed on the live node.
+        for id in &ids {
+            stack.place_once_closed(*id, 0).await;
+        }
+        for s in streams {
+            gw.wait_open(s).await;
+        }
+        wait_for("both streams served by streamd-1", Duration::from_secs(60), || async {
+            for s in streams {
+                let row = gw
+                    .send(gw.request(reqwest::Method::GET, &format!("/v1/streams/{s}")))
+                    .await
+                    .1;
+                if row["owner"]["node"] != "streamd-1" || row["state"] != "open" {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stack.nodes[1].resume();
+        let code = stack.nodes[1].wait_exit(Duration::from_secs(90)).await;
+        assert_eq!(
+            code,
+            Some(75),
+            "the fenced compactor stops:\n{}",
+            stack.nodes[1].log_text()
+        );
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.expect("writer");
+        }
+        check_history(&gw, &streams, &history).await;
+        bucket_holds_only_committed_objects(&stack, Duration::from_secs(60)).await;
+    })
+    .await;
+}
+
+/// The `stream` and fields of the last "loaded its offsets stream" line in `log`.
+fn last_load(log: &str) -> Option<serde_json::Value> {
+    log.lines()
+        .filter(|l| l.contains("group coordinator loaded its offsets stream"))
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+}
+
+// Issue 16: the group coordinator snapshots its offsets table and trims the offsets
+// stream to the snapshot, so a group that committed 100,000 times loads, on the node its
+// offsets stream fails over to, in under 2 s, replaying a few thousand changes at most.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_group_that_committed_100_000_times_loads_in_under_2_s() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
+    const THREADS: usize = 16;
+    const COMMITS: usize = 100_000;
+    within(900, async {
+        let mut stack = Stack::start_with(2, Backend::FileWal, &["--upload-interval-ms", "50"], &[]).await;
+        let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+        gw.wait_ready().await;
+        let kafka = gw.kafka.clone();
+        let config = move || {
+            let mut c = ClientConfig::new();
+            c.set("bootstrap.servers", &kafka)
+                .set("broker.address.family", "v4")
+                .set("group.id", "hundred-thousand")
+                .set("enable.auto.commit", "false");
+            c
+        };
+        stack.metad.create_topic("ct", 1).await;
+        gw.wait_open("ct/0").await;
+        let started = std::time::Instant::now();
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let config = config.clone();
+                std::thread::spawn(move || {
+                    let consumer: BaseConsumer = config().create().expect("consumer");
+                    for i in 0..COMMITS / THREADS {
+                        let mut tpl = TopicPartitionList::new();
+                        tpl.add_partition_offset("ct", 0, KafkaOffset::Offset(i as i64))
+                            .expect("partition");
+                        let mut tries = 0;
+                        while let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+                            tries += 1;
+                            assert!(tries < 50, "commit {i}: {e}");
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("committer");
+        }
+        println!("{COMMITS} commits in {:?}", started.elapsed());
+
+        // The coordinator's node; killing it moves the offsets stream to the other.
+        let owner = (0..2)
+            .find(|&i| last_load(&stack.nodes[i].log_text()).is_some())
+            .expect("a node loaded the group's offsets stream");
+        let offsets_stream = last_load(&stack.nodes[owner].log_text()).expect("load")["stream"]
+            .as_str()
+            .expect("stream")
+            .to_string();
+        stack.nodes[owner].kill();
+        let survivor = 1 - owner;
+        let fetcher: BaseConsumer = config().create().expect("consumer");
+        let mut wanted = TopicPartitionList::new();
+        wanted.add_partition("ct", 0);
+        let committed = wait_for(
+            "the group's offsets are served again",
+            Duration::from_secs(60),
+            || async {
+                let tpl = fetcher.committed_offsets(wanted.clone(), Duration::from_secs(5)).ok()?;
+                tpl.find_partition("ct", 0).map(|p| p.offset())
+            },
+        )
+        .await;
+        assert_eq!(committed, KafkaOffset::Offset((COMMITS / THREADS - 1) as i64));
+        let load = last_load(&stack.nodes[survivor].log_text()).expect("the survivor loaded the offsets stream");
+        assert_eq!(load["stream"], offsets_stream.as_str());
+        let elapsed = load["elapsed_ms"].as_u64().expect("elapsed_ms");
+        let replayed = load["changes_replayed"].as_u64().expect("changes_replayed");
+        println!("{offsets_stream}: loaded in {elapsed} ms, replaying {replayed} changes");
+        assert!(elapsed < 2_000, "loaded in {elapsed} ms");
+        assert!(
+            replayed <= 3_000,
+            "replayed {replayed} changes, not a snapshot and a tail"
+        );
+    })
+    .await;
+}
