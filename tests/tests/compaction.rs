@@ -435,3 +435,68 @@ async fn a_group_that_committed_100_000_times_loads_in_under_2_s() {
     })
     .await;
 }
+
+// Issue 16: an open rebuilds idempotent-producer state from a ranged read of the tail
+// only, however large the range holding it: after compaction leaves a few large ranges,
+// a restarted owner reads at most --producer-state-bytes of them, and a retried keyed
+// append is still answered with its original offsets, not appended again.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_open_reads_only_the_tail_of_a_large_compacted_range() {
+    use reqwest::{Method, StatusCode};
+    use serde_json::json;
+    within(240, async {
+        let flags = [
+            "--upload-interval-ms",
+            "30",
+            "--compaction-target-bytes",
+            "4194304",
+            "--compaction-interval-ms",
+            "300",
+            "--producer-state-bytes",
+            "16384",
+        ];
+        let mut stack = Stack::start_with(1, Backend::FileWal, &flags, &[]).await;
+        let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+        gw.wait_ready().await;
+        let id = stream_id(&gw.create_stream("keyed").await);
+        gw.wait_open("keyed").await;
+        let keyed = |i: usize| {
+            gw.request(Method::POST, "/v1/streams/keyed/records").json(&json!({
+                "records": [{"body": format!("{i:04}-{}", "k".repeat(1000))}],
+                "idempotency_key": format!("key-{i}"),
+            }))
+        };
+        let mut last = 0;
+        for i in 0..300 {
+            let (status, body) = gw.send(keyed(i)).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            last = body["start_seq_num"].as_u64().expect("offset");
+        }
+        // ~300 KiB in a few large ranges (a small last upload may stay on its own).
+        wait_for(
+            "compaction leaves a few large ranges",
+            Duration::from_secs(60),
+            || async { (ranges_of(&stack, id).await.0 <= 3).then_some(()) },
+        )
+        .await;
+        stack.nodes[0].kill();
+        stack.nodes[0].start();
+        stack.nodes[0].wait_ready().await;
+        gw.wait_open("keyed").await;
+        let (status, body) = gw.send(keyed(299)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            body["start_seq_num"].as_u64(),
+            Some(last),
+            "the retry is answered with its offset"
+        );
+        assert_eq!(gw.read_all("keyed").await.len(), 300, "and not appended again");
+        let metrics = weir_tests::get_text(&format!("http://{}/metrics", stack.nodes[0].http)).await;
+        let tail = weir_tests::metric_value(&metrics, "weir_streamd_tail_read_bytes_total").unwrap_or(0.0);
+        assert!(
+            tail > 0.0 && tail <= 16384.0,
+            "the open read {tail} bytes of the tail of a large range for 16 KiB of producer state"
+        );
+    })
+    .await;
+}

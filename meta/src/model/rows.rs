@@ -91,15 +91,15 @@ pub struct StreamConfig {
     pub retention_ms: Option<u64>,
     /// The oldest committed ranges are trimmed while the rest still hold at least this
     /// many bytes (Kafka's `retention.bytes`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention_bytes: Option<u64>,
     /// Largest record batch a producer may send; `None` is the gateway's default
     /// (Kafka's `max.message.bytes`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_message_bytes: Option<u64>,
     /// Kafka's `segment.bytes`: kept and shown, advisory only (objects are cut by the
     /// uploader and compaction, not by segment size).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment_bytes: Option<u64>,
 }
 

@@ -271,6 +271,23 @@ mod tests {
     }
 
     #[test]
+    fn producers_whose_batches_were_all_trimmed_expire() {
+        let mut t = ProducerTable::default();
+        append(&mut t, header(1, 0, 0, 3), 0).expect("p1");
+        append(&mut t, header(2, 0, 0, 2), 3).expect("p2");
+        append(&mut t, header(1, 0, 3, 1), 5).expect("p1 again");
+        // Offsets below 5 are trimmed: producer 2 (3..5) is gone, producer 1 (last 5..6) stays.
+        assert_eq!(t.expire_below(5), 1);
+        assert_eq!(t.len(), 1);
+        // Producer 2's retry is now an unknown producer's batch, as after Kafka's eviction.
+        assert_eq!(append(&mut t, header(2, 0, 0, 2), 6), Ok(Decision::Append));
+        assert_eq!(
+            append(&mut t, header(1, 0, 3, 1), 99),
+            Ok(Decision::Duplicate(vec![(5, 6)]))
+        );
+    }
+
+    #[test]
     fn gaps_and_old_epochs_are_refused() {
         let mut t = ProducerTable::default();
         append(&mut t, header(7, 1, 0, 1), 0).expect("first");
