@@ -78,15 +78,7 @@ impl Txn<'_> {
             let object = self.objects.object(&r.key);
             old.entry(r.key.clone()).or_insert(object);
         }
-        for (key, object) in old {
-            let Some(mut object) = object else { continue };
-            object.streams.retain(|s| *s != id);
-            self.index_changes.push(if object.streams.is_empty() {
-                IndexChange::DeleteObject(key)
-            } else {
-                IndexChange::PutObject(object)
-            });
-        }
+        self.release_objects(id, old);
         // Pieces wholly below a start a trim set meanwhile are not indexed: GC takes them.
         let mut added = 0u64;
         for o in objects.iter().filter(|o| o.range.end > start_offset) {

@@ -64,6 +64,13 @@ impl Txn<'_> {
             let object = self.objects.object(&range.key);
             objects.entry(range.key).or_insert(object);
         }
+        self.release_objects(id, objects);
+        dropped
+    }
+
+    /// The objects whose range of `id` was dropped no longer name the stream; one that
+    /// names no stream leaves the index (GC then deletes it).
+    pub(super) fn release_objects(&mut self, id: StreamId, objects: BTreeMap<ObjectKey, Option<ObjectRow>>) {
         for (key, object) in objects {
             let Some(mut object) = object else { continue };
             object.streams.retain(|s| *s != id);
@@ -73,7 +80,6 @@ impl Txn<'_> {
                 IndexChange::PutObject(object)
             });
         }
-        dropped
     }
 
     pub(super) fn alter_config(
