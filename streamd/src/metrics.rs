@@ -23,6 +23,8 @@ pub struct StreamdMetrics {
     /// Ranges compaction replaced, and bytes it wrote.
     pub compacted_ranges: IntCounter,
     pub compacted_bytes: IntCounter,
+    /// Seconds one compaction pass over every served stream took.
+    pub compaction_pass_seconds: Histogram,
     /// Bytes read by partial reads of a range's tail (producer-state rebuilds).
     pub tail_bytes_read: IntCounter,
 }
@@ -72,6 +74,16 @@ pub fn metrics() -> &'static StreamdMetrics {
             ),
             compacted_ranges: counter("streamd_compacted_ranges_total", "Ranges compaction replaced"),
             compacted_bytes: counter("streamd_compacted_bytes_total", "Bytes compaction wrote"),
+            compaction_pass_seconds: register(
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "streamd_compaction_pass_seconds",
+                        "Time one compaction pass over every served stream took",
+                    )
+                    .buckets(vec![0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
+                )
+                .expect("valid metric"),
+            ),
             tail_bytes_read: counter(
                 "streamd_tail_read_bytes_total",
                 "Bytes read by partial reads of a range's tail (producer-state rebuilds)",

@@ -89,6 +89,31 @@ async fn gateway_catch_up(stack: &Stack, id: &str) -> Duration {
     took
 }
 
+/// streamd's `--compaction-target-bytes` default.
+const COMPACTION_TARGET: u64 = 64 << 20;
+
+/// Counters summed over the stack's streamd nodes.
+#[derive(Default)]
+struct NodeSums {
+    uploads: f64,
+    passes: f64,
+    pass_seconds: f64,
+}
+
+impl NodeSums {
+    async fn of(stack: &Stack) -> NodeSums {
+        let mut sums = NodeSums::default();
+        for node in &stack.nodes {
+            let text = weir_tests::get_text(&format!("http://{}/metrics", node.http)).await;
+            let value = |name| weir_tests::metric_value(&text, name).unwrap_or(0.0);
+            sums.uploads += value("weir_streamd_objects_committed_total");
+            sums.passes += value("weir_streamd_compaction_pass_seconds_count");
+            sums.pass_seconds += value("weir_streamd_compaction_pass_seconds_sum");
+        }
+        sums
+    }
+}
+
 async fn index_rows(stack: &Stack) -> (u64, u64) {
     let index = stack.metad.replicas[0]
         .http_json("/admin/index")
@@ -186,22 +211,29 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
     println!(
         "soak: {partitions} partitions, 2 streamd, 1 metad, {RECORD}-byte records, {minutes} min, retention.bytes {retention_bytes} per partition"
     );
-    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | index objects | bucket objects | metad RSS MiB | new gateway ready |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    // The bound on ranges per stream (D-20): ceil(retained / target) plus the ranges
+    // one interval adds, which is at most one per upload of its owner.
+    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | uploads/node/interval | bound | compaction pass s | index objects | bucket objects | metad RSS MiB | new gateway ready |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let started = Instant::now();
-    let mut last = 0;
+    let (mut last, mut last_sums) = (0, NodeSums::default());
     for minute in 1..=minutes {
         tokio::time::sleep_until((started + Duration::from_secs(60 * minute)).into()).await;
         let total = acked.load(Ordering::Relaxed);
         let mbps = (total - last) as f64 * RECORD as f64 / 60.0 / 1e6;
         last = total;
+        let sums = NodeSums::of(&stack).await;
+        let uploads = (sums.uploads - last_sums.uploads) / 6.0 / stack.nodes.len() as f64;
+        let pass = (sums.pass_seconds - last_sums.pass_seconds) / (sums.passes - last_sums.passes).max(1.0);
+        last_sums = sums;
+        let bound = retention_bytes.div_ceil(COMPACTION_TARGET) as f64 + uploads;
         let (view, _) = view_bytes(&client).await;
         let (ranges, objects) = index_rows(&stack).await;
         let rss = rss_mib(stack.metad.replicas[0].pid());
         let bucket = bucket_objects(&stack).await;
         let catch_up = gateway_catch_up(&stack, &format!("soak-new-{minute}")).await;
         println!(
-            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {:.1} | {objects} | {bucket} | {rss:.0} | {catch_up:.2?} |",
+            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {:.1} | {uploads:.1} | {bound:.1} | {pass:.2} | {objects} | {bucket} | {rss:.0} | {catch_up:.2?} |",
             view as f64 / f64::from(partitions),
             ranges as f64 / f64::from(partitions)
         );

@@ -143,15 +143,46 @@ impl Cluster {
         }
         let cluster = Cluster { replicas, _dir: dir };
         cluster.wait_leader(&[]).await;
-        // The settings entry lands right after the first election.
-        wait_for("cluster settings", Duration::from_secs(20), || async {
-            cluster.replicas[0]
-                .http_json("/admin/state/settings")
-                .await
-                .filter(|v| !v["settings"].is_null())
-        })
-        .await;
+        // The settings entry lands right after the first election. Waiting for every
+        // replica to apply it means each holds the membership before a test stops one:
+        // a replica stopped before it heard from the leader has nothing to rejoin by.
+        for i in 0..cluster.replicas.len() {
+            cluster
+                .wait_or_dump(
+                    &format!("cluster settings on metad-{}", i + 1),
+                    Duration::from_secs(20),
+                    || async {
+                        cluster.replicas[i]
+                            .http_json("/admin/state/settings")
+                            .await
+                            .filter(|v| !v["settings"].is_null())
+                    },
+                )
+                .await;
+        }
         cluster
+    }
+
+    /// Every replica's log, for a failure message.
+    pub fn logs(&self) -> String {
+        self.replicas
+            .iter()
+            .map(|r| format!("--- metad-{} log:\n{}", r.id, r.log_text()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// As [`wait_for`], printing every replica's log when it times out.
+    pub async fn wait_or_dump<T, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let found = tokio::time::timeout(timeout, wait_for(what, Duration::from_secs(3600), check)).await;
+        match found {
+            Ok(v) => v,
+            Err(_) => panic!("timed out after {timeout:?} waiting for {what}\n{}", self.logs()),
+        }
     }
 
     /// A client of every replica.
@@ -200,23 +231,7 @@ impl Cluster {
 
     /// Waits until a replica not in `excluding` reports itself leader; returns its index.
     pub async fn wait_leader(&self, excluding: &[usize]) -> usize {
-        let logs = || {
-            self.replicas
-                .iter()
-                .map(|r| format!("--- metad-{} log:\n{}", r.id, r.log_text()))
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        let what = "a metad leader";
-        let found = tokio::time::timeout(Duration::from_secs(30), self.find_leader(excluding)).await;
-        match found {
-            Ok(i) => i,
-            Err(_) => panic!("timed out waiting for {what}\n{}", logs()),
-        }
-    }
-
-    async fn find_leader(&self, excluding: &[usize]) -> usize {
-        wait_for("a metad leader", Duration::from_secs(3600), || async {
+        self.wait_or_dump("a metad leader", Duration::from_secs(30), || async {
             for (i, r) in self.replicas.iter().enumerate() {
                 if excluding.contains(&i) {
                     continue;

@@ -310,10 +310,11 @@ async fn restarted_replica_rejoins_through_its_stored_membership() {
         // No --peers at all now: only the stored membership can lead it back.
         cluster.replicas[follower].set_peers("");
         cluster.replicas[follower].start();
-        wait_for("replica rejoined without --peers", Duration::from_secs(30), || async {
-            topics_of(&cluster, follower).await.filter(|t| t.len() == 5)
-        })
-        .await;
+        cluster
+            .wait_or_dump("replica rejoined without --peers", Duration::from_secs(30), || async {
+                topics_of(&cluster, follower).await.filter(|t| t.len() == 5)
+            })
+            .await;
     })
     .await;
 }

@@ -1,6 +1,6 @@
 //! Opens the RocksDB database and checks its format marker before anything is read.
 
-use rocksdb::{ColumnFamilyDescriptor, Options, DB};
+use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, Options, WriteBufferManager, DB};
 use std::path::Path;
 use std::sync::Arc;
 use weir_meta::model::codec::FORMAT_VERSION;
@@ -24,6 +24,10 @@ pub const KEY_MEMBERSHIP: &[u8] = b"membership";
 
 /// The most write-ahead log a restart replays.
 const MAX_TOTAL_WAL_BYTES: u64 = 16 << 20;
+/// One block cache for every column family; memtables are charged to it too.
+const BLOCK_CACHE_BYTES: usize = 64 << 20;
+/// All memtables together, before RocksDB flushes the largest.
+const MEMTABLE_BYTES: usize = 32 << 20;
 
 /// Opens (creating if needed) the metadata database under `dir`, migrating one written
 /// in format 1 and refusing any other format (RR-WAL-6).
@@ -37,9 +41,27 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
     // and make a restart replay all of them. Past this size RocksDB flushes the
     // families holding the oldest file, which bounds the replay (design 0002).
     opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
+    // Memory stays bounded as the index grows: without this each family has its own
+    // cache and memtables, and every table file's index and filter blocks stay in
+    // memory outside any cache (metad's RSS grew with the index in the soak).
+    let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
+    opts.set_write_buffer_manager(&WriteBufferManager::new_write_buffer_manager_with_cache(
+        MEMTABLE_BYTES,
+        false,
+        cache.clone(),
+    ));
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(&cache);
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    let cf_opts = || {
+        let mut o = Options::default();
+        o.set_block_based_table_factory(&table);
+        o
+    };
     let cfs = [CF_META, CF_LOG, CF_SM, CF_HISTORY, CF_SNAPSHOT, CF_INDEX]
         .into_iter()
-        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+        .map(|name| ColumnFamilyDescriptor::new(name, cf_opts()));
     let db = DB::open_cf_descriptors(&opts, dir, cfs)
         .map_err(|e| anyhow::anyhow!("cannot open metadata store at {}: {e}", dir.display()))?;
     let meta = db.cf_handle(CF_META).expect("created above");
