@@ -6,10 +6,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/weir/metad/v1/metad.proto",
         "proto/weir/streamd/v1/streamd.proto",
     ];
+    println!("cargo:rerun-if-changed=build.rs");
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // The data plane's payloads are `Bytes`: a record batch goes from the Kafka socket
+    // to the WAL and back to a Fetch response without being copied into a `Vec`.
+    tonic_prost_build::configure()
+        .bytes(".weir.streamd.v1")
+        .compile_fds(descriptors)?;
     Ok(())
 }

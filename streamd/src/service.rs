@@ -57,7 +57,7 @@ impl Streamd for DataPlane {
         };
         let r = self.node.read(&req.stream, req.offset, max_bytes, wait).await?;
         Ok(Response::new(ReadReply {
-            batches: r.batches.to_vec(),
+            batches: r.batches,
             next_offset: r.next_offset,
             start_offset: r.start_offset,
             end_offset: r.end_offset,
@@ -115,8 +115,8 @@ impl Streamd for DataPlane {
         };
         let body = self
             .groups
-            .handle(&req.stream, api_key, version, req.body.into(), client)
+            .handle(&req.stream, api_key, version, req.body, client)
             .await?;
-        Ok(Response::new(GroupReply { body: body.to_vec() }))
+        Ok(Response::new(GroupReply { body }))
     }
 }

@@ -77,7 +77,7 @@ async fn through_gateway(gw: &Arc<Gatewayd>, stream: &str, concurrency: usize) -
 }
 
 async fn direct(stack: &Stack, stream: &str, concurrency: usize) -> Figures {
-    let payload = Arc::new(batch(&vec![b'v'; RECORD]));
+    let payload = bytes::Bytes::from(batch(&vec![b'v'; RECORD]));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
@@ -88,7 +88,7 @@ async fn direct(stack: &Stack, stream: &str, concurrency: usize) -> Figures {
                 let t = Instant::now();
                 let req = AppendRequest {
                     stream: stream.clone(),
-                    batches: payload.to_vec(),
+                    batches: payload.clone(),
                     match_next_offset: None,
                 };
                 if client.append(req).await.is_ok() {

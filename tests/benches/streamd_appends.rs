@@ -9,7 +9,6 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::io::Write;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_proto::streamd::AppendRequest;
 use weir_tests::batches::batch;
@@ -44,7 +43,7 @@ fn sequential_bandwidth(dir: &std::path::Path) -> f64 {
 async fn load(stack: &Stack, stream: &str, concurrency: usize, value: usize) -> (usize, f64, Vec<Duration>) {
     let started = Instant::now();
     let mut tasks = Vec::new();
-    let payload = Arc::new(batch(&vec![b'v'; value]));
+    let payload = bytes::Bytes::from(batch(&vec![b'v'; value]));
     for _ in 0..concurrency {
         let mut client = stack.nodes[0].client().await;
         let payload = payload.clone();
@@ -55,7 +54,7 @@ async fn load(stack: &Stack, stream: &str, concurrency: usize, value: usize) -> 
                 let t = Instant::now();
                 let req = AppendRequest {
                     stream: stream.clone(),
-                    batches: payload.to_vec(),
+                    batches: payload.clone(),
                     match_next_offset: None,
                 };
                 if client.append(req).await.is_ok() {

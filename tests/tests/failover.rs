@@ -295,7 +295,7 @@ async fn a_streamd_cut_off_from_metad_is_fenced_and_can_acknowledge_nothing_more
         cut_node
             .append(AppendRequest {
                 stream: "cut".into(),
-                batches: batch(format!("c-{i}").as_bytes()),
+                batches: batch(format!("c-{i}").as_bytes()).into(),
                 match_next_offset: None,
             })
             .await
@@ -323,7 +323,7 @@ async fn a_streamd_cut_off_from_metad_is_fenced_and_can_acknowledge_nothing_more
     let late = cut_node
         .append(AppendRequest {
             stream: "cut".into(),
-            batches: batch(b"late"),
+            batches: batch(b"late").into(),
             match_next_offset: None,
         })
         .await;

@@ -97,6 +97,54 @@ async fn append_then_read_back_with_keys_headers_and_base64() {
     assert_eq!(listed["has_more"], false);
 }
 
+/// Issue 17 ("reads fill the request"): one read returns records up to its count across
+/// any number of data objects and the tail buffer. 60 records each in an object of its
+/// own (a 5 KB record passes the 4 KiB upload threshold), then 10 small ones that stay
+/// in memory (no upload by time), all come back from one read of count=1000.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_fills_its_count_across_many_objects_and_the_tail_buffer() {
+    let flags = ["--upload-bytes", "4096", "--upload-interval-ms", "86400000"];
+    let stack = Stack::start_with(1, Backend::FileWal, &flags, &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    gw.create_stream("fill").await;
+    gw.wait_open("fill").await;
+    let big = "b".repeat(5000);
+    for _ in 0..60 {
+        let (_, end) = gw.append("fill", &[&big]).await;
+        wait_for(
+            "each big record committed in its own object",
+            Duration::from_secs(30),
+            || async {
+                let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/fill")).await;
+                (d["committed_seq_num"].as_u64() >= Some(end)).then_some(())
+            },
+        )
+        .await;
+    }
+    for i in 0..10 {
+        gw.append("fill", &[&format!("small-{i}")]).await;
+    }
+    let (_, described) = gw.send(gw.request(Method::GET, "/v1/streams/fill")).await;
+    assert_eq!(
+        described["committed_seq_num"], 60,
+        "the small records are still buffered: {described}"
+    );
+    let (status, page) = gw
+        .send(gw.request(Method::GET, "/v1/streams/fill/records?seq_num=0&count=1000"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let records = page["records"].as_array().expect("records");
+    let seqs: Vec<u64> = records.iter().map(|r| r["seq_num"].as_u64().expect("seq")).collect();
+    assert_eq!(
+        seqs,
+        (0..70).collect::<Vec<u64>>(),
+        "one read returns every record in order"
+    );
+    assert_eq!(page["next_seq_num"], 70);
+    assert_eq!(records[69]["body"], "small-9");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn list_pages_through_streams_in_name_order() {
     let (stack, gw) = stack(1, &[]).await;

@@ -86,7 +86,7 @@ async fn append_upload_and_read_back(backend: Backend) {
         let reply = a
             .append(AppendRequest {
                 stream: "orders".into(),
-                batches: batch(format!("r-{i}").as_bytes()),
+                batches: batch(format!("r-{i}").as_bytes()).into(),
                 match_next_offset: None,
             })
             .await
@@ -122,7 +122,7 @@ async fn append_upload_and_read_back(backend: Backend) {
     let err = a
         .append(AppendRequest {
             stream: "orders".into(),
-            batches: batch(b"late"),
+            batches: batch(b"late").into(),
             match_next_offset: None,
         })
         .await
@@ -143,7 +143,7 @@ async fn append_upload_and_read_back(backend: Backend) {
     let r = b
         .append(AppendRequest {
             stream: "orders".into(),
-            batches: batch(b"r-200"),
+            batches: batch(b"r-200").into(),
             match_next_offset: Some(200),
         })
         .await
@@ -205,7 +205,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
         writer
             .append(AppendRequest {
                 stream: "tail".into(),
-                batches: batch(b"woke"),
+                batches: batch(b"woke").into(),
                 match_next_offset: None,
             })
             .await
@@ -227,7 +227,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
         let err = c
             .append(AppendRequest {
                 stream: "tail".into(),
-                batches: b"not a batch".to_vec(),
+                batches: bytes::Bytes::from_static(b"not a batch"),
                 match_next_offset: None,
             })
             .await
@@ -236,7 +236,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
         let err = c
             .append(AppendRequest {
                 stream: "tail".into(),
-                batches: batch(b"x"),
+                batches: batch(b"x").into(),
                 match_next_offset: Some(0),
             })
             .await
@@ -263,7 +263,7 @@ async fn sigkill_then_replay(backend: Backend) {
         let r = client
             .append(AppendRequest {
                 stream: "acks".into(),
-                batches: batch(format!("k-{i}").as_bytes()),
+                batches: batch(format!("k-{i}").as_bytes()).into(),
                 match_next_offset: None,
             })
             .await
@@ -370,7 +370,7 @@ async fn takeover_races_appends(backend: Backend) {
                 }
                 let req = AppendRequest {
                     stream: "race".into(),
-                    batches: batch(format!("x-{i}").as_bytes()),
+                    batches: batch(format!("x-{i}").as_bytes()).into(),
                     match_next_offset: None,
                 };
                 match client.append(req).await {
@@ -446,7 +446,7 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
         for i in 0..10 {
             a.append(AppendRequest {
                 stream: "c".into(),
-                batches: batch(format!("c-{i}").as_bytes()),
+                batches: batch(format!("c-{i}").as_bytes()).into(),
                 match_next_offset: None,
             })
             .await
@@ -620,7 +620,7 @@ async fn wal_growth_is_bounded_and_reclaimed_after_commits() {
             match c
                 .append(AppendRequest {
                     stream: "full".into(),
-                    batches: batch(&value),
+                    batches: batch(&value).into(),
                     match_next_offset: None,
                 })
                 .await
@@ -671,7 +671,7 @@ async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() 
         for i in 0..50 {
             c.append(AppendRequest {
                 stream: "outage".into(),
-                batches: batch(format!("o-{i}").as_bytes()),
+                batches: batch(format!("o-{i}").as_bytes()).into(),
                 match_next_offset: None,
             })
             .await
@@ -720,7 +720,7 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
         let mut c = stack.nodes[0].client().await;
         c.append(AppendRequest {
             stream: "gc".into(),
-            batches: batch(b"kept"),
+            batches: batch(b"kept").into(),
             match_next_offset: None,
         })
         .await
@@ -773,7 +773,7 @@ async fn sigterm_closes_streams_with_every_record_committed_then_fences_itself()
         for i in 0..25 {
             c.append(AppendRequest {
                 stream: "bye".into(),
-                batches: batch(format!("b-{i}").as_bytes()),
+                batches: batch(format!("b-{i}").as_bytes()).into(),
                 match_next_offset: None,
             })
             .await

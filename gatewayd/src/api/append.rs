@@ -124,7 +124,7 @@ pub async fn append(
         .call(&name, key.is_some(), |mut c| {
             let request = AppendRequest {
                 stream: name.clone(),
-                batches: batches.to_vec(),
+                batches: batches.clone(),
                 match_next_offset: body.match_seq_num,
             };
             async move { c.append(request).await }

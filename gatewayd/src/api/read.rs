@@ -107,7 +107,7 @@ pub async fn read_page(gw: &Gateway, name: &str, from: u64, limits: Limits) -> R
             .await;
         match reply {
             Ok(reply) => {
-                let records = decode_batches(reply.batches.into(), from, limits.count, limits.format)
+                let records = decode_batches(reply.batches, from, limits.count, limits.format)
                     .map_err(|e| ApiError::new(ErrorCode::Internal, e))?;
                 let next_seq_num = match records.last() {
                     Some(last) if records.len() == limits.count => last.seq_num + 1,

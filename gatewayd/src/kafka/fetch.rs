@@ -59,7 +59,7 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration) -> Got {
             error: errors::NONE,
             high_watermark: r.end_offset as i64,
             log_start: r.start_offset as i64,
-            records: Bytes::from(r.batches),
+            records: r.batches,
         },
         Err(e) => failed(errors::route(&e)),
     }

@@ -129,7 +129,7 @@ async fn call(
                 stream: stream.to_string(),
                 api_key: i32::from(key as i16),
                 api_version: i32::from(version),
-                body: body.to_vec(),
+                body: body.clone(),
                 client_id: session.client_id.clone(),
                 client_host: session.peer.ip().to_string(),
             };
@@ -137,7 +137,7 @@ async fn call(
         })
         .await;
     match result {
-        Ok(reply) => Ok(Bytes::from(reply.body)),
+        Ok(reply) => Ok(reply.body),
         Err(e) => {
             tracing::debug!(stream, error = %e, "group request not answered by a coordinator");
             Err(e.code().kafka(KafkaApi::Group).code())

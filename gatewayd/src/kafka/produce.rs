@@ -97,7 +97,7 @@ async fn append(kafka: &Kafka, topic: &str, partition: i32, records: bytes::Byte
         .call(&stream, idempotent, |mut c| {
             let req = AppendRequest {
                 stream: stream.clone(),
-                batches: records.to_vec(),
+                batches: records.clone(),
                 match_next_offset: None,
             };
             async move { c.append(req).await }

@@ -17,6 +17,26 @@ pub const FETCH_CONCURRENCY: usize = 16;
 /// Most committed ranges one read answers from (each can be a separate object).
 const MAX_RANGES_PER_READ: usize = 256;
 
+/// Appends to `out` the buffered batches from `offset` (the batch holding it first)
+/// below `durable_end`, while they fit in `max_bytes` (at least one batch when `out`
+/// is empty) and follow on without a gap.
+fn append_tail(
+    buffer: &std::collections::VecDeque<crate::stream::Buffered>,
+    offset: u64,
+    durable_end: u64,
+    max_bytes: usize,
+    out: &mut BytesMut,
+) {
+    let mut at = offset;
+    for b in buffer.iter().skip_while(|b| b.end <= offset) {
+        if b.start > at || b.end > durable_end || (!out.is_empty() && out.len() + b.data.len() > max_bytes) {
+            break;
+        }
+        out.extend_from_slice(&b.data);
+        at = b.end;
+    }
+}
+
 /// A read's answer.
 #[derive(Debug, Clone)]
 pub struct ReadResult {
@@ -93,12 +113,7 @@ impl Node {
             let inner = handle.inner.lock().await;
             if inner.buffer.front().is_some_and(|b| b.start <= offset) {
                 let mut out = BytesMut::new();
-                for b in inner.buffer.iter().filter(|b| b.end > offset && b.start < durable_end) {
-                    if !out.is_empty() && out.len() + b.data.len() > max_bytes {
-                        break;
-                    }
-                    out.extend_from_slice(&b.data);
-                }
+                append_tail(&inner.buffer, offset, durable_end, max_bytes, &mut out);
                 return Ok(out.freeze());
             }
         }
@@ -141,6 +156,12 @@ impl Node {
                 out.extend_from_slice(bytes);
             }
             at = range.end.0;
+        }
+        // A read that reached the committed end goes on into the tail buffer, so it
+        // fills its budget however the records are split between objects and memory.
+        if out.len() < max_bytes && at < durable_end {
+            let inner = handle.inner.lock().await;
+            append_tail(&inner.buffer, at, durable_end, max_bytes, &mut out);
         }
         Ok(out.freeze())
     }
@@ -216,4 +237,49 @@ fn last_end(batches: &[u8]) -> Option<u64> {
         .ok()?
         .last()
         .map(|(h, _)| h.base_offset as u64 + h.offset_count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::append_tail;
+    use crate::stream::Buffered;
+    use bytes::{Bytes, BytesMut};
+    use std::collections::VecDeque;
+
+    /// Batches of 10 bytes each covering offsets `[i*2, i*2+2)`.
+    fn buffer(from: u64, n: u64) -> VecDeque<Buffered> {
+        (from..from + n)
+            .map(|i| Buffered {
+                start: i * 2,
+                end: i * 2 + 2,
+                data: Bytes::from(vec![i as u8; 10]),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_tail_fills_the_budget_from_the_batch_holding_the_offset() {
+        let mut out = BytesMut::new();
+        append_tail(&buffer(0, 10), 5, 20, 35, &mut out);
+        // Offset 5 is in the batch at 4..6; three whole batches fit in 35 bytes.
+        assert_eq!(&out[..], &[[2u8; 10], [3; 10], [4; 10]].concat()[..]);
+    }
+
+    #[test]
+    fn the_tail_stops_at_the_durable_end_and_at_a_gap() {
+        let mut out = BytesMut::new();
+        append_tail(&buffer(0, 10), 0, 6, 1 << 20, &mut out);
+        assert_eq!(out.len(), 30, "only batches below the durable end");
+        // A read that ended at offset 4 finds a buffer starting at 6: nothing is skipped over.
+        let mut out = BytesMut::from(&b"committed"[..]);
+        append_tail(&buffer(3, 5), 4, 20, 1 << 20, &mut out);
+        assert_eq!(&out[..], b"committed");
+    }
+
+    #[test]
+    fn an_empty_read_takes_one_batch_even_over_its_budget() {
+        let mut out = BytesMut::new();
+        append_tail(&buffer(0, 3), 0, 6, 1, &mut out);
+        assert_eq!(out.len(), 10);
+    }
 }
