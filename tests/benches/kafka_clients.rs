@@ -1,7 +1,8 @@
 //! Benchmark: a real Kafka client (librdkafka through `rdkafka`) against one gateway and
 //! one streamd. Produce and consume throughput (msg/s, MB/s) for 100 B and 1 KiB
-//! messages at acks=all, then produce latency p50/p99 at a fixed moderate rate.
-//! Prints figures; asserts nothing.
+//! messages at acks=all (one partition, linger 5 ms), then produce latency p50/p99 at
+//! 200 msg/s, with the disk's raw fdatasync rate and sequential bandwidth measured in
+//! the same run. Prints figures; asserts nothing.
 //!
 //! Run: `cargo bench -p weir-tests --bench kafka_clients` (needs s3s-fs, see .ci/run).
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
@@ -27,7 +28,8 @@ fn config(gw: &Gatewayd) -> ClientConfig {
     c
 }
 
-async fn produce(gw: &Gatewayd, topic: &str, size: usize) {
+/// Produces MESSAGES of `size` bytes; MB/s.
+async fn produce(gw: &Gatewayd, topic: &str, size: usize) -> f64 {
     let p: FutureProducer = config(gw)
         .set("acks", "all")
         .set("linger.ms", "5")
@@ -48,14 +50,16 @@ async fn produce(gw: &Gatewayd, topic: &str, size: usize) {
         f.await.expect("delivery").map_err(|(e, _)| e).expect("acknowledged");
     }
     let secs = started.elapsed().as_secs_f64();
+    let mbps = (MESSAGES * size) as f64 / secs / 1e6;
     println!(
-        "produce {size} B acks=all: {:.0} msg/s, {:.2} MB/s",
+        "produce {size} B acks=all: {:.0} msg/s, {mbps:.2} MB/s",
         MESSAGES as f64 / secs,
-        (MESSAGES * size) as f64 / secs / 1e6
     );
+    mbps
 }
 
-fn consume(gw: &Gatewayd, topic: &str, size: usize) {
+/// Consumes MESSAGES of `size` bytes from the start; MB/s.
+fn consume(gw: &Gatewayd, topic: &str, size: usize) -> f64 {
     let c: BaseConsumer = config(gw)
         .set("group.id", "bench")
         .set("enable.auto.commit", "false")
@@ -73,11 +77,9 @@ fn consume(gw: &Gatewayd, topic: &str, size: usize) {
         }
     }
     let secs = started.elapsed().as_secs_f64();
-    println!(
-        "consume {size} B: {:.0} msg/s, {:.2} MB/s",
-        n as f64 / secs,
-        (n * size) as f64 / secs / 1e6
-    );
+    let mbps = (n * size) as f64 / secs / 1e6;
+    println!("consume {size} B: {:.0} msg/s, {mbps:.2} MB/s", n as f64 / secs);
+    mbps
 }
 
 async fn latency(gw: &Gatewayd, topic: &str) {
@@ -129,10 +131,19 @@ async fn main() {
             .expect("create");
         gw.wait_open(&format!("{t}/0")).await;
     }
+    // The disk under the stack, measured in the same run (the figures are ratios of it).
+    let raw = weir_tests::disk::raw_sync_rate(stack.dir.path());
+    let seq = weir_tests::disk::sequential_bandwidth(stack.dir.path());
+    println!("disk: 4 KiB write+fdatasync {raw:.0}/s, sequential write {seq:.0} MB/s");
     for (topic, size) in [("b100", 100), ("b1024", 1024)] {
-        produce(&gw, topic, size).await;
+        let produced = produce(&gw, topic, size).await;
         let gw_ref = &gw;
-        tokio::task::block_in_place(|| consume(gw_ref, topic, size));
+        let consumed = tokio::task::block_in_place(|| consume(gw_ref, topic, size));
+        println!(
+            "  {size} B: produce {:.1} %, consume {:.1} % of sequential write bandwidth",
+            produced / seq * 100.0,
+            consumed / seq * 100.0
+        );
     }
     latency(&gw, "lat").await;
 }

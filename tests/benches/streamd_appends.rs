@@ -8,37 +8,12 @@
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
-use std::io::Write;
 use std::time::{Duration, Instant};
 use weir_proto::streamd::AppendRequest;
 use weir_tests::batches::batch;
 use weir_tests::streamd::{Backend, Stack};
 
 const RUN: Duration = Duration::from_secs(8);
-
-fn raw_sync_rate(dir: &std::path::Path) -> f64 {
-    let mut f = std::fs::File::create(dir.join("raw")).expect("raw file");
-    let block = vec![7u8; 4096];
-    let started = Instant::now();
-    let mut n = 0u64;
-    while started.elapsed() < Duration::from_secs(3) {
-        f.write_all(&block).expect("write");
-        f.sync_data().expect("fdatasync");
-        n += 1;
-    }
-    n as f64 / started.elapsed().as_secs_f64()
-}
-
-fn sequential_bandwidth(dir: &std::path::Path) -> f64 {
-    let mut f = std::fs::File::create(dir.join("seq")).expect("seq file");
-    let block = vec![7u8; 1 << 20];
-    let started = Instant::now();
-    for _ in 0..256 {
-        f.write_all(&block).expect("write");
-    }
-    f.sync_data().expect("fdatasync");
-    256.0 / started.elapsed().as_secs_f64()
-}
 
 async fn load(stack: &Stack, stream: &str, concurrency: usize, value: usize) -> (usize, f64, Vec<Duration>) {
     let started = Instant::now();
@@ -81,8 +56,8 @@ fn pct(v: &[Duration], p: f64) -> Duration {
 #[tokio::main]
 async fn main() {
     let stack = Stack::start(1, Backend::FileWal, &[]).await;
-    let raw = raw_sync_rate(stack.dir.path());
-    let seq = sequential_bandwidth(stack.dir.path());
+    let raw = weir_tests::disk::raw_sync_rate(stack.dir.path());
+    let seq = weir_tests::disk::sequential_bandwidth(stack.dir.path());
     stack.create_stream("bench-1", 0).await;
     stack.create_stream("bench-64", 0).await;
     let (n1, s1, l1) = load(&stack, "bench-1", 1, 4096 - 80).await;

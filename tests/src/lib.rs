@@ -5,6 +5,7 @@
 #![allow(clippy::disallowed_methods)]
 
 pub mod batches;
+pub mod disk;
 pub mod gateway;
 pub mod history;
 pub mod metad;

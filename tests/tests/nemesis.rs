@@ -31,9 +31,15 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-/// An idempotent Kafka producer (librdkafka) sending unique payloads one at a time until
-/// `stop`; a delivery report is an ack at its offset, a failed one an unknown outcome.
+/// Sends of the Kafka producer in flight at once: several requests per connection, so
+/// the gateway's pipelining (D-22) runs under the faults.
+const KAFKA_IN_FLIGHT: usize = 8;
+
+/// An idempotent Kafka producer (librdkafka) sending unique payloads `k-<i>`, up to
+/// [`KAFKA_IN_FLIGHT`] at once, until `stop`; a delivery report is an ack at its
+/// offset, a failed one an unknown outcome.
 async fn kafka_client(gw: Arc<Gatewayd>, history: Arc<History>, stop: Arc<AtomicBool>) {
+    use futures::stream::{FuturesOrdered, StreamExt};
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &gw.kafka)
         .set("broker.address.family", "v4")
@@ -45,19 +51,30 @@ async fn kafka_client(gw: Arc<Gatewayd>, history: Arc<History>, stop: Arc<Atomic
         .create()
         .expect("producer");
     let stream = format!("{TOPIC}/0");
+    let mut in_flight = FuturesOrdered::new();
     let mut i = 0;
-    while !stop.load(Ordering::Relaxed) {
-        let payload = format!("k-{i}");
-        i += 1;
-        let sent = producer
-            .send(
-                FutureRecord::<(), _>::to(TOPIC).partition(0).payload(&payload),
-                Duration::from_secs(5),
-            )
-            .await;
-        let outcome = match sent {
-            Ok(delivery) => Outcome::Ok(delivery.offset as u64),
-            Err(_) => Outcome::Unknown,
+    loop {
+        while !stop.load(Ordering::Relaxed) && in_flight.len() < KAFKA_IN_FLIGHT {
+            let payload = format!("k-{i}");
+            i += 1;
+            // Queued now, so librdkafka sends them in this order.
+            let queued = producer
+                .send_result(FutureRecord::<(), _>::to(TOPIC).partition(0).payload(&payload))
+                .map_err(|(e, _)| e);
+            in_flight.push_back(async move {
+                let outcome = match queued {
+                    Ok(delivery) => match delivery.await {
+                        Ok(Ok(d)) => Outcome::Ok(d.offset as u64),
+                        _ => Outcome::Unknown,
+                    },
+                    // Never handed to the client (its queue was full): never sent.
+                    Err(_) => Outcome::Failed,
+                };
+                (payload, outcome)
+            });
+        }
+        let Some((payload, outcome)) = in_flight.next().await else {
+            return;
         };
         let failed = !matches!(outcome, Outcome::Ok(_));
         history.record(&stream, &payload, outcome);
@@ -65,6 +82,26 @@ async fn kafka_client(gw: Arc<Gatewayd>, history: Arc<History>, stop: Arc<Atomic
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// The Kafka producer's acknowledged payloads, by offset, must be in the order they
+/// were sent: its batches are pipelined and idempotent, so nothing may overtake.
+fn kafka_send_order_problems(history: &History, stream: &str) -> Vec<String> {
+    let mut acked: Vec<(u64, u64)> = history
+        .attempts()
+        .into_iter()
+        .filter(|a| a.stream == stream)
+        .filter_map(|a| match a.outcome {
+            Outcome::Ok(offset) => Some((offset, a.payload.trim_start_matches("k-").parse().ok()?)),
+            _ => None,
+        })
+        .collect();
+    acked.sort();
+    acked
+        .windows(2)
+        .filter(|w| w[1].1 < w[0].1)
+        .map(|w| format!("{stream}: k-{} at {} after k-{} at {}", w[1].1, w[1].0, w[0].1, w[0].0))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -218,6 +255,7 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     let acknowledged = history.acknowledged();
     println!("{acknowledged} acknowledged appends of {}", history.attempts().len());
     assert!(acknowledged > 0, "clients made progress");
-    let problems = history.check(&read_back);
+    let mut problems = history.check(&read_back);
+    problems.extend(kafka_send_order_problems(&history, &kafka_stream));
     assert!(problems.is_empty(), "seed {seed}: {problems:#?}");
 }
