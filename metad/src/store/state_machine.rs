@@ -30,8 +30,17 @@ const KEY_INSTALL_MARKER: &[u8] = b"install_marker";
 /// The file a snapshot being received is written to, in the snapshot directory.
 const INCOMING: &str = "incoming.snap";
 
-/// How many recent deltas a watcher can resume from without a new snapshot.
+/// How many recent deltas a watcher can resume from without a new snapshot, and about
+/// how many bytes of them: a commit's delta carries a row per stream it touched, so a
+/// count alone let the kept deltas grow to gigabytes on a busy cluster (the soak's
+/// metad grew 85 MiB a minute with 1,000 partitions).
 const RECENT_DELTAS: usize = 16_384;
+const RECENT_BYTES: usize = 32 << 20;
+/// Deltas a watcher may fall behind the live ones before it resumes from the kept
+/// deltas (or a snapshot); the channel keeps each until every watcher has read it.
+const LIVE_DELTAS: usize = 1_024;
+/// A change's rough size in memory, for [`RECENT_BYTES`] (a stream row is ~300 bytes).
+const CHANGE_BYTES: usize = 320;
 
 fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
     StorageIOError::new(subject, verb, openraft::AnyError::error(e.to_string())).into()
@@ -95,6 +104,8 @@ struct ViewInner {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     recent: VecDeque<Arc<Delta>>,
+    /// About how many bytes `recent` holds.
+    recent_bytes: usize,
 }
 
 /// The applied view in memory, shared by the state machine (writer) and the client,
@@ -115,7 +126,7 @@ pub struct WatchStart {
 
 impl ViewHub {
     fn new(state: State, last_applied: Option<LogId>, membership: StoredMembership) -> Self {
-        let (tx, _) = broadcast::channel(RECENT_DELTAS);
+        let (tx, _) = broadcast::channel(LIVE_DELTAS);
         let durable = watch::channel(state.applied_index).0;
         Self {
             inner: RwLock::new(ViewInner {
@@ -123,6 +134,7 @@ impl ViewHub {
                 last_applied,
                 membership,
                 recent: VecDeque::new(),
+                recent_bytes: 0,
             }),
             tx,
             durable,
@@ -179,13 +191,20 @@ impl ViewHub {
 
     fn publish(inner: &mut ViewInner, tx: &broadcast::Sender<WatchItem>, delta: Delta) {
         let delta = Arc::new(delta);
-        if inner.recent.len() == RECENT_DELTAS {
-            inner.recent.pop_front();
-        }
+        inner.recent_bytes += delta_bytes(&delta);
         inner.recent.push_back(delta.clone());
+        while inner.recent.len() > RECENT_DELTAS || (inner.recent_bytes > RECENT_BYTES && inner.recent.len() > 1) {
+            if let Some(old) = inner.recent.pop_front() {
+                inner.recent_bytes -= delta_bytes(&old);
+            }
+        }
         // No receivers is fine: nobody watches yet.
         let _ = tx.send(WatchItem::Delta(delta));
     }
+}
+
+fn delta_bytes(delta: &Delta) -> usize {
+    (delta.changes.len() + 1) * CHANGE_BYTES
 }
 
 /// The RocksDB state machine; its clones share the database, the hub and the
@@ -532,6 +551,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         inner.last_applied = last_applied;
         inner.membership = membership;
         inner.recent.clear();
+        inner.recent_bytes = 0;
         let applied = inner.state.applied_index;
         let _ = self.hub.tx.send(WatchItem::Reset);
         self.hub.durable.send_replace(applied);
@@ -558,5 +578,49 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 e,
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_meta::model::{Change, RowKey};
+    use weir_shared::ids::StreamId;
+
+    fn delta(index: u64, changes: usize) -> Delta {
+        Delta {
+            index,
+            changes: (0..changes as u64)
+                .map(|s| Change {
+                    key: RowKey::Stream(StreamId(s)),
+                    row: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// The deltas kept for resuming watchers stay within their byte budget however
+    /// large each is, and a watcher just behind still resumes without a snapshot.
+    #[test]
+    fn recent_deltas_are_bounded_by_bytes_and_the_latest_stay_resumable() {
+        let hub = ViewHub::new(State::default(), None, StoredMembership::default());
+        for index in 1..=2_000 {
+            let mut inner = hub.write();
+            inner.state.applied_index = index;
+            ViewHub::publish(&mut inner, &hub.tx, delta(index, 1_000));
+        }
+        let inner = hub.read();
+        assert!(inner.recent_bytes <= RECENT_BYTES, "{} bytes kept", inner.recent_bytes);
+        assert!(
+            inner.recent.len() < 2_000 && inner.recent.len() > 10,
+            "{} deltas kept",
+            inner.recent.len()
+        );
+        assert_eq!(inner.recent.back().map(|d| d.index), Some(2_000));
+        drop(inner);
+        let start = hub.subscribe(Some(1_990));
+        assert!(start.snapshot.is_none());
+        assert_eq!(start.backlog.len(), 10);
+        assert!(hub.subscribe(Some(5)).snapshot.is_some(), "too far behind: a snapshot");
     }
 }
