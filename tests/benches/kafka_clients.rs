@@ -4,7 +4,8 @@
 //! 200 msg/s, with the disk's raw fdatasync rate and sequential bandwidth measured in
 //! the same run. Prints figures; asserts nothing.
 //!
-//! Run: `cargo bench -p weir-tests --bench kafka_clients` (needs s3s-fs, see .ci/run).
+//! Run: `cargo bench -p weir-tests --bench kafka_clients` (needs s3s-fs, see .ci/run);
+//! `WEIR_BENCH_MAX_IN_FLIGHT` caps the producer's requests in flight per connection.
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
@@ -30,12 +31,14 @@ fn config(gw: &Gatewayd) -> ClientConfig {
 
 /// Produces MESSAGES of `size` bytes; MB/s.
 async fn produce(gw: &Gatewayd, topic: &str, size: usize) -> f64 {
-    let p: FutureProducer = config(gw)
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("batch.size", "1000000")
-        .create()
-        .expect("producer");
+    let mut c = config(gw);
+    c.set("acks", "all").set("linger.ms", "5").set("batch.size", "1000000");
+    // `WEIR_BENCH_MAX_IN_FLIGHT=1` sends one request at a time, as a connection without
+    // pipelining would process them: the same build with and without it (D-22).
+    if let Ok(n) = std::env::var("WEIR_BENCH_MAX_IN_FLIGHT") {
+        c.set("max.in.flight.requests.per.connection", &n);
+    }
+    let p: FutureProducer = c.create().expect("producer");
     let payload = vec![b'x'; size];
     let started = Instant::now();
     let mut inflight = Vec::with_capacity(MESSAGES);
