@@ -23,6 +23,9 @@ pub struct StreamdMetrics {
     /// Ranges compaction replaced, and bytes it wrote.
     pub compacted_ranges: IntCounter,
     pub compacted_bytes: IntCounter,
+    /// Source objects compaction read (one GET each), and the ranges those reads held.
+    pub compaction_source_reads: IntCounter,
+    pub compaction_source_ranges: IntCounter,
     /// Seconds one compaction pass over every served stream took.
     pub compaction_pass_seconds: Histogram,
     /// Bytes read by partial reads of a range's tail (producer-state rebuilds).
@@ -91,6 +94,14 @@ pub fn metrics() -> &'static StreamdMetrics {
             ),
             compacted_ranges: counter("streamd_compacted_ranges_total", "Ranges compaction replaced"),
             compacted_bytes: counter("streamd_compacted_bytes_total", "Bytes compaction wrote"),
+            compaction_source_reads: counter(
+                "streamd_compaction_source_reads_total",
+                "Source objects compaction read, one ranged GET each",
+            ),
+            compaction_source_ranges: counter(
+                "streamd_compaction_source_ranges_total",
+                "Ranges compaction took from the source objects it read",
+            ),
             compaction_pass_seconds: register(
                 Histogram::with_opts(
                     HistogramOpts::new(

@@ -106,8 +106,9 @@ async fn interleaved(gw: &Gatewayd, streams: &[&str], records: usize, size: usiz
 
 // Issue 16, D-20: small upload objects become per-stream objects of the target size;
 // every record reads back in order while and after it happens; the ranges per stream
-// fall to ceil(bytes / target) plus a few per size class; the upload objects leave the
-// bucket once no stream references them.
+// fall to ceil(bytes / target) plus a few per size class; a pass reads each upload
+// object once for all its streams; the upload objects leave the bucket once no stream
+// references them.
 #[tokio::test(flavor = "multi_thread")]
 async fn compaction_rewrites_small_uploads_into_per_stream_objects_and_reads_go_on() {
     within(240, async {
@@ -163,6 +164,16 @@ async fn compaction_rewrites_small_uploads_into_per_stream_objects_and_reads_go_
                 .take(5)
                 .collect::<Vec<_>>()
                 .join("\n")
+        );
+        // A pass reads each upload object once for all the streams in it.
+        let value = |name| weir_tests::metric_value(&metrics, name).unwrap_or(0.0);
+        let (reads, ranges) = (
+            value("weir_streamd_compaction_source_reads_total"),
+            value("weir_streamd_compaction_source_ranges_total"),
+        );
+        assert!(
+            reads > 0.0 && ranges / reads > 1.5,
+            "{ranges} source ranges came from {reads} reads"
         );
         // The upload objects leave once no stream references them; what is left is committed.
         bucket_holds_only_committed_objects(&stack, Duration::from_secs(60)).await;

@@ -179,20 +179,8 @@ impl Node {
     /// One committed range's bytes by a ranged GET, checked against its CRC, without
     /// filling the cache (background work such as compaction reads old data once).
     pub async fn fetch_range_uncached(&self, range: &ObjectRange) -> Result<Bytes, StreamdError> {
-        let path = object_store::path::Path::from(range.key.0.as_str());
-        let opts = GetOptions {
-            range: Some(GetRange::Bounded(range.pos..range.pos + range.len)),
-            ..Default::default()
-        };
-        let bytes = self
-            .store
-            .get_opts(&path, opts)
-            .await
-            .map_err(|e| StreamdError::Unavailable(format!("reading object {}: {e}", range.key)))?
-            .bytes()
-            .await
-            .map_err(|e| StreamdError::Unavailable(format!("reading object {}: {e}", range.key)))?;
-        if bytes.len() as u64 != range.len || crc32c::crc32c(&bytes) != range.crc {
+        let bytes = self.fetch_span(&range.key.0, range.pos..range.pos + range.len).await?;
+        if crc32c::crc32c(&bytes) != range.crc {
             return Err(StreamdError::Corrupt(format!(
                 "object {} range {}..{} fails its checksum; it is not served",
                 range.key, range.start, range.end
@@ -203,6 +191,34 @@ impl Node {
 }
 
 impl Node {
+    /// Bytes `span` of object `key` by one ranged GET; an answer of another length is
+    /// an error (the object is not what the index says).
+    pub async fn fetch_span(&self, key: &str, span: std::ops::Range<u64>) -> Result<Bytes, StreamdError> {
+        let path = object_store::path::Path::from(key);
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(span.clone())),
+            ..Default::default()
+        };
+        let unavailable = |e: object_store::Error| StreamdError::Unavailable(format!("reading object {key}: {e}"));
+        let bytes = self
+            .store
+            .get_opts(&path, opts)
+            .await
+            .map_err(unavailable)?
+            .bytes()
+            .await
+            .map_err(unavailable)?;
+        if bytes.len() as u64 != span.end - span.start {
+            return Err(StreamdError::Corrupt(format!(
+                "object {key} returned {} bytes for {}..{}; it is not served",
+                bytes.len(),
+                span.start,
+                span.end
+            )));
+        }
+        Ok(bytes)
+    }
+
     /// The whole batches of `range` after its first `skip` bytes: a ranged GET of the
     /// rest, from its first whole batch (each batch's CRC is checked; the range's own
     /// CRC covers bytes not read). Metered for tests in `tail_bytes_read`.
