@@ -59,18 +59,6 @@ impl RouteError {
     }
 }
 
-/// What to do with a call the owner refused: `Ok` with the error to retry past when it
-/// may be sent again (`safe_to_retry`: sending it twice is harmless), else the error
-/// to report.
-pub fn retry_or_fail(status: tonic::Status, safe_to_retry: bool) -> Result<RouteError, RouteError> {
-    match classify(&status) {
-        Retry::Yes => Ok(RouteError::Streamd(status)),
-        Retry::IfSafe if safe_to_retry => Ok(RouteError::Streamd(status)),
-        Retry::IfSafe => Err(RouteError::Unknown(status.message().to_string())),
-        Retry::No => Err(RouteError::Streamd(status)),
-    }
-}
-
 fn classify(status: &tonic::Status) -> Retry {
     match ErrorCode::of_status(status) {
         Some(ErrorCode::NotOwner | ErrorCode::Unavailable) => Retry::Yes,
@@ -140,11 +128,6 @@ impl Routes {
 
     /// A client of the stream's live owner.
     fn owner(&self, name: &str) -> Result<StreamdClient<Channel>, RouteError> {
-        self.owner_client(name).map(|(_, client)| client)
-    }
-
-    /// The stream's live owner incarnation, and a client of it.
-    pub fn owner_client(&self, name: &str) -> Result<(Incarnation, StreamdClient<Channel>), RouteError> {
         if !self.is_admitted() {
             return Err(RouteError::CatchingUp);
         }
@@ -167,7 +150,7 @@ impl Routes {
         })?;
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = clients.get(&owner) {
-            return Ok((owner, c.clone()));
+            return Ok(c.clone());
         }
         let channel = weir_shared::grpc::channel(&addr).map_err(|e| no_owner(&format!("owner address {addr}: {e}")))?;
         let client = StreamdClient::new(channel)
@@ -178,8 +161,8 @@ impl Routes {
             self.view
                 .with(|s| s.nodes.get(&inc.node).is_some_and(|n| n.epoch == inc.epoch))
         });
-        clients.insert(owner.clone(), client.clone());
-        Ok((owner, client))
+        clients.insert(owner, client.clone());
+        Ok(client)
     }
 
     /// Calls the stream's owner with `f`, following ownership changes for up to the
@@ -196,7 +179,12 @@ impl Routes {
             let err = match self.owner(stream) {
                 Ok(client) => match f(client).await {
                     Ok(reply) => return Ok(reply.into_inner()),
-                    Err(status) => retry_or_fail(status, safe_to_retry)?,
+                    Err(status) => match classify(&status) {
+                        Retry::Yes => RouteError::Streamd(status),
+                        Retry::IfSafe if safe_to_retry => RouteError::Streamd(status),
+                        Retry::IfSafe => return Err(RouteError::Unknown(status.message().to_string())),
+                        Retry::No => return Err(RouteError::Streamd(status)),
+                    },
                 },
                 Err(e @ (RouteError::NoOwner { .. } | RouteError::CatchingUp)) => e,
                 Err(e) => return Err(e),

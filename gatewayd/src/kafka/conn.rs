@@ -1,24 +1,18 @@
-//! One Kafka connection: frames in, responses out in request order. Produce and Fetch
-//! are pipelined (D-22); a Produce's batches reach their owners in arrival order
-//! through the connection's ordered appends, so a producer's batches to a partition
-//! are stored in the order it sent them.
+//! One Kafka connection: frames in, responses out in request order (Kafka processes a
+//! connection's requests one at a time, which is what keeps a producer's pipelined
+//! batches to one partition in order).
 
 use super::frame::{self, DecodeError, FrameError};
 use super::{admin, brokers, fetch, groups, produce, sasl, versions, Kafka};
-use crate::ordered_appends::OrderedAppends;
 use bytes::{BufMut, BytesMut};
-use futures::future::BoxFuture;
-use futures::stream::{FuturesOrdered, StreamExt};
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::Encodable;
 use kafka_protocol::ResponseError as KafkaError;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 const UNSUPPORTED_VERSION: i16 = KafkaError::UnsupportedVersion.code();
 
@@ -45,56 +39,20 @@ impl Drop for Open {
     }
 }
 
-/// Requests of one connection admitted and not yet answered. Past it the next frame
-/// is not read (librdkafka's default allows 1,000,000 in flight).
-const MAX_IN_FLIGHT: usize = 64;
-
-/// A pipelined request's answer, with what its response header needs.
-struct Done {
-    key: ApiKey,
-    version: i16,
-    correlation_id: i32,
-    started: std::time::Instant,
-    answer: Answer,
-}
-
-type InFlight<'a> = FuturesOrdered<BoxFuture<'a, Done>>;
-
-/// The read half and the next frame from it; the read half comes back with the frame,
-/// so the read can be polled alongside answers without losing a partial frame.
-fn read_next(
-    mut rd: OwnedReadHalf,
-    max: usize,
-) -> BoxFuture<'static, (OwnedReadHalf, Result<bytes::Bytes, FrameError>)> {
-    Box::pin(async move {
-        let frame = frame::read_frame(&mut rd, max).await;
-        (rd, frame)
-    })
-}
-
-/// Serves one connection. Produce and Fetch are pipelined (D-22): each is admitted as
-/// soon as it is read (a Produce's batches are sent to their owners in arrival order)
-/// and up to [`MAX_IN_FLIGHT`] wait for their answers together; responses go out in
-/// request order, as the protocol requires. Every other request is a barrier: it runs
-/// once everything before it is answered.
 pub async fn run(
     socket: TcpStream,
     peer: SocketAddr,
     kafka: Arc<Kafka>,
-    lanes: TaskTracker,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let _open = Open::new();
-    let (rd, mut wr) = socket.into_split();
+    let (mut rd, mut wr) = socket.into_split();
     let mut session = Session {
         peer,
         client_id: String::new(),
         principal: (!kafka.gw.auth).then(|| "anonymous".to_string()),
         mechanism: None,
     };
-    let appends = OrderedAppends::new(lanes);
-    let mut in_flight: InFlight<'_> = FuturesOrdered::new();
-    let mut reading = read_next(rd, kafka.max_frame_bytes);
     let refused = |reason: &str| {
         crate::metrics::metrics()
             .kafka_refused_frames
@@ -102,26 +60,13 @@ pub async fn run(
             .inc()
     };
     loop {
-        let (rd, frame) = tokio::select! {
-            biased;
-            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                respond(&mut wr, &peer, done).await?;
-                continue;
-            }
-            _ = stop.cancelled() => {
-                // Requests already admitted are answered; nothing more is read.
-                drain(&mut in_flight, &mut wr, &peer).await?;
-                return Ok(());
-            }
-            read = &mut reading, if in_flight.len() < MAX_IN_FLIGHT => read,
+        let frame = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            f = frame::read_frame(&mut rd, kafka.max_frame_bytes) => f,
         };
-        let mut rd = rd;
         let frame = match frame {
             Ok(f) => f,
-            Err(FrameError::Closed) => {
-                drain(&mut in_flight, &mut wr, &peer).await?;
-                return Ok(());
-            }
+            Err(FrameError::Closed) => return Ok(()),
             Err(e @ FrameError::TooLarge(..)) => {
                 refused("too_large");
                 tracing::warn!(%peer, error = %e, "kafka frame refused; closing the connection");
@@ -137,10 +82,8 @@ pub async fn run(
                 ..
             }) => {
                 // Answered at v0 so any client can read it, with the versions we have.
-                drain(&mut in_flight, &mut wr, &peer).await?;
                 let body = ResponseKind::ApiVersions(versions::api_versions(UNSUPPORTED_VERSION));
                 write(&mut wr, correlation_id, ApiKey::ApiVersions, 0, &body).await?;
-                reading = read_next(rd, kafka.max_frame_bytes);
                 continue;
             }
             Err(e) => {
@@ -170,95 +113,40 @@ pub async fn run(
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let done = move |answer| Done {
-            key,
-            version,
-            correlation_id,
-            started,
-            answer,
-        };
-        // Pipelined: admitted now, answered in order later.
-        match req.kind {
-            RequestKind::Produce(r) => {
-                let produced = produce::start(&kafka, &appends, r);
-                in_flight.push_back(Box::pin(async move {
-                    done(match produced.await {
-                        Some(resp) => Answer::Respond(ResponseKind::Produce(resp)),
-                        None => Answer::Silent,
-                    })
-                }));
-                reading = read_next(rd, kafka.max_frame_bytes);
-                continue;
-            }
-            RequestKind::Fetch(r) => {
-                let kafka = &kafka;
-                in_flight.push_back(Box::pin(async move {
-                    done(Answer::Respond(ResponseKind::Fetch(fetch::fetch(kafka, r).await)))
-                }));
-                reading = read_next(rd, kafka.max_frame_bytes);
-                continue;
-            }
-            _ => {}
-        }
-        // A barrier: everything before it is answered first.
-        drain(&mut in_flight, &mut wr, &peer).await?;
         let answer = dispatch(&kafka, &mut session, req.kind, req.body, version).await;
-        if let Answer::RespondThenRawSasl(body) = answer {
-            record(key, started);
-            write(&mut wr, correlation_id, key, version, &body).await?;
-            // SaslHandshake v0: the next frame is a bare SASL token.
-            let token = match frame::read_frame(&mut rd, 64 * 1024).await {
-                Ok(t) => t,
-                Err(_) => return Ok(()),
-            };
-            match sasl::authenticate(&kafka, &token) {
-                Ok(name) => {
-                    session.principal = Some(name);
-                    wr.write_all(&0i32.to_be_bytes()).await?;
-                }
-                Err(why) => {
-                    tracing::warn!(%peer, reason = %why, "kafka SASL authentication failed");
-                    return Ok(());
+        let m = crate::metrics::metrics();
+        let api = format!("{key:?}");
+        m.kafka_requests.with_label_values(&[&api]).inc();
+        m.kafka_latency
+            .with_label_values(&[&api])
+            .observe(started.elapsed().as_secs_f64());
+        match answer {
+            Answer::Respond(body) => write(&mut wr, correlation_id, key, version, &body).await?,
+            Answer::Silent => {}
+            Answer::Close(why) => {
+                tracing::warn!(%peer, api = ?key, reason = %why, "closing the kafka connection");
+                return Ok(());
+            }
+            Answer::RespondThenRawSasl(body) => {
+                write(&mut wr, correlation_id, key, version, &body).await?;
+                // SaslHandshake v0: the next frame is a bare SASL token.
+                let token = match frame::read_frame(&mut rd, 64 * 1024).await {
+                    Ok(t) => t,
+                    Err(_) => return Ok(()),
+                };
+                match sasl::authenticate(&kafka, &token) {
+                    Ok(name) => {
+                        session.principal = Some(name);
+                        wr.write_all(&0i32.to_be_bytes()).await?;
+                    }
+                    Err(why) => {
+                        tracing::warn!(%peer, reason = %why, "kafka SASL authentication failed");
+                        return Ok(());
+                    }
                 }
             }
-        } else if !respond(&mut wr, &peer, done(answer)).await? {
-            return Ok(());
         }
-        reading = read_next(rd, kafka.max_frame_bytes);
     }
-}
-
-/// Counts a request and how long it took.
-fn record(key: ApiKey, started: std::time::Instant) {
-    let m = crate::metrics::metrics();
-    let api = format!("{key:?}");
-    m.kafka_requests.with_label_values(&[&api]).inc();
-    m.kafka_latency
-        .with_label_values(&[&api])
-        .observe(started.elapsed().as_secs_f64());
-}
-
-/// Writes one answered request's response; `false` when the connection must close.
-async fn respond(wr: &mut OwnedWriteHalf, peer: &SocketAddr, done: Done) -> anyhow::Result<bool> {
-    record(done.key, done.started);
-    match done.answer {
-        Answer::Respond(body) => write(wr, done.correlation_id, done.key, done.version, &body).await?,
-        Answer::Silent => {}
-        Answer::Close(why) => {
-            tracing::warn!(%peer, api = ?done.key, reason = %why, "closing the kafka connection");
-            return Ok(false);
-        }
-        Answer::RespondThenRawSasl(_) => unreachable!("SaslHandshake is never pipelined"),
-    }
-    Ok(true)
-}
-
-/// Answers every request in flight, in order.
-async fn drain(in_flight: &mut InFlight<'_>, wr: &mut OwnedWriteHalf, peer: &SocketAddr) -> anyhow::Result<()> {
-    while let Some(done) = in_flight.next().await {
-        respond(wr, peer, done).await?;
-    }
-    Ok(())
 }
 
 /// What to do after a request.
@@ -280,9 +168,11 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             brokers::metadata(kafka, session, r, version).await,
         )),
         RequestKind::DescribeCluster(_) => Respond(ResponseKind::DescribeCluster(brokers::describe_cluster(kafka))),
-        RequestKind::Produce(_) | RequestKind::Fetch(_) => {
-            Answer::Close("a pipelined request reached the barrier path".into())
-        }
+        RequestKind::Produce(r) => match produce::produce(kafka, r).await {
+            Some(resp) => Respond(ResponseKind::Produce(resp)),
+            None => Answer::Silent,
+        },
+        RequestKind::Fetch(r) => Respond(ResponseKind::Fetch(fetch::fetch(kafka, r).await)),
         RequestKind::ListOffsets(r) => Respond(ResponseKind::ListOffsets(fetch::list_offsets(kafka, r).await)),
         RequestKind::CreateTopics(r) => Respond(ResponseKind::CreateTopics(
             admin::create_topics(kafka, session, r).await,

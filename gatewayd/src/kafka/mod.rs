@@ -58,9 +58,9 @@ pub async fn serve(
             },
         };
         let _ = socket.set_nodelay(true);
-        let (kafka, stop, lanes) = (kafka.clone(), stop.clone(), tasks.clone());
+        let (kafka, stop) = (kafka.clone(), stop.clone());
         tasks.spawn(async move {
-            if let Err(e) = conn::run(socket, peer, kafka, lanes, stop).await {
+            if let Err(e) = conn::run(socket, peer, kafka, stop).await {
                 tracing::debug!(%peer, error = %e, "kafka connection closed");
             }
         });

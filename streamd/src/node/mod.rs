@@ -30,7 +30,6 @@ use weir_meta::registration::Registered;
 use weir_meta::view::View;
 use weir_shared::ids::{Incarnation, StreamId};
 
-pub use append::{Admitted, Appended};
 pub use compaction::compaction_loop;
 pub use reconcile::reconcile_loop;
 pub use retention::{retention_loop, Retention};
