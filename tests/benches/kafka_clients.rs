@@ -33,8 +33,7 @@ fn config(gw: &Gatewayd) -> ClientConfig {
 async fn produce(gw: &Gatewayd, topic: &str, size: usize) -> f64 {
     let mut c = config(gw);
     c.set("acks", "all").set("linger.ms", "5").set("batch.size", "1000000");
-    // `WEIR_BENCH_MAX_IN_FLIGHT=1` sends one request at a time, as a connection without
-    // pipelining would process them: the same build with and without it (D-22).
+    // `WEIR_BENCH_MAX_IN_FLIGHT` caps the requests in flight per connection.
     if let Ok(n) = std::env::var("WEIR_BENCH_MAX_IN_FLIGHT") {
         c.set("max.in.flight.requests.per.connection", &n);
     }

@@ -31,8 +31,8 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-/// Sends of the Kafka producer in flight at once: several requests per connection, so
-/// the gateway's pipelining (D-22) runs under the faults.
+/// Sends of the Kafka producer in flight at once: several batches queued per
+/// connection, so their order is checked under the faults.
 const KAFKA_IN_FLIGHT: usize = 8;
 
 /// An idempotent Kafka producer (librdkafka) sending unique payloads `k-<i>`, up to
@@ -85,7 +85,7 @@ async fn kafka_client(gw: Arc<Gatewayd>, history: Arc<History>, stop: Arc<Atomic
 }
 
 /// The Kafka producer's acknowledged payloads, by offset, must be in the order they
-/// were sent: its batches are pipelined and idempotent, so nothing may overtake.
+/// were sent: it is idempotent, so no batch may overtake an earlier one.
 fn kafka_send_order_problems(history: &History, stream: &str) -> Vec<String> {
     let mut acked: Vec<(u64, u64)> = history
         .attempts()
