@@ -138,14 +138,7 @@ impl Node {
         let streams = planned.len();
         let mut replaced = 0;
         for batch in batches(planned, BATCH_BYTES) {
-            let fetched = match self.fetch_sources(&batch).await {
-                Ok(f) => f,
-                Err(e) => {
-                    tracing::warn!(error = %e, "compaction could not read its sources; will retry");
-                    continue;
-                }
-            };
-            let fetched = &fetched;
+            let fetched = &self.fetch_sources(&batch).await;
             replaced += futures::stream::iter(batch)
                 .map(|(handle, windows)| async move {
                     let mut n = 0;
@@ -181,58 +174,43 @@ impl Node {
         replaced
     }
 
-    /// Compacts one stream; the ranges replaced.
-    pub async fn compact_stream(&self, handle: &Arc<StreamHandle>) -> Result<usize, StreamdError> {
-        let ranges = self.stream_ranges(handle).await?;
-        let mut replaced = 0;
-        for window in plan(&ranges, self.tunables.compaction_target_bytes) {
-            if !handle.is_serving() || self.fenced.is_cancelled() {
-                break;
-            }
-            replaced += self.compact_window(handle, &ranges[window], &Sources::new()).await?;
-        }
-        Ok(replaced)
-    }
-
-    /// The bytes of every range in `batch`, by (object, position): one ranged GET per
+    /// The bytes of the ranges in `batch`, by (object, position): one ranged GET per
     /// source object, of the span from its first needed range to the end of its last.
-    async fn fetch_sources(
-        &self,
-        batch: &[(Arc<StreamHandle>, Vec<Vec<ObjectRange>>)],
-    ) -> Result<Sources, StreamdError> {
+    /// An object that cannot be read or fails a checksum is left out: its streams read
+    /// their ranges one by one in [`Node::compact_window`] and fail there alone.
+    async fn fetch_sources(&self, batch: &[(Arc<StreamHandle>, Vec<Vec<ObjectRange>>)]) -> Sources {
         // Owned, so the fetches' futures borrow nothing from the batch (they are polled
         // inside a spawned task).
         let mut by_object: HashMap<String, Vec<ObjectRange>> = HashMap::new();
         for range in batch.iter().flat_map(|(_, windows)| windows.iter().flatten()) {
             by_object.entry(range.key.0.clone()).or_default().push(range.clone());
         }
-        let mut sources = Sources::new();
-        let mut fetches = futures::stream::iter(by_object)
+        futures::stream::iter(by_object)
             .map(|(key, ranges)| async move {
                 let from = ranges.iter().map(|r| r.pos).min().unwrap_or(0);
                 let to = ranges.iter().map(|r| r.pos + r.len).max().unwrap_or(0);
-                let span = self.fetch_span(&key, from..to).await?;
+                let span = match self.fetch_span(&key, from..to).await {
+                    Ok(span) => span,
+                    Err(e) => {
+                        tracing::debug!(object_key = %key, error = %e, "compaction source not read; its ranges are read one by one");
+                        return Vec::new();
+                    }
+                };
                 let m = crate::metrics::metrics();
                 m.compaction_source_reads.inc();
                 m.compaction_source_ranges.inc_by(ranges.len() as u64);
-                let mut out = Vec::with_capacity(ranges.len());
-                for r in ranges {
-                    let bytes = span.slice((r.pos - from) as usize..(r.pos - from + r.len) as usize);
-                    if crc32c::crc32c(&bytes) != r.crc {
-                        return Err(StreamdError::Corrupt(format!(
-                            "object {} range {}..{} fails its checksum; it is not compacted",
-                            r.key, r.start, r.end
-                        )));
-                    }
-                    out.push(((key.clone(), r.pos), bytes));
-                }
-                Ok::<_, StreamdError>(out)
+                ranges
+                    .into_iter()
+                    .map(|r| ((key.clone(), r.pos), span.slice((r.pos - from) as usize..(r.pos - from + r.len) as usize), r.crc))
+                    // A range failing its checksum is read again, and refused, on its own.
+                    .filter(|(_, bytes, crc)| crc32c::crc32c(bytes) == *crc)
+                    .map(|(at, bytes, _)| (at, bytes))
+                    .collect::<Vec<_>>()
             })
-            .buffer_unordered(FETCH_CONCURRENCY);
-        while let Some(fetched) = fetches.next().await {
-            sources.extend(fetched?);
-        }
-        Ok(sources)
+            .buffer_unordered(FETCH_CONCURRENCY)
+            .flat_map(futures::stream::iter)
+            .collect()
+            .await
     }
 
     /// Every committed range of the stream from its start.

@@ -223,21 +223,9 @@ impl Node {
     /// rest, from its first whole batch (each batch's CRC is checked; the range's own
     /// CRC covers bytes not read). Metered for tests in `tail_bytes_read`.
     pub async fn fetch_range_tail(&self, range: &ObjectRange, skip: u64) -> Result<Bytes, StreamdError> {
-        let path = object_store::path::Path::from(range.key.0.as_str());
-        let opts = GetOptions {
-            range: Some(GetRange::Bounded(range.pos + skip..range.pos + range.len)),
-            ..Default::default()
-        };
-        let unavailable =
-            |e: object_store::Error| StreamdError::Unavailable(format!("reading object {}: {e}", range.key));
         let bytes = self
-            .store
-            .get_opts(&path, opts)
-            .await
-            .map_err(unavailable)?
-            .bytes()
-            .await
-            .map_err(unavailable)?;
+            .fetch_span(&range.key.0, range.pos + skip..range.pos + range.len)
+            .await?;
         crate::metrics::metrics().tail_bytes_read.inc_by(bytes.len() as u64);
         match weir_shared::batch::first_whole_batch(&bytes, range.end.0) {
             Some(at) => Ok(bytes.slice(at..)),
