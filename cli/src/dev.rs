@@ -72,7 +72,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         bootstrap_admin_token_file: None,
     }
     .validate()?;
-    std::fs::create_dir_all(&args.data_dir)?;
+    weir_shared::durable_dir::create_dir_all(&args.data_dir)?;
     let data_dir = std::fs::canonicalize(&args.data_dir)?;
     let streamd = weir_streamd::StreamdArgs::parse_from([
         "streamd",
@@ -123,19 +123,55 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // shutdown of its own (same deadline) requested once the others are done.
     let metad_stop = weir_shared::shutdown::Shutdown::new(&args.shutdown);
     let services = tokio_util::task::TaskTracker::new();
-    let metad_task = services.spawn(weir_metad::run(metad, metad_stop.clone()));
-    let gatewayd_task = services.spawn(weir_gatewayd::run(gatewayd, shutdown.clone()));
-    let streamd_result = weir_streamd::run(streamd, shutdown.clone()).await;
-    let gatewayd_result = gatewayd_task.await?;
+    let mut metad_task = services.spawn(weir_metad::run(metad, metad_stop.clone()));
+    let mut gatewayd_task = services.spawn(weir_gatewayd::run(gatewayd, shutdown.clone()));
+    let mut streamd_task = services.spawn(weir_streamd::run(streamd, shutdown.clone()));
+    // `weir dev` runs whole or not at all: the first component to end when no stop was
+    // asked for (a listener that cannot bind, a fenced streamd) stops the others, and
+    // its cause is the process's error.
+    let (first, first_result) = tokio::select! {
+        r = &mut streamd_task => ("streamd", r?),
+        r = &mut gatewayd_task => ("gatewayd", r?),
+        r = &mut metad_task => ("metad", r?),
+    };
+    let unasked = !shutdown.is_requested();
+    if unasked {
+        let why = match &first_result {
+            Ok(exit) => format!("the dev {first} stopped on its own ({exit:?})"),
+            Err(e) => format!("the dev {first} failed: {e:#}"),
+        };
+        tracing::error!(component = first, reason = %why, "a component of weir dev ended; stopping the others");
+        shutdown.request(&why);
+        if first == "metad" {
+            // Without metad the others can neither register (a stop only takes effect
+            // after registration, SD-TRG-7) nor hand anything off: end them now. What
+            // they acknowledged is in the WAL, recovered at the next start.
+            streamd_task.abort();
+            gatewayd_task.abort();
+        }
+    }
+    let mut results = vec![(first, first_result)];
+    for (service, task) in [("streamd", streamd_task), ("gatewayd", gatewayd_task)] {
+        if service != first {
+            match task.await {
+                Ok(result) => results.push((service, result)),
+                Err(e) if e.is_cancelled() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
     metad_stop.request("streamd and gatewayd have stopped");
-    let metad_result = metad_task.await?;
-    for (service, result) in [
-        ("streamd", streamd_result),
-        ("gatewayd", gatewayd_result),
-        ("metad", metad_result),
-    ] {
-        if result? == Exit::Fenced {
-            anyhow::bail!("the dev {service} was fenced");
+    if first != "metad" {
+        results.push(("metad", metad_task.await?));
+    }
+    for (service, result) in results {
+        match result {
+            Err(e) => return Err(e.context(format!("the dev {service} failed"))),
+            Ok(Exit::Fenced) => anyhow::bail!("the dev {service} was fenced"),
+            Ok(Exit::Clean) if unasked && service == first => {
+                anyhow::bail!("the dev {service} stopped though no stop was requested")
+            }
+            Ok(Exit::Clean) => {}
         }
     }
     if shutdown.exit_code() != 0 {

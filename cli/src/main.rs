@@ -6,7 +6,7 @@ mod output;
 use clap::{Parser, Subcommand};
 use std::time::Duration;
 use weir_meta::client::MetadClient;
-use weir_meta::model::{Command, CordonBy, Proposer, StreamConfig};
+use weir_meta::model::{Command, CordonBy, DamageRemedy, Proposer, StreamConfig};
 use weir_proto::metad::{DrainRequest, TransferRequest};
 
 #[derive(Parser)]
@@ -102,6 +102,19 @@ enum NodesCmd {
 #[derive(Subcommand)]
 enum StreamsCmd {
     List,
+    /// Streams whose committed data is damaged: what, where, and who found it. Reads of
+    /// the damage are refused until `weir streams repair`.
+    Damaged,
+    /// Resolve STREAM's damage, recorded in the metadata log: --restored after putting
+    /// the damaged object back (the owner reads it again and reports it anew if it is
+    /// still damaged), or --trim-past to move the stream's start past the damage.
+    Repair {
+        stream: String,
+        #[arg(long, conflicts_with = "trim_past", required_unless_present = "trim_past")]
+        restored: bool,
+        #[arg(long)]
+        trim_past: bool,
+    },
     /// Move STREAM (a stream name or `topic/partition`) to node --to by planned
     /// transfer; with --dry-run only check that it could (the error names the first
     /// failing check).
@@ -214,6 +227,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Streams {
             action: StreamsCmd::List,
         } => out.streams(&client.admin("streams", 0, 0).await?),
+        Cmd::Streams {
+            action: StreamsCmd::Damaged,
+        } => out.damaged(&client.admin("streams", 0, 0).await?),
+        Cmd::Streams {
+            action: StreamsCmd::Repair { stream, restored, .. },
+        } => {
+            let streams = client.admin("streams", 0, 0).await?;
+            let id = streams["streams"]
+                .as_object()
+                .and_then(|all| all.values().find(|s| s["name"] == stream.as_str()))
+                .and_then(|s| s["id"].as_u64())
+                .ok_or_else(|| anyhow::anyhow!("stream '{stream}' does not exist"))?;
+            let remedy = if restored {
+                DamageRemedy::Restored
+            } else {
+                DamageRemedy::TrimPast
+            };
+            let cmd = Command::ResolveDamage {
+                stream: weir_shared::ids::StreamId(id),
+                remedy,
+            };
+            out.outcome(client.propose(&operator, cmd).await?)?
+        }
         Cmd::Streams {
             action:
                 StreamsCmd::Transfer {

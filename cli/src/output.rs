@@ -108,6 +108,30 @@ impl Output {
         table(&["ID", "NAME", "STATE", "OWNER", "EPOCH", "COMMITTED_END"], rows);
     }
 
+    /// The streams of an admin `streams` answer that are marked damaged.
+    pub fn damaged(&self, v: &Value) {
+        let damaged: Vec<&Value> = v["streams"]
+            .as_object()
+            .map(|all| all.values().filter(|s| !s["damage"].is_null()).collect())
+            .unwrap_or_default();
+        if self.json {
+            return self.value(&Value::Array(damaged.into_iter().cloned().collect()));
+        }
+        let rows = damaged
+            .iter()
+            .map(|s| {
+                let d = &s["damage"];
+                vec![
+                    cell(&s["name"]),
+                    format!("{}..{}", cell(&d["from"]), cell(&d["until"])),
+                    cell(&d["found_by"]),
+                    cell(&d["what"]),
+                ]
+            })
+            .collect();
+        table(&["NAME", "OFFSETS", "FOUND_BY", "WHAT"], rows);
+    }
+
     pub fn log(&self, v: &Value) {
         if self.json {
             return self.value(v);

@@ -16,6 +16,9 @@ use weir_proto::streamd::streamd_client::StreamdClient;
 use weir_shared::error_code::ErrorCode;
 use weir_shared::ids::Incarnation;
 
+/// Added to the node timeout to bound one call to an owner.
+const CALL_MARGIN: Duration = Duration::from_secs(2);
+
 /// Why a request could not be routed or was refused by the owner.
 #[derive(Debug, thiserror::Error)]
 pub enum RouteError {
@@ -126,8 +129,8 @@ impl Routes {
         })
     }
 
-    /// A client of the stream's live owner.
-    fn owner(&self, name: &str) -> Result<StreamdClient<Channel>, RouteError> {
+    /// The stream's live owner and a client of it.
+    fn owner(&self, name: &str) -> Result<(Incarnation, StreamdClient<Channel>), RouteError> {
         if !self.is_admitted() {
             return Err(RouteError::CatchingUp);
         }
@@ -150,7 +153,7 @@ impl Routes {
         })?;
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = clients.get(&owner) {
-            return Ok(c.clone());
+            return Ok((owner, c.clone()));
         }
         let channel = weir_shared::grpc::channel(&addr).map_err(|e| no_owner(&format!("owner address {addr}: {e}")))?;
         let client = StreamdClient::new(channel)
@@ -161,31 +164,93 @@ impl Routes {
             self.view
                 .with(|s| s.nodes.get(&inc.node).is_some_and(|n| n.epoch == inc.epoch))
         });
-        clients.insert(owner, client.clone());
-        Ok(client)
+        clients.insert(owner.clone(), client.clone());
+        Ok((owner, client))
+    }
+
+    /// Whether the view still names `owner` the stream's live owner.
+    fn still_owned_by(&self, name: &str, owner: &Incarnation) -> bool {
+        self.view.with(|s| {
+            s.stream_by_name(name).is_some_and(|row| {
+                row.state == StreamState::Open
+                    && row.owner.as_ref() == Some(owner)
+                    && s.nodes
+                        .get(&owner.node)
+                        .is_some_and(|n| n.epoch == owner.epoch && !n.fenced)
+            })
+        })
+    }
+
+    /// Resolves once the view no longer names `owner` the stream's live owner: the
+    /// owner was fenced or replaced, or the stream moved.
+    async fn moved_from(&self, name: &str, owner: &Incarnation) {
+        let mut changed = self.view.subscribe();
+        while self.still_owned_by(name, owner) {
+            if changed.changed().await.is_err() {
+                // The view stopped: nothing will move; the call's own deadline ends it.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// How long one call may wait on an owner: the node timeout, after which metad
+    /// would have fenced an owner that stopped answering, plus a margin.
+    fn call_deadline(&self) -> Duration {
+        let node_timeout = self.view.with(|s| s.settings.map(|c| c.node_timeout_sec)).unwrap_or(30);
+        Duration::from_secs(node_timeout) + CALL_MARGIN
     }
 
     /// Calls the stream's owner with `f`, following ownership changes for up to the
     /// route retry time. `safe_to_retry` says whether a call that may have been applied
     /// can be sent again (reads, appends with an idempotency key).
-    pub async fn call<T, F, Fut>(&self, stream: &str, safe_to_retry: bool, mut f: F) -> Result<T, RouteError>
+    pub async fn call<T, F, Fut>(&self, stream: &str, safe_to_retry: bool, f: F) -> Result<T, RouteError>
     where
         F: FnMut(StreamdClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let deadline = tokio::time::Instant::now() + self.retry_for;
+        self.call_waiting(stream, safe_to_retry, Duration::ZERO, f).await
+    }
+
+    /// [`Routes::call`] for a call that may wait up to `wait` on the owner by design (a
+    /// long poll). A call ends early when the view moves its stream away from the owner
+    /// it went to, or when it outlasts `wait` plus the node timeout; it is then retried on
+    /// the new owner if that is safe, or answered "outcome unknown" (issue 20).
+    pub async fn call_waiting<T, F, Fut>(
+        &self,
+        stream: &str,
+        safe_to_retry: bool,
+        wait: Duration,
+        mut f: F,
+    ) -> Result<T, RouteError>
+    where
+        F: FnMut(StreamdClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut deadline = tokio::time::Instant::now() + self.retry_for;
         let mut changed = self.view.subscribe();
         loop {
             let err = match self.owner(stream) {
-                Ok(client) => match f(client).await {
-                    Ok(reply) => return Ok(reply.into_inner()),
-                    Err(status) => match classify(&status) {
-                        Retry::Yes => RouteError::Streamd(status),
-                        Retry::IfSafe if safe_to_retry => RouteError::Streamd(status),
-                        Retry::IfSafe => return Err(RouteError::Unknown(status.message().to_string())),
-                        Retry::No => return Err(RouteError::Streamd(status)),
-                    },
-                },
+                Ok((owner, client)) => {
+                    let outcome = tokio::select! {
+                        r = tokio::time::timeout(wait + self.call_deadline(), f(client)) => r.unwrap_or_else(|_| {
+                            Err(tonic::Status::deadline_exceeded(format!("owner {owner} did not answer within the node timeout")))
+                        }),
+                        _ = self.moved_from(stream, &owner) => {
+                            // The route retry time counts again from the move.
+                            deadline = deadline.max(tokio::time::Instant::now() + self.retry_for);
+                            Err(tonic::Status::cancelled(format!("owner {owner} was replaced while the request was in flight")))
+                        }
+                    };
+                    match outcome {
+                        Ok(reply) => return Ok(reply.into_inner()),
+                        Err(status) => match classify(&status) {
+                            Retry::Yes => RouteError::Streamd(status),
+                            Retry::IfSafe if safe_to_retry => RouteError::Streamd(status),
+                            Retry::IfSafe => return Err(RouteError::Unknown(status.message().to_string())),
+                            Retry::No => return Err(RouteError::Streamd(status)),
+                        },
+                    }
+                }
                 Err(e @ (RouteError::NoOwner { .. } | RouteError::CatchingUp)) => e,
                 Err(e) => return Err(e),
             };

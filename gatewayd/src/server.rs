@@ -8,7 +8,6 @@ use crate::route::Routes;
 use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_meta::model::{NodeAddrs, NodeKind};
@@ -17,12 +16,12 @@ use weir_shared::service::Exit;
 use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
 pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<Exit> {
-    let http_listener = TcpListener::bind(args.http_listen).await?;
+    let http_listener = weir_shared::service::bind("--http-listen", args.http_listen).await?;
     let http_addr = args
         .http_advertise
         .clone()
         .unwrap_or(http_listener.local_addr()?.to_string());
-    let kafka_listener = TcpListener::bind(args.kafka_listen).await?;
+    let kafka_listener = weir_shared::service::bind("--kafka-listen", args.kafka_listen).await?;
     let kafka_addr = args
         .kafka_advertise
         .clone()

@@ -14,7 +14,6 @@ use std::collections::BTreeMap;
 use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -60,8 +59,8 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
 
     let tasks = TaskTracker::new();
     let moves = TaskTracker::new();
-    let grpc_listener = TcpListener::bind(args.listen).await?;
-    let http_listener = TcpListener::bind(args.http_listen).await?;
+    let grpc_listener = weir_shared::service::bind("--listen", args.listen).await?;
+    let http_listener = weir_shared::service::bind("--http-listen", args.http_listen).await?;
     tracing::info!(
         id = args.id,
         grpc = %grpc_listener.local_addr()?,

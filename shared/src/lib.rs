@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod durable_dir;
 pub mod error_code;
 pub mod failpoint;
 pub mod grpc;

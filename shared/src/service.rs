@@ -74,3 +74,11 @@ where
         }
     })
 }
+
+/// Binds a listener for flag `flag`; the error names the flag and the address, so a
+/// port still held by another process is plain from the message.
+pub async fn bind(flag: &str, addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} ({flag}): {e}"))
+}

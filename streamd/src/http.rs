@@ -23,6 +23,7 @@ async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
     let m = crate::metrics::metrics();
     m.wal_bytes.set(node.wal.bytes() as i64);
     m.streams_served.set(node.all_streams().len() as i64);
+    m.damaged_streams.set(node.damaged_streams().len() as i64);
     weir_shared::metrics::metrics_handler().await
 }
 
@@ -55,6 +56,8 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
         "view_error": node.view.error(),
         "streams": node.all_streams().len(),
         "wal_bytes": node.wal.bytes(),
+        // Served streams whose damaged data waits for an operator (`weir streams damaged`).
+        "damaged_streams": node.damaged_streams(),
     });
     let status = if ready {
         StatusCode::OK

@@ -30,6 +30,10 @@ pub struct StreamdMetrics {
     pub compaction_pass_seconds: Histogram,
     /// Bytes read by partial reads of a range's tail (producer-state rebuilds).
     pub tail_bytes_read: IntCounter,
+    /// Damaged committed ranges this node found (each reported to the metadata log).
+    pub damage_found: IntCounter,
+    /// Streams this node serves that are marked damaged.
+    pub damaged_streams: IntGauge,
 }
 
 pub fn metrics() -> &'static StreamdMetrics {
@@ -98,6 +102,17 @@ pub fn metrics() -> &'static StreamdMetrics {
             tail_bytes_read: counter(
                 "streamd_tail_read_bytes_total",
                 "Bytes read by partial reads of a range's tail (producer-state rebuilds)",
+            ),
+            damage_found: counter(
+                "streamd_damage_found_total",
+                "Damaged committed ranges found (failing their checksum or not what the index says)",
+            ),
+            damaged_streams: register(
+                IntGauge::new(
+                    "streamd_damaged_streams",
+                    "Served streams marked damaged until an operator acts",
+                )
+                .expect("valid metric"),
             ),
         }
     })

@@ -8,7 +8,6 @@ use std::future::IntoFuture;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,8 +25,8 @@ fn max_message(args: &StreamdArgs) -> usize {
 
 pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<Exit> {
     let store = crate::object::store::open(&args.object_store)?;
-    let grpc_listener = TcpListener::bind(args.listen).await?;
-    let http_listener = TcpListener::bind(args.http_listen).await?;
+    let grpc_listener = weir_shared::service::bind("--listen", args.listen).await?;
+    let http_listener = weir_shared::service::bind("--http-listen", args.http_listen).await?;
     let grpc_addr = args
         .advertise
         .clone()

@@ -120,3 +120,17 @@ pub fn node_row<'a>(nodes: &'a serde_json::Value, id: &str) -> &'a serde_json::V
         .and_then(|a| a.iter().find(|n| n["node_id"] == id))
         .unwrap_or(&NULL)
 }
+
+/// Every file under `dir`, recursively (none when it does not exist).
+pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

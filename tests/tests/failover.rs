@@ -125,6 +125,38 @@ async fn a_hung_streamd_is_fenced_and_exits_75_when_it_resumes() {
     assert_all_read_back(&gw, "hung", &acked).await;
 }
 
+/// Issue 20, defect 4 (FO-TKO-11): an append in flight to an owner that hangs follows its
+/// stream. The gateway cuts the call when the view fences the owner and retries it (it
+/// is keyed, so retrying is safe) on the new owner: the gap is at most the node timeout
+/// (3 s here) plus 2 s, not however long the hung connection takes to fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_append_in_flight_to_a_hung_owner_follows_the_stream_within_the_node_timeout() {
+    let (mut stack, gw) = cluster(Backend::FileWal).await;
+    gw.create_stream("gap").await;
+    gw.wait_open("gap").await;
+    let mut acked = append_n(&gw, "gap", "g", 5).await;
+    let (victim, _) = owner(&stack, &gw, "gap").await.expect("open");
+    stack.nodes[victim].pause();
+    let paused = std::time::Instant::now();
+    let (status, reply) = gw
+        .send(
+            gw.request(Method::POST, "/v1/streams/gap/records")
+                .header("idempotency-key", "gap-after-pause")
+                .json(&json!({"records": [{"body": "during"}]})),
+        )
+        .await;
+    let gap = paused.elapsed();
+    assert_eq!(status, StatusCode::OK, "{reply}\n{}", gw.log_text());
+    assert!(
+        gap <= Duration::from_secs(3 + 2),
+        "the append waited {gap:?} on a hung owner"
+    );
+    acked.push("during".into());
+    stack.nodes[victim].resume();
+    assert_eq!(stack.nodes[victim].wait_exit(Duration::from_secs(30)).await, Some(75));
+    assert_all_read_back(&gw, "gap", &acked).await;
+}
+
 /// FO-TKO-3, FO-LIV-10: a streamd restarted before its timeout re-registers at a new
 /// epoch and recovers its own WAL; its streams come back.
 #[tokio::test(flavor = "multi_thread")]

@@ -806,3 +806,184 @@ async fn sigterm_stops_the_gateway_cleanly() {
     gw.proc().term();
     assert_eq!(gw.proc().wait_exit(Duration::from_secs(30)).await, Some(0));
 }
+
+/// Makes stream `name` (three records, one range, committed) damaged on disk and served
+/// by node 1, so reads go to the damaged object. Returns each damaged object's path
+/// and its original bytes, to restore them.
+async fn damaged_stream(stack: &Stack, gw: &Gatewayd, name: &str) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let id = stack.create_stream(name, 0).await;
+    gw.append(name, &["d0", "d1", "d2"]).await;
+    let mut owner = stack.nodes[0].client().await;
+    owner
+        .close_stream(CloseStreamRequest {
+            stream: name.into(),
+            timeout_ms: 0,
+        })
+        .await
+        .expect("close");
+    let mut originals = Vec::new();
+    for path in weir_tests::files_under(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data")) {
+        if path.extension().is_some_and(|e| e == "wdo") {
+            let data = std::fs::read(&path).expect("object");
+            let mut damaged = data.clone();
+            damaged[20] ^= 0xff;
+            std::fs::write(&path, damaged).expect("rewrite");
+            originals.push((path, data));
+        }
+    }
+    assert!(!originals.is_empty(), "no data object to damage");
+    stack.place(id, 1).await;
+    stack.wait_serving(name, 1).await;
+    originals
+}
+
+/// Issue 20, defect 5: damaged data ends an SSE subscription with an `error` event
+/// (naming the object), instead of retrying every 200 ms forever.
+#[tokio::test(flavor = "multi_thread")]
+async fn sse_over_damaged_data_ends_with_an_error_event() {
+    let (stack, gw) = manual_stack(2).await;
+    damaged_stream(&stack, &gw, "damaged").await;
+    let response = gw
+        .request(Method::GET, "/v1/streams/damaged/records?seq_num=0")
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("subscribe");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut events = SseReader::new(response);
+    let ev = tokio::time::timeout(Duration::from_secs(30), events.next())
+        .await
+        .expect("an event in time")
+        .expect("an error event before the end");
+    assert_eq!(ev.event, "error", "{ev:?}");
+    let data: Value = serde_json::from_str(&ev.data).expect("json");
+    assert_eq!(data["error"]["code"], "internal", "{data}");
+    assert!(
+        data["error"]["message"].as_str().is_some_and(|m| m.contains(".wdo")),
+        "the error names the object: {data}"
+    );
+    let end = tokio::time::timeout(Duration::from_secs(30), events.next())
+        .await
+        .expect("the subscription ends");
+    assert!(end.is_none(), "the subscription went on: {end:?}");
+}
+
+/// Runs the `weir` CLI against the stack's metad; its exit status and output.
+fn weir(stack: &Stack, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(weir_tests::bin_path("weir"))
+        .args(["--metad", &stack.metad.replicas[0].grpc])
+        .args(args)
+        .output()
+        .expect("run weir");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Issue 20, defect 5: damage found on read is reported to the metadata log, marked on
+/// the stream, counted, shown in the owner's `/ready` and by `weir streams damaged`, and
+/// refused at once, until the operator acts. `weir streams repair --restored` after the
+/// object is put back serves the records again; `--trim-past` moves the start past the
+/// damage. Neither leaves a hole above the start, and both are in the metadata log.
+#[tokio::test(flavor = "multi_thread")]
+async fn damage_is_marked_listed_and_repaired_by_the_operator() {
+    let (stack, gw) = manual_stack(2).await;
+    let originals = damaged_stream(&stack, &gw, "hurt").await;
+    let read = || gw.send(gw.request(Method::GET, "/v1/streams/hurt/records?seq_num=0"));
+    let (status, body) = read().await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["error"]["code"], "internal", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("corrupt data")),
+        "{body}"
+    );
+    let metad = stack.metad.client();
+    let damage = wait_for("the damage marked", Duration::from_secs(20), || async {
+        let v = metad.admin("streams", 0, 0).await.ok()?;
+        let row = v["streams"]
+            .as_object()?
+            .values()
+            .find(|s| s["name"] == "hurt")?
+            .clone();
+        (!row["damage"].is_null()).then_some(row["damage"].clone())
+    })
+    .await;
+    assert_eq!(
+        (damage["from"].as_u64(), damage["until"].as_u64()),
+        (Some(0), Some(3)),
+        "{damage}"
+    );
+    assert!(damage["what"].as_str().is_some_and(|w| w.contains(".wdo")), "{damage}");
+    // Now refused at once, naming the marked damage and the remedy.
+    let (_, body) = read().await;
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("weir streams repair")),
+        "{body}"
+    );
+    let (ok, listed) = weir(&stack, &["streams", "damaged"]);
+    assert!(ok && listed.contains("hurt") && listed.contains("0..3"), "{listed}");
+    let ready: Value = reqwest::get(format!("http://{}/ready", stack.nodes[1].http))
+        .await
+        .expect("ready")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(ready["damaged_streams"], json!(["hurt"]), "{ready}");
+    let metrics = reqwest::get(format!("http://{}/metrics", stack.nodes[1].http))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(metrics.contains("weir_streamd_damaged_streams 1"), "{metrics}");
+    assert!(metrics.contains("weir_streamd_damage_found_total 1"), "{metrics}");
+
+    // The operator puts the object back: the records are served again.
+    for (path, data) in &originals {
+        std::fs::write(path, data).expect("restore");
+    }
+    let (ok, out) = weir(&stack, &["streams", "repair", "hurt", "--restored"]);
+    assert!(ok, "{out}");
+    let records = wait_for("the restored records served", Duration::from_secs(20), || async {
+        let (status, body) = read().await;
+        (status == StatusCode::OK).then(|| bodies(body["records"].as_array().expect("records")))
+    })
+    .await;
+    assert_eq!(records, ["d0", "d1", "d2"]);
+    let (ok, listed) = weir(&stack, &["streams", "damaged"]);
+    assert!(ok && !listed.contains("hurt"), "{listed}");
+
+    // Another damaged stream is trimmed past instead: its start moves past the damage.
+    damaged_stream(&stack, &gw, "cut").await;
+    let (status, _) = gw
+        .send(gw.request(Method::GET, "/v1/streams/cut/records?seq_num=0"))
+        .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    wait_for("the damage marked", Duration::from_secs(20), || async {
+        let v = metad.admin("streams", 0, 0).await.ok()?;
+        let row = v["streams"].as_object()?.values().find(|s| s["name"] == "cut")?.clone();
+        (!row["damage"].is_null()).then_some(())
+    })
+    .await;
+    let (ok, out) = weir(&stack, &["streams", "repair", "cut", "--trim-past"]);
+    assert!(ok, "{out}");
+    wait_for("the start moved past the damage", Duration::from_secs(20), || async {
+        let (_, described) = gw.send(gw.request(Method::GET, "/v1/streams/cut")).await;
+        (described["start_seq_num"] == 3).then_some(())
+    })
+    .await;
+    let (ok, listed) = weir(&stack, &["streams", "damaged"]);
+    assert!(ok && !listed.contains("cut"), "{listed}");
+    let log = metad.admin("log", 0, 100_000).await.expect("log").to_string();
+    assert!(
+        log.contains("report_damage") && log.contains("resolve_damage"),
+        "the audit trail is in the log"
+    );
+}

@@ -104,7 +104,7 @@ async fn append_upload_and_read_back(backend: Backend) {
         "{metrics}"
     );
     assert!(metrics.contains("weir_streamd_objects_committed_total"), "{metrics}");
-    let objects: Vec<_> = walk(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
+    let objects: Vec<_> = weir_tests::files_under(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
     assert!(!objects.is_empty(), "no data object in S3");
     // Close on A and move to B: B reads everything from objects (range GETs).
     let end = a
@@ -150,21 +150,6 @@ async fn append_upload_and_read_back(backend: Backend) {
         .expect("append on B")
         .into_inner();
     assert_eq!(r.base_offset, 200);
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,6 +421,76 @@ async fn object_wal_takeover_fences_the_writer_and_loses_no_ack() {
     with_timeout(takeover_races_appends(Backend::ObjectWal)).await;
 }
 
+/// INV-7 (issue 20, defect 1): reclaim keeps the newest WAL object, so after every record
+/// is committed and reclaimed a takeover still fences above the writer, and the writer's
+/// next append is refused. Without the kept boundary the takeover lists nothing, fences
+/// key 1, and the writer's next put succeeds: acknowledged, and replayed by no one.
+async fn reclaimed_object_wal_still_fences_the_writer(store: std::sync::Arc<dyn object_store::ObjectStore>) {
+    use futures::TryStreamExt;
+    use weir_shared::ids::{StreamEpoch, StreamId};
+    use weir_streamd::wal::object::{incarnation_prefix, take_over, ObjectSink};
+    use weir_streamd::wal::{Sink, WalError, WalRecord, WalWriter};
+
+    let (tasks, stop) = (
+        tokio_util::task::TaskTracker::new(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let (node, epoch, stream) = (NodeId::new("streamd-9"), Epoch(3), StreamId(7));
+    let sink = Sink::Object(ObjectSink::create(store.clone(), &node, epoch));
+    let wal = WalWriter::start(sink, u64::MAX, &tasks, stop.clone());
+    let record = |i: u64| WalRecord {
+        stream,
+        stream_epoch: StreamEpoch(1),
+        base_offset: i,
+        offset_count: 1,
+        batches: batch(format!("r-{i}").as_bytes()).into(),
+    };
+    for i in 0..3 {
+        wal.append(&record(i)).await.expect("append");
+    }
+    // Every record is committed in a data object: reclaim what it may.
+    wal.reclaim([(stream, 3)].into());
+    let prefix = incarnation_prefix(&node, epoch);
+    wait_for("the WAL objects reclaimed", Duration::from_secs(20), || {
+        let (store, prefix) = (store.clone(), prefix.clone());
+        async move {
+            let objects: Vec<_> = store.list(Some(&prefix)).try_collect().await.ok()?;
+            (objects.len() <= 1).then_some(())
+        }
+    })
+    .await;
+    let replayed = take_over(store.clone(), &node, epoch, "test").await.expect("takeover");
+    assert!(
+        replayed.iter().all(|r| r.stream == stream && r.end_offset() <= 3),
+        "the replay holds only records the writer wrote"
+    );
+    assert_eq!(
+        wal.append(&record(3)).await,
+        Err(WalError::Fenced),
+        "the old writer appended after a takeover of its fully reclaimed WAL"
+    );
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaimed_object_wal_still_fences_the_writer_in_memory() {
+    with_timeout(reclaimed_object_wal_still_fences_the_writer(std::sync::Arc::new(
+        object_store::memory::InMemory::new(),
+    )))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaimed_object_wal_still_fences_the_writer_on_s3() {
+    with_timeout(async {
+        let s3 = weir_tests::s3::S3Server::start().await;
+        reclaimed_object_wal_still_fences_the_writer(std::sync::Arc::new(s3.store())).await;
+    })
+    .await;
+}
+
 /// A torn WAL tail is cut, and a corrupted data object is reported, never served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
@@ -459,7 +514,7 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
         .await
         .expect("close");
         // Corrupt the one data object on the S3 server's disk.
-        let objects = walk(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
+        let objects = weir_tests::files_under(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
         for path in objects.iter().filter(|p| p.extension().is_some_and(|e| e == "wdo")) {
             let mut data = std::fs::read(path).expect("object");
             data[20] ^= 0xff;
@@ -510,6 +565,62 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
             std::fs::metadata(taken).expect("segment").len(),
             clean_len,
             "torn tail not cut"
+        );
+    })
+    .await;
+}
+
+/// Issue 20, defect 2: a flipped bit in the middle of the last file-WAL segment of a real
+/// streamd is damage, not a torn tail. The takeover reports it, naming the segment and
+/// byte, and cuts nothing, so the acknowledged records after it stay on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mid_segment_wal_damage_is_reported_and_never_cut() {
+    with_timeout(async {
+        let mut stack = Stack::start(
+            1,
+            Backend::FileWal,
+            &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
+        )
+        .await;
+        stack.create_stream("m", 0).await;
+        let mut a = stack.nodes[0].client().await;
+        for i in 0..20 {
+            a.append(AppendRequest {
+                stream: "m".into(),
+                batches: batch(format!("m-{i}").as_bytes()).into(),
+                match_next_offset: None,
+            })
+            .await
+            .expect("append");
+        }
+        stack.nodes[0].kill();
+        let node = NodeId::new("streamd-1");
+        let dir = weir_streamd::wal::file::incarnation_dir(&stack.wal_root, &node, Epoch(1));
+        let mut segments: Vec<_> = std::fs::read_dir(&dir)
+            .expect("wal dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        segments.sort();
+        let last = segments.last().expect("a segment").clone();
+        let mut data = std::fs::read(&last).expect("segment");
+        let len = data.len();
+        data[len / 2] ^= 0x10;
+        std::fs::write(&last, &data).expect("damage");
+        let err = weir_streamd::wal::file::take_over(&stack.wal_root, &node, Epoch(1), "test")
+            .expect_err("damage replayed as if torn");
+        let text = err.to_string();
+        assert!(
+            text.contains("not a torn write") && text.contains("nothing was cut"),
+            "{text}"
+        );
+        let taken = dir
+            .with_extension("taken-by-test")
+            .join(last.file_name().expect("name"));
+        assert_eq!(
+            std::fs::metadata(taken).expect("segment").len() as usize,
+            len,
+            "the damaged segment was cut"
         );
     })
     .await;
@@ -747,7 +858,7 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
             async move { (passes(&weir_tests::get_text(&url).await) >= before + 3.0).then_some(()) }
         })
         .await;
-        let committed = walk(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
+        let committed = weir_tests::files_under(&stack.s3.dir.path().join(weir_tests::s3::BUCKET).join("data"));
         assert!(
             committed.iter().any(|p| p.extension().is_some_and(|e| e == "wdo")),
             "a committed object was collected"

@@ -90,3 +90,63 @@ async fn weir_dev_serves_http_and_kafka_on_local_disk_and_stops_cleanly() {
     assert!(dir.path().join("data/metad").exists());
     assert!(dir.path().join("data/objects").exists());
 }
+
+/// Issue 20, defect 6: `weir dev` never runs half-alive. With one component's port held
+/// by another socket, that component cannot bind, and the whole process exits non-zero
+/// with a message naming the component and the address, instead of serving HTTP and
+/// Kafka without it.
+async fn a_held_port_ends_weir_dev(held_flag: &str, component: &str) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let held_addr = held.local_addr().expect("addr").to_string();
+    let mut command = Command::new(bin_path("weir"));
+    command
+        .arg("dev")
+        .args(["--data-dir", &dir.path().join("data").display().to_string()]);
+    for flag in [
+        "--http-listen",
+        "--kafka-listen",
+        "--metad-listen",
+        "--metad-http-listen",
+        "--streamd-listen",
+        "--streamd-http-listen",
+    ] {
+        let addr = if flag == held_flag {
+            held_addr.clone()
+        } else {
+            format!("127.0.0.1:{}", free_port())
+        };
+        command.args([flag, &addr]);
+    }
+    command.args(["--shutdown-deadline-sec", "10"]);
+    let mut proc = Proc::new("weir-dev", dir.path().join("dev.log"));
+    proc.spawn(command);
+    let code = proc.wait_exit(Duration::from_secs(60)).await;
+    let log = proc.log_text();
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}; log:\n{log}");
+    assert!(
+        log.contains(&format!("the dev {component} failed")) && log.contains(&held_addr) && log.contains("in use"),
+        "the error names neither the component nor the held address:\n{log}"
+    );
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn weir_dev_exits_naming_streamd_when_its_port_is_held() {
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        a_held_port_ends_weir_dev("--streamd-listen", "streamd"),
+    )
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn weir_dev_exits_naming_metad_when_its_port_is_held() {
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        a_held_port_ends_weir_dev("--metad-listen", "metad"),
+    )
+    .await
+    .expect("test timed out");
+}

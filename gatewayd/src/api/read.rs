@@ -15,6 +15,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
+use std::time::Duration;
 use weir_proto::streamd::{ReadRequest, StatusRequest};
 use weir_shared::error_code::ErrorCode;
 
@@ -95,7 +96,7 @@ pub async fn read_page(gw: &Gateway, name: &str, from: u64, limits: Limits) -> R
     for _ in 0..2 {
         let reply = gw
             .routes
-            .call(name, true, |mut c| {
+            .call_waiting(name, true, Duration::from_millis(limits.wait_ms.into()), |mut c| {
                 let request = ReadRequest {
                     stream: name.to_string(),
                     offset: from,

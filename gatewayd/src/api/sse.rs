@@ -89,6 +89,11 @@ async fn pump(
                 }
                 next = page.next_seq_num;
             }
+            // Damaged data is terminal: retrying would read the same damage forever.
+            Err(e) if e.code == ErrorCode::Corrupt => {
+                let _ = tx.send(Ok(error_event(e.code, &e.message))).await;
+                return;
+            }
             Err(e) if e.status().is_server_error() => {
                 // No owner for now (moving, recovering): keep the subscription and retry.
                 tokio::time::sleep(Duration::from_millis(200)).await;

@@ -44,7 +44,7 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration) -> Got {
     let result = kafka
         .gw
         .routes
-        .call(&p.stream, true, |mut c| {
+        .call_waiting(&p.stream, true, wait, |mut c| {
             let req = ReadRequest {
                 stream: p.stream.clone(),
                 offset: p.offset as u64,

@@ -23,6 +23,9 @@ use weir_shared::error_code::KafkaApi;
 /// Offsets streams groups are hashed over (Kafka's `offsets.topic.num.partitions`).
 pub const OFFSETS_PARTITIONS: u32 = 8;
 const GROUP_KEY: i8 = 0;
+/// Longest a JoinGroup or SyncGroup may wait at its coordinator: Kafka's largest
+/// session timeout (`group.max.session.timeout.ms`), which bounds a rebalance.
+const GROUP_WAIT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 pub fn offsets_stream(group: &str) -> String {
     format!(
@@ -121,10 +124,16 @@ async fn call(
     version: i16,
     body: Bytes,
 ) -> Result<Bytes, i16> {
+    // JoinGroup and SyncGroup wait at the coordinator for the rest of the group by
+    // design; they are long polls, bounded by the rebalance, not by the node timeout.
+    let wait = match key {
+        ApiKey::JoinGroup | ApiKey::SyncGroup => GROUP_WAIT,
+        _ => std::time::Duration::ZERO,
+    };
     let result = kafka
         .gw
         .routes
-        .call(stream, false, |mut c| {
+        .call_waiting(stream, false, wait, |mut c| {
             let req = GroupRequest {
                 stream: stream.to_string(),
                 api_key: i32::from(key as i16),

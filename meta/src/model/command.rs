@@ -220,6 +220,30 @@ pub enum Command {
         node: NodeId,
         epoch: Epoch,
     },
+    /// A streamd found the stream's committed data in `from..until` damaged; the
+    /// stream is marked damaged (the earliest damage is kept) until an operator acts.
+    ReportDamage {
+        stream: StreamId,
+        from: Offset,
+        until: Offset,
+        what: String,
+    },
+    /// An operator's remedy for a damaged stream, recorded in the log as its audit.
+    ResolveDamage {
+        stream: StreamId,
+        remedy: DamageRemedy,
+    },
+}
+
+/// How an operator resolves a damaged stream; neither leaves a hole above the start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DamageRemedy {
+    /// The damaged object was put back: the mark is cleared, and the owner reads the
+    /// range again, reporting it anew if it is still damaged.
+    Restored,
+    /// The start offset moves past the damage, dropping everything below it.
+    TrimPast,
 }
 
 impl Command {
@@ -256,6 +280,8 @@ impl Command {
             Command::DestroyStream { .. } => "destroy_stream",
             Command::BeginTakeover { .. } => "begin_takeover",
             Command::CompleteTakeover { .. } => "complete_takeover",
+            Command::ReportDamage { .. } => "report_damage",
+            Command::ResolveDamage { .. } => "resolve_damage",
         }
     }
 }

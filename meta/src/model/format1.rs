@@ -142,6 +142,7 @@ pub(crate) mod tests {
             commits: 2,
             bytes: 20,
             config: Default::default(),
+            damage: None,
         };
         meta.state
             .set_row(&crate::model::RowKey::Stream(StreamId(1)), Some(Row::Stream(stream)));

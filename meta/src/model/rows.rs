@@ -157,6 +157,26 @@ pub struct StreamRow {
     #[serde(default)]
     pub bytes: u64,
     pub config: StreamConfig,
+    /// Damage found in the stream's committed data; reads of it are refused until an
+    /// operator acts (issue 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub damage: Option<StreamDamage>,
+}
+
+/// Damaged committed data of a stream: an object range that fails its checksum or is
+/// not what the index says. Reads of `from..until` are refused with `corrupt`, naming
+/// `what`, and reads from below stop at `from`, until an operator restores the data or
+/// trims past `until`; either remedy leaves no hole above the start offset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamDamage {
+    /// First damaged offset.
+    pub from: Offset,
+    /// Offset after the damaged range.
+    pub until: Offset,
+    /// What is damaged and how, as the finder saw it (object key, range, reason).
+    pub what: String,
+    /// The incarnation that found it.
+    pub found_by: String,
 }
 
 /// A Kafka topic: one stream per partition.

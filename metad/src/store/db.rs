@@ -32,7 +32,7 @@ const MEMTABLE_BYTES: usize = 32 << 20;
 /// Opens (creating if needed) the metadata database under `dir`, migrating one written
 /// in format 1 and refusing any other format (RR-WAL-6).
 pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
-    std::fs::create_dir_all(dir)?;
+    weir_shared::durable_dir::create_dir_all(dir)?;
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);

@@ -220,7 +220,7 @@ impl StateMachineStore {
     /// Loads the state machine, first redoing a snapshot install a crash interrupted
     /// (RR-INT-6). Snapshot files live in `snapshots`.
     pub fn open(db: Arc<DB>, snapshots: &Path) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(snapshots)?;
+        weir_shared::durable_dir::create_dir_all(snapshots)?;
         let cf = db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
         if let Some(marker) = db.get_cf(cf, KEY_INSTALL_MARKER)? {
             let record: SnapshotRecord = codec::decode(&marker)?;

@@ -254,7 +254,7 @@ impl Node {
             .map(|range| async move {
                 let bytes = match sources.get(&(range.key.0.clone(), range.pos)) {
                     Some(b) => b.clone(),
-                    None => self.fetch_range_uncached(&range).await?,
+                    None => self.note_damage(handle.id, &range, self.fetch_range_uncached(&range).await)?,
                 };
                 Ok::<_, StreamdError>((range, bytes))
             })
@@ -262,7 +262,8 @@ impl Node {
         while let Some(fetched) = chunks.next().await {
             let (range, bytes) = fetched?;
             let batches =
-                split_batches(&bytes).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;
+                split_batches(&bytes).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
+            let batches = self.note_damage(handle.id, &range, batches)?;
             for (header, raw) in batches {
                 pending.push(bytes.slice_ref(raw));
                 pending_bytes += raw.len() as u64;

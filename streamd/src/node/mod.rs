@@ -4,6 +4,7 @@
 mod append;
 pub(crate) mod close;
 pub mod compaction;
+mod damage;
 mod producers;
 pub mod ranges;
 mod read;
@@ -85,6 +86,9 @@ pub struct Node {
     pub wal_source: WalSource,
     /// Takeovers this incarnation is running as agent.
     takeovers_running: std::sync::Mutex<std::collections::HashSet<Incarnation>>,
+    /// The damage last seen marked on each served stream, to read a range again once
+    /// an operator clears its mark.
+    damage_seen: std::sync::Mutex<HashMap<weir_shared::ids::StreamId, weir_meta::model::StreamDamage>>,
     /// Work the node starts for one stream or takeover (closes, takeovers, group
     /// ticks), waited for at teardown.
     pub tasks: TaskTracker,
@@ -118,6 +122,7 @@ impl Node {
             intake_closed: AtomicBool::new(false),
             wal_source,
             takeovers_running: Default::default(),
+            damage_seen: Default::default(),
             tasks: TaskTracker::new(),
         }
     }

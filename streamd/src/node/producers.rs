@@ -25,17 +25,18 @@ impl Node {
         let mut chunks = futures::stream::iter(ranges.into_iter().enumerate())
             .map(|(i, range)| async move {
                 let chunk = if i == 0 && skip > 0 {
-                    self.fetch_range_tail(&range, skip).await?
+                    self.fetch_range_tail(&range, skip).await
                 } else {
-                    self.fetch_range(&range).await?
+                    self.fetch_range(&range).await
                 };
+                let chunk = self.note_damage(stream, &range, chunk)?;
                 Ok::<_, StreamdError>((range, chunk))
             })
             .buffered(super::read::FETCH_CONCURRENCY);
         while let Some(fetched) = chunks.next().await {
             let (range, chunk) = fetched?;
-            let parsed =
-                split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;
+            let parsed = split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
+            let parsed = self.note_damage(stream, &range, parsed)?;
             let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();
             let spans: Vec<(u64, u64)> = headers
                 .iter()

@@ -121,7 +121,10 @@ impl Node {
         // start of the tail buffer: found first (mostly in the range cache), then
         // fetched several at a time, and cut in order.
         let committed = handle.inner.lock().await.committed_end;
-        let stop = committed.min(durable_end);
+        // Marked damage is refused at once, and a read from below it stops at it.
+        self.check_damage(handle.id, &handle.name, offset)?;
+        let damaged_from = self.damage(handle.id).map(|d| d.from.0).filter(|f| *f > offset);
+        let stop = committed.min(durable_end).min(damaged_from.unwrap_or(u64::MAX));
         let mut ranges = Vec::new();
         let (mut at, mut planned) = (offset, 0u64);
         loop {
@@ -135,7 +138,7 @@ impl Node {
         }
         let mut chunks = futures::stream::iter(ranges)
             .map(|range| async move {
-                let chunk = self.fetch_range(&range).await?;
+                let chunk = self.note_damage(handle.id, &range, self.fetch_range(&range).await)?;
                 Ok::<_, StreamdError>((range, chunk))
             })
             .buffered(FETCH_CONCURRENCY);
@@ -143,8 +146,8 @@ impl Node {
         let mut at = offset;
         while let Some(fetched) = chunks.next().await {
             let (range, chunk) = fetched?;
-            let parsed =
-                split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))?;
+            let parsed = split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
+            let parsed = self.note_damage(handle.id, &range, parsed)?;
             for (header, bytes) in parsed {
                 let start = header.base_offset as u64;
                 if start + header.offset_count() <= at {
@@ -159,7 +162,7 @@ impl Node {
         }
         // A read that reached the committed end goes on into the tail buffer, so it
         // fills its budget however the records are split between objects and memory.
-        if out.len() < max_bytes && at < durable_end {
+        if out.len() < max_bytes && at < durable_end && damaged_from.is_none_or(|f| at < f) {
             let inner = handle.inner.lock().await;
             append_tail(&inner.buffer, at, durable_end, max_bytes, &mut out);
         }

@@ -56,6 +56,7 @@ async fn reconcile(node: &Arc<Node>) {
         if let Some(start) = start {
             node.apply_start(&handle, start).await;
         }
+        node.recheck_cleared_damage(&handle);
     }
     // Deleted streams this incarnation holds: it has stopped serving them, so it destroys them.
     let deleted: Vec<StreamId> = node.view.with(|s| {

@@ -17,7 +17,8 @@ pub fn open(url: &str) -> Result<Arc<dyn ObjectStore>, ConfigError> {
     match parsed.scheme() {
         "file" => {
             let path = parsed.to_file_path().map_err(|_| bad("not a local path".into()))?;
-            std::fs::create_dir_all(&path).map_err(|e| bad(format!("cannot create {}: {e}", path.display())))?;
+            weir_shared::durable_dir::create_dir_all(&path)
+                .map_err(|e| bad(format!("cannot create {}: {e}", path.display())))?;
             let fs = LocalFileSystem::new_with_prefix(&path).map_err(|e| bad(e.to_string()))?;
             Ok(Arc::new(fs))
         }

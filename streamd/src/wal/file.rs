@@ -3,7 +3,7 @@
 //! writer checks after each fsync that its directory is still the one it created, and
 //! acknowledges only then, so nothing written after a takeover is ever acknowledged.
 
-use super::record::{decode_segment, segment_header, SegmentEnd, WalRecord, SEGMENT_HEADER_LEN};
+use super::record::{classify_tail, decode_segment, segment_header, SegmentEnd, Tail, WalRecord, SEGMENT_HEADER_LEN};
 use super::{SegmentId, WalError};
 use bytes::Bytes;
 use std::fs::{self, File, OpenOptions};
@@ -11,6 +11,7 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use weir_shared::durable_dir::sync_dir;
 use weir_shared::ids::{Epoch, NodeId};
 
 fn io(e: std::io::Error) -> WalError {
@@ -24,10 +25,6 @@ pub fn incarnation_dir(root: &Path, node: &NodeId, epoch: Epoch) -> PathBuf {
 
 fn segment_path(dir: &Path, id: SegmentId) -> PathBuf {
     dir.join(format!("{id:020}.wal"))
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// An open segment file.
@@ -57,9 +54,12 @@ impl FileSink {
     pub fn create(root: &Path, node: &NodeId, epoch: Epoch, segment_bytes: u64) -> Result<Self, WalError> {
         let dir = incarnation_dir(root, node, epoch);
         let parent = dir.parent().expect("incarnation dir has a parent");
-        fs::create_dir_all(parent).map_err(io)?;
+        // The root and the node's directory are synced into their parents too: a crash
+        // right after the first registration must not lose the tree (issue 20).
+        weir_shared::durable_dir::create_dir_all(parent).map_err(io)?;
         fs::create_dir(&dir)
             .map_err(|e| WalError::Io(format!("cannot create WAL directory {}: {e}", dir.display())))?;
+        sync_dir(&dir).map_err(io)?;
         sync_dir(parent).map_err(io)?;
         let meta = fs::metadata(&dir).map_err(io)?;
         Ok(Self {
@@ -150,8 +150,8 @@ impl Inner {
 }
 
 /// Takes over the WAL of `(node, epoch)` as `agent`: renames its directory (fencing the
-/// writer, INV-7), then replays it. A torn tail of the last segment is cut; damage
-/// anywhere else is reported as corruption. Idempotent: a second takeover reads the
+/// writer, INV-7), then replays it. A torn tail of the last segment is cut; any other
+/// damage is reported as corruption and nothing is cut. Idempotent: a second takeover reads the
 /// already-renamed directory.
 pub fn take_over(root: &Path, node: &NodeId, epoch: Epoch, agent: &str) -> Result<Vec<WalRecord>, WalError> {
     let dir = incarnation_dir(root, node, epoch);
@@ -214,13 +214,33 @@ pub fn replay_dir(dir: &Path) -> Result<Vec<WalRecord>, WalError> {
         }
         let (mut recs, end) =
             decode_segment(&data).map_err(|e| WalError::Corrupt(format!("{}: {e}", path.display())))?;
-        if let SegmentEnd::Torn { at, reason } = end {
+        if let SegmentEnd::Invalid { at, reason } = end {
             if i != last {
                 return Err(WalError::Corrupt(format!(
                     "segment {id} at byte {at}: {reason}; it is not the last segment, so this is not a torn write"
                 )));
             }
-            tracing::warn!(segment = id, at, %reason, "cutting the torn tail of the last WAL segment");
+            match classify_tail(&data, at) {
+                Tail::Zeroed => {
+                    tracing::info!(
+                        segment = id,
+                        at,
+                        "the last WAL segment ends in space never written; cutting it"
+                    )
+                }
+                Tail::Torn => {
+                    tracing::warn!(segment = id, at, %reason, "cutting the torn tail of the last WAL segment")
+                }
+                Tail::Corrupt { next } => {
+                    let why = match next {
+                        Some(n) => format!("a whole record follows at byte {n}"),
+                        None => "the record was written whole".into(),
+                    };
+                    return Err(WalError::Corrupt(format!(
+                        "segment {id} at byte {at}: {reason}; {why}, so this is damage, not a torn write, and nothing was cut"
+                    )));
+                }
+            }
             OpenOptions::new()
                 .write(true)
                 .open(path)

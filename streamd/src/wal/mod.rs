@@ -52,11 +52,12 @@ impl Sink {
         }
     }
 
-    /// The segment new records go to; never deleted while active.
-    pub fn active_segment(&self) -> Option<SegmentId> {
+    /// The segment reclaim must keep: the file being written, or the newest WAL object,
+    /// whose key is how a takeover finds where the writer is and fences above it.
+    pub fn boundary_segment(&self) -> Option<SegmentId> {
         match self {
             Sink::File(f) => f.active_segment(),
-            Sink::Object(_) => None,
+            Sink::Object(o) => o.newest_segment(),
         }
     }
 }

@@ -2,6 +2,10 @@
 //! under `wal/<node>/<epoch>/`, written with put-if-absent. A takeover puts a fence
 //! marker at the next free key, so the old writer's next conditional put fails and it
 //! acknowledges nothing more. Survives the loss of the machine.
+//!
+//! Reclaim never deletes the newest object (the boundary, as SlateDB keeps its boundary
+//! WAL): with every object deleted, a takeover would list nothing, fence key 1, and the
+//! old writer's next put, far above it, would succeed and be acknowledged unreplayed.
 
 use super::record::{decode_segment, segment_header, SegmentEnd, WalRecord};
 use super::{SegmentId, WalError};
@@ -63,6 +67,11 @@ impl ObjectSink {
             Err(object_store::Error::AlreadyExists { .. }) => Err(WalError::Fenced),
             Err(e) => Err(WalError::Io(e.to_string())),
         }
+    }
+
+    /// The newest object written, which reclaim keeps.
+    pub fn newest_segment(&self) -> Option<SegmentId> {
+        self.next_seq.checked_sub(1).filter(|s| *s > 0)
     }
 
     pub async fn delete(&mut self, segment: SegmentId) -> Result<(), WalError> {
@@ -139,7 +148,7 @@ pub async fn take_over(
         let data = get(store.as_ref(), &key(&prefix, seq)).await?;
         let (mut recs, end) = decode_segment(&data).map_err(|e| WalError::Corrupt(format!("WAL object {seq}: {e}")))?;
         // Objects are written whole, so a bad record is damage, not a torn write.
-        if let SegmentEnd::Torn { at, reason } = end {
+        if let SegmentEnd::Invalid { at, reason } = end {
             return Err(WalError::Corrupt(format!("WAL object {seq} at byte {at}: {reason}")));
         }
         records.append(&mut recs);

@@ -3,8 +3,9 @@
 //! A segment starts with [`SEGMENT_MAGIC`] and a version byte. Each record is
 //! `len u32 | crc32c u32 | body`, where `body` is
 //! `kind u8 | stream_id u64 | stream_epoch u64 | base_offset u64 | offset_count u32 | batches`.
-//! All integers are big-endian. A record that is short or fails its CRC at the end of the
-//! last segment is a torn tail and is cut; anywhere else it is corruption.
+//! All integers are big-endian. An invalid record in the last segment of a file WAL is a
+//! torn tail, and cut, only when it bears a crash's marks ([`classify_tail`]); anywhere
+//! else, and in any object WAL object, it is corruption.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use weir_shared::ids::{StreamEpoch, StreamId};
@@ -68,8 +69,9 @@ pub fn segment_header() -> [u8; SEGMENT_HEADER_LEN] {
 pub enum SegmentEnd {
     /// Every byte belonged to a whole, valid record.
     Clean,
-    /// A partial or failing record starts at this byte position.
-    Torn { at: usize, reason: String },
+    /// A partial or failing record starts at this byte position; [`classify_tail`] tells
+    /// a torn last write from damage.
+    Invalid { at: usize, reason: String },
 }
 
 /// Why a segment cannot be read.
@@ -99,10 +101,92 @@ pub fn decode_segment(data: &[u8]) -> Result<(Vec<WalRecord>, SegmentEnd), Decod
                 records.push(record);
                 pos += used;
             }
-            Err(reason) => return Ok((records, SegmentEnd::Torn { at: pos, reason })),
+            Err(reason) => return Ok((records, SegmentEnd::Invalid { at: pos, reason })),
         }
     }
     Ok((records, SegmentEnd::Clean))
+}
+
+/// What follows the first invalid record of a file WAL's last segment.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Tail {
+    /// Only zeros: space the writer never filled. A clean end of the log.
+    Zeroed,
+    /// The last write, cut short or with pages that never reached the disk, by a crash
+    /// before its sync: nothing in it was acknowledged, and it is cut.
+    Torn,
+    /// Damage to bytes that were written whole: a whole record follows it (at `next`),
+    /// or it shows none of a torn write's marks. Acknowledged records may be in it or
+    /// after it, so nothing is cut.
+    Corrupt { next: Option<usize> },
+}
+
+/// Sector size for the torn-write test: a write the disk never finished leaves whole
+/// sectors unwritten, which read back as zeros (etcd's WAL uses the same mark).
+const SECTOR: usize = 512;
+
+/// Classifies the bytes of a last segment from `at`, where its first invalid record
+/// starts. Torn only on evidence of a crash mid-write: the record runs past the end of
+/// the file, or a zeroed run starting on a sector boundary lies inside it or ends the
+/// file. A bit flipped in a record written whole, or a whole record after the damage,
+/// is corruption, never cut: it may hold acknowledged records (issue 20).
+pub fn classify_tail(data: &[u8], at: usize) -> Tail {
+    let rest = &data[at.min(data.len())..];
+    if rest.iter().all(|b| *b == 0) {
+        return Tail::Zeroed;
+    }
+    if let Some(next) = (at + 1..data.len()).find(|p| is_whole_record(&data[*p..])) {
+        return Tail::Corrupt { next: Some(next) };
+    }
+    if rest.len() < RECORD_PREFIX {
+        return Tail::Torn;
+    }
+    let len = u32::from_be_bytes(rest[0..4].try_into().expect("4 bytes")) as usize;
+    let end = if (BODY_FIXED..=MAX_RECORD).contains(&len) {
+        if RECORD_PREFIX + len > rest.len() {
+            return Tail::Torn;
+        }
+        at + RECORD_PREFIX + len
+    } else {
+        data.len()
+    };
+    if has_unwritten_sector(data, at, end) {
+        Tail::Torn
+    } else {
+        Tail::Corrupt { next: None }
+    }
+}
+
+/// Whether `[from, to)` holds a zeroed sector: a whole aligned one, or a zeroed run from
+/// a sector boundary to the end of the file (the part of a page never written back).
+fn has_unwritten_sector(data: &[u8], from: usize, to: usize) -> bool {
+    let mut s = from.div_ceil(SECTOR) * SECTOR;
+    while s < to {
+        let e = (s + SECTOR).min(data.len());
+        // A whole sector, or the partial one that ends the file.
+        if data[s..e].iter().all(|b| *b == 0) {
+            return true;
+        }
+        s += SECTOR;
+    }
+    false
+}
+
+/// Whether `data` starts with a whole, valid record. Cheap structural checks come
+/// before the CRC, so scanning every byte of a damaged segment stays linear.
+fn is_whole_record(data: &[u8]) -> bool {
+    if data.len() < RECORD_PREFIX + BODY_FIXED || data[RECORD_PREFIX] != KIND_BATCHES {
+        return false;
+    }
+    let u64_at = |at: usize| u64::from_be_bytes(data[at..at + 8].try_into().expect("8 bytes"));
+    let len = u32::from_be_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
+    // Ids, epochs and offsets Weir assigns never reach these bounds.
+    let plausible = (BODY_FIXED..=MAX_RECORD).contains(&len)
+        && RECORD_PREFIX + len <= data.len()
+        && u64_at(RECORD_PREFIX + 1) < 1 << 48
+        && u64_at(RECORD_PREFIX + 9) < 1 << 48
+        && u64_at(RECORD_PREFIX + 17) < 1 << 62;
+    plausible && decode_record(data).is_ok()
 }
 
 /// Decodes the record at the start of `data`, returning it and the bytes it used.
@@ -172,7 +256,66 @@ mod tests {
         let cut = &data[..data.len() - 3];
         let (got, end) = decode_segment(cut).unwrap();
         assert_eq!(got, records[..4].to_vec());
-        assert!(matches!(end, SegmentEnd::Torn { .. }));
+        assert!(matches!(end, SegmentEnd::Invalid { .. }));
+    }
+
+    fn first_invalid(data: &[u8]) -> usize {
+        match decode_segment(data).unwrap().1 {
+            SegmentEnd::Invalid { at, .. } => at,
+            SegmentEnd::Clean => panic!("the segment decodes whole"),
+        }
+    }
+
+    // Issue 20, defect 2: only a crash's marks make a torn tail.
+    #[test]
+    fn a_write_cut_short_is_torn_and_a_zeroed_tail_is_a_clean_end() {
+        let records: Vec<_> = (0..5).map(|i| record(i, &[0xab; 700])).collect();
+        let data = segment(&records);
+        let cut = &data[..data.len() - 100];
+        assert_eq!(classify_tail(cut, first_invalid(cut)), Tail::Torn);
+        let mut zeroed = data.clone();
+        zeroed.extend_from_slice(&[0; 4096]);
+        assert_eq!(classify_tail(&zeroed, first_invalid(&zeroed)), Tail::Zeroed);
+    }
+
+    #[test]
+    fn a_last_record_whose_pages_never_reached_the_disk_is_torn() {
+        let records: Vec<_> = (0..3).map(|i| record(i, &[0xab; 1500])).collect();
+        let mut data = segment(&records);
+        let last_start = data.len() - records[2].encode().len();
+        // The sectors from the first boundary inside the last record read back as zeros.
+        let boundary = last_start.div_ceil(SECTOR) * SECTOR;
+        data[boundary..].fill(0);
+        assert_eq!(first_invalid(&data), last_start);
+        assert_eq!(classify_tail(&data, last_start), Tail::Torn);
+    }
+
+    #[test]
+    fn a_flipped_bit_in_the_last_record_written_whole_is_corruption() {
+        let records: Vec<_> = (0..3).map(|i| record(i, &[0xab; 1500])).collect();
+        let mut data = segment(&records);
+        let n = data.len();
+        data[n - 10] ^= 0x04;
+        let at = first_invalid(&data);
+        assert_eq!(classify_tail(&data, at), Tail::Corrupt { next: None });
+    }
+
+    proptest! {
+        /// A flipped bit in any record but the newest is corruption with the next whole
+        /// record found: cutting there would drop acknowledged records.
+        #[test]
+        fn damage_before_the_newest_record_is_never_a_torn_tail(
+            n in 2u64..8, flip in any::<prop::sample::Index>(), bit in 0u8..8, size in 1usize..900,
+        ) {
+            let records: Vec<_> = (0..n).map(|i| record(i, &vec![0x5a ^ i as u8; size])).collect();
+            let mut data = segment(&records);
+            let newest = data.len() - records[records.len() - 1].encode().len();
+            let at = SEGMENT_HEADER_LEN + flip.index(newest - SEGMENT_HEADER_LEN);
+            data[at] ^= 1 << bit;
+            let first = first_invalid(&data);
+            let tail = classify_tail(&data, first);
+            prop_assert!(matches!(tail, Tail::Corrupt { next: Some(_) }), "{:?}", tail);
+        }
     }
 
     // RR-WAL-6: the format is checked before decoding.
@@ -197,7 +340,7 @@ mod tests {
             let (got, end) = decode_segment(&data).unwrap();
             prop_assert!(got.len() < records.len());
             prop_assert_eq!(&got[..], &records[..got.len()]);
-            let torn = matches!(end, SegmentEnd::Torn { .. });
+            let torn = matches!(end, SegmentEnd::Invalid { .. });
             prop_assert!(torn);
         }
 

@@ -197,17 +197,17 @@ async fn reclaim(
     committed: &HashMap<StreamId, u64>,
     bytes: &AtomicU64,
 ) {
-    let active = sink.active_segment();
+    let boundary = sink.boundary_segment();
     tracing::debug!(
         segments = segments.len(),
-        ?active,
+        ?boundary,
         ?committed,
         "reclaiming WAL segments"
     );
     let reclaimable: Vec<SegmentId> = segments
         .iter()
         .take_while(|(id, info)| {
-            Some(**id) != active
+            Some(**id) != boundary
                 && info
                     .stream_ends
                     .iter()

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use weir_shared::ids::{Incarnation, NodeId, StreamEpoch, StreamId};
 
 mod compaction;
+mod damage;
 mod leases;
 mod nodes;
 mod objects;
@@ -161,6 +162,13 @@ impl Txn<'_> {
             Command::AllocateProducerIds { count } => self.allocate_producer_ids(proposer, *count),
             Command::BeginTakeover { node, epoch, agent } => self.begin_takeover(proposer, node, *epoch, agent),
             Command::CompleteTakeover { node, epoch } => self.complete_takeover(proposer, node, *epoch),
+            Command::ReportDamage {
+                stream,
+                from,
+                until,
+                what,
+            } => self.report_damage(proposer, *stream, *from, *until, what),
+            Command::ResolveDamage { stream, remedy } => self.resolve_damage(proposer, *stream, *remedy),
         }
     }
 

@@ -28,6 +28,7 @@ impl Txn<'_> {
             commits: 0,
             bytes: 0,
             config: config.clone(),
+            damage: None,
         };
         self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
         self.touch(RowKey::Stream(id));

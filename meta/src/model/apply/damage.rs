@@ -1,0 +1,157 @@
+//! Damaged streams (issue 20): a streamd that finds committed data failing its checks
+//! reports it, and the stream stays marked, with reads past the damage refused, until an
+//! operator restores the data or trims past it. The operator's command is the audit
+//! record in the log.
+
+use super::{reject, Txn};
+use crate::model::command::{Applied, DamageRemedy, Outcome, Proposer, RejectCode};
+use crate::model::rows::*;
+use crate::model::state::{Row, RowKey};
+use weir_shared::ids::{Offset, StreamId};
+
+impl Txn<'_> {
+    /// Marks `id` damaged in `from..until`. The earliest damage is kept, so a second
+    /// report of the same or later data changes nothing; damage wholly below the start
+    /// offset is already gone.
+    pub(super) fn report_damage(
+        &mut self,
+        proposer: &Proposer,
+        id: StreamId,
+        from: Offset,
+        until: Offset,
+        what: &str,
+    ) -> Outcome {
+        let finder = self.node_proposer(proposer)?.clone();
+        let row = self.stream(id)?;
+        if row.state == StreamState::Deleted {
+            return Err(reject(
+                RejectCode::NotFound,
+                format!("stream '{}' is deleted", row.name),
+            ));
+        }
+        if from >= until {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                format!("damaged range {from}..{until} of stream '{}' is empty", row.name),
+            ));
+        }
+        if until <= row.start_offset || row.damage.as_ref().is_some_and(|d| d.from <= from) {
+            return Ok(Applied::Done);
+        }
+        let mut row = row.clone();
+        row.damage = Some(StreamDamage {
+            from,
+            until,
+            what: what.to_string(),
+            found_by: finder.to_string(),
+        });
+        self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
+        self.touch(RowKey::Stream(id));
+        Ok(Applied::Done)
+    }
+
+    /// Clears `id`'s damage by the operator's `remedy`: the data was restored, or the
+    /// start moves past the damage (a trim, which drops the ranges below it).
+    pub(super) fn resolve_damage(&mut self, proposer: &Proposer, id: StreamId, remedy: DamageRemedy) -> Outcome {
+        if let Proposer::Node(who) = proposer {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                format!("only an operator may resolve damage, not node '{}'", who.node),
+            ));
+        }
+        let row = self.stream(id)?;
+        let Some(damage) = row.damage.clone() else {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!("stream '{}' is not damaged", row.name),
+            ));
+        };
+        let outcome = match remedy {
+            DamageRemedy::Restored => Applied::Done,
+            DamageRemedy::TrimPast => self.trim_stream(proposer, id, damage.until)?,
+        };
+        let mut row = self.stream(id)?.clone();
+        row.damage = None;
+        self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
+        self.touch(RowKey::Stream(id));
+        Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_log::{node, op, Log};
+    use crate::model::command::{Applied, DamageRemedy, RejectCode};
+    use crate::model::index::IndexRead;
+    use crate::model::Command;
+    use weir_shared::ids::{Offset, StreamId};
+
+    fn report(from: u64, until: u64) -> Command {
+        Command::ReportDamage {
+            stream: StreamId(0),
+            from: Offset(from),
+            until: Offset(until),
+            what: format!("object data/x range {from}..{until} fails its checksum"),
+        }
+    }
+
+    fn resolve(remedy: DamageRemedy) -> Command {
+        Command::ResolveDamage {
+            stream: StreamId(0),
+            remedy,
+        }
+    }
+
+    // Issue 20, defect 5: damage is terminal and visible until an operator acts.
+    #[test]
+    fn the_earliest_damage_is_kept_and_only_a_node_reports_it() {
+        let mut log = Log::new();
+        log.commit("data/1", &[(0, 10, 100)]);
+        log.commit("data/2", &[(0, 10, 100)]);
+        assert_eq!(log.apply(op(), report(10, 20)), Err(RejectCode::InvalidArgument));
+        assert_eq!(log.apply(node(), report(10, 10)), Err(RejectCode::InvalidArgument));
+        assert_eq!(log.apply(node(), report(10, 20)), Ok(Applied::Done));
+        let damage = log.row(0).damage.clone().expect("marked");
+        assert_eq!((damage.from, damage.until), (Offset(10), Offset(20)));
+        assert_eq!(damage.found_by, "(n, 1)");
+        // A later report changes nothing; an earlier one replaces it.
+        log.apply(node(), report(15, 20)).expect("later");
+        assert_eq!(log.row(0).damage.as_ref().map(|d| d.from), Some(Offset(10)));
+        log.apply(node(), report(0, 10)).expect("earlier");
+        assert_eq!(log.row(0).damage.as_ref().map(|d| d.from), Some(Offset(0)));
+        assert!(log.row(1).damage.is_none(), "another stream is untouched");
+    }
+
+    #[test]
+    fn restoring_clears_the_mark_and_trimming_moves_the_start_past_the_damage() {
+        let mut log = Log::new();
+        log.commit("data/1", &[(0, 10, 100)]);
+        log.commit("data/2", &[(0, 10, 100)]);
+        assert_eq!(
+            log.apply(op(), resolve(DamageRemedy::Restored)),
+            Err(RejectCode::Conflict)
+        );
+        log.apply(node(), report(10, 20)).expect("report");
+        assert_eq!(
+            log.apply(node(), resolve(DamageRemedy::TrimPast)),
+            Err(RejectCode::InvalidArgument),
+            "only an operator resolves damage"
+        );
+        log.apply(op(), resolve(DamageRemedy::Restored)).expect("restored");
+        assert!(log.row(0).damage.is_none());
+        assert_eq!(log.row(0).start_offset, Offset(0), "a restore trims nothing");
+
+        log.apply(node(), report(0, 10)).expect("report again");
+        assert_eq!(
+            log.apply(op(), resolve(DamageRemedy::TrimPast)),
+            Ok(Applied::Trimmed { start: Offset(10) })
+        );
+        assert!(log.row(0).damage.is_none());
+        assert_eq!(log.row(0).start_offset, Offset(10));
+        // The damaged range left the index: nothing below the start is readable.
+        assert_eq!(log.meta.index.ranges_from(StreamId(0), Offset(0), 10).len(), 1);
+        // Damage wholly below the start is already gone.
+        assert_eq!(log.apply(node(), report(0, 10)), Ok(Applied::Done));
+        assert!(log.row(0).damage.is_none());
+    }
+}

@@ -1,0 +1,108 @@
+//! Damaged data (issue 20): a committed range that fails its checksum, or is not what the
+//! index says, is reported to the metadata log once, and from then on reads of it are
+//! refused at once, naming the damage, until an operator restores the object or trims
+//! past it (`weir streams repair`). Retrying a read of damaged data never helps.
+
+use super::Node;
+use crate::error::StreamdError;
+use crate::stream::StreamHandle;
+use std::sync::Arc;
+use weir_meta::model::{Command, ObjectRange, StreamDamage};
+use weir_shared::batch::split_batches;
+use weir_shared::ids::StreamId;
+
+impl Node {
+    /// The damage marked on `stream`, if any.
+    pub fn damage(&self, stream: StreamId) -> Option<StreamDamage> {
+        self.view
+            .with(|s| s.streams.get(&stream).and_then(|r| r.damage.clone()))
+    }
+
+    /// Streams this node serves that are marked damaged, by name.
+    pub fn damaged_streams(&self) -> Vec<String> {
+        let served: Vec<_> = self.all_streams().iter().map(|h| h.id).collect();
+        self.view.with(|s| {
+            served
+                .iter()
+                .filter_map(|id| s.streams.get(id).filter(|r| r.damage.is_some()).map(|r| r.name.clone()))
+                .collect()
+        })
+    }
+
+    /// Refuses a read at `offset` when it falls in `stream`'s marked damage.
+    pub fn check_damage(&self, stream: StreamId, name: &str, offset: u64) -> Result<(), StreamdError> {
+        match self.damage(stream) {
+            Some(d) if (d.from.0..d.until.0).contains(&offset) => Err(StreamdError::Corrupt(format!(
+                "stream '{name}' is damaged at offsets {}..{} ({}); an operator must restore it or trim past it (weir streams repair)",
+                d.from, d.until, d.what
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Passes `result` through; a `Corrupt` one is reported as damage of `range` of
+    /// `stream` first, in the background (the metadata log keeps the earliest).
+    pub fn note_damage<T>(
+        &self,
+        stream: StreamId,
+        range: &ObjectRange,
+        result: Result<T, StreamdError>,
+    ) -> Result<T, StreamdError> {
+        if let Err(StreamdError::Corrupt(why)) = &result {
+            let known = self.damage(stream).is_some_and(|d| d.from <= range.start);
+            if !known {
+                crate::metrics::metrics().damage_found.inc();
+                tracing::error!(stream = %stream, object = %range.key, start = %range.start, end = %range.end, reason = %why, "damaged data found; reporting it, and it is not served");
+                let command = Command::ReportDamage {
+                    stream,
+                    from: range.start,
+                    until: range.end,
+                    what: why.clone(),
+                };
+                let (metad, proposer) = (self.metad.clone(), self.proposer());
+                self.tasks.spawn(async move {
+                    if let Err(e) = metad.propose(&proposer, command).await {
+                        tracing::warn!(stream = %stream, error = %e, "cannot report damage yet; the next read of it reports again");
+                    }
+                });
+            }
+        }
+        result
+    }
+
+    /// On a view change: when an operator cleared the damage of a served stream and
+    /// its start is still below the damage (it was restored, not trimmed past), reads
+    /// the range again at once, so damage that is still there is reported anew.
+    pub fn recheck_cleared_damage(self: &Arc<Self>, handle: &StreamHandle) {
+        let now = self.damage(handle.id);
+        let before = {
+            let mut seen = self.damage_seen.lock().unwrap_or_else(|p| p.into_inner());
+            match &now {
+                Some(d) => seen.insert(handle.id, d.clone()),
+                None => seen.remove(&handle.id),
+            }
+        };
+        let (Some(cleared), None) = (before, now) else { return };
+        if handle.start.load(std::sync::atomic::Ordering::Acquire) >= cleared.until.0 {
+            return;
+        }
+        let (node, id, name) = (self.clone(), handle.id, handle.name.clone());
+        self.tasks.spawn(async move {
+            tracing::info!(stream = %name, from = %cleared.from, until = %cleared.until, "damage mark cleared; reading the range again");
+            let mut at = cleared.from.0;
+            while at < cleared.until.0 {
+                let Ok(range) = node.range_at(id, at).await else { return };
+                let checked = node.fetch_range_uncached(&range).await.and_then(|b| {
+                    split_batches(&b)
+                        .map(|_| ())
+                        .map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)))
+                });
+                if node.note_damage(id, &range, checked).is_err() {
+                    return;
+                }
+                at = range.end.0;
+            }
+            tracing::info!(stream = %name, "the restored range reads back whole");
+        });
+    }
+}
