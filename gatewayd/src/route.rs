@@ -35,6 +35,10 @@ pub enum RouteError {
     /// The request may or may not have been applied (the owner failed mid-request).
     #[error("outcome unknown: {0}; retry with an idempotency key to be safe")]
     Unknown(String),
+    /// The stream lost acknowledged records to damage and stays closed until an
+    /// operator acts (issue 20); retrying does not help.
+    #[error("{0}")]
+    Damaged(String),
 }
 
 /// Whether a failed call may be sent again.
@@ -53,6 +57,7 @@ impl RouteError {
             RouteError::NotFound(_) => ErrorCode::NotFound,
             RouteError::NoOwner { .. } | RouteError::CatchingUp => ErrorCode::Unavailable,
             RouteError::Unknown(_) => ErrorCode::OutcomeUnknown,
+            RouteError::Damaged(_) => ErrorCode::Corrupt,
             RouteError::Streamd(status) => ErrorCode::of_status(status).unwrap_or(match status.code() {
                 // The transport refused a message over its limit.
                 tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => ErrorCode::TooLarge,
@@ -143,6 +148,12 @@ impl Routes {
                 .stream_by_name(name)
                 .ok_or_else(|| RouteError::NotFound(name.to_string()))?;
             if row.state != StreamState::Open {
+                if let Some(d) = row.damage.as_ref().filter(|d| d.until > row.committed_end) {
+                    return Err(RouteError::Damaged(format!(
+                        "stream '{name}' lost acknowledged records {}..{} to damage ({}); it stays closed until an operator trims past it (weir streams repair --trim-past)",
+                        d.from, d.until, d.what
+                    )));
+                }
                 return Err(no_owner("it is being placed, moved or recovered"));
             }
             let owner = row.owner.clone().ok_or_else(|| no_owner("it is not placed"))?;

@@ -267,7 +267,8 @@ async fn sigkill_then_replay(backend: Backend) {
                 .await
                 .expect("replay")
         }
-    };
+    }
+    .records;
     let mut replayed = Vec::new();
     for r in records.iter().filter(|r| r.stream == id) {
         replayed.extend(values(&r.batches));
@@ -388,7 +389,8 @@ async fn takeover_races_appends(backend: Backend) {
         Backend::ObjectWal => weir_streamd::wal::object::take_over(s3_store(&stack), &node, Epoch(1), "test")
             .await
             .expect("takeover"),
-    };
+    }
+    .records;
     pause_tx.send_replace(true);
     let acked = writer.await.expect("writer");
     if !racing {
@@ -459,7 +461,10 @@ async fn reclaimed_object_wal_still_fences_the_writer(store: std::sync::Arc<dyn 
         }
     })
     .await;
-    let replayed = take_over(store.clone(), &node, epoch, "test").await.expect("takeover");
+    let replayed = take_over(store.clone(), &node, epoch, "test")
+        .await
+        .expect("takeover")
+        .records;
     assert!(
         replayed.iter().all(|r| r.stream == stream && r.end_offset() <= 3),
         "the replay holds only records the writer wrote"
@@ -548,8 +553,14 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
         let mut f = std::fs::OpenOptions::new().append(true).open(&last).expect("segment");
         std::io::Write::write_all(&mut f, &[0, 0, 1, 0, 0xde, 0xad]).expect("tear");
         drop(f);
-        let records = weir_streamd::wal::file::take_over(&stack.wal_root, &NodeId::new("streamd-1"), Epoch(1), "test")
+        let replay = weir_streamd::wal::file::take_over(&stack.wal_root, &NodeId::new("streamd-1"), Epoch(1), "test")
             .expect("replay");
+        assert!(
+            replay.damage.is_empty(),
+            "a torn tail is not damage: {:?}",
+            replay.damage
+        );
+        let records = replay.records;
         assert_eq!(
             records
                 .iter()
@@ -570,58 +581,119 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
     .await;
 }
 
-/// Issue 20, defect 2: a flipped bit in the middle of the last file-WAL segment of a real
-/// streamd is damage, not a torn tail. The takeover reports it, naming the segment and
-/// byte, and cuts nothing, so the acknowledged records after it stay on disk.
+/// Issue 20, defect 2: a flipped bit in the middle of a dead streamd's last file-WAL
+/// segment is damage, not a torn tail, and nothing is cut. The takeover recovers every
+/// stream the damage did not touch whole, and the one it cut up to the damage; that one
+/// is marked damaged and stays closed (reopening would hand out acknowledged offsets
+/// again) until the operator trims past it, after which it goes on from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mid_segment_wal_damage_is_reported_and_never_cut() {
+async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
+    use weir_streamd::wal::record::{decode_segment, SEGMENT_HEADER_LEN};
     with_timeout(async {
         let mut stack = Stack::start(
-            1,
+            2,
             Backend::FileWal,
             &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
         )
         .await;
-        stack.create_stream("m", 0).await;
+        let hurt = stack.create_stream("hurt", 0).await;
+        let whole = stack.create_stream("whole", 0).await;
         let mut a = stack.nodes[0].client().await;
         for i in 0..20 {
-            a.append(AppendRequest {
-                stream: "m".into(),
-                batches: batch(format!("m-{i}").as_bytes()).into(),
-                match_next_offset: None,
-            })
-            .await
-            .expect("append");
+            for name in ["hurt", "whole"] {
+                a.append(AppendRequest {
+                    stream: name.into(),
+                    batches: batch(format!("{name}-{i}").as_bytes()).into(),
+                    match_next_offset: None,
+                })
+                .await
+                .expect("append");
+            }
         }
         stack.nodes[0].kill();
-        let node = NodeId::new("streamd-1");
-        let dir = weir_streamd::wal::file::incarnation_dir(&stack.wal_root, &node, Epoch(1));
-        let mut segments: Vec<_> = std::fs::read_dir(&dir)
-            .expect("wal dir")
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        // Flip a bit in the body of "hurt"'s 8th record, well inside the segment.
+        let dir = weir_streamd::wal::file::incarnation_dir(&stack.wal_root, &NodeId::new("streamd-1"), Epoch(1));
+        let mut segments = weir_tests::files_under(&dir);
         segments.sort();
         let last = segments.last().expect("a segment").clone();
         let mut data = std::fs::read(&last).expect("segment");
-        let len = data.len();
-        data[len / 2] ^= 0x10;
+        let (records, _) = decode_segment(&data).expect("decodes");
+        let mut pos = SEGMENT_HEADER_LEN;
+        let mut target = None;
+        for r in &records {
+            if r.stream == hurt && r.base_offset == 7 {
+                target = Some(pos + r.encode().len() - 2);
+            }
+            pos += r.encode().len();
+        }
+        let target = target.expect("hurt's 8th record is in the last segment");
+        data[target] ^= 0x10;
         std::fs::write(&last, &data).expect("damage");
-        let err = weir_streamd::wal::file::take_over(&stack.wal_root, &node, Epoch(1), "test")
-            .expect_err("damage replayed as if torn");
-        let text = err.to_string();
-        assert!(
-            text.contains("not a torn write") && text.contains("nothing was cut"),
-            "{text}"
-        );
-        let taken = dir
-            .with_extension("taken-by-test")
-            .join(last.file_name().expect("name"));
+
+        // The failover loop fences streamd-1 and streamd-2 takes its WAL over.
+        stack.place_once_closed(whole, 1).await;
+        stack.wait_serving("whole", 1).await;
+        let got = read_all(&stack, 1, "whole", 0, 20).await;
+        expect_sequence(&got, 20, "whole");
         assert_eq!(
-            std::fs::metadata(taken).expect("segment").len() as usize,
-            len,
+            std::fs::metadata(
+                dir.with_extension("taken-by-streamd-2-1")
+                    .join(last.file_name().expect("name"))
+            )
+            .map(|m| m.len() as usize)
+            .ok(),
+            Some(data.len()),
             "the damaged segment was cut"
         );
+        let metad = stack.metad.client();
+        let damage = wait_for("hurt marked damaged", Duration::from_secs(30), || async {
+            let v = metad.admin("streams", 0, 0).await.ok()?;
+            let row = v["streams"]
+                .as_object()?
+                .values()
+                .find(|s| s["name"] == "hurt")?
+                .clone();
+            (!row["damage"].is_null()).then_some(row)
+        })
+        .await;
+        assert_eq!(damage["committed_end"], 7, "recovered up to the damage: {damage}");
+        assert_eq!(damage["damage"]["from"], 7, "{damage}");
+        assert_eq!(damage["damage"]["until"], 20, "{damage}");
+        assert!(
+            damage["damage"]["what"].as_str().is_some_and(|w| w.contains("CRC")),
+            "{damage}"
+        );
+        // It stays closed: an open would hand offsets 7..20 out again.
+        stack.place_once_closed(hurt, 1).await;
+        let mut b = stack.nodes[1].client().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        b.status(StatusRequest { stream: "hurt".into() })
+            .await
+            .expect_err("a stream that lost acknowledged records reopened");
+        // The operator trims past the loss: it reopens at 20, and appends go on from there.
+        let out = std::process::Command::new(weir_tests::bin_path("weir"))
+            .args([
+                "--metad",
+                &stack.metad.replicas[0].grpc,
+                "streams",
+                "repair",
+                "hurt",
+                "--trim-past",
+            ])
+            .output()
+            .expect("weir");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        stack.wait_serving("hurt", 1).await;
+        let r = b
+            .append(AppendRequest {
+                stream: "hurt".into(),
+                batches: batch(b"after").into(),
+                match_next_offset: None,
+            })
+            .await
+            .expect("append after the repair")
+            .into_inner();
+        assert_eq!(r.base_offset, 20, "no acknowledged offset is handed out twice");
     })
     .await;
 }

@@ -9,14 +9,14 @@
 use super::uploader::Part;
 use super::Node;
 use crate::object::format::ObjectBuilder;
-use crate::wal::{file, object, WalRecord};
+use crate::wal::{file, object, Replay};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use weir_meta::model::{Command, RejectCode, StreamState, TakeoverState};
 use weir_shared::batch::split_batches;
-use weir_shared::ids::{Incarnation, ObjectKey, StreamEpoch, StreamId};
+use weir_shared::ids::{Incarnation, ObjectKey, Offset, StreamEpoch, StreamId};
 
 /// Where dead incarnations' WALs are read from: this node's own backend.
 #[derive(Clone, Debug)]
@@ -65,7 +65,7 @@ impl Node {
     async fn take_over(&self, dead: &Incarnation) -> Result<(), String> {
         let agent = format!("{}-{}", self.me.node, self.me.epoch);
         tracing::info!(node_id = %dead.node, epoch = %dead.epoch, "taking over the WAL of a dead incarnation");
-        let records = match &self.wal_source {
+        let replay = match &self.wal_source {
             WalSource::File(root) => {
                 let (root, node, epoch) = (root.clone(), dead.node.clone(), dead.epoch);
                 tokio::task::spawn_blocking(move || file::take_over(&root, &node, epoch, &agent))
@@ -87,7 +87,7 @@ impl Node {
                 .map(|r| (r.id, (r.epoch, r.committed_end.0)))
                 .collect()
         });
-        let missing = missing_batches(&records, &targets)?;
+        let (missing, lost) = missing_batches(&replay, &targets)?;
         let mut builder = ObjectBuilder::new();
         let mut parts = Vec::new();
         let mut recovered = 0u64;
@@ -114,6 +114,29 @@ impl Node {
                 return Err("the recovered records' commit was refused".into());
             }
         }
+        // Streams whose acknowledged records the damage lost are marked, after what
+        // could be recovered is committed, so they never reopen over the lost offsets.
+        for (stream, (from, until)) in &lost {
+            let what = replay
+                .damage
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("; ");
+            tracing::error!(stream = %stream, from, until, damage = %what, "acknowledged records lost to WAL damage; the stream is marked damaged");
+            crate::metrics::metrics().damage_found.inc();
+            let command = Command::ReportDamage {
+                stream: *stream,
+                from: Offset(*from),
+                until: Offset(*until),
+                what: format!("acknowledged records lost to WAL damage: {what}"),
+            };
+            match self.metad.propose(&self.proposer(), command).await {
+                Ok((_, Ok(_))) => {}
+                Ok((_, Err(r))) => return Err(format!("ReportDamage refused: {r}")),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
         let command = Command::CompleteTakeover {
             node: dead.node.clone(),
             epoch: dead.epoch,
@@ -138,9 +161,16 @@ impl Node {
 /// epochs (older opens) or of streams no longer open under the dead owner are skipped.
 type Missing = BTreeMap<StreamId, (StreamEpoch, u64, u64, Vec<Bytes>)>;
 
-fn missing_batches(records: &[WalRecord], targets: &HashMap<StreamId, (StreamEpoch, u64)>) -> Result<Missing, String> {
+/// Per stream: the offsets damage in the WAL lost, from the end of what was recovered to
+/// the end of the stream's last record the WAL still shows (or the damaged record's).
+type Lost = BTreeMap<StreamId, (u64, u64)>;
+
+fn missing_batches(
+    replay: &Replay,
+    targets: &HashMap<StreamId, (StreamEpoch, u64)>,
+) -> Result<(Missing, Lost), String> {
     let mut per_stream: BTreeMap<StreamId, Vec<(u64, u64, Bytes)>> = BTreeMap::new();
-    for r in records {
+    for r in &replay.records {
         let Some((epoch, _)) = targets.get(&r.stream) else {
             continue;
         };
@@ -158,18 +188,21 @@ fn missing_batches(records: &[WalRecord], targets: &HashMap<StreamId, (StreamEpo
         }
     }
     let mut out = Missing::new();
+    let mut lost = Lost::new();
     for (stream, mut batches) in per_stream {
         let (epoch, committed) = targets[&stream];
         batches.sort_by_key(|b| b.0);
         let mut next = committed;
         let mut taken = Vec::new();
+        let mut beyond = None;
         for (start, end, bytes) in batches {
             if end <= next {
                 continue;
             }
-            // Acknowledged records are contiguous: a gap ends what was acknowledged.
+            // Acknowledged records are contiguous: a gap ends what can be recovered.
             if start != next {
-                break;
+                beyond = Some(beyond.unwrap_or(0).max(end));
+                continue;
             }
             taken.push(bytes);
             next = end;
@@ -177,13 +210,35 @@ fn missing_batches(records: &[WalRecord], targets: &HashMap<StreamId, (StreamEpo
         if next > committed {
             out.insert(stream, (epoch, committed, next, taken));
         }
+        // Without damage a gap cannot hide acknowledged records; with it, records after
+        // the gap were acknowledged and the ones in it are lost.
+        if let (false, Some(end)) = (replay.damage.is_empty(), beyond) {
+            lost.insert(stream, (next, end));
+        }
     }
-    Ok(out)
+    // A damaged record whose header still reads names its stream even when nothing of
+    // that stream follows it.
+    for d in &replay.damage {
+        let Some((stream, epoch, _, end)) = d.damage.suspect else {
+            continue;
+        };
+        let Some((current, committed)) = targets.get(&stream) else {
+            continue;
+        };
+        let recovered = out.get(&stream).map_or(*committed, |m| m.2);
+        if epoch == *current && end > recovered {
+            let entry = lost.entry(stream).or_insert((recovered, end));
+            entry.1 = entry.1.max(end);
+        }
+    }
+    Ok((out, lost))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wal::record::Damage;
+    use crate::wal::{WalDamage, WalRecord};
     use bytes::BytesMut;
 
     fn batch_at(base: i64, count: i32) -> Bytes {
@@ -202,6 +257,29 @@ mod tests {
         }
     }
 
+    fn clean(records: Vec<WalRecord>) -> Replay {
+        Replay {
+            records,
+            damage: vec![],
+        }
+    }
+
+    fn damaged(records: Vec<WalRecord>, suspect: Option<(u64, u64, u64, u64)>) -> Replay {
+        let damage = Damage {
+            at: 100,
+            next: Some(200),
+            reason: "record CRC mismatch".into(),
+            suspect: suspect.map(|(s, e, b, end)| (StreamId(s), StreamEpoch(e), b, end)),
+        };
+        Replay {
+            records,
+            damage: vec![WalDamage {
+                place: "WAL segment 1".into(),
+                damage,
+            }],
+        }
+    }
+
     /// FO-TKO-6: exactly the acknowledged records past the committed end are recovered.
     #[test]
     fn only_records_past_the_committed_end_at_the_current_epoch_are_recovered() {
@@ -213,8 +291,9 @@ mod tests {
             record(2, 1, 0, 1), // a stream no longer open under the dead owner
         ];
         let targets = HashMap::from([(StreamId(1), (StreamEpoch(2), 2))]);
-        let missing = missing_batches(&records, &targets).expect("replay");
+        let (missing, lost) = missing_batches(&clean(records), &targets).expect("replay");
         assert_eq!(missing.len(), 1);
+        assert!(lost.is_empty());
         let (epoch, start, end, batches) = &missing[&StreamId(1)];
         assert_eq!((*epoch, *start, *end, batches.len()), (StreamEpoch(2), 2, 6, 2));
     }
@@ -223,7 +302,39 @@ mod tests {
     fn a_gap_ends_the_recovered_range() {
         let records = vec![record(1, 1, 0, 1), record(1, 1, 3, 1)];
         let targets = HashMap::from([(StreamId(1), (StreamEpoch(1), 0))]);
-        let missing = missing_batches(&records, &targets).expect("replay");
+        let (missing, lost) = missing_batches(&clean(records), &targets).expect("replay");
         assert_eq!(missing[&StreamId(1)].2, 1);
+        assert!(lost.is_empty(), "without damage a gap hides nothing acknowledged");
+    }
+
+    // Issue 20, defect 2: damage in the WAL loses records of the streams it cut, and
+    // only of those; the others are recovered whole.
+    #[test]
+    fn wal_damage_marks_the_streams_it_cut_and_recovers_the_others() {
+        let records = vec![
+            record(1, 1, 0, 2),
+            record(2, 1, 0, 1),
+            // The damaged record held stream 1's offsets 2..4; stream 1 goes on at 4.
+            record(1, 1, 4, 1),
+            record(2, 1, 1, 1),
+        ];
+        let targets = HashMap::from([(StreamId(1), (StreamEpoch(1), 0)), (StreamId(2), (StreamEpoch(1), 0))]);
+        let (missing, lost) = missing_batches(&damaged(records, None), &targets).expect("replay");
+        assert_eq!(missing[&StreamId(1)].2, 2, "recovered up to the damage");
+        assert_eq!(missing[&StreamId(2)].2, 2, "an untouched stream is recovered whole");
+        assert_eq!(lost, Lost::from([(StreamId(1), (2, 5))]));
+    }
+
+    #[test]
+    fn a_damaged_record_whose_header_reads_names_its_stream_even_as_its_last() {
+        let records = vec![record(1, 1, 0, 2), record(2, 1, 0, 1)];
+        let targets = HashMap::from([(StreamId(1), (StreamEpoch(1), 0)), (StreamId(2), (StreamEpoch(1), 0))]);
+        let (_, lost) = missing_batches(&damaged(records.clone(), Some((1, 1, 2, 4))), &targets).expect("replay");
+        assert_eq!(lost, Lost::from([(StreamId(1), (2, 4))]));
+        // A header naming an older epoch, or offsets already recovered, loses nothing.
+        let (_, lost) = missing_batches(&damaged(records.clone(), Some((1, 0, 2, 4))), &targets).expect("replay");
+        assert!(lost.is_empty());
+        let (_, lost) = missing_batches(&damaged(records, Some((1, 1, 0, 2))), &targets).expect("replay");
+        assert!(lost.is_empty());
     }
 }

@@ -3,8 +3,10 @@
 //! writer checks after each fsync that its directory is still the one it created, and
 //! acknowledges only then, so nothing written after a takeover is ever acknowledged.
 
-use super::record::{classify_tail, decode_segment, segment_header, SegmentEnd, Tail, WalRecord, SEGMENT_HEADER_LEN};
-use super::{SegmentId, WalError};
+use super::record::{
+    classify_tail, decode_past_damage, decode_segment, segment_header, SegmentEnd, Tail, SEGMENT_HEADER_LEN,
+};
+use super::{Replay, SegmentId, WalDamage, WalError};
 use bytes::Bytes;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -153,7 +155,7 @@ impl Inner {
 /// writer, INV-7), then replays it. A torn tail of the last segment is cut; any other
 /// damage is reported as corruption and nothing is cut. Idempotent: a second takeover reads the
 /// already-renamed directory.
-pub fn take_over(root: &Path, node: &NodeId, epoch: Epoch, agent: &str) -> Result<Vec<WalRecord>, WalError> {
+pub fn take_over(root: &Path, node: &NodeId, epoch: Epoch, agent: &str) -> Result<Replay, WalError> {
     let dir = incarnation_dir(root, node, epoch);
     let taken = dir.with_extension(format!("taken-by-{agent}"));
     match fs::rename(&dir, &taken) {
@@ -183,7 +185,7 @@ pub fn take_over(root: &Path, node: &NodeId, epoch: Epoch, agent: &str) -> Resul
                     });
                 return match other {
                     Some(path) => replay_dir(&path),
-                    None => Ok(Vec::new()),
+                    None => Ok(Replay::default()),
                 };
             }
         }
@@ -192,8 +194,9 @@ pub fn take_over(root: &Path, node: &NodeId, epoch: Epoch, agent: &str) -> Resul
     replay_dir(&taken)
 }
 
-/// Replays every segment of a WAL directory in order.
-pub fn replay_dir(dir: &Path) -> Result<Vec<WalRecord>, WalError> {
+/// Replays every segment of a WAL directory in order. A torn tail of the last segment
+/// is cut; any other damage is reported with the records after it, and nothing is cut.
+pub fn replay_dir(dir: &Path) -> Result<Replay, WalError> {
     let mut segments: Vec<(SegmentId, PathBuf)> = fs::read_dir(dir)
         .map_err(io)?
         .flatten()
@@ -204,7 +207,7 @@ pub fn replay_dir(dir: &Path) -> Result<Vec<WalRecord>, WalError> {
         })
         .collect();
     segments.sort();
-    let mut records = Vec::new();
+    let mut replay = Replay::default();
     let last = segments.len().saturating_sub(1);
     for (i, (id, path)) in segments.iter().enumerate() {
         let data = fs::read(path).map_err(io)?;
@@ -214,40 +217,45 @@ pub fn replay_dir(dir: &Path) -> Result<Vec<WalRecord>, WalError> {
         }
         let (mut recs, end) =
             decode_segment(&data).map_err(|e| WalError::Corrupt(format!("{}: {e}", path.display())))?;
-        if let SegmentEnd::Invalid { at, reason } = end {
-            if i != last {
-                return Err(WalError::Corrupt(format!(
-                    "segment {id} at byte {at}: {reason}; it is not the last segment, so this is not a torn write"
-                )));
-            }
-            match classify_tail(&data, at) {
-                Tail::Zeroed => {
+        replay.records.append(&mut recs);
+        let SegmentEnd::Invalid { at, reason } = end else {
+            continue;
+        };
+        let tail = if i == last {
+            classify_tail(&data, at)
+        } else {
+            Tail::Corrupt { next: None }
+        };
+        match tail {
+            Tail::Zeroed | Tail::Torn => {
+                if tail == Tail::Zeroed {
                     tracing::info!(
                         segment = id,
                         at,
                         "the last WAL segment ends in space never written; cutting it"
                     )
-                }
-                Tail::Torn => {
+                } else {
                     tracing::warn!(segment = id, at, %reason, "cutting the torn tail of the last WAL segment")
                 }
-                Tail::Corrupt { next } => {
-                    let why = match next {
-                        Some(n) => format!("a whole record follows at byte {n}"),
-                        None => "the record was written whole".into(),
-                    };
-                    return Err(WalError::Corrupt(format!(
-                        "segment {id} at byte {at}: {reason}; {why}, so this is damage, not a torn write, and nothing was cut"
-                    )));
-                }
+                OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .and_then(|f| f.set_len(at as u64).and_then(|_| f.sync_all()))
+                    .map_err(io)?;
             }
-            OpenOptions::new()
-                .write(true)
-                .open(path)
-                .and_then(|f| f.set_len(at as u64).and_then(|_| f.sync_all()))
-                .map_err(io)?;
+            Tail::Corrupt { .. } => {
+                let (mut after, damage) = decode_past_damage(&data, at, reason);
+                for d in damage {
+                    let d = WalDamage {
+                        place: format!("WAL segment {}", path.display()),
+                        damage: d,
+                    };
+                    tracing::error!(damage = %d, "damaged WAL segment: not a torn write, so nothing is cut; the records after it are replayed");
+                    replay.damage.push(d);
+                }
+                replay.records.append(&mut after);
+            }
         }
-        records.append(&mut recs);
     }
-    Ok(records)
+    Ok(replay)
 }

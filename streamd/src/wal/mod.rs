@@ -11,6 +11,29 @@ pub mod writer;
 pub use record::WalRecord;
 pub use writer::WalWriter;
 
+/// What a takeover read from a WAL: every whole record, in order, and the damage found
+/// between them (issue 20). Damage never cuts what follows it: the records after it are
+/// here, and the takeover marks the streams it lost records of.
+#[derive(Debug, Default)]
+pub struct Replay {
+    pub records: Vec<WalRecord>,
+    pub damage: Vec<WalDamage>,
+}
+
+/// Damage in one WAL segment or object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WalDamage {
+    /// Which segment or object, and where in it.
+    pub place: String,
+    pub damage: record::Damage,
+}
+
+impl std::fmt::Display for WalDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at byte {}: {}", self.place, self.damage.at, self.damage.reason)
+    }
+}
+
 /// Why a WAL operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WalError {

@@ -7,8 +7,8 @@
 //! WAL): with every object deleted, a takeover would list nothing, fence key 1, and the
 //! old writer's next put, far above it, would succeed and be acknowledged unreplayed.
 
-use super::record::{decode_segment, segment_header, SegmentEnd, WalRecord};
-use super::{SegmentId, WalError};
+use super::record::{decode_past_damage, decode_segment, segment_header, SegmentEnd};
+use super::{Replay, SegmentId, WalDamage, WalError};
 use bytes::{Bytes, BytesMut};
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
@@ -105,7 +105,7 @@ pub async fn take_over(
     node: &NodeId,
     epoch: Epoch,
     agent: &str,
-) -> Result<Vec<WalRecord>, WalError> {
+) -> Result<Replay, WalError> {
     let prefix = incarnation_prefix(node, epoch);
     let seqs = list_seqs(store.as_ref(), &prefix).await?;
     let mut fence = None;
@@ -139,7 +139,7 @@ pub async fn take_over(
             }
         }
     };
-    let mut records = Vec::new();
+    let mut replay = Replay::default();
     for seq in list_seqs(store.as_ref(), &prefix)
         .await?
         .into_iter()
@@ -147,13 +147,22 @@ pub async fn take_over(
     {
         let data = get(store.as_ref(), &key(&prefix, seq)).await?;
         let (mut recs, end) = decode_segment(&data).map_err(|e| WalError::Corrupt(format!("WAL object {seq}: {e}")))?;
+        replay.records.append(&mut recs);
         // Objects are written whole, so a bad record is damage, not a torn write.
         if let SegmentEnd::Invalid { at, reason } = end {
-            return Err(WalError::Corrupt(format!("WAL object {seq} at byte {at}: {reason}")));
+            let (mut after, damage) = decode_past_damage(&data, at, reason);
+            for d in damage {
+                let d = WalDamage {
+                    place: format!("WAL object {}", key(&prefix, seq)),
+                    damage: d,
+                };
+                tracing::error!(damage = %d, "damaged WAL object; the records after it are replayed");
+                replay.damage.push(d);
+            }
+            replay.records.append(&mut after);
         }
-        records.append(&mut recs);
     }
-    Ok(records)
+    Ok(replay)
 }
 
 async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<Bytes, WalError> {

@@ -107,6 +107,84 @@ pub fn decode_segment(data: &[u8]) -> Result<(Vec<WalRecord>, SegmentEnd), Decod
     Ok((records, SegmentEnd::Clean))
 }
 
+/// Where the first whole record after the damage at `at` starts, if any.
+pub fn resync(data: &[u8], at: usize) -> Option<usize> {
+    (at + 1..data.len()).find(|p| is_whole_record(&data[*p..]))
+}
+
+/// Damage inside a segment that whole records follow or that bears no torn write's
+/// marks: acknowledged records may be lost in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// Byte where the damage starts, and where the next whole record starts (if any).
+    pub at: usize,
+    pub next: Option<usize>,
+    pub reason: String,
+    /// The damaged record's stream, epoch and offsets, when its framing still reads
+    /// (a flipped bit in its body): the stream whose records the damage lost.
+    pub suspect: Option<(StreamId, StreamEpoch, u64, u64)>,
+}
+
+/// Decodes `data` from `at` on, past damage: every whole record after each damaged
+/// stretch, and the damage found. Records are never invented: each one returned
+/// passed its CRC.
+pub fn decode_past_damage(data: &[u8], at: usize, reason: String) -> (Vec<WalRecord>, Vec<Damage>) {
+    let (mut records, mut damage) = (Vec::new(), Vec::new());
+    let (mut at, mut reason) = (at, reason);
+    loop {
+        let next = resync(data, at);
+        damage.push(Damage {
+            at,
+            next,
+            reason: reason.clone(),
+            suspect: legible_header(&data[at..]),
+        });
+        let Some(mut pos) = next else {
+            return (records, damage);
+        };
+        loop {
+            if pos >= data.len() {
+                return (records, damage);
+            }
+            match decode_record(&data[pos..]) {
+                Ok((record, used)) => {
+                    records.push(record);
+                    pos += used;
+                }
+                Err(why) => {
+                    (at, reason) = (pos, why);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The stream, epoch and offsets a damaged record's header names, when its length
+/// still frames it within `data`; not trusted for data, only to say whose it was.
+fn legible_header(data: &[u8]) -> Option<(StreamId, StreamEpoch, u64, u64)> {
+    if data.len() < RECORD_PREFIX + BODY_FIXED || data[RECORD_PREFIX] != KIND_BATCHES {
+        return None;
+    }
+    let len = u32::from_be_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
+    if !(BODY_FIXED..=MAX_RECORD).contains(&len) || RECORD_PREFIX + len > data.len() {
+        return None;
+    }
+    let u64_at = |at: usize| u64::from_be_bytes(data[at..at + 8].try_into().expect("8 bytes"));
+    let count = u32::from_be_bytes(
+        data[RECORD_PREFIX + 25..RECORD_PREFIX + 29]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    let base = u64_at(RECORD_PREFIX + 17);
+    Some((
+        StreamId(u64_at(RECORD_PREFIX + 1)),
+        StreamEpoch(u64_at(RECORD_PREFIX + 9)),
+        base,
+        base.checked_add(u64::from(count))?,
+    ))
+}
+
 /// What follows the first invalid record of a file WAL's last segment.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Tail {
@@ -135,7 +213,7 @@ pub fn classify_tail(data: &[u8], at: usize) -> Tail {
     if rest.iter().all(|b| *b == 0) {
         return Tail::Zeroed;
     }
-    if let Some(next) = (at + 1..data.len()).find(|p| is_whole_record(&data[*p..])) {
+    if let Some(next) = resync(data, at) {
         return Tail::Corrupt { next: Some(next) };
     }
     if rest.len() < RECORD_PREFIX {
@@ -298,6 +376,21 @@ mod tests {
         data[n - 10] ^= 0x04;
         let at = first_invalid(&data);
         assert_eq!(classify_tail(&data, at), Tail::Corrupt { next: None });
+    }
+
+    #[test]
+    fn decoding_past_damage_returns_every_whole_record_after_it_and_whose_record_it_was() {
+        let records: Vec<_> = (0..5).map(|i| record(i, &[0x77; 300])).collect();
+        let mut data = segment(&records);
+        let third = SEGMENT_HEADER_LEN + records[0].encode().len() + records[1].encode().len();
+        data[third + 100] ^= 0x01;
+        let at = first_invalid(&data);
+        assert_eq!(at, third);
+        let (after, damage) = decode_past_damage(&data, at, "CRC".into());
+        assert_eq!(after, records[3..].to_vec());
+        assert_eq!(damage.len(), 1);
+        assert_eq!(damage[0].next, Some(third + records[2].encode().len()));
+        assert_eq!(damage[0].suspect, Some((StreamId(2), StreamEpoch(1), 20, 30)));
     }
 
     proptest! {

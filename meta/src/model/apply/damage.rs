@@ -51,7 +51,9 @@ impl Txn<'_> {
     }
 
     /// Clears `id`'s damage by the operator's `remedy`: the data was restored, or the
-    /// start moves past the damage (a trim, which drops the ranges below it).
+    /// start moves past the damage (a trim, which drops the ranges below it). Records
+    /// lost before they were committed (WAL damage) cannot be restored; trimming past
+    /// them also moves the committed end, so their offsets are never handed out again.
     pub(super) fn resolve_damage(&mut self, proposer: &Proposer, id: StreamId, remedy: DamageRemedy) -> Outcome {
         if let Proposer::Node(who) = proposer {
             return Err(reject(
@@ -66,9 +68,36 @@ impl Txn<'_> {
                 format!("stream '{}' is not damaged", row.name),
             ));
         };
+        let uncommitted = damage.until > row.committed_end;
         let outcome = match remedy {
+            DamageRemedy::Restored if uncommitted => {
+                return Err(reject(
+                    RejectCode::Conflict,
+                    format!(
+                        "stream '{}' lost records {}..{} that were never committed, so there is no object to restore; trim past them instead",
+                        row.name, damage.from, damage.until
+                    ),
+                ))
+            }
             DamageRemedy::Restored => Applied::Done,
-            DamageRemedy::TrimPast => self.trim_stream(proposer, id, damage.until)?,
+            DamageRemedy::TrimPast if uncommitted && row.state == StreamState::Open => {
+                return Err(reject(
+                    RejectCode::Conflict,
+                    format!(
+                        "stream '{}' is still being recovered from its dead owner's WAL; trim once that has finished",
+                        row.name
+                    ),
+                ))
+            }
+            DamageRemedy::TrimPast => {
+                if uncommitted {
+                    // The lost offsets are skipped, never handed out again: the stream
+                    // goes on from the end of the damage, with nothing below it.
+                    let row = self.state.streams.get_mut(&id).expect("checked above");
+                    row.committed_end = damage.until;
+                }
+                self.trim_stream(proposer, id, damage.until)?
+            }
         };
         let mut row = self.stream(id)?.clone();
         row.damage = None;
@@ -84,7 +113,7 @@ mod tests {
     use crate::model::command::{Applied, DamageRemedy, RejectCode};
     use crate::model::index::IndexRead;
     use crate::model::Command;
-    use weir_shared::ids::{Offset, StreamId};
+    use weir_shared::ids::{NodeId, Offset, StreamId};
 
     fn report(from: u64, until: u64) -> Command {
         Command::ReportDamage {
@@ -153,5 +182,52 @@ mod tests {
         // Damage wholly below the start is already gone.
         assert_eq!(log.apply(node(), report(0, 10)), Ok(Applied::Done));
         assert!(log.row(0).damage.is_none());
+    }
+
+    #[test]
+    fn records_lost_before_their_commit_keep_the_stream_closed_until_trimmed_past() {
+        let mut log = Log::new();
+        log.commit("data/1", &[(0, 10, 100)]);
+        let epoch = log.row(0).epoch;
+        log.apply(
+            node(),
+            Command::CloseStream {
+                stream: StreamId(0),
+                stream_epoch: epoch,
+            },
+        )
+        .expect("close");
+        // A takeover found offsets 10..15 acknowledged but lost to WAL damage.
+        log.apply(node(), report(10, 15)).expect("report");
+        let place = Command::PlaceStream {
+            stream: StreamId(0),
+            node: NodeId::new("n"),
+        };
+        log.apply(op(), place).expect("placed again");
+        let open = Command::OpenStream { stream: StreamId(0) };
+        assert_eq!(
+            log.apply(node(), open.clone()),
+            Err(RejectCode::Conflict),
+            "reopening would reuse offsets"
+        );
+        assert_eq!(
+            log.apply(op(), resolve(DamageRemedy::Restored)),
+            Err(RejectCode::Conflict)
+        );
+        assert_eq!(
+            log.apply(op(), resolve(DamageRemedy::TrimPast)),
+            Ok(Applied::Trimmed { start: Offset(15) })
+        );
+        assert_eq!(
+            (log.row(0).start_offset, log.row(0).committed_end),
+            (Offset(15), Offset(15))
+        );
+        assert!(matches!(
+            log.apply(node(), open),
+            Ok(Applied::StreamOpened {
+                committed_end: Offset(15),
+                ..
+            })
+        ));
     }
 }

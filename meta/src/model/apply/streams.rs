@@ -138,6 +138,19 @@ impl Txn<'_> {
                 RejectCode::NotFound,
                 format!("stream '{}' is deleted", stream.name),
             )),
+            // Acknowledged offsets past the committed end were lost to damage: opening
+            // would hand them out again (issue 20).
+            StreamState::Closed if stream.damage.as_ref().is_some_and(|d| d.until > stream.committed_end) => {
+                Err(reject(
+                    RejectCode::Conflict,
+                    format!(
+                        "stream '{}' lost acknowledged records {}..{} to damage; it opens again once an operator trims past it (weir streams repair --trim-past)",
+                        stream.name,
+                        stream.damage.as_ref().map_or(0, |d| d.from.0),
+                        stream.damage.as_ref().map_or(0, |d| d.until.0)
+                    ),
+                ))
+            }
             StreamState::Closed => {
                 let row = self.state.streams.get_mut(&id).expect("checked");
                 row.state = StreamState::Open;
