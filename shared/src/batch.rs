@@ -132,6 +132,58 @@ pub fn verify_crc(bytes: &[u8], header: &BatchHeader) -> Result<(), BatchError> 
     Ok(())
 }
 
+/// Checks that a producer's batch claims exactly the offsets of the records it holds:
+/// at least one record, `lastOffsetDelta` = `recordCount` - 1, and, when uncompressed,
+/// `recordCount` records actually present. Without it a 61-byte batch whose
+/// `lastOffsetDelta` is 2^31 would consume 2^31 offsets (issue 19). Compressed batches'
+/// records are counted when their compression is validated.
+pub fn check_record_count(bytes: &[u8], header: &BatchHeader) -> Result<(), BatchError> {
+    if header.record_count < 1 {
+        return Err(BatchError::Malformed("a batch must hold at least one record".into()));
+    }
+    if header.last_offset_delta != header.record_count - 1 {
+        return Err(BatchError::Malformed(format!(
+            "lastOffsetDelta {} does not match recordCount {} (it must be recordCount - 1)",
+            header.last_offset_delta, header.record_count
+        )));
+    }
+    if header.attributes & 0x07 != 0 || header.is_control() {
+        return Ok(());
+    }
+    let mut pos = HEADER_LEN;
+    let mut present = 0i64;
+    while pos < header.total_len {
+        let (len, used) = varint(&bytes[pos..header.total_len])
+            .ok_or_else(|| BatchError::Malformed(format!("record {present} has no valid length")))?;
+        let end = pos
+            .checked_add(used)
+            .and_then(|p| usize::try_from(len).ok().and_then(|l| p.checked_add(l)))
+            .filter(|e| *e <= header.total_len)
+            .ok_or_else(|| BatchError::Malformed(format!("record {present} runs past the batch")))?;
+        pos = end;
+        present += 1;
+    }
+    if present != i64::from(header.record_count) {
+        return Err(BatchError::Malformed(format!(
+            "recordCount {} but {present} records are present",
+            header.record_count
+        )));
+    }
+    Ok(())
+}
+
+/// A zigzag varint at the start of `b`: its value and the bytes it used.
+fn varint(b: &[u8]) -> Option<(i64, usize)> {
+    let mut raw = 0u64;
+    for (i, byte) in b.iter().take(10).enumerate() {
+        raw |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((((raw >> 1) as i64) ^ -((raw & 1) as i64), i + 1));
+        }
+    }
+    None
+}
+
 /// Splits a buffer of concatenated batches, checking each header and CRC.
 pub fn split_batches(mut bytes: &[u8]) -> Result<Vec<(BatchHeader, &[u8])>, BatchError> {
     let mut out = Vec::new();
@@ -218,6 +270,50 @@ pub(crate) mod tests {
 
     pub fn batch(count: i32, payload: &[u8]) -> Vec<u8> {
         opaque_batch(count, payload)
+    }
+
+    /// One uncompressed record per value, as a producer sends them.
+    fn records_batch(values: &[&[u8]]) -> Vec<u8> {
+        let mut b = vec![0u8; HEADER_LEN];
+        for (i, v) in values.iter().enumerate() {
+            let mut r = vec![0u8, 0, (i as u8) << 1, 1]; // attributes, ts delta, offset delta, null key
+            r.push((v.len() as u8) << 1);
+            r.extend_from_slice(v);
+            r.push(0); // no headers
+            b.push((r.len() as u8) << 1);
+            b.extend_from_slice(&r);
+        }
+        let len = (b.len() - LOG_OVERHEAD) as i32;
+        b[8..12].copy_from_slice(&len.to_be_bytes());
+        b[16] = 2;
+        let n = values.len() as i32;
+        b[23..27].copy_from_slice(&(n - 1).to_be_bytes());
+        b[57..61].copy_from_slice(&n.to_be_bytes());
+        recompute_crc(&mut b);
+        b
+    }
+
+    // Issue 19: a batch claims exactly the offsets of the records it holds.
+    #[test]
+    fn record_counts_are_reconciled_with_the_offsets_claimed_and_the_records_present() {
+        let check = |b: &[u8]| check_record_count(b, &parse_header(b).unwrap());
+        assert!(check(&records_batch(&[b"a", b"bc", b"def"])).is_ok());
+        let mut greedy = records_batch(&[b"a"]);
+        greedy[23..27].copy_from_slice(&i32::MAX.to_be_bytes());
+        assert!(check(&greedy).unwrap_err().to_string().contains("lastOffsetDelta"));
+        let mut claims_two = records_batch(&[b"a"]);
+        claims_two[23..27].copy_from_slice(&1i32.to_be_bytes());
+        claims_two[57..61].copy_from_slice(&2i32.to_be_bytes());
+        assert!(check(&claims_two)
+            .unwrap_err()
+            .to_string()
+            .contains("1 records are present"));
+        let mut empty = records_batch(&[b"a"]);
+        empty[57..61].copy_from_slice(&0i32.to_be_bytes());
+        assert!(check(&empty).is_err());
+        let mut cut = records_batch(&[b"abc"]);
+        cut[HEADER_LEN] = 0x7e; // the record claims 63 bytes
+        assert!(check(&cut).unwrap_err().to_string().contains("runs past"));
     }
 
     #[test]

@@ -133,6 +133,16 @@ impl StreamdArgs {
         if self.wal_segment_bytes < 4096 {
             return Err(ConfigError::new("--wal-segment-bytes must be at least 4096"));
         }
+        // An append larger than a WAL record could be acknowledged but never replayed.
+        let record_limit = crate::wal::record::MAX_RECORD - crate::wal::record::RECORD_OVERHEAD;
+        if self.max_append_bytes == 0 || self.max_append_bytes > record_limit {
+            return Err(ConfigError::new(format!(
+                "--max-append-bytes {} must be between 1 and {record_limit}, the WAL's record limit ({} bytes less a {}-byte record header)",
+                self.max_append_bytes,
+                crate::wal::record::MAX_RECORD,
+                crate::wal::record::RECORD_OVERHEAD
+            )));
+        }
         Ok(())
     }
 

@@ -281,6 +281,23 @@ async fn sse_delivers_appends_in_order_and_resumes_from_last_event_id() {
         resumed,
         [("4".to_string(), json!("e4")), ("5".to_string(), json!("e5"))]
     );
+    // Issue 19: a Last-Event-ID with no next sequence number is a 400, not an overflow.
+    for id in [u64::MAX.to_string(), "18446744073709551616".into(), "-1".into()] {
+        let (status, body) = gw
+            .send(
+                gw.request(Method::GET, "/v1/streams/events/records")
+                    .header("accept", "text/event-stream")
+                    .header("last-event-id", id.as_str()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{id}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Last-Event-ID")),
+            "{body}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

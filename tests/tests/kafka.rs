@@ -651,6 +651,25 @@ async fn bad_frames_close_only_their_connection() {
     let last = corrupt.len() - 2;
     corrupt[last] ^= 0xff;
     assert_eq!(partition_error(&mut s, &produce("raw", &corrupt)), 2, "CORRUPT_MESSAGE");
+    // Issue 19: a 61-byte batch claiming 2^31 offsets, and one whose recordCount is not
+    // the records it holds, are CORRUPT_MESSAGE and consume no offsets (the tail below).
+    let mut greedy = weir_tests::batches::batch(b"x");
+    greedy[23..27].copy_from_slice(&i32::MAX.to_be_bytes());
+    weir_shared::batch::recompute_crc(&mut greedy);
+    assert_eq!(
+        partition_error(&mut s, &produce("raw", &greedy)),
+        2,
+        "2^31 offsets claimed"
+    );
+    let mut miscounted = weir_tests::batches::batch(b"x");
+    miscounted[23..27].copy_from_slice(&1i32.to_be_bytes());
+    miscounted[57..61].copy_from_slice(&2i32.to_be_bytes());
+    weir_shared::batch::recompute_crc(&mut miscounted);
+    assert_eq!(
+        partition_error(&mut s, &produce("raw", &miscounted)),
+        2,
+        "recordCount 2, one record"
+    );
     let big = weir_tests::batches::batch(&[7u8; 3000]);
     assert_eq!(partition_error(&mut s, &produce("raw", &big)), 10, "MESSAGE_TOO_LARGE");
     let ok = weir_tests::batches::batch(b"fine");
@@ -664,6 +683,8 @@ async fn bad_frames_close_only_their_connection() {
         0,
         "a good batch after the bad ones"
     );
+    let (_, described) = gw.send(gw.request(Method::GET, "/v1/streams/raw%2F0")).await;
+    assert_eq!(described["tail"], 1, "only the good batch took an offset: {described}");
     // The first connection never noticed.
     assert_eq!(exchange(&mut healthy, &api_versions(2)).map(|a| a.1), Some(5));
     let metrics = weir_tests::get_text(&gw.url("/metrics")).await;

@@ -973,3 +973,31 @@ async fn sigterm_closes_streams_with_every_record_committed_then_fences_itself()
     })
     .await;
 }
+
+/// Issue 19: `--max-append-bytes` over the WAL's record limit is refused at startup,
+/// naming both, since such an append could be acknowledged but never replayed.
+#[test]
+fn max_append_bytes_over_the_wal_record_limit_is_refused_at_startup() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = std::process::Command::new(weir_tests::bin_path("streamd"))
+        .args([
+            "--id",
+            "streamd-1",
+            "--metad",
+            "127.0.0.1:1",
+            "--max-append-bytes",
+            "300000000",
+        ])
+        .arg("--object-store")
+        .arg(format!("file://{}", dir.path().join("objects").display()))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .output()
+        .expect("run streamd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--max-append-bytes 300000000") && stderr.contains("record limit"),
+        "{stderr}"
+    );
+}

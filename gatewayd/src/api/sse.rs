@@ -35,7 +35,9 @@ pub fn subscribe(
             v.to_str()
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
-                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a sequence number"))
+                // The next sequence number must exist too (issue 19).
+                .filter(|id| *id < u64::MAX)
+                .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a sequence number below 2^64 - 1"))
         })
         .transpose()?;
     let start = resume.map(|id| id + 1).or(query.seq_num).unwrap_or(0);

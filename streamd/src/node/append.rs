@@ -7,7 +7,7 @@ use crate::stream::producers::{Decision, SequenceError};
 use crate::stream::{Buffered, StreamHandle};
 use crate::wal::{WalError, WalRecord};
 use bytes::{Bytes, BytesMut};
-use weir_shared::batch::{set_base_offset, split_batches};
+use weir_shared::batch::{check_record_count, set_base_offset, split_batches};
 
 /// What an acknowledged append was assigned.
 #[derive(Debug, Clone)]
@@ -39,6 +39,9 @@ impl Node {
             )));
         }
         let parsed = split_batches(batches).map_err(|e| StreamdError::InvalidArgument(e.to_string()))?;
+        for (header, bytes) in &parsed {
+            check_record_count(bytes, header).map_err(|e| StreamdError::InvalidArgument(e.to_string()))?;
+        }
         if parsed.is_empty() {
             return Err(StreamdError::InvalidArgument(
                 "an append needs at least one record batch".into(),

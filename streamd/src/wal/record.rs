@@ -19,6 +19,9 @@ const RECORD_PREFIX: usize = 8;
 const BODY_FIXED: usize = 1 + 8 + 8 + 8 + 4;
 /// Largest record accepted on replay; guards against reading a garbage length.
 pub const MAX_RECORD: usize = 256 * 1024 * 1024;
+/// Bytes a record adds to its batches: the largest append a record can hold is
+/// [`MAX_RECORD`] less this.
+pub const RECORD_OVERHEAD: usize = RECORD_PREFIX + BODY_FIXED;
 
 /// Record kinds; stable.
 const KIND_BATCHES: u8 = 1;
