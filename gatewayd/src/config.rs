@@ -48,6 +48,12 @@ pub struct GatewaydArgs {
     #[arg(long, env = "WEIR_KAFKA_MAX_FRAME_BYTES", default_value_t = 100 << 20)]
     pub kafka_max_frame_bytes: usize,
 
+    /// Largest Kafka request frame before SASL authentication (with `--auth`; never more
+    /// than `--kafka-max-frame-bytes`): only ApiVersions and SASL requests come before
+    /// it, and they are small.
+    #[arg(long, env = "WEIR_KAFKA_MAX_UNAUTHENTICATED_FRAME_BYTES", default_value_t = 64 << 10)]
+    pub kafka_max_unauthenticated_frame_bytes: usize,
+
     /// Largest record batch one partition of a Produce may carry; larger ones are
     /// answered MESSAGE_TOO_LARGE (Kafka's `message.max.bytes`).
     #[arg(long, env = "WEIR_KAFKA_MAX_MESSAGE_BYTES", default_value_t = 8 << 20)]
@@ -78,6 +84,11 @@ impl GatewaydArgs {
         }
         if self.kafka_max_frame_bytes < 1024 {
             return Err(ConfigError::new("--kafka-max-frame-bytes must be at least 1024"));
+        }
+        if self.kafka_max_unauthenticated_frame_bytes < 1024 {
+            return Err(ConfigError::new(
+                "--kafka-max-unauthenticated-frame-bytes must be at least 1024",
+            ));
         }
         if self.kafka_max_message_bytes < 1024 || self.kafka_max_message_bytes > self.kafka_max_frame_bytes {
             return Err(ConfigError::new(

@@ -76,6 +76,9 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
             port,
         },
         max_frame_bytes: args.kafka_max_frame_bytes,
+        max_unauthenticated_frame_bytes: args
+            .kafka_max_unauthenticated_frame_bytes
+            .min(args.kafka_max_frame_bytes),
         max_message_bytes: args.kafka_max_message_bytes,
         auto_create_topics: args.kafka_auto_create_topics,
         default_partitions: args.kafka_default_partitions,

@@ -549,6 +549,28 @@ async fn sasl_plain_authenticates_with_tokens() {
         plain.inner().fetch_metadata(None, Duration::from_secs(5)).is_err(),
         "a connection without SASL is refused"
     );
+    // Issue 19: before authenticating, a peer may not claim a large frame (the limit
+    // is 64 KiB by default); the gateway closes it without buffering the claim.
+    let mut early = std::net::TcpStream::connect(&gw.kafka).expect("connect");
+    early.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    early.write_all(&(1i32 << 20).to_be_bytes()).expect("write");
+    let _ = early.write_all(&[0u8; 1024]);
+    let mut byte = [0u8; 1];
+    assert!(
+        match early.read(&mut byte) {
+            Ok(0) => true,
+            Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            Ok(_) => false,
+        },
+        "a 1 MiB frame before authentication was read"
+    );
+    let metrics = weir_tests::get_text(&gw.url("/metrics")).await;
+    assert!(
+        metrics.contains("gatewayd_kafka_refused_frames_total{reason=\"too_large_unauthenticated\"} 1"),
+        "{metrics}"
+    );
+    // Authenticated clients are unaffected.
+    assert!(good.inner().fetch_metadata(None, Duration::from_secs(5)).is_ok());
 }
 
 /// Writes one frame and reads the answer's size and correlation id, or `None` when the

@@ -60,15 +60,25 @@ pub async fn run(
             .inc()
     };
     loop {
+        // Until it authenticates, a peer may send only small frames (issue 19).
+        let max_frame = if session.principal.is_some() {
+            kafka.max_frame_bytes
+        } else {
+            kafka.max_unauthenticated_frame_bytes
+        };
         let frame = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
-            f = frame::read_frame(&mut rd, kafka.max_frame_bytes) => f,
+            f = frame::read_frame(&mut rd, max_frame) => f,
         };
         let frame = match frame {
             Ok(f) => f,
             Err(FrameError::Closed) => return Ok(()),
             Err(e @ FrameError::TooLarge(..)) => {
-                refused("too_large");
+                refused(if session.principal.is_some() {
+                    "too_large"
+                } else {
+                    "too_large_unauthenticated"
+                });
                 tracing::warn!(%peer, error = %e, "kafka frame refused; closing the connection");
                 return Ok(());
             }

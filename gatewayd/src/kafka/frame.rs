@@ -28,10 +28,22 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<B
     if size < 0 || size as usize > max {
         return Err(FrameError::TooLarge(i64::from(size), max));
     }
-    let mut buf = BytesMut::zeroed(size as usize);
-    r.read_exact(&mut buf).await?;
+    // The buffer grows with the bytes that arrive, never from the peer's length field
+    // alone: a peer that claims a large frame and sends little costs little (issue 19).
+    let size = size as usize;
+    let mut buf = BytesMut::with_capacity(size.min(INITIAL_BUFFER));
+    let mut limited = (&mut *r).take(size as u64);
+    while buf.len() < size {
+        buf.reserve((size - buf.len()).min(INITIAL_BUFFER.max(buf.len())));
+        if limited.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+    }
     Ok(buf.freeze())
 }
+
+/// What a frame's buffer starts at; it doubles at most as its bytes arrive.
+const INITIAL_BUFFER: usize = 64 * 1024;
 
 /// A decoded request, with its body bytes kept for forwarding.
 pub struct Request {

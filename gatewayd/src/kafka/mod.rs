@@ -28,6 +28,8 @@ pub struct Kafka {
     /// This gateway's broker id and advertised address.
     pub me: brokers::Broker,
     pub max_frame_bytes: usize,
+    /// The frame limit until a connection has authenticated (with `--auth`).
+    pub max_unauthenticated_frame_bytes: usize,
     pub max_message_bytes: usize,
     pub auto_create_topics: bool,
     pub default_partitions: u32,
