@@ -707,6 +707,52 @@ async fn bad_frames_close_only_their_connection() {
     );
     let (_, described) = gw.send(gw.request(Method::GET, "/v1/streams/raw%2F0")).await;
     assert_eq!(described["tail"], 1, "only the good batch took an offset: {described}");
+    // Issue 19: a Fetch (v4 by hand) listing one partition 200 times (all this test's
+    // 4 KiB frame limit holds) reads it once; every repeat is answered INVALID_REQUEST
+    // (42) without records.
+    let mut fetch = vec![0, 1, 0, 4];
+    fetch.extend_from_slice(&11i32.to_be_bytes());
+    fetch.extend_from_slice(&(-1i16).to_be_bytes()); // client id
+    fetch.extend_from_slice(&(-1i32).to_be_bytes()); // replica id
+    fetch.extend_from_slice(&0i32.to_be_bytes()); // max wait
+    fetch.extend_from_slice(&0i32.to_be_bytes()); // min bytes
+    fetch.extend_from_slice(&(1i32 << 20).to_be_bytes()); // max bytes
+    fetch.push(0); // read uncommitted
+    fetch.extend_from_slice(&1i32.to_be_bytes());
+    fetch.extend_from_slice(&3i16.to_be_bytes());
+    fetch.extend_from_slice(b"raw");
+    fetch.extend_from_slice(&200i32.to_be_bytes());
+    for _ in 0..200 {
+        fetch.extend_from_slice(&0i32.to_be_bytes());
+        fetch.extend_from_slice(&0i64.to_be_bytes());
+        fetch.extend_from_slice(&(64i32 << 10).to_be_bytes());
+    }
+    s.write_all(&(fetch.len() as i32).to_be_bytes()).expect("write");
+    s.write_all(&fetch).expect("write");
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).expect("answered");
+    let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
+    s.read_exact(&mut body).expect("answer");
+    // correlation id, throttle, topics count, topic name, partitions count.
+    let at = 4 + 4 + 4 + 2 + 3;
+    assert_eq!(i32::from_be_bytes(body[at..at + 4].try_into().expect("4")), 200);
+    let mut at = at + 4;
+    let mut answers = Vec::new();
+    for _ in 0..200 {
+        let error = i16::from_be_bytes(body[at + 4..at + 6].try_into().expect("2"));
+        at += 4 + 2 + 8 + 8;
+        let aborted = i32::from_be_bytes(body[at..at + 4].try_into().expect("4"));
+        at += 4 + 16 * aborted.max(0) as usize;
+        let len = i32::from_be_bytes(body[at..at + 4].try_into().expect("4"));
+        at += 4 + len.max(0) as usize;
+        answers.push((error, len.max(0)));
+    }
+    assert_eq!(answers[0].0, 0);
+    assert!(answers[0].1 > 0, "the partition itself is read");
+    assert!(
+        answers[1..].iter().all(|a| *a == (42, 0)),
+        "repeats are INVALID_REQUEST without records"
+    );
     // The first connection never noticed.
     assert_eq!(exchange(&mut healthy, &api_versions(2)).map(|a| a.1), Some(5));
     let metrics = weir_tests::get_text(&gw.url("/metrics")).await;

@@ -21,6 +21,9 @@ struct Part {
     stream: String,
     offset: i64,
     max_bytes: i32,
+    /// Listed before in the same request: answered INVALID_REQUEST and never read, so a
+    /// request repeating one partition cannot multiply the reads (issue 19).
+    duplicate: bool,
 }
 
 #[derive(Default)]
@@ -38,6 +41,9 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration) -> Got {
         log_start: -1,
         records: Bytes::new(),
     };
+    if p.duplicate {
+        return failed(errors::INVALID_REQUEST);
+    }
     if p.offset < 0 {
         return failed(errors::OFFSET_OUT_OF_RANGE);
     }
@@ -68,12 +74,15 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration) -> Got {
 pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
     let max_wait = Duration::from_millis(r.max_wait_ms.max(0) as u64).min(MAX_WAIT);
     let mut parts = vec![];
+    let mut listed = std::collections::HashSet::new();
     for (i, t) in r.topics.iter().enumerate() {
         for p in &t.partitions {
+            let stream = format!("{}/{}", t.topic.0, p.partition);
             parts.push(Part {
                 topic: i,
                 partition: p.partition,
-                stream: format!("{}/{}", t.topic.0, p.partition),
+                duplicate: !listed.insert((t.topic_id, stream.clone())),
+                stream,
                 offset: p.fetch_offset,
                 // Replies must fit the gRPC message limit (at least one batch still comes back).
                 max_bytes: p.partition_max_bytes.min(kafka.gw.max_body_bytes as i32),
@@ -216,6 +225,7 @@ async fn by_timestamp(kafka: &Kafka, stream: &str, start: u64, end: u64, ts: i64
             stream: stream.to_string(),
             offset: offset as i64,
             max_bytes: 1 << 20,
+            duplicate: false,
         };
         let g = read(kafka, &part, Duration::ZERO).await;
         if g.error != errors::NONE {
