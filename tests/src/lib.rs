@@ -121,6 +121,15 @@ pub fn node_row<'a>(nodes: &'a serde_json::Value, id: &str) -> &'a serde_json::V
         .unwrap_or(&NULL)
 }
 
+/// The row of the stream named `name` in an admin `streams` answer.
+pub fn stream_named(streams: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
+    streams["streams"]
+        .as_object()?
+        .values()
+        .find(|s| s["name"] == name)
+        .cloned()
+}
+
 /// Every file under `dir`, recursively (none when it does not exist).
 pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

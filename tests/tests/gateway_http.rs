@@ -922,11 +922,7 @@ async fn damage_is_marked_listed_and_repaired_by_the_operator() {
     let metad = stack.metad.client();
     let damage = wait_for("the damage marked", Duration::from_secs(20), || async {
         let v = metad.admin("streams", 0, 0).await.ok()?;
-        let row = v["streams"]
-            .as_object()?
-            .values()
-            .find(|s| s["name"] == "hurt")?
-            .clone();
+        let row = weir_tests::stream_named(&v, "hurt")?;
         (!row["damage"].is_null()).then_some(row["damage"].clone())
     })
     .await;
@@ -985,7 +981,7 @@ async fn damage_is_marked_listed_and_repaired_by_the_operator() {
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     wait_for("the damage marked", Duration::from_secs(20), || async {
         let v = metad.admin("streams", 0, 0).await.ok()?;
-        let row = v["streams"].as_object()?.values().find(|s| s["name"] == "cut")?.clone();
+        let row = weir_tests::stream_named(&v, "cut")?;
         (!row["damage"].is_null()).then_some(())
     })
     .await;

@@ -586,6 +586,8 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
 /// stream the damage did not touch whole, and the one it cut up to the damage; that one
 /// is marked damaged and stays closed (reopening would hand out acknowledged offsets
 /// again) until the operator trims past it, after which it goes on from there.
+/// INV-2 for every record the damage did not touch; FO-TKO-6 (the stream is placed only
+/// after its takeover and close).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
     use weir_streamd::wal::record::{decode_segment, SEGMENT_HEADER_LEN};
@@ -648,11 +650,7 @@ async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
         let metad = stack.metad.client();
         let damage = wait_for("hurt marked damaged", Duration::from_secs(30), || async {
             let v = metad.admin("streams", 0, 0).await.ok()?;
-            let row = v["streams"]
-                .as_object()?
-                .values()
-                .find(|s| s["name"] == "hurt")?
-                .clone();
+            let row = weir_tests::stream_named(&v, "hurt")?;
             (!row["damage"].is_null()).then_some(row)
         })
         .await;
