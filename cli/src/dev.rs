@@ -60,6 +60,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             heartbeat_interval_sec: 5,
             node_timeout_sec: 30,
         },
+        listeners: Default::default(),
+        max_watch_streams: 10_000,
         propose_timeout_ms: 5000,
         raft_heartbeat_ms: 200,
         snapshot_logs: 10_000,

@@ -4,6 +4,7 @@ use clap::Parser;
 use std::net::SocketAddr;
 use weir_meta::registration::NodeArgs;
 use weir_shared::config::{ConfigError, TelemetryArgs};
+use weir_shared::listener::ListenerArgs;
 
 /// The stateless gateway: HTTP and Kafka clients in, each request routed to its stream's owner.
 #[derive(Parser, Clone, Debug)]
@@ -11,6 +12,9 @@ use weir_shared::config::{ConfigError, TelemetryArgs};
 pub struct GatewaydArgs {
     #[command(flatten)]
     pub node: NodeArgs,
+
+    #[command(flatten)]
+    pub listeners: ListenerArgs,
 
     /// HTTP API address (`/v1`, health, admin, metrics).
     #[arg(long, env = "WEIR_HTTP_LISTEN", default_value = "127.0.0.1:8080")]
@@ -23,6 +27,23 @@ pub struct GatewaydArgs {
     /// Largest request body, in bytes; larger ones get 413 `too_large`.
     #[arg(long, env = "WEIR_MAX_BODY_BYTES", default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+
+    /// Most bytes one record batch's compressed records are inflated to when the HTTP
+    /// API or ListOffsets by timestamp reads them; a batch that would inflate further is
+    /// answered `too_large` and never inflated. streamd refuses such batches when they
+    /// are produced (its own `--max-decompressed-bytes`, which should not exceed this).
+    #[arg(long, env = "WEIR_MAX_DECOMPRESSED_BYTES", default_value_t = 64 << 20)]
+    pub max_decompressed_bytes: usize,
+
+    /// Most SSE subscriptions open on this gateway; one more is answered 429
+    /// `too_many_requests`.
+    #[arg(long, env = "WEIR_MAX_SSE_SUBSCRIBERS", default_value_t = 10_000)]
+    pub max_sse_subscribers: usize,
+
+    /// Most HTTP reads waiting for records (`wait` above 0) at once on this gateway; one
+    /// more is answered 429 `too_many_requests`.
+    #[arg(long, env = "WEIR_MAX_LONG_POLLS", default_value_t = 10_000)]
+    pub max_long_polls: usize,
 
     /// How long a request waits for a stream without a live owner (moving, recovering)
     /// before it is answered with a retryable 503.
@@ -59,6 +80,13 @@ pub struct GatewaydArgs {
     #[arg(long, env = "WEIR_KAFKA_MAX_MESSAGE_BYTES", default_value_t = 8 << 20)]
     pub kafka_max_message_bytes: usize,
 
+    /// The most one Fetch response holds, whatever the request's `max_bytes` (Kafka's
+    /// broker `fetch.max.bytes`). It is shared out among the partitions in request order
+    /// before any is read, so a Fetch listing many partitions holds no more than this
+    /// (plus one whole batch when nothing else fits, so consumers make progress).
+    #[arg(long, env = "WEIR_KAFKA_FETCH_MAX_BYTES", default_value_t = 55 << 20)]
+    pub kafka_fetch_max_bytes: usize,
+
     /// Create a topic a client asks Metadata for, as Kafka's `auto.create.topics.enable`.
     #[arg(long, env = "WEIR_KAFKA_AUTO_CREATE_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]
     pub kafka_auto_create_topics: bool,
@@ -79,6 +107,12 @@ impl GatewaydArgs {
     /// Validates once at startup; errors name the flag.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.node.validate()?;
+        self.listeners.limits()?;
+        if self.max_sse_subscribers == 0 || self.max_long_polls == 0 {
+            return Err(ConfigError::new(
+                "--max-sse-subscribers and --max-long-polls must be at least 1",
+            ));
+        }
         if self.max_body_bytes < 1024 {
             return Err(ConfigError::new("--max-body-bytes must be at least 1024"));
         }
@@ -89,6 +123,12 @@ impl GatewaydArgs {
             return Err(ConfigError::new(
                 "--kafka-max-unauthenticated-frame-bytes must be at least 1024",
             ));
+        }
+        if self.kafka_fetch_max_bytes < 1024 {
+            return Err(ConfigError::new("--kafka-fetch-max-bytes must be at least 1024"));
+        }
+        if self.max_decompressed_bytes < 1024 {
+            return Err(ConfigError::new("--max-decompressed-bytes must be at least 1024"));
         }
         if self.kafka_max_message_bytes < 1024 || self.kafka_max_message_bytes > self.kafka_max_frame_bytes {
             return Err(ConfigError::new(

@@ -19,6 +19,8 @@ pub struct GatewayMetrics {
     /// Kafka connections closed for a bad frame (too large, malformed, unsupported).
     pub kafka_refused_frames: IntCounterVec,
     pub kafka_connections: IntGauge,
+    /// Live reads refused at a cap, by kind (`sse`, `long_poll`).
+    pub live_reads_refused: IntCounterVec,
 }
 
 const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
@@ -91,6 +93,16 @@ pub fn metrics() -> &'static GatewayMetrics {
             ),
             kafka_connections: register(
                 IntGauge::new("gatewayd_kafka_connections", "Open Kafka connections").expect("valid metric"),
+            ),
+            live_reads_refused: register(
+                IntCounterVec::new(
+                    Opts::new(
+                        "gatewayd_live_reads_refused_total",
+                        "SSE subscriptions and long polls refused at their cap, by kind",
+                    ),
+                    &["kind"],
+                )
+                .expect("valid metric"),
             ),
         }
     })

@@ -8,10 +8,9 @@ use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 use serde::{Deserialize, Serialize};
+use weir_shared::inflate::InflateError;
 
 /// How bodies, keys and header values are written in JSON.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -161,10 +160,16 @@ pub fn encode_batch(records: &[AppendRecord], format: Format, stamp: Option<Prod
 }
 
 /// Decodes whole batches into records at offsets `from` and later, at most `limit` of
-/// them; control records are skipped.
-pub fn decode_batches(mut batches: Bytes, from: u64, limit: usize, format: Format) -> Result<Vec<ReadRecord>, String> {
-    let sets =
-        RecordBatchDecoder::decode_all(&mut batches).map_err(|e| format!("cannot decode stored batches: {e}"))?;
+/// them; control records are skipped. No batch's records are inflated past
+/// `max_inflated` bytes.
+pub fn decode_batches(
+    mut batches: Bytes,
+    from: u64,
+    limit: usize,
+    format: Format,
+    max_inflated: usize,
+) -> Result<Vec<ReadRecord>, InflateError> {
+    let sets = weir_shared::inflate::decode_all(&mut batches, max_inflated)?;
     let mut out = Vec::new();
     for set in sets {
         for r in set.records {
@@ -209,7 +214,7 @@ mod tests {
         let header = weir_shared::batch::parse_header(&batch).expect("a valid v2 batch");
         assert_eq!(header.record_count, 2);
         assert_eq!(header.producer_id, -1);
-        let back = decode_batches(batch, 0, 10, Format::Raw).expect("decode");
+        let back = decode_batches(batch, 0, 10, Format::Raw, 1 << 20).expect("decode");
         assert_eq!(back.len(), 2);
         assert_eq!(back[1].seq_num, 1);
         assert_eq!(back[1].body.as_deref(), Some("b"));
@@ -230,7 +235,7 @@ mod tests {
             timestamp: None,
         };
         let batch = encode_batch(&[r], Format::Base64, None).expect("encode");
-        let back = decode_batches(batch, 0, 10, Format::Base64).expect("decode");
+        let back = decode_batches(batch, 0, 10, Format::Base64, 1 << 20).expect("decode");
         assert_eq!(back[0].body.as_deref(), Some("AAEC/w=="));
         assert!(encode_batch(
             &[AppendRecord {
@@ -260,7 +265,7 @@ mod tests {
     #[test]
     fn reads_skip_records_before_the_start_and_stop_at_the_limit() {
         let batch = encode_batch(&[record("a"), record("b"), record("c")], Format::Raw, None).expect("encode");
-        let back = decode_batches(batch, 1, 1, Format::Raw).expect("decode");
+        let back = decode_batches(batch, 1, 1, Format::Raw, 1 << 20).expect("decode");
         assert_eq!(back.len(), 1);
         assert_eq!(back[0].seq_num, 1);
     }

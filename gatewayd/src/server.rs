@@ -5,13 +5,13 @@ use crate::config::GatewaydArgs;
 use crate::kafka::brokers::{broker_id, Broker};
 use crate::kafka::Kafka;
 use crate::route::Routes;
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_meta::model::{NodeAddrs, NodeKind};
 use weir_meta::registration::{self, Registered};
+use weir_shared::listener::Listener;
 use weir_shared::service::Exit;
 use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
@@ -49,6 +49,8 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         me: me.clone(),
         auth: args.auth,
         max_body_bytes: args.max_body_bytes,
+        max_decompressed_bytes: args.max_decompressed_bytes,
+        live_reads: crate::api::live_reads::LiveReads::new(args.max_sse_subscribers, args.max_long_polls),
         fenced: registered.fenced.clone(),
         stopping: CancellationToken::new(),
         terminating: Default::default(),
@@ -60,14 +62,13 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
     registered.follow(&tasks, args.node.heartbeat, &stop);
 
     let servers_stop = CancellationToken::new();
-    let http =
-        axum::serve(http_listener, router(gw.clone())).with_graceful_shutdown(servers_stop.clone().cancelled_owned());
-    servers.spawn(watch_listener(
-        "http",
-        http.into_future(),
-        shutdown.clone(),
-        servers_stop.clone(),
-    ));
+    let limits = args.listeners.limits()?;
+    let http = weir_shared::http_server::serve(
+        Listener::new(http_listener, "http", limits),
+        router(gw.clone()),
+        servers_stop.clone().cancelled_owned(),
+    );
+    servers.spawn(watch_listener("http", http, shutdown.clone(), servers_stop.clone()));
     let kafka = Arc::new(Kafka {
         gw: gw.clone(),
         me: Broker {
@@ -80,12 +81,19 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
             .kafka_max_unauthenticated_frame_bytes
             .min(args.kafka_max_frame_bytes),
         max_message_bytes: args.kafka_max_message_bytes,
+        fetch_max_bytes: args.kafka_fetch_max_bytes,
         auto_create_topics: args.kafka_auto_create_topics,
+        header_read_timeout: limits.header_read_timeout,
         default_partitions: args.kafka_default_partitions,
     });
     servers.spawn(watch_listener(
         "kafka",
-        crate::kafka::serve(kafka_listener, kafka, servers.clone(), servers_stop.clone()),
+        crate::kafka::serve(
+            Listener::new(kafka_listener, "kafka", limits),
+            kafka,
+            servers.clone(),
+            servers_stop.clone(),
+        ),
         shutdown.clone(),
         servers_stop.clone(),
     ));

@@ -44,6 +44,8 @@ pub struct ClientService {
     timeout: Duration,
     tasks: TaskTracker,
     cancel: CancellationToken,
+    /// One per open Watch stream (`--max-watch-streams`).
+    watch_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl ClientService {
@@ -54,6 +56,7 @@ impl ClientService {
         timeout: Duration,
         tasks: TaskTracker,
         cancel: CancellationToken,
+        max_watch_streams: usize,
     ) -> Self {
         Self {
             raft,
@@ -63,6 +66,7 @@ impl ClientService {
             timeout,
             tasks,
             cancel,
+            watch_slots: Arc::new(tokio::sync::Semaphore::new(max_watch_streams)),
         }
     }
 
@@ -265,6 +269,11 @@ impl Metad for ClientService {
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let after = req.into_inner().after_index;
+        // Each watcher holds a task and up to 16 frames (issue 19).
+        let slot = self.watch_slots.clone().try_acquire_owned().map_err(|_| {
+            metrics().watchers_refused.inc();
+            Status::resource_exhausted("this metad serves as many Watch streams as it admits (--max-watch-streams)")
+        })?;
         // Bounded: a slow watcher holds at most this many frames (a snapshot chunk is ≤ 1 MiB).
         let (tx, rx) = mpsc::channel(16);
         let hub = self.hub.clone();
@@ -274,11 +283,14 @@ impl Metad for ClientService {
             watchers.inc();
             tokio::select! {
                 _ = feed_watcher(hub, after, &tx) => {}
+                // A watcher that went away gives its slot back at once.
+                _ = tx.closed() => {}
                 _ = cancel.cancelled() => {
                     let _ = tx.send(Err(Status::unavailable("metad is shutting down"))).await;
                 }
             }
             watchers.dec();
+            drop(slot);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

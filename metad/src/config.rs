@@ -37,6 +37,14 @@ pub struct MetadArgs {
     #[command(flatten)]
     pub heartbeat: HeartbeatArgs,
 
+    #[command(flatten)]
+    pub listeners: weir_shared::listener::ListenerArgs,
+
+    /// Most Watch streams (nodes' and gateways' views) this replica serves at once; one
+    /// more is refused with RESOURCE_EXHAUSTED naming this flag.
+    #[arg(long, env = "WEIR_MAX_WATCH_STREAMS", default_value_t = 10_000)]
+    pub max_watch_streams: usize,
+
     /// Milliseconds a proposal or linearizable read may take before it fails as `unavailable`.
     #[arg(long, env = "WEIR_PROPOSE_TIMEOUT_MS", default_value_t = 5000)]
     pub propose_timeout_ms: u64,
@@ -81,6 +89,10 @@ impl MetadArgs {
             return Err(ConfigError::new("--id must be at least 1"));
         }
         self.heartbeat.validate()?;
+        self.listeners.limits()?;
+        if self.max_watch_streams == 0 {
+            return Err(ConfigError::new("--max-watch-streams must be at least 1"));
+        }
         self.telemetry.validate()?;
         self.shutdown.validate()?;
         if self.propose_timeout_ms == 0 {

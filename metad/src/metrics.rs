@@ -1,6 +1,6 @@
 //! metad's Prometheus metrics, served at `/metrics` on the admin HTTP port.
 
-use prometheus::{IntCounterVec, IntGauge, Opts};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 use std::sync::OnceLock;
 
 /// The metrics of one process (tests embed several replicas; they share these).
@@ -14,6 +14,8 @@ pub struct MetadMetrics {
     pub raft_is_leader: IntGauge,
     /// Open watch streams.
     pub watchers: IntGauge,
+    /// Watch streams refused at `--max-watch-streams`.
+    pub watchers_refused: IntCounter,
     /// Failover actions applied by this replica's loop, by action (OBS-18).
     pub failover_actions: IntCounterVec,
     /// 1 while this replica holds the failover lease.
@@ -44,6 +46,13 @@ pub fn metrics() -> &'static MetadMetrics {
             raft_applied_index: gauge("metad_raft_applied_index", "Last applied Raft log index"),
             raft_is_leader: gauge("metad_raft_is_leader", "1 while this replica leads"),
             watchers: gauge("metad_watchers", "Open watch streams"),
+            watchers_refused: register(
+                IntCounter::new(
+                    "metad_watchers_refused_total",
+                    "Watch streams refused at --max-watch-streams",
+                )
+                .expect("valid metric"),
+            ),
             failover_actions: register(
                 IntCounterVec::new(
                     Opts::new("metad_failover_actions_total", "Failover actions applied, by action"),

@@ -11,10 +11,8 @@ use crate::raft_types::Raft;
 use crate::store::{open_db, LogStore, StateMachineStore, ViewHub};
 use openraft::{BasicNode, SnapshotPolicy};
 use std::collections::BTreeMap;
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_meta::model::command::{Command, Proposal, Proposer};
@@ -23,6 +21,7 @@ use weir_proto::metad::admin_server::AdminServer;
 use weir_proto::metad::metad_server::MetadServer;
 use weir_proto::raft::raft_server::RaftServer;
 use weir_shared::grpc::MAX_MESSAGE;
+use weir_shared::listener::{grpc_incoming, Listener};
 use weir_shared::service::Exit;
 use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
@@ -71,7 +70,8 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
 
     let peers = Arc::new(PeerChannels::default());
     let timeout = Duration::from_millis(args.propose_timeout_ms);
-    let grpc = tonic::transport::Server::builder()
+    let limits = args.listeners.limits()?;
+    let grpc = weir_shared::grpc::server(&limits)
         .add_service(
             RaftServer::new(RaftService::new(raft.clone()))
                 .max_decoding_message_size(MAX_RAFT_MESSAGE)
@@ -85,6 +85,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
                 timeout,
                 tasks.clone(),
                 shutdown.child_token(),
+                args.max_watch_streams,
             ))
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE),
@@ -101,23 +102,18 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
             .max_encoding_message_size(MAX_MESSAGE),
         )
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc_listener),
+            grpc_incoming(Listener::new(grpc_listener, "grpc", limits)),
             shutdown.clone().cancelled_owned(),
         );
     // SD-TRG-2: a listener that fails stops the replica rather than leave it half-alive.
     tasks.spawn(watch_listener("grpc", grpc, stopping.clone(), shutdown.clone()));
 
-    let http = axum::serve(
-        http_listener,
+    let http = weir_shared::http_server::serve(
+        Listener::new(http_listener, "http", limits),
         crate::admin_http::router(raft.clone(), sm.clone(), args.id),
-    )
-    .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    tasks.spawn(watch_listener(
-        "http",
-        http.into_future(),
-        stopping.clone(),
-        shutdown.clone(),
-    ));
+        shutdown.clone().cancelled_owned(),
+    );
+    tasks.spawn(watch_listener("http", http, stopping.clone(), shutdown.clone()));
 
     tasks.spawn(crate::metrics::follow_raft(raft.clone(), args.id));
     bootstrap(&raft, &config).await?;

@@ -36,6 +36,8 @@ pub enum BatchError {
     CorruptCrc { stored: u32, computed: u32 },
     #[error("record batch is malformed: {0}")]
     Malformed(String),
+    #[error("record batch is too large: {0}")]
+    TooLarge(String),
 }
 
 /// A parsed view of one batch header.
@@ -133,11 +135,12 @@ pub fn verify_crc(bytes: &[u8], header: &BatchHeader) -> Result<(), BatchError> 
 }
 
 /// Checks that a producer's batch claims exactly the offsets of the records it holds:
-/// at least one record, `lastOffsetDelta` = `recordCount` - 1, and, when uncompressed,
-/// `recordCount` records actually present. Without it a 61-byte batch whose
-/// `lastOffsetDelta` is 2^31 would consume 2^31 offsets (issue 19). Compressed batches'
-/// records are counted when their compression is validated.
-pub fn check_record_count(bytes: &[u8], header: &BatchHeader) -> Result<(), BatchError> {
+/// at least one record, `lastOffsetDelta` = `recordCount` - 1, and `recordCount` records
+/// actually present. Without it a 61-byte batch whose `lastOffsetDelta` is 2^31 would
+/// consume 2^31 offsets (issue 19). Compressed records are counted as they inflate, never
+/// held, and a batch whose records would inflate past `max_inflated` bytes is refused
+/// with [`BatchError::TooLarge`], so none stored can become a bomb for its readers.
+pub fn check_record_count(bytes: &[u8], header: &BatchHeader, max_inflated: usize) -> Result<(), BatchError> {
     if header.record_count < 1 {
         return Err(BatchError::Malformed("a batch must hold at least one record".into()));
     }
@@ -147,22 +150,13 @@ pub fn check_record_count(bytes: &[u8], header: &BatchHeader) -> Result<(), Batc
             header.last_offset_delta, header.record_count
         )));
     }
-    if header.attributes & 0x07 != 0 || header.is_control() {
+    if header.is_control() {
         return Ok(());
     }
-    let mut pos = HEADER_LEN;
-    let mut present = 0i64;
-    while pos < header.total_len {
-        let (len, used) = varint(&bytes[pos..header.total_len])
-            .ok_or_else(|| BatchError::Malformed(format!("record {present} has no valid length")))?;
-        let end = pos
-            .checked_add(used)
-            .and_then(|p| usize::try_from(len).ok().and_then(|l| p.checked_add(l)))
-            .filter(|e| *e <= header.total_len)
-            .ok_or_else(|| BatchError::Malformed(format!("record {present} runs past the batch")))?;
-        pos = end;
-        present += 1;
-    }
+    let codec = crate::inflate::codec(header.attributes).map_err(inflate_error)?;
+    let payload = &bytes[HEADER_LEN..header.total_len];
+    let reader = crate::inflate::reader(payload, codec, max_inflated).map_err(inflate_error)?;
+    let present = count_records(std::io::BufReader::with_capacity(64 << 10, reader), header.record_count)?;
     if present != i64::from(header.record_count) {
         return Err(BatchError::Malformed(format!(
             "recordCount {} but {present} records are present",
@@ -172,16 +166,51 @@ pub fn check_record_count(bytes: &[u8], header: &BatchHeader) -> Result<(), Batc
     Ok(())
 }
 
-/// A zigzag varint at the start of `b`: its value and the bytes it used.
-fn varint(b: &[u8]) -> Option<(i64, usize)> {
-    let mut raw = 0u64;
-    for (i, byte) in b.iter().take(10).enumerate() {
-        raw |= u64::from(byte & 0x7f) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Some((((raw >> 1) as i64) ^ -((raw & 1) as i64), i + 1));
-        }
+fn inflate_error(e: crate::inflate::InflateError) -> BatchError {
+    match e {
+        crate::inflate::InflateError::TooLarge { limit } => BatchError::TooLarge(format!(
+            "its records inflate past the {limit}-byte limit (--max-decompressed-bytes)"
+        )),
+        crate::inflate::InflateError::Invalid(m) => BatchError::Malformed(m),
     }
-    None
+}
+
+/// Counts length-prefixed records in `r` to its end, skipping their bodies; stops early
+/// once past `claimed`, which is already wrong.
+fn count_records(mut r: impl std::io::BufRead, claimed: i32) -> Result<i64, BatchError> {
+    use std::io::Read;
+    let io = |e: std::io::Error| inflate_error(crate::inflate::from_io(e));
+    let mut present = 0i64;
+    loop {
+        if r.fill_buf().map_err(io)?.is_empty() {
+            return Ok(present);
+        }
+        if present > i64::from(claimed) {
+            return Ok(present);
+        }
+        let mut raw = 0u64;
+        let mut done = false;
+        for i in 0..10 {
+            let mut byte = [0u8; 1];
+            if r.read(&mut byte).map_err(io)? == 0 {
+                break;
+            }
+            raw |= u64::from(byte[0] & 0x7f) << (7 * i);
+            if byte[0] & 0x80 == 0 {
+                done = true;
+                break;
+            }
+        }
+        let len = ((raw >> 1) as i64) ^ -((raw & 1) as i64);
+        if !done || len < 0 {
+            return Err(BatchError::Malformed(format!("record {present} has no valid length")));
+        }
+        let skipped = std::io::copy(&mut (&mut r).take(len as u64), &mut std::io::sink()).map_err(io)?;
+        if skipped != len as u64 {
+            return Err(BatchError::Malformed(format!("record {present} runs past the batch")));
+        }
+        present += 1;
+    }
 }
 
 /// Splits a buffer of concatenated batches, checking each header and CRC.
@@ -296,7 +325,7 @@ pub(crate) mod tests {
     // Issue 19: a batch claims exactly the offsets of the records it holds.
     #[test]
     fn record_counts_are_reconciled_with_the_offsets_claimed_and_the_records_present() {
-        let check = |b: &[u8]| check_record_count(b, &parse_header(b).unwrap());
+        let check = |b: &[u8]| check_record_count(b, &parse_header(b).unwrap(), 1 << 20);
         assert!(check(&records_batch(&[b"a", b"bc", b"def"])).is_ok());
         let mut greedy = records_batch(&[b"a"]);
         greedy[23..27].copy_from_slice(&i32::MAX.to_be_bytes());

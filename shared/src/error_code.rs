@@ -54,6 +54,8 @@ pub enum ErrorCode {
     Forbidden,
     /// A request or record over a configured limit.
     TooLarge,
+    /// A cap on concurrent work was reached (live reads, watch streams, group members).
+    TooManyRequests,
     /// The endpoint does not take this HTTP method.
     MethodNotAllowed,
     /// The body is not in the media type the endpoint takes.
@@ -65,7 +67,7 @@ pub enum ErrorCode {
 }
 
 /// Every code, for tables and tests.
-pub const ALL: [ErrorCode; 20] = [
+pub const ALL: [ErrorCode; 21] = [
     ErrorCode::NotOwner,
     ErrorCode::Fenced,
     ErrorCode::Unavailable,
@@ -82,6 +84,7 @@ pub const ALL: [ErrorCode; 20] = [
     ErrorCode::Unauthorized,
     ErrorCode::Forbidden,
     ErrorCode::TooLarge,
+    ErrorCode::TooManyRequests,
     ErrorCode::MethodNotAllowed,
     ErrorCode::UnsupportedMediaType,
     ErrorCode::Corrupt,
@@ -127,6 +130,7 @@ impl ErrorCode {
             Unauthorized =>         r("unauthorized", 401, "unauthorized", G::Unauthenticated, false, Kafka::TopicAuthorizationFailed, Kafka::GroupAuthorizationFailed, Kafka::TopicAuthorizationFailed),
             Forbidden =>            r("forbidden", 403, "unauthorized", G::PermissionDenied, false, Kafka::TopicAuthorizationFailed, Kafka::GroupAuthorizationFailed, Kafka::TopicAuthorizationFailed),
             TooLarge =>             r("too_large", 413, "too_large", G::ResourceExhausted, false, Kafka::MessageTooLarge, Kafka::InvalidRequest, Kafka::InvalidRequest),
+            TooManyRequests =>      r("too_many_requests", 429, "too_many_requests", G::ResourceExhausted, false, Kafka::ThrottlingQuotaExceeded, Kafka::GroupMaxSizeReached, Kafka::ThrottlingQuotaExceeded),
             MethodNotAllowed =>     r("method_not_allowed", 405, "invalid_argument", G::Unimplemented, false, Kafka::InvalidRequest, Kafka::InvalidRequest, Kafka::InvalidRequest),
             UnsupportedMediaType => r("unsupported_media_type", 415, "invalid_argument", G::InvalidArgument, false, Kafka::InvalidRequest, Kafka::InvalidRequest, Kafka::InvalidRequest),
             Corrupt =>              r("corrupt", 500, "internal", G::DataLoss, false, Kafka::CorruptMessage, Kafka::UnknownServerError, Kafka::UnknownServerError),

@@ -22,6 +22,9 @@ pub struct StreamdArgs {
     #[command(flatten)]
     pub node: NodeArgs,
 
+    #[command(flatten)]
+    pub listeners: weir_shared::listener::ListenerArgs,
+
     /// Local state directory.
     #[arg(long, env = "WEIR_DATA_DIR", default_value = "./streamd-data")]
     pub data_dir: PathBuf,
@@ -73,6 +76,18 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_MAX_APPEND_BYTES", default_value_t = 8 << 20)]
     pub max_append_bytes: usize,
 
+    /// Most bytes one record batch's compressed records may inflate to. A batch that
+    /// would inflate past it is refused when produced (`too_large`, Kafka's
+    /// MESSAGE_TOO_LARGE), so no stored batch is a decompression bomb for its readers.
+    /// Keep it at most gatewayd's `--max-decompressed-bytes`.
+    #[arg(long, env = "WEIR_MAX_DECOMPRESSED_BYTES", default_value_t = 64 << 20)]
+    pub max_decompressed_bytes: usize,
+
+    /// Most members one consumer group admits (Kafka's `group.max.size`); a new member
+    /// past it is answered GROUP_MAX_SIZE_REACHED.
+    #[arg(long, env = "WEIR_MAX_GROUP_MEMBERS", default_value_t = 1_000)]
+    pub max_group_members: usize,
+
     /// Committed bytes per stream replayed at open to rebuild idempotent-producer state
     /// (duplicate detection of retried batches across moves and failover).
     #[arg(long, env = "WEIR_PRODUCER_STATE_BYTES", default_value_t = 16 << 20)]
@@ -111,6 +126,7 @@ impl StreamdArgs {
     /// Validates once at startup; errors name the flag.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.node.validate()?;
+        self.listeners.limits()?;
         self.telemetry.validate()?;
         self.shutdown.validate()?;
         for (flag, v) in [
@@ -142,6 +158,12 @@ impl StreamdArgs {
                 crate::wal::record::MAX_RECORD,
                 crate::wal::record::RECORD_OVERHEAD
             )));
+        }
+        if self.max_group_members == 0 {
+            return Err(ConfigError::new("--max-group-members must be at least 1"));
+        }
+        if self.max_decompressed_bytes < 1024 {
+            return Err(ConfigError::new("--max-decompressed-bytes must be at least 1024"));
         }
         Ok(())
     }

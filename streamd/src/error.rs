@@ -22,6 +22,9 @@ pub enum StreamdError {
     NotFound(String),
     #[error("{0}")]
     InvalidArgument(String),
+    /// A request or batch over a configured limit.
+    #[error("{0}")]
+    TooLarge(String),
     /// `match_next_offset` did not match.
     #[error("stream's next offset is {actual}, not {expected}")]
     OffsetMismatch { expected: u64, actual: u64 },
@@ -51,6 +54,7 @@ impl StreamdError {
             StreamdError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
             StreamdError::NotFound(_) => ErrorCode::NotFound,
             StreamdError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            StreamdError::TooLarge(_) => ErrorCode::TooLarge,
             StreamdError::OffsetMismatch { .. } => ErrorCode::OffsetMismatch,
             StreamdError::InvalidProducerEpoch(_) => ErrorCode::InvalidProducerEpoch,
             StreamdError::OutOfOrderSequence(_) => ErrorCode::OutOfOrderSequence,

@@ -4,17 +4,16 @@ use crate::config::{StreamdArgs, WalBackend};
 use crate::node::{reconcile_loop, upload_loop, Node, Tunables, WalSource};
 use crate::service::DataPlane;
 use crate::wal::{file::FileSink, object::ObjectSink, Sink, WalWriter};
-use std::future::IntoFuture;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_meta::model::{NodeAddrs, NodeKind};
 use weir_meta::registration::{self, Registered};
 use weir_proto::streamd::streamd_server::StreamdServer;
 use weir_shared::ids::NodeId;
+use weir_shared::listener::{grpc_incoming, Listener};
 use weir_shared::service::Exit;
 use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
@@ -58,6 +57,8 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         upload_bytes: args.upload_bytes,
         reupload_after: Duration::from_secs(args.gc_delay_sec / 2),
         max_append_bytes: args.max_append_bytes,
+        max_decompressed_bytes: args.max_decompressed_bytes,
+        max_group_members: args.max_group_members,
         producer_state_bytes: args.producer_state_bytes,
         cache_bytes: args.cache_bytes,
         compaction_target_bytes: args.compaction_target_bytes,
@@ -102,26 +103,25 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     // teardown can give in-flight calls their own bound (SD-CS-5).
     let servers = TaskTracker::new();
     let grpc_stop = CancellationToken::new();
-    let grpc = tonic::transport::Server::builder()
+    let limits = args.listeners.limits()?;
+    let grpc = weir_shared::grpc::server(&limits)
         .add_service(
             StreamdServer::new(DataPlane::new(node.clone()))
                 .max_decoding_message_size(max_message(&args))
                 .max_encoding_message_size(max_message(&args)),
         )
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(grpc_listener),
+            grpc_incoming(Listener::new(grpc_listener, "grpc", limits)),
             grpc_stop.clone().cancelled_owned(),
         );
     servers.spawn(watch_listener("grpc", grpc, shutdown.clone(), grpc_stop.clone()));
     let http_stop = CancellationToken::new();
-    let http = axum::serve(http_listener, crate::http::router(node.clone()))
-        .with_graceful_shutdown(http_stop.clone().cancelled_owned());
-    tasks.spawn(watch_listener(
-        "http",
-        http.into_future(),
-        shutdown.clone(),
-        http_stop.clone(),
-    ));
+    let http = weir_shared::http_server::serve(
+        Listener::new(http_listener, "http", limits),
+        crate::http::router(node.clone()),
+        http_stop.clone().cancelled_owned(),
+    );
+    tasks.spawn(watch_listener("http", http, shutdown.clone(), http_stop.clone()));
     tracing::info!(node_id = %me.node, epoch = %me.epoch, grpc = %addrs.grpc, http = %addrs.http, "streamd listening");
 
     let stop_requested = shutdown.token();

@@ -55,7 +55,10 @@ impl Streamd for DataPlane {
         } else {
             req.max_bytes as usize
         };
-        let r = self.node.read(&req.stream, req.offset, max_bytes, wait).await?;
+        let r = self
+            .node
+            .read(&req.stream, req.offset, max_bytes, !req.exact_max_bytes, wait)
+            .await?;
         Ok(Response::new(ReadReply {
             batches: r.batches,
             next_offset: r.next_offset,

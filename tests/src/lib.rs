@@ -105,6 +105,16 @@ pub async fn get_text(url: &str) -> String {
         .unwrap_or_else(|e| panic!("GET {url}: {e}"))
 }
 
+/// The resident set size of process `pid`, in bytes.
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// The value of a Prometheus sample line `name` (labels included) in `metrics`.
 pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
     metrics

@@ -40,6 +40,10 @@ impl Streamd {
         self.proc.kill();
     }
 
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     /// Changes flags for the next [`Streamd::start`] (a restart with new settings).
     pub fn override_flags(&mut self, extra: &[&str]) {
         crate::override_flags(&mut self.args, extra);

@@ -369,6 +369,7 @@ async fn a_streamd_cut_off_from_metad_is_fenced_and_can_acknowledge_nothing_more
             offset: 0,
             max_bytes: 1 << 20,
             wait_ms: 0,
+            exact_max_bytes: false,
         })
         .await
         .expect("read")

@@ -29,6 +29,7 @@ async fn read_all(stack: &Stack, on: usize, stream: &str, from: u64, until: u64)
                 offset,
                 max_bytes: 64 * 1024,
                 wait_ms: 0,
+                exact_max_bytes: false,
             })
             .await
             .expect("read")
@@ -177,6 +178,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
                     offset: 0,
                     max_bytes: 0,
                     wait_ms: 10_000,
+                    exact_max_bytes: false,
                 })
                 .await
                 .expect("long poll")
@@ -205,6 +207,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
                 offset: 5,
                 max_bytes: 0,
                 wait_ms: 0,
+                exact_max_bytes: false,
             })
             .await
             .expect_err("past the end");
@@ -534,6 +537,7 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
                 offset: 0,
                 max_bytes: 0,
                 wait_ms: 0,
+                exact_max_bytes: false,
             })
             .await
             .expect_err("corrupt data served");

@@ -4,6 +4,7 @@ pub mod append;
 pub mod auth;
 pub mod error;
 pub mod health;
+pub mod live_reads;
 pub mod nodes;
 pub mod read;
 pub mod sse;
@@ -33,6 +34,10 @@ pub struct Gateway {
     /// Require bearer tokens on the API.
     pub auth: bool,
     pub max_body_bytes: usize,
+    /// Most bytes one stored batch's records are inflated to when read (issue 19).
+    pub max_decompressed_bytes: usize,
+    /// Slots for SSE subscriptions and long polls.
+    pub live_reads: live_reads::LiveReads,
     /// Cancelled when this incarnation is fenced or replaced.
     pub fenced: CancellationToken,
     /// Cancelled when the gateway stops: live reads (long polls, SSE) end.

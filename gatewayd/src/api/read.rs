@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use weir_proto::streamd::{ReadRequest, StatusRequest};
 use weir_shared::error_code::ErrorCode;
+use weir_shared::inflate::InflateError;
 
 pub const MAX_COUNT: usize = 1000;
 pub const MAX_BYTES: usize = 8 << 20;
@@ -102,14 +103,26 @@ pub async fn read_page(gw: &Gateway, name: &str, from: u64, limits: Limits) -> R
                     offset: from,
                     max_bytes: limits.bytes as u32,
                     wait_ms: limits.wait_ms,
+                    exact_max_bytes: false,
                 };
                 async move { c.read(request).await }
             })
             .await;
         match reply {
             Ok(reply) => {
-                let records = decode_batches(reply.batches, from, limits.count, limits.format)
-                    .map_err(|e| ApiError::new(ErrorCode::Internal, e))?;
+                let records = decode_batches(
+                    reply.batches,
+                    from,
+                    limits.count,
+                    limits.format,
+                    gw.max_decompressed_bytes,
+                )
+                .map_err(|e| match e {
+                    InflateError::TooLarge { .. } => ApiError::new(ErrorCode::TooLarge, e.to_string()),
+                    InflateError::Invalid(_) => {
+                        ApiError::new(ErrorCode::Internal, format!("cannot decode stored batches: {e}"))
+                    }
+                })?;
                 let next_seq_num = match records.last() {
                     Some(last) if records.len() == limits.count => last.seq_num + 1,
                     _ => reply.next_offset.max(from),
@@ -173,6 +186,11 @@ pub async fn read_or_subscribe(
     if gw.routes.stream(&name).is_none() {
         return Err(ApiError::not_found(format!("stream '{name}' does not exist")));
     }
+    let _slot = if limits.wait_ms > 0 {
+        Some(gw.live_reads.long_poll()?)
+    } else {
+        None
+    };
     let page = read_page(&gw, &name, query.seq_num.unwrap_or(0), limits).await?;
     Ok(Json(json!({
         "records": page.records,

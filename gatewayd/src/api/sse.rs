@@ -40,11 +40,15 @@ pub fn subscribe(
                 .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a sequence number below 2^64 - 1"))
         })
         .transpose()?;
+    let slot = gw.live_reads.subscription()?;
     let start = resume.map(|id| id + 1).or(query.seq_num).unwrap_or(0);
     // `count` bounds the whole subscription when given.
     let total = query.count;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
-    gw.tasks.clone().spawn(pump(gw, name, start, total, limits, tx));
+    gw.tasks.clone().spawn(async move {
+        pump(gw, name, start, total, limits, tx).await;
+        drop(slot);
+    });
     Ok(Sse::new(ReceiverStream::new(rx))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())

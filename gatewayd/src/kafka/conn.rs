@@ -11,8 +11,8 @@ use kafka_protocol::ResponseError as KafkaError;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+use weir_shared::listener::Guarded;
 
 const UNSUPPORTED_VERSION: i16 = KafkaError::UnsupportedVersion.code();
 
@@ -39,14 +39,9 @@ impl Drop for Open {
     }
 }
 
-pub async fn run(
-    socket: TcpStream,
-    peer: SocketAddr,
-    kafka: Arc<Kafka>,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
+pub async fn run(socket: Guarded, peer: SocketAddr, kafka: Arc<Kafka>, stop: CancellationToken) -> anyhow::Result<()> {
     let _open = Open::new();
-    let (mut rd, mut wr) = socket.into_split();
+    let (mut rd, mut wr) = tokio::io::split(socket);
     let mut session = Session {
         peer,
         client_id: String::new(),
@@ -68,7 +63,7 @@ pub async fn run(
         };
         let frame = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
-            f = frame::read_frame(&mut rd, max_frame) => f,
+            f = frame::read_frame(&mut rd, max_frame, kafka.header_read_timeout) => f,
         };
         let frame = match frame {
             Ok(f) => f,
@@ -80,6 +75,11 @@ pub async fn run(
                     "too_large_unauthenticated"
                 });
                 tracing::warn!(%peer, error = %e, "kafka frame refused; closing the connection");
+                return Ok(());
+            }
+            Err(e @ FrameError::HeadTimeout(_)) => {
+                weir_shared::listener::count_header_timeout("kafka");
+                tracing::warn!(%peer, error = %e, "closing the kafka connection");
                 return Ok(());
             }
             Err(e) => return Err(e.into()),
@@ -140,7 +140,7 @@ pub async fn run(
             Answer::RespondThenRawSasl(body) => {
                 write(&mut wr, correlation_id, key, version, &body).await?;
                 // SaslHandshake v0: the next frame is a bare SASL token.
-                let token = match frame::read_frame(&mut rd, 64 * 1024).await {
+                let token = match frame::read_frame(&mut rd, 64 * 1024, kafka.header_read_timeout).await {
                     Ok(t) => t,
                     Err(_) => return Ok(()),
                 };

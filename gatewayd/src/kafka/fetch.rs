@@ -8,7 +8,6 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse};
-use kafka_protocol::records::RecordBatchDecoder;
 use std::time::Duration;
 use weir_proto::streamd::{ReadRequest, StatusRequest};
 
@@ -20,7 +19,11 @@ struct Part {
     partition: i32,
     stream: String,
     offset: i64,
-    max_bytes: i32,
+    /// The partition's own limit (`partition_max_bytes`, within the gRPC message limit).
+    max_bytes: usize,
+    /// Its share of the request's byte budget, reserved in request order before any
+    /// read: the read never returns more, and with none it is not read at all.
+    reserved: usize,
     /// Listed before in the same request: answered INVALID_REQUEST and never read, so a
     /// request repeating one partition cannot multiply the reads (issue 19).
     duplicate: bool,
@@ -34,19 +37,39 @@ struct Got {
     records: Bytes,
 }
 
-async fn read(kafka: &Kafka, p: &Part, wait: Duration) -> Got {
-    let failed = |error| Got {
-        error,
-        high_watermark: -1,
-        log_start: -1,
-        records: Bytes::new(),
-    };
+impl Got {
+    fn failed(error: i16) -> Got {
+        Got {
+            error,
+            high_watermark: -1,
+            log_start: -1,
+            records: Bytes::new(),
+        }
+    }
+}
+
+/// How much one read may return.
+#[derive(Clone, Copy)]
+enum Limit {
+    /// At most the part's reservation; none reserved: offsets only, no read.
+    Reserved,
+    /// Up to `n` bytes, and at least one whole batch (Kafka's rule, so a consumer whose
+    /// limits are smaller than a batch still makes progress).
+    AtLeastOne(usize),
+}
+
+async fn read(kafka: &Kafka, p: &Part, wait: Duration, limit: Limit) -> Got {
     if p.duplicate {
-        return failed(errors::INVALID_REQUEST);
+        return Got::failed(errors::INVALID_REQUEST);
     }
     if p.offset < 0 {
-        return failed(errors::OFFSET_OUT_OF_RANGE);
+        return Got::failed(errors::OFFSET_OUT_OF_RANGE);
     }
+    let (max_bytes, exact) = match limit {
+        Limit::Reserved if p.reserved == 0 => return offsets_only(kafka, p).await,
+        Limit::Reserved => (p.reserved, true),
+        Limit::AtLeastOne(n) => (n.max(1), false),
+    };
     let result = kafka
         .gw
         .routes
@@ -54,8 +77,9 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration) -> Got {
             let req = ReadRequest {
                 stream: p.stream.clone(),
                 offset: p.offset as u64,
-                max_bytes: p.max_bytes.max(1) as u32,
+                max_bytes: max_bytes.min(u32::MAX as usize) as u32,
                 wait_ms: wait.as_millis() as u32,
+                exact_max_bytes: exact,
             };
             async move { c.read(req).await }
         })
@@ -67,36 +91,95 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration) -> Got {
             log_start: r.start_offset as i64,
             records: r.batches,
         },
-        Err(e) => failed(errors::route(&e)),
+        Err(e) => Got::failed(errors::route(&e)),
+    }
+}
+
+/// A partition past the request's byte budget: its offsets, and no records read.
+async fn offsets_only(kafka: &Kafka, p: &Part) -> Got {
+    let status = kafka
+        .gw
+        .routes
+        .call(&p.stream, true, |mut c| {
+            let req = StatusRequest {
+                stream: p.stream.clone(),
+            };
+            async move { c.status(req).await }
+        })
+        .await;
+    match status {
+        Ok(s) if (p.offset as u64) < s.start_offset || (p.offset as u64) > s.end_offset => {
+            Got::failed(errors::OFFSET_OUT_OF_RANGE)
+        }
+        Ok(s) => Got {
+            error: errors::NONE,
+            high_watermark: s.end_offset as i64,
+            log_start: s.start_offset as i64,
+            records: Bytes::new(),
+        },
+        Err(e) => Got::failed(errors::route(&e)),
     }
 }
 
 pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
     let max_wait = Duration::from_millis(r.max_wait_ms.max(0) as u64).min(MAX_WAIT);
+    // The response's byte budget, shared out before any read (issue 19): the reads of
+    // one Fetch together hold at most this much, however many partitions it lists.
+    let budget = usize::try_from(r.max_bytes)
+        .ok()
+        .filter(|b| *b > 0)
+        .unwrap_or(usize::MAX)
+        .min(kafka.fetch_max_bytes);
+    let mut left = budget;
     let mut parts = vec![];
     let mut listed = std::collections::HashSet::new();
     for (i, t) in r.topics.iter().enumerate() {
         for p in &t.partitions {
             let stream = format!("{}/{}", t.topic.0, p.partition);
+            let duplicate = !listed.insert((t.topic_id, stream.clone()));
+            // Replies must fit the gRPC message limit.
+            let max_bytes = usize::try_from(p.partition_max_bytes)
+                .unwrap_or(0)
+                .min(kafka.gw.max_body_bytes);
+            let reserved = if duplicate { 0 } else { max_bytes.min(left) };
+            left -= reserved;
             parts.push(Part {
                 topic: i,
                 partition: p.partition,
-                duplicate: !listed.insert((t.topic_id, stream.clone())),
+                duplicate,
                 stream,
                 offset: p.fetch_offset,
-                // Replies must fit the gRPC message limit (at least one batch still comes back).
-                max_bytes: p.partition_max_bytes.min(kafka.gw.max_body_bytes as i32),
+                max_bytes,
+                reserved,
             });
         }
     }
-    let mut got: Vec<Got> = futures::future::join_all(parts.iter().map(|p| read(kafka, p, Duration::ZERO))).await;
+    let mut got: Vec<Got> =
+        futures::future::join_all(parts.iter().map(|p| read(kafka, p, Duration::ZERO, Limit::Reserved))).await;
+    if got.iter().all(|g| g.records.is_empty()) {
+        // Nothing fit: the first partition that has records gets one whole batch, so a
+        // consumer makes progress whatever its limits.
+        let pending = parts
+            .iter()
+            .zip(&got)
+            .position(|(p, g)| g.error == errors::NONE && g.high_watermark > p.offset);
+        if let Some(i) = pending {
+            let limit = Limit::AtLeastOne(parts[i].max_bytes.min(budget));
+            got[i] = read(kafka, &parts[i], Duration::ZERO, limit).await;
+        }
+    }
     let nothing = got.iter().all(|g| g.error == errors::NONE && g.records.is_empty());
     if nothing && r.min_bytes > 0 && !max_wait.is_zero() && !parts.is_empty() {
-        // Long poll: every partition waits on its owner; the first with data ends it.
+        // Long poll: every partition waits on its owner; the first with data ends it,
+        // and the others' reads are dropped unanswered.
         let mut waits: FuturesUnordered<_> = parts
             .iter()
             .enumerate()
-            .map(|(i, p)| async move { (i, read(kafka, p, max_wait).await) })
+            .filter(|(_, p)| !p.duplicate)
+            .map(|(i, p)| async move {
+                let limit = Limit::AtLeastOne(p.max_bytes.min(budget));
+                (i, read(kafka, p, max_wait, limit).await)
+            })
             .collect();
         let deadline = tokio::time::sleep(max_wait);
         tokio::pin!(deadline);
@@ -121,12 +204,6 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
             }
         }
     }
-    // The response's byte limit: the first partition with data is always whole.
-    let mut budget = if r.max_bytes > 0 {
-        r.max_bytes as usize
-    } else {
-        usize::MAX
-    };
     let mut topics: Vec<FetchableTopicResponse> = r
         .topics
         .iter()
@@ -136,17 +213,7 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
                 .with_topic_id(t.topic_id)
         })
         .collect();
-    let mut first = true;
     for (p, g) in parts.iter().zip(got) {
-        let mut records = g.records;
-        if !records.is_empty() {
-            if !first && records.len() > budget {
-                records = Bytes::new();
-            } else {
-                budget = budget.saturating_sub(records.len());
-                first = false;
-            }
-        }
         topics[p.topic].partitions.push(
             PartitionData::default()
                 .with_partition_index(p.partition)
@@ -156,7 +223,7 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
                 .with_log_start_offset(g.log_start)
                 .with_aborted_transactions(Some(vec![]))
                 .with_preferred_read_replica((-1).into())
-                .with_records(Some(records)),
+                .with_records(Some(g.records)),
         );
     }
     FetchResponse::default().with_responses(topics)
@@ -225,9 +292,10 @@ async fn by_timestamp(kafka: &Kafka, stream: &str, start: u64, end: u64, ts: i64
             stream: stream.to_string(),
             offset: offset as i64,
             max_bytes: 1 << 20,
+            reserved: 1 << 20,
             duplicate: false,
         };
-        let g = read(kafka, &part, Duration::ZERO).await;
+        let g = read(kafka, &part, Duration::ZERO, Limit::AtLeastOne(1 << 20)).await;
         if g.error != errors::NONE {
             return Err(g.error);
         }
@@ -241,7 +309,7 @@ async fn by_timestamp(kafka: &Kafka, stream: &str, start: u64, end: u64, ts: i64
                 continue;
             }
             let mut buf = Bytes::copy_from_slice(bytes);
-            if let Ok(sets) = RecordBatchDecoder::decode_all(&mut buf) {
+            if let Ok(sets) = weir_shared::inflate::decode_all(&mut buf, kafka.gw.max_decompressed_bytes) {
                 let hit = sets
                     .iter()
                     .flat_map(|s| s.records.iter())

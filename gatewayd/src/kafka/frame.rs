@@ -4,6 +4,7 @@
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind};
 use kafka_protocol::protocol::Decodable;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 #[derive(Debug, thiserror::Error)]
@@ -12,18 +13,29 @@ pub enum FrameError {
     Closed,
     #[error("frame of {0} bytes is over the limit of {1} bytes")]
     TooLarge(i64, usize),
+    #[error("a frame did not arrive whole within {0:?} of its first byte (--header-read-timeout-sec)")]
+    HeadTimeout(std::time::Duration),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
 }
 
-/// Reads one frame's bytes (without the size prefix).
-pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Bytes, FrameError> {
+/// Reads one frame's bytes (without the size prefix). The first byte may take as long
+/// as the connection may idle; the rest of the frame must follow within `within`, so a
+/// peer trickling bytes cannot hold a connection and its buffer (issue 19).
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize, within: Duration) -> Result<Bytes, FrameError> {
     let mut size = [0u8; 4];
-    match r.read_exact(&mut size).await {
+    match r.read(&mut size[..1]).await {
+        Ok(0) => return Err(FrameError::Closed),
         Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
         Err(e) => return Err(e.into()),
     }
+    tokio::time::timeout(within, read_rest(r, size, max))
+        .await
+        .map_err(|_| FrameError::HeadTimeout(within))?
+}
+
+async fn read_rest<R: AsyncRead + Unpin>(r: &mut R, mut size: [u8; 4], max: usize) -> Result<Bytes, FrameError> {
+    r.read_exact(&mut size[1..]).await?;
     let size = i32::from_be_bytes(size);
     if size < 0 || size as usize > max {
         return Err(FrameError::TooLarge(i64::from(size), max));
@@ -149,12 +161,12 @@ mod tests {
     async fn an_oversized_frame_is_refused_before_it_is_read() {
         let mut input: &[u8] = &[0x10, 0, 0, 0, 1, 2, 3];
         assert!(matches!(
-            read_frame(&mut input, 1024).await,
+            read_frame(&mut input, 1024, Duration::from_secs(5)).await,
             Err(FrameError::TooLarge(268435456, 1024))
         ));
         let mut negative: &[u8] = &[0xff, 0xff, 0xff, 0xff];
         assert!(matches!(
-            read_frame(&mut negative, 1024).await,
+            read_frame(&mut negative, 1024, Duration::from_secs(5)).await,
             Err(FrameError::TooLarge(-1, 1024))
         ));
     }

@@ -18,9 +18,9 @@ pub mod versions;
 
 use crate::api::Gateway;
 use std::sync::Arc;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use weir_shared::listener::Listener;
 
 /// What every Kafka connection shares.
 pub struct Kafka {
@@ -31,14 +31,18 @@ pub struct Kafka {
     /// The frame limit until a connection has authenticated (with `--auth`).
     pub max_unauthenticated_frame_bytes: usize,
     pub max_message_bytes: usize,
+    /// The most one Fetch response holds (Kafka's broker `fetch.max.bytes`).
+    pub fetch_max_bytes: usize,
     pub auto_create_topics: bool,
+    /// A request frame must arrive whole within this of its first byte.
+    pub header_read_timeout: std::time::Duration,
     pub default_partitions: u32,
 }
 
 /// Accepts Kafka connections until `stop`; each runs on its own task, tracked by `tasks`.
 /// An error return means the listener failed (the caller then stops the process).
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     kafka: Arc<Kafka>,
     tasks: TaskTracker,
     stop: CancellationToken,
@@ -49,17 +53,11 @@ pub async fn serve(
     loop {
         let (socket, peer) = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
-            accepted = listener.accept() => match accepted {
-                Ok(_) if fail_accept => return Err(std::io::Error::other("failpoint listener_kafka_accept")),
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "kafka listener accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = listener.accept() => accepted,
         };
-        let _ = socket.set_nodelay(true);
+        if fail_accept {
+            return Err(std::io::Error::other("failpoint listener_kafka_accept"));
+        }
         let (kafka, stop) = (kafka.clone(), stop.clone());
         tasks.spawn(async move {
             if let Err(e) = conn::run(socket, peer, kafka, stop).await {

@@ -21,6 +21,7 @@ pub mod code {
     pub const INVALID_SESSION_TIMEOUT: i16 = Kafka::InvalidSessionTimeout.code();
     pub const REBALANCE_IN_PROGRESS: i16 = Kafka::RebalanceInProgress.code();
     pub const MEMBER_ID_REQUIRED: i16 = Kafka::MemberIdRequired.code();
+    pub const GROUP_MAX_SIZE_REACHED: i16 = Kafka::GroupMaxSizeReached.code();
 }
 
 /// Session timeouts a member may ask for (Kafka's broker defaults).
@@ -86,6 +87,9 @@ pub struct JoinArgs {
     pub protocols: Vec<(String, Bytes)>,
     /// JoinGroup v4+: a new member first gets an id and joins again with it (KIP-394).
     pub require_known_member_id: bool,
+    /// Most members (and ids handed out to join) the group holds: Kafka's
+    /// `group.max.size`, streamd's `--max-group-members` (issue 19).
+    pub max_size: usize,
 }
 
 pub struct Member {
@@ -172,6 +176,9 @@ impl Group {
             return Self::join_error(code::INCONSISTENT_GROUP_PROTOCOL, &args.member_id);
         }
         let member_id = if args.member_id.is_empty() {
+            if self.members.len() + self.pending.len() >= args.max_size {
+                return Self::join_error(code::GROUP_MAX_SIZE_REACHED, "");
+            }
             let id = new_member_id(&args.client_id);
             if args.require_known_member_id {
                 self.pending.insert(id.clone(), now + args.session_timeout);
@@ -526,7 +533,23 @@ mod tests {
             protocol_type: "consumer".into(),
             protocols: vec![("range".into(), Bytes::from_static(b"m"))],
             require_known_member_id: true,
+            max_size: 1000,
         }
+    }
+
+    // Issue 19: a group admits at most max_size members, ids handed out included.
+    #[test]
+    fn a_full_group_refuses_a_new_member() {
+        let t = Instant::now();
+        let mut g = Group::new("g");
+        let small = |m: &str| JoinArgs { max_size: 2, ..args(m) };
+        let first = now(g.join(small(""), t));
+        assert_eq!(first.error, code::MEMBER_ID_REQUIRED);
+        let second = now(g.join(small(""), t));
+        assert_eq!(second.error, code::MEMBER_ID_REQUIRED);
+        assert_eq!(now(g.join(small(""), t)).error, code::GROUP_MAX_SIZE_REACHED);
+        // The ids handed out still join.
+        drop(now_or_wait(g.join(small(&first.member_id), t)));
     }
 
     /// A join without the MEMBER_ID_REQUIRED round trip.

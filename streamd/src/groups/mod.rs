@@ -233,7 +233,7 @@ impl Groups {
         let mut offset = 0;
         let mut end = None;
         loop {
-            let r = match self.node.read(stream, offset, 1 << 20, Duration::ZERO).await {
+            let r = match self.node.read(stream, offset, 1 << 20, true, Duration::ZERO).await {
                 Ok(r) => r,
                 Err(StreamdError::OffsetOutOfRange { start, end, .. }) if offset < start && start <= end => {
                     offset = start;
@@ -279,6 +279,7 @@ impl Groups {
                 .map(|p| (p.name.to_string(), p.metadata.clone()))
                 .collect(),
             require_known_member_id: version >= 4,
+            max_size: self.node.tunables.max_group_members,
         };
         let group = r.group_id.0.to_string();
         let answer = c.with(|st| {

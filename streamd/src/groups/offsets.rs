@@ -8,11 +8,14 @@
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// Most bytes an offsets-stream batch inflates to on replay. The coordinator writes them
+/// uncompressed and appends are checked against `--max-decompressed-bytes` (default
+/// 64 MiB) anyway; this only keeps replay bounded on its own.
+const OFFSETS_BATCH_INFLATED_BYTES: usize = 64 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Committed {
@@ -120,7 +123,7 @@ impl OffsetTable {
         let split = weir_shared::batch::split_batches(&batches).map_err(|e| format!("offsets stream: {e}"))?;
         for (header, raw) in split {
             let mut one = Bytes::copy_from_slice(raw);
-            match RecordBatchDecoder::decode_all(&mut one) {
+            match weir_shared::inflate::decode_all(&mut one, OFFSETS_BATCH_INFLATED_BYTES) {
                 Ok(sets) => {
                     for r in sets.into_iter().flat_map(|s| s.records) {
                         if let Some(change) = decode(&r) {

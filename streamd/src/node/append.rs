@@ -7,7 +7,7 @@ use crate::stream::producers::{Decision, SequenceError};
 use crate::stream::{Buffered, StreamHandle};
 use crate::wal::{WalError, WalRecord};
 use bytes::{Bytes, BytesMut};
-use weir_shared::batch::{check_record_count, set_base_offset, split_batches};
+use weir_shared::batch::{check_record_count, set_base_offset, split_batches, BatchError};
 
 /// What an acknowledged append was assigned.
 #[derive(Debug, Clone)]
@@ -32,7 +32,7 @@ impl Node {
             ));
         }
         if batches.len() > self.tunables.max_append_bytes {
-            return Err(StreamdError::InvalidArgument(format!(
+            return Err(StreamdError::TooLarge(format!(
                 "append of {} bytes is over the {} byte limit",
                 batches.len(),
                 self.tunables.max_append_bytes
@@ -40,7 +40,10 @@ impl Node {
         }
         let parsed = split_batches(batches).map_err(|e| StreamdError::InvalidArgument(e.to_string()))?;
         for (header, bytes) in &parsed {
-            check_record_count(bytes, header).map_err(|e| StreamdError::InvalidArgument(e.to_string()))?;
+            check_record_count(bytes, header, self.tunables.max_decompressed_bytes).map_err(|e| match e {
+                BatchError::TooLarge(_) => StreamdError::TooLarge(e.to_string()),
+                e => StreamdError::InvalidArgument(e.to_string()),
+            })?;
         }
         if parsed.is_empty() {
             return Err(StreamdError::InvalidArgument(

@@ -48,6 +48,10 @@ pub struct Tunables {
     pub reupload_after: Duration,
     /// Largest append accepted.
     pub max_append_bytes: usize,
+    /// Most members one consumer group admits (issue 19).
+    pub max_group_members: usize,
+    /// Most bytes one batch's compressed records may inflate to (issue 19).
+    pub max_decompressed_bytes: usize,
     /// Committed bytes replayed at open to rebuild idempotent-producer state.
     pub producer_state_bytes: u64,
     /// Bytes of object ranges cached for reads.

@@ -19,21 +19,37 @@ const MAX_RANGES_PER_READ: usize = 256;
 
 /// Appends to `out` the buffered batches from `offset` (the batch holding it first)
 /// below `durable_end`, while they fit in `max_bytes` (at least one batch when `out`
-/// is empty) and follow on without a gap.
+/// is empty and `max_bytes` is `Budget::AtLeastOne`) and follow on without a gap.
 fn append_tail(
     buffer: &std::collections::VecDeque<crate::stream::Buffered>,
     offset: u64,
     durable_end: u64,
-    max_bytes: usize,
+    max_bytes: Budget,
     out: &mut BytesMut,
 ) {
     let mut at = offset;
     for b in buffer.iter().skip_while(|b| b.end <= offset) {
-        if b.start > at || b.end > durable_end || (!out.is_empty() && out.len() + b.data.len() > max_bytes) {
+        if b.start > at || b.end > durable_end || max_bytes.full(out, b.data.len()) {
             break;
         }
         out.extend_from_slice(&b.data);
         at = b.end;
+    }
+}
+
+/// A read's byte limit.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    bytes: usize,
+    /// The first batch is returned even when it alone is over `bytes`, so a reader of
+    /// batches larger than its limit still makes progress (Kafka's rule).
+    at_least_one: bool,
+}
+
+impl Budget {
+    /// Whether `next` more bytes would not fit after `out`.
+    fn full(&self, out: &BytesMut, next: usize) -> bool {
+        (!out.is_empty() || !self.at_least_one) && out.len() + next > self.bytes
     }
 }
 
@@ -47,15 +63,20 @@ pub struct ReadResult {
 }
 
 impl Node {
-    /// Reads whole batches from `offset`, at most `max_bytes` (but at least one batch),
-    /// waiting up to `wait` when `offset` is the durable end.
+    /// Reads whole batches from `offset`, at most `max_bytes` (but at least one batch
+    /// when `at_least_one`), waiting up to `wait` when `offset` is the durable end.
     pub async fn read(
         &self,
         stream: &str,
         offset: u64,
         max_bytes: usize,
+        at_least_one: bool,
         wait: Duration,
     ) -> Result<ReadResult, StreamdError> {
+        let budget = Budget {
+            bytes: if at_least_one { max_bytes.max(1) } else { max_bytes },
+            at_least_one,
+        };
         let handle = self.stream(stream)?;
         let mut durable_rx = handle.durable.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
@@ -66,7 +87,7 @@ impl Node {
                 return Err(StreamdError::OffsetOutOfRange { offset, start, end });
             }
             if offset < end {
-                let batches = self.read_at(&handle, offset, end, max_bytes.max(1)).await?;
+                let batches = self.read_at(&handle, offset, end, budget).await?;
                 let next_offset = last_end(&batches).unwrap_or(offset);
                 return Ok(ReadResult {
                     batches,
@@ -106,7 +127,7 @@ impl Node {
         handle: &Arc<StreamHandle>,
         offset: u64,
         durable_end: u64,
-        max_bytes: usize,
+        max_bytes: Budget,
     ) -> Result<Bytes, StreamdError> {
         // The tail buffer covers offsets from its first batch on.
         {
@@ -132,7 +153,7 @@ impl Node {
             planned += range.len;
             at = range.end.0;
             ranges.push(range);
-            if planned >= max_bytes as u64 || at >= stop || ranges.len() >= MAX_RANGES_PER_READ {
+            if planned >= max_bytes.bytes as u64 || at >= stop || ranges.len() >= MAX_RANGES_PER_READ {
                 break;
             }
         }
@@ -153,7 +174,7 @@ impl Node {
                 if start + header.offset_count() <= at {
                     continue;
                 }
-                if !out.is_empty() && out.len() + bytes.len() > max_bytes {
+                if max_bytes.full(&out, bytes.len()) {
                     return Ok(out.freeze());
                 }
                 out.extend_from_slice(bytes);
@@ -162,7 +183,7 @@ impl Node {
         }
         // A read that reached the committed end goes on into the tail buffer, so it
         // fills its budget however the records are split between objects and memory.
-        if out.len() < max_bytes && at < durable_end && damaged_from.is_none_or(|f| at < f) {
+        if out.len() < max_bytes.bytes && at < durable_end && damaged_from.is_none_or(|f| at < f) {
             let inner = handle.inner.lock().await;
             append_tail(&inner.buffer, at, durable_end, max_bytes, &mut out);
         }
@@ -248,7 +269,7 @@ fn last_end(batches: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::append_tail;
+    use super::{append_tail, Budget};
     use crate::stream::Buffered;
     use bytes::{Bytes, BytesMut};
     use std::collections::VecDeque;
@@ -264,10 +285,17 @@ mod tests {
             .collect()
     }
 
+    fn soft(bytes: usize) -> Budget {
+        Budget {
+            bytes,
+            at_least_one: true,
+        }
+    }
+
     #[test]
     fn the_tail_fills_the_budget_from_the_batch_holding_the_offset() {
         let mut out = BytesMut::new();
-        append_tail(&buffer(0, 10), 5, 20, 35, &mut out);
+        append_tail(&buffer(0, 10), 5, 20, soft(35), &mut out);
         // Offset 5 is in the batch at 4..6; three whole batches fit in 35 bytes.
         assert_eq!(&out[..], &[[2u8; 10], [3; 10], [4; 10]].concat()[..]);
     }
@@ -275,18 +303,32 @@ mod tests {
     #[test]
     fn the_tail_stops_at_the_durable_end_and_at_a_gap() {
         let mut out = BytesMut::new();
-        append_tail(&buffer(0, 10), 0, 6, 1 << 20, &mut out);
+        append_tail(&buffer(0, 10), 0, 6, soft(1 << 20), &mut out);
         assert_eq!(out.len(), 30, "only batches below the durable end");
         // A read that ended at offset 4 finds a buffer starting at 6: nothing is skipped over.
         let mut out = BytesMut::from(&b"committed"[..]);
-        append_tail(&buffer(3, 5), 4, 20, 1 << 20, &mut out);
+        append_tail(&buffer(3, 5), 4, 20, soft(1 << 20), &mut out);
         assert_eq!(&out[..], b"committed");
     }
 
     #[test]
     fn an_empty_read_takes_one_batch_even_over_its_budget() {
         let mut out = BytesMut::new();
-        append_tail(&buffer(0, 3), 0, 6, 1, &mut out);
+        append_tail(&buffer(0, 3), 0, 6, soft(1), &mut out);
         assert_eq!(out.len(), 10);
+    }
+
+    // Issue 19: a Fetch's share of its byte budget is never exceeded, even by one batch.
+    #[test]
+    fn an_exact_budget_may_return_nothing() {
+        let exact = |bytes| Budget {
+            bytes,
+            at_least_one: false,
+        };
+        let mut out = BytesMut::new();
+        append_tail(&buffer(0, 3), 0, 6, exact(9), &mut out);
+        assert!(out.is_empty());
+        append_tail(&buffer(0, 3), 0, 6, exact(25), &mut out);
+        assert_eq!(out.len(), 20);
     }
 }

@@ -1,0 +1,62 @@
+//! Serves an axum router on a limited [`Listener`](crate::listener::Listener), with
+//! hyper's header-read timeout on (axum's own `serve` sets no timer, so a client could
+//! trickle request headers forever). HTTP/1.1 and HTTP/2 (prior knowledge) both work.
+
+use crate::listener::Listener;
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+
+/// Most concurrent requests on one HTTP/2 connection.
+const MAX_CONCURRENT_STREAMS: u32 = 256;
+
+/// Serves `router` until `stop` completes, then lets open requests finish (a graceful
+/// shutdown of every connection) and returns.
+pub async fn serve(listener: Listener, router: Router, stop: impl Future<Output = ()>) -> std::io::Result<()> {
+    let limits = listener.limits();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // hyper also applies it while a keep-alive connection waits for its next request.
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .keep_alive_interval(limits.idle_timeout / 2);
+    let graceful = GracefulShutdown::new();
+    let connections = tokio_util::task::TaskTracker::new();
+    tokio::pin!(stop);
+    loop {
+        let (io, _peer) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut stop => break,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        connections.spawn(async move {
+            if let Err(e) = conn.await {
+                log_closed(e);
+            }
+        });
+    }
+    graceful.shutdown().await;
+    connections.close();
+    connections.wait().await;
+    Ok(())
+}
+
+fn log_closed(e: Box<dyn std::error::Error + Send + Sync>) {
+    let header_timeout = e.downcast_ref::<hyper::Error>().is_some_and(|h| h.is_timeout());
+    if header_timeout {
+        crate::listener::count_header_timeout("http");
+    }
+    tracing::debug!(error = %e, "http connection closed");
+}

@@ -1,0 +1,546 @@
+//! Issue 19: the limits every listener enforces, with real sockets against real
+//! processes. Each test also checks that the process's memory stays within a stated
+//! bound and that other clients are served.
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use reqwest::{Method, StatusCode};
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+use weir_tests::gateway::Gatewayd;
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::{get_text, metric_value, rss_bytes, wait_for};
+
+const T: Duration = Duration::from_secs(30);
+const MIB: u64 = 1 << 20;
+
+/// Runs a test body with an overall bound.
+async fn bounded<F: std::future::Future<Output = ()>>(f: F) {
+    tokio::time::timeout(Duration::from_secs(240), f)
+        .await
+        .expect("the test finished within its bound");
+}
+
+/// Whether the server closed `s`: a read gives EOF or a reset rather than timing out
+/// (what the server sent before, such as HTTP/2 settings, is read past).
+fn closed(s: &mut std::net::TcpStream) -> bool {
+    let mut buf = [0u8; 4096];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    }
+}
+
+/// Opens a connection, sends `head`, then one byte of `trickle` every 200 ms (so it is
+/// never idle), and returns how long until the server closed it (`None`: never, in 10 s).
+fn slowloris(addr: &str, head: &[u8], trickle: &[u8]) -> Option<Duration> {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_millis(10))).expect("timeout");
+    let started = Instant::now();
+    s.write_all(head).expect("write the head");
+    for b in trickle.iter().cycle() {
+        if started.elapsed() > Duration::from_secs(10) {
+            return None;
+        }
+        if s.write_all(&[*b]).is_err() || closed(&mut s) || closed(&mut s) {
+            return Some(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    unreachable!("cycle never ends")
+}
+
+/// An ApiVersions v0 request frame.
+fn api_versions(correlation: i32) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&10i32.to_be_bytes());
+    f.extend_from_slice(&18i16.to_be_bytes());
+    f.extend_from_slice(&0i16.to_be_bytes());
+    f.extend_from_slice(&correlation.to_be_bytes());
+    f.extend_from_slice(&(-1i16).to_be_bytes());
+    f
+}
+
+/// Sends ApiVersions on `s` and reads the answer's correlation id.
+fn kafka_ping(s: &mut std::net::TcpStream, correlation: i32) -> Option<i32> {
+    s.write_all(&api_versions(correlation)).ok()?;
+    let mut head = [0u8; 8];
+    s.read_exact(&mut head).ok()?;
+    let size = i32::from_be_bytes(head[..4].try_into().expect("4"));
+    let mut rest = vec![0u8; size as usize - 4];
+    s.read_exact(&mut rest).ok()?;
+    Some(i32::from_be_bytes(head[4..].try_into().expect("4")))
+}
+
+fn kafka_connect(addr: &str) -> std::net::TcpStream {
+    let s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s
+}
+
+// Issue 19: a peer trickling a request head is cut at --header-read-timeout-sec on every
+// listener (gatewayd HTTP and Kafka, streamd and metad gRPC and HTTP), while other
+// clients are served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slowloris_is_cut_on_every_listener() {
+    bounded(async {
+        let quick = ["--header-read-timeout-sec", "1"];
+        let stack = Stack::start_with(1, Backend::FileWal, &quick, &quick).await;
+        let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &quick);
+        gw.wait_ready().await;
+        let http_head: &[u8] = b"GET /health HTTP/1.1\r\nHost: x\r\n";
+        let kafka_head: &[u8] = &100i32.to_be_bytes();
+        let h2_head: &[u8] = b"PRI ";
+        let listeners = [
+            ("gatewayd http", gw.http.clone(), http_head, &b"X-Slow: yes\r\n"[..]),
+            ("gatewayd kafka", gw.kafka.clone(), kafka_head, &b"\x00"[..]),
+            (
+                "streamd grpc",
+                stack.nodes[0].grpc.clone(),
+                h2_head,
+                &b"* HTTP/2.0\r\n\r\nSM\r\n\r\n"[..],
+            ),
+            (
+                "streamd http",
+                stack.nodes[0].http.clone(),
+                http_head,
+                &b"X-Slow: yes\r\n"[..],
+            ),
+            (
+                "metad grpc",
+                stack.metad.replicas[0].grpc.clone(),
+                h2_head,
+                &b"* HTTP/2.0\r\n\r\nSM\r\n\r\n"[..],
+            ),
+            (
+                "metad http",
+                stack.metad.replicas[0].http.clone(),
+                http_head,
+                &b"X-Slow: yes\r\n"[..],
+            ),
+        ];
+        let attacks: Vec<_> = listeners
+            .iter()
+            .map(|(name, addr, head, trickle)| {
+                let (name, addr, head, trickle) = (*name, addr.clone(), head.to_vec(), trickle.to_vec());
+                std::thread::spawn(move || (name, slowloris(&addr, &head, &trickle)))
+            })
+            .collect();
+        // Others are served while the attacks run.
+        gw.create_stream("s").await;
+        gw.append("s", &["served"]).await;
+        for attack in attacks {
+            let (name, cut) = attack.join().expect("attack thread");
+            let cut = cut.unwrap_or_else(|| panic!("{name}: a trickled request head was never cut"));
+            println!("{name}: cut after {cut:?}");
+            assert!(cut < Duration::from_secs(5), "{name}: cut only after {cut:?}");
+        }
+        assert_eq!(gw.read_all("s").await.len(), 1);
+        let metrics = get_text(&gw.url("/metrics")).await;
+        for listener in ["http", "kafka"] {
+            let line = format!(
+                "weir_listener_connections_closed_total{{listener=\"{listener}\",reason=\"header_read_timeout\"}}"
+            );
+            assert!(
+                metric_value(&metrics, &line).unwrap_or(0.0) >= 1.0,
+                "{line} in {metrics}"
+            );
+        }
+        let streamd = get_text(&format!("http://{}/metrics", stack.nodes[0].http)).await;
+        let line = "weir_listener_connections_closed_total{listener=\"grpc\",reason=\"header_read_timeout\"}";
+        assert!(
+            metric_value(&streamd, line).unwrap_or(0.0) >= 1.0,
+            "{line} in {streamd}"
+        );
+    })
+    .await;
+}
+
+// Issue 19: a connection that moves no byte for --idle-timeout-sec is closed; one that
+// keeps talking is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connections_are_closed_and_busy_ones_kept() {
+    bounded(async {
+        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
+        let gw = Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &["--idle-timeout-sec", "2"],
+        );
+        gw.wait_ready().await;
+        let (idle_addr, busy_addr) = (gw.kafka.clone(), gw.kafka.clone());
+        let idle = std::thread::spawn(move || {
+            let mut s = kafka_connect(&idle_addr);
+            let started = Instant::now();
+            assert!(closed(&mut s), "an idle connection was never closed");
+            started.elapsed()
+        });
+        let busy = std::thread::spawn(move || {
+            let mut s = kafka_connect(&busy_addr);
+            for i in 0..6 {
+                assert_eq!(kafka_ping(&mut s, i), Some(i), "a busy connection was closed");
+                std::thread::sleep(Duration::from_millis(1000));
+            }
+        });
+        let idle_for = idle.join().expect("idle thread");
+        assert!(
+            idle_for >= Duration::from_millis(1500) && idle_for < Duration::from_secs(8),
+            "closed after {idle_for:?}"
+        );
+        busy.join().expect("busy thread");
+        let metrics = get_text(&gw.url("/metrics")).await;
+        let line = "weir_listener_connections_closed_total{listener=\"kafka\",reason=\"idle_timeout\"}";
+        assert!(
+            metric_value(&metrics, line).unwrap_or(0.0) >= 1.0,
+            "{line} in {metrics}"
+        );
+    })
+    .await;
+}
+
+// Issue 19: 10,000 idle connections cost the gateway a bounded amount of memory; one
+// past --max-connections is closed at once, one peer address past
+// --max-connections-per-ip is refused while another address is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_thousand_idle_connections_cost_bounded_memory() {
+    bounded(async {
+        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
+        let mut gw = Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &["--max-connections", "10000", "--max-connections-per-ip", "10000"],
+        );
+        gw.wait_ready().await;
+        let pid = gw.proc().pid();
+        let before = rss_bytes(pid);
+        let mut idle = Vec::with_capacity(10_000);
+        for _ in 0..10_000 {
+            idle.push(tokio::net::TcpStream::connect(&gw.kafka).await.expect("connect"));
+        }
+        let open = "weir_listener_connections_open{listener=\"kafka\"}";
+        wait_for("10,000 connections accepted", T, || async {
+            let m = get_text(&gw.url("/metrics")).await;
+            (metric_value(&m, open) == Some(10_000.0)).then_some(())
+        })
+        .await;
+        let after = rss_bytes(pid);
+        println!(
+            "gatewayd RSS {} MiB before, {} MiB with 10,000 idle connections",
+            before / MIB,
+            after / MIB
+        );
+        assert!(
+            after < before + 200 * MIB,
+            "10,000 idle connections took {} MiB",
+            (after - before) / MIB
+        );
+        // One more is closed at once; HTTP clients are served meanwhile.
+        let mut over = kafka_connect(&gw.kafka);
+        assert!(
+            kafka_ping(&mut over, 1).is_none(),
+            "a connection past --max-connections was served"
+        );
+        gw.create_stream("s").await;
+        gw.append("s", &["served"]).await;
+        let m = get_text(&gw.url("/metrics")).await;
+        let refused = "weir_listener_connections_refused_total{listener=\"kafka\",reason=\"max_connections\"}";
+        assert!(metric_value(&m, refused).unwrap_or(0.0) >= 1.0, "{refused} in {m}");
+        // Their slots come back when they close.
+        idle.clear();
+        wait_for("the idle connections' slots freed", T, || async {
+            let mut s = kafka_connect(&gw.kafka);
+            kafka_ping(&mut s, 7).map(|_| ())
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_peer_address_cannot_take_every_slot() {
+    bounded(async {
+        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
+        let gw = Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &["--max-connections-per-ip", "20"],
+        );
+        gw.wait_ready().await;
+        let port: u16 = gw.kafka.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+        let from_other_address = || {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket
+                .bind("127.0.0.2:0".parse().expect("addr"))
+                .expect("bind 127.0.0.2");
+            socket.connect(([127, 0, 0, 1], port).into())
+        };
+        let mut hogs = Vec::new();
+        for _ in 0..20 {
+            hogs.push(from_other_address().await.expect("connect"));
+        }
+        let extra = from_other_address().await.expect("connect").into_std().expect("std");
+        extra.set_nonblocking(false).expect("blocking");
+        extra.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut extra = extra;
+        assert!(closed(&mut extra), "a 21st connection from one address was kept");
+        // Another address is served.
+        let mut mine = kafka_connect(&gw.kafka);
+        assert_eq!(kafka_ping(&mut mine, 3), Some(3));
+        let m = get_text(&gw.url("/metrics")).await;
+        let refused = "weir_listener_connections_refused_total{listener=\"kafka\",reason=\"max_connections_per_ip\"}";
+        assert!(metric_value(&m, refused).unwrap_or(0.0) >= 1.0, "{refused} in {m}");
+        drop(hogs);
+    })
+    .await;
+}
+
+/// One zstd batch of a single record of `bytes` zeros: a few hundred bytes on the wire.
+fn bomb(bytes: usize) -> Bytes {
+    let record = Record {
+        transactional: false,
+        control: false,
+        partition_leader_epoch: 0,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: TimestampType::Creation,
+        offset: 0,
+        sequence: -1,
+        timestamp: 0,
+        key: None,
+        value: Some(Bytes::from(vec![0u8; bytes])),
+        headers: Default::default(),
+        delete_horizon: false,
+    };
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        [&record],
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::Zstd,
+        },
+    )
+    .expect("encode");
+    buf.freeze()
+}
+
+/// Produces `records` to `topic` partition 0 over a raw connection; the partition's error code.
+fn produce(addr: &str, topic: &str, records: Bytes) -> i16 {
+    let version = 8;
+    let header = RequestHeader::default()
+        .with_request_api_key(ApiKey::Produce as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(5)
+        .with_client_id(Some(StrBytes::from_static_str("limits-test")));
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(0)
+                .with_records(Some(records))])]);
+    let mut body = BytesMut::new();
+    header
+        .encode(&mut body, ProduceRequest::header_version(version))
+        .expect("header");
+    request.encode(&mut body, version).expect("body");
+    let mut s = kafka_connect(addr);
+    s.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    s.write_all(&(body.len() as i32).to_be_bytes()).expect("write");
+    s.write_all(&body).expect("write");
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).expect("answer size");
+    let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
+    s.read_exact(&mut answer).expect("answer");
+    let mut answer = Bytes::from(answer);
+    ResponseHeader::decode(&mut answer, ProduceResponse::header_version(version)).expect("response header");
+    let response = ProduceResponse::decode(&mut answer, version).expect("response");
+    response.responses[0].partition_responses[0].error_code
+}
+
+// Issue 19: a decompression bomb is refused when produced (MESSAGE_TOO_LARGE) and a
+// stored one is never inflated past the gateway's limit on read (413 too_large); neither
+// process's memory grows with what the bomb would inflate to.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_decompression_bomb_is_refused_when_produced_and_never_inflated_on_read() {
+    bounded(async {
+        let stack = Stack::start_with(
+            1,
+            Backend::FileWal,
+            &["--max-decompressed-bytes", &(128 * MIB).to_string()],
+            &[],
+        )
+        .await;
+        let mut gw = Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &["--max-decompressed-bytes", &(4 * MIB).to_string()],
+        );
+        gw.wait_ready().await;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &gw.kafka)
+            .set("broker.address.family", "v4")
+            .create()
+            .expect("admin client");
+        let created = admin
+            .create_topics(
+                &[NewTopic::new("bombs", 1, TopicReplication::Fixed(1))],
+                &AdminOptions::new(),
+            )
+            .await
+            .expect("create topics");
+        assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+        gw.wait_open("bombs/0").await;
+
+        // 200 MiB of zeros in a few hundred bytes: past streamd's 128 MiB.
+        let big = bomb(200 * MIB as usize);
+        assert!(big.len() < 64 << 10, "the bomb is {} bytes", big.len());
+        let message_too_large = kafka_protocol::ResponseError::MessageTooLarge.code();
+        assert_eq!(produce(&gw.kafka, "bombs", big), message_too_large);
+        let streamd_rss = rss_bytes(stack.nodes[0].pid());
+        assert!(
+            streamd_rss < 160 * MIB,
+            "streamd holds {} MiB after refusing the bomb",
+            streamd_rss / MIB
+        );
+
+        // 100 MiB is within streamd's limit and stored, but past the gateway's 4 MiB.
+        assert_eq!(produce(&gw.kafka, "bombs", bomb(100 * MIB as usize)), 0);
+        let (status, body) = gw
+            .send(gw.request(Method::GET, "/v1/streams/bombs%2F0/records?seq_num=0"))
+            .await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+        assert_eq!(body["error"]["code"], "too_large", "{body}");
+        let gateway_rss = rss_bytes(gw.proc().pid());
+        assert!(
+            gateway_rss < 96 * MIB,
+            "gatewayd holds {} MiB after refusing to inflate 100 MiB",
+            gateway_rss / MIB
+        );
+        // Other reads and writes go on.
+        gw.create_stream("plain").await;
+        gw.append("plain", &["ok"]).await;
+        assert_eq!(gw.read_all("plain").await.len(), 1);
+    })
+    .await;
+}
+
+// Issue 19: SSE subscriptions and long polls are capped per gateway (429
+// too_many_requests, naming the flag), and a slot comes back when its read ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn live_reads_are_capped_per_gateway() {
+    bounded(async {
+        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
+        let gw = Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &["--max-sse-subscribers", "1", "--max-long-polls", "1"],
+        );
+        gw.wait_ready().await;
+        gw.create_stream("s").await;
+        let subscribe = || {
+            gw.request(Method::GET, "/v1/streams/s/records")
+                .header("accept", "text/event-stream")
+                .send()
+        };
+        let first = subscribe().await.expect("subscribe");
+        assert_eq!(first.status(), StatusCode::OK);
+        let second = subscribe().await.expect("subscribe");
+        assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+        let body: serde_json::Value = second.json().await.expect("json");
+        assert_eq!(body["error"]["code"], "too_many_requests", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("--max-sse-subscribers")),
+            "{body}"
+        );
+        drop(first);
+        wait_for("the subscription's slot back", T, || async {
+            let again = subscribe().await.ok()?;
+            (again.status() == StatusCode::OK).then_some(())
+        })
+        .await;
+
+        // A long poll holds its slot while it waits.
+        let waiting = gw
+            .request(Method::GET, "/v1/streams/s/records?seq_num=0&wait=20")
+            .send();
+        let waiting = tokio_util::task::TaskTracker::new().spawn(waiting);
+        let refused = wait_for("a second long poll refused", T, || async {
+            let (status, body) = gw
+                .send(gw.request(Method::GET, "/v1/streams/s/records?seq_num=0&wait=1"))
+                .await;
+            (status == StatusCode::TOO_MANY_REQUESTS).then_some(body)
+        })
+        .await;
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("--max-long-polls")),
+            "{refused}"
+        );
+        // Reads that do not wait are not capped.
+        let (status, _) = gw
+            .send(gw.request(Method::GET, "/v1/streams/s/records?seq_num=0"))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        gw.append("s", &["wakes the poll"]).await;
+        let woke = waiting.await.expect("task").expect("long poll");
+        assert_eq!(woke.status(), StatusCode::OK);
+        let m = get_text(&gw.url("/metrics")).await;
+        for kind in ["sse", "long_poll"] {
+            let line = format!("weir_gatewayd_live_reads_refused_total{{kind=\"{kind}\"}}");
+            assert!(metric_value(&m, &line).unwrap_or(0.0) >= 1.0, "{line} in {m}");
+        }
+    })
+    .await;
+}
+
+// Issue 19: a metad replica serves at most --max-watch-streams Watch streams; one more
+// is refused with RESOURCE_EXHAUSTED naming the flag, and a slot comes back when a
+// watcher goes away.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_streams_are_capped_per_metad() {
+    bounded(async {
+        let stack = Stack::start_with(1, Backend::FileWal, &[], &["--max-watch-streams", "4"]).await;
+        let replica = &stack.metad.replicas[0];
+        let watch = || async {
+            let mut client = weir_proto::metad::metad_client::MetadClient::connect(format!("http://{}", replica.grpc))
+                .await
+                .expect("connect");
+            client
+                .watch(weir_proto::metad::WatchRequest { after_index: None })
+                .await
+                .map(|r| r.into_inner())
+        };
+        let mut mine = Vec::new();
+        let refused = loop {
+            match watch().await {
+                Ok(stream) => mine.push(stream),
+                Err(status) => break status,
+            }
+            assert!(mine.len() <= 4, "more than 4 watch streams were served");
+        };
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(refused.message().contains("--max-watch-streams"), "{refused:?}");
+        let metrics = get_text(&format!("http://{}/metrics", replica.http)).await;
+        assert_eq!(metric_value(&metrics, "weir_metad_watchers"), Some(4.0), "{metrics}");
+        mine.pop();
+        wait_for("a watch slot back", T, || async { watch().await.ok().map(|_| ()) }).await;
+    })
+    .await;
+}
