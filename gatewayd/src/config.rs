@@ -87,6 +87,11 @@ pub struct GatewaydArgs {
     #[arg(long, env = "WEIR_KAFKA_FETCH_MAX_BYTES", default_value_t = 55 << 20)]
     pub kafka_fetch_max_bytes: usize,
 
+    /// Most Kafka connections one authenticated token holds at once on this gateway
+    /// (with `--auth`); one more fails SASL authentication, naming this flag.
+    #[arg(long, env = "WEIR_KAFKA_MAX_CONNECTIONS_PER_PRINCIPAL", default_value_t = 1_000)]
+    pub kafka_max_connections_per_principal: usize,
+
     /// Create a topic a client asks Metadata for, as Kafka's `auto.create.topics.enable`.
     #[arg(long, env = "WEIR_KAFKA_AUTO_CREATE_TOPICS", default_value_t = true, action = clap::ArgAction::Set)]
     pub kafka_auto_create_topics: bool,
@@ -122,6 +127,11 @@ impl GatewaydArgs {
         if self.kafka_max_unauthenticated_frame_bytes < 1024 {
             return Err(ConfigError::new(
                 "--kafka-max-unauthenticated-frame-bytes must be at least 1024",
+            ));
+        }
+        if self.kafka_max_connections_per_principal == 0 {
+            return Err(ConfigError::new(
+                "--kafka-max-connections-per-principal must be at least 1",
             ));
         }
         if self.kafka_fetch_max_bytes < 1024 {

@@ -84,6 +84,7 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         fetch_max_bytes: args.kafka_fetch_max_bytes,
         auto_create_topics: args.kafka_auto_create_topics,
         header_read_timeout: limits.header_read_timeout,
+        principals: crate::kafka::principals::Principals::new(args.kafka_max_connections_per_principal),
         default_partitions: args.kafka_default_partitions,
     });
     servers.spawn(watch_listener(

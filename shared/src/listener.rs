@@ -138,6 +138,12 @@ fn metrics() -> &'static Metrics {
     })
 }
 
+/// Counts a connection refused by a limit its service applies after accepting it (a
+/// Kafka principal's share).
+pub fn count_refused(listener: &str, reason: &str) {
+    metrics().refused.with_label_values(&[listener, reason]).inc();
+}
+
 /// Counts a connection closed because its request head did not arrive in time.
 pub fn count_header_timeout(listener: &str) {
     metrics()

@@ -30,6 +30,8 @@ pub struct StreamdMetrics {
     pub compaction_pass_seconds: Histogram,
     /// Bytes read by partial reads of a range's tail (producer-state rebuilds).
     pub tail_bytes_read: IntCounter,
+    /// Bytes of record batches returned by reads (HTTP reads, Kafka Fetch, SSE).
+    pub read_bytes: IntCounter,
     /// Damaged committed ranges this node found (each reported to the metadata log).
     pub damage_found: IntCounter,
     /// Streams this node serves that are marked damaged.
@@ -103,6 +105,7 @@ pub fn metrics() -> &'static StreamdMetrics {
                 "streamd_tail_read_bytes_total",
                 "Bytes read by partial reads of a range's tail (producer-state rebuilds)",
             ),
+            read_bytes: counter("streamd_read_bytes_total", "Bytes of record batches returned by reads"),
             damage_found: counter(
                 "streamd_damage_found_total",
                 "Damaged committed ranges found (failing their checksum or not what the index says)",

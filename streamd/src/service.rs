@@ -59,6 +59,7 @@ impl Streamd for DataPlane {
             .node
             .read(&req.stream, req.offset, max_bytes, !req.exact_max_bytes, wait)
             .await?;
+        crate::metrics::metrics().read_bytes.inc_by(r.batches.len() as u64);
         Ok(Response::new(ReadReply {
             batches: r.batches,
             next_offset: r.next_offset,

@@ -6,6 +6,7 @@
 
 pub mod batches;
 pub mod disk;
+pub mod fuzz;
 pub mod gateway;
 pub mod history;
 pub mod metad;

@@ -544,3 +544,192 @@ async fn watch_streams_are_capped_per_metad() {
     })
     .await;
 }
+
+/// Authenticates a new Kafka connection with SASL/PLAIN through SaslHandshake v0 and a
+/// raw token, as old clients do; `None` when the gateway closed it instead.
+fn sasl_v0(addr: &str, user: &str, secret: &str) -> Option<std::net::TcpStream> {
+    let mut s = kafka_connect(addr);
+    let mut handshake = Vec::new();
+    handshake.extend_from_slice(&17i16.to_be_bytes());
+    handshake.extend_from_slice(&0i16.to_be_bytes());
+    handshake.extend_from_slice(&9i32.to_be_bytes());
+    handshake.extend_from_slice(&(-1i16).to_be_bytes());
+    handshake.extend_from_slice(&5i16.to_be_bytes());
+    handshake.extend_from_slice(b"PLAIN");
+    s.write_all(&(handshake.len() as i32).to_be_bytes()).ok()?;
+    s.write_all(&handshake).ok()?;
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).ok()?;
+    let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
+    s.read_exact(&mut answer).ok()?;
+    let token = format!("\0{user}\0{secret}");
+    s.write_all(&(token.len() as i32).to_be_bytes()).ok()?;
+    s.write_all(token.as_bytes()).ok()?;
+    let mut ok = [0u8; 4];
+    s.read_exact(&mut ok).ok()?;
+    Some(s)
+}
+
+// Issue 19: one token holds at most --kafka-max-connections-per-principal Kafka
+// connections; one more fails authentication, others are served, and a closed
+// connection gives its slot back.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_token_cannot_take_every_kafka_connection() {
+    bounded(async {
+        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
+        let gw = Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &["--auth", "--kafka-max-connections-per-principal", "2"],
+        );
+        gw.wait_ready().await;
+        stack.metad.issue_token("app", "weir_app-secret", &[]).await;
+        stack.metad.issue_token("other", "weir_other-secret", &[]).await;
+        let addr = gw.kafka.clone();
+        let first = wait_for("the token known to the gateway", T, || {
+            let addr = addr.clone();
+            async move { sasl_v0(&addr, "app", "weir_app-secret") }
+        })
+        .await;
+        let _second = sasl_v0(&gw.kafka, "app", "weir_app-secret").expect("a second connection");
+        assert!(
+            sasl_v0(&gw.kafka, "app", "weir_app-secret").is_none(),
+            "a third connection of one token was authenticated"
+        );
+        let other = wait_for("the other token known", T, || {
+            let addr = addr.clone();
+            async move { sasl_v0(&addr, "other", "weir_other-secret") }
+        })
+        .await;
+        drop(other);
+        drop(first);
+        wait_for("the closed connection's slot back", T, || {
+            let addr = addr.clone();
+            async move { sasl_v0(&addr, "app", "weir_app-secret") }
+        })
+        .await;
+        let m = get_text(&gw.url("/metrics")).await;
+        let refused =
+            "weir_listener_connections_refused_total{listener=\"kafka\",reason=\"max_connections_per_principal\"}";
+        assert!(metric_value(&m, refused).unwrap_or(0.0) >= 1.0, "{refused} in {m}");
+    })
+    .await;
+}
+
+/// Fetch v4 of partitions `0..partitions` of `topic` from offset 0; per partition
+/// (error, high watermark, records bytes).
+fn fetch_v4(addr: &str, topic: &str, partitions: i32, max_bytes: i32, partition_max: i32) -> Vec<(i16, i64, usize)> {
+    let mut f = vec![0, 1, 0, 4];
+    f.extend_from_slice(&11i32.to_be_bytes());
+    f.extend_from_slice(&(-1i16).to_be_bytes()); // client id
+    f.extend_from_slice(&(-1i32).to_be_bytes()); // replica id
+    f.extend_from_slice(&0i32.to_be_bytes()); // max wait
+    f.extend_from_slice(&0i32.to_be_bytes()); // min bytes
+    f.extend_from_slice(&max_bytes.to_be_bytes());
+    f.push(0); // read uncommitted
+    f.extend_from_slice(&1i32.to_be_bytes());
+    f.extend_from_slice(&(topic.len() as i16).to_be_bytes());
+    f.extend_from_slice(topic.as_bytes());
+    f.extend_from_slice(&partitions.to_be_bytes());
+    for p in 0..partitions {
+        f.extend_from_slice(&p.to_be_bytes());
+        f.extend_from_slice(&0i64.to_be_bytes());
+        f.extend_from_slice(&partition_max.to_be_bytes());
+    }
+    let mut s = kafka_connect(addr);
+    s.write_all(&(f.len() as i32).to_be_bytes()).expect("write");
+    s.write_all(&f).expect("write");
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).expect("answered");
+    let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
+    s.read_exact(&mut body).expect("answer");
+    let be_i16 = |at: usize| i16::from_be_bytes(body[at..at + 2].try_into().expect("2"));
+    let be_i32 = |at: usize| i32::from_be_bytes(body[at..at + 4].try_into().expect("4"));
+    let be_i64 = |at: usize| i64::from_be_bytes(body[at..at + 8].try_into().expect("8"));
+    // correlation id, throttle, topics count, topic name, partitions count.
+    let mut at = 4 + 4 + 4 + 2 + topic.len();
+    assert_eq!(be_i32(at), partitions);
+    at += 4;
+    let mut out = Vec::new();
+    for _ in 0..partitions {
+        let (error, hw) = (be_i16(at + 4), be_i64(at + 6));
+        at += 4 + 2 + 8 + 8;
+        let aborted = be_i32(at);
+        at += 4 + 16 * aborted.max(0) as usize;
+        let len = be_i32(at).max(0) as usize;
+        at += 4 + len;
+        out.push((error, hw, len));
+    }
+    out
+}
+
+// Issue 19: a Fetch's byte budget is shared out before any read: listing many partitions
+// full of records returns (and holds) at most the budget, the partitions past it are
+// answered with their offsets only, and when no whole batch fits the first partition
+// with records still gets one, so a consumer makes progress.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fetch_over_many_partitions_holds_one_budget() {
+    bounded(async {
+        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
+        let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+        gw.wait_ready().await;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &gw.kafka)
+            .set("broker.address.family", "v4")
+            .create()
+            .expect("admin client");
+        let partitions = 8;
+        let created = admin
+            .create_topics(
+                &[NewTopic::new("wide", partitions, TopicReplication::Fixed(1))],
+                &AdminOptions::new(),
+            )
+            .await
+            .expect("create topics");
+        assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+        let body = "x".repeat(120 << 10);
+        for p in 0..partitions {
+            gw.wait_open(&format!("wide/{p}")).await;
+            for _ in 0..8 {
+                gw.append(&format!("wide%2F{p}"), &[&body]).await;
+            }
+        }
+        let before = rss_bytes(gw.proc().pid());
+        let streamd_metrics = format!("http://{}/metrics", stack.nodes[0].http);
+        let read_bytes = || async {
+            metric_value(&get_text(&streamd_metrics).await, "weir_streamd_read_bytes_total").unwrap_or(0.0)
+        };
+        let read_before = read_bytes().await;
+        let answers = fetch_v4(&gw.kafka, "wide", partitions, 1 << 20, 1 << 20);
+        // The owner was asked for no more than the budget: partitions past it are not read.
+        let read = read_bytes().await - read_before;
+        assert!(
+            read > 0.0 && read <= (1 << 20) as f64,
+            "the owner read {read} bytes for a 1 MiB Fetch"
+        );
+        let total: usize = answers.iter().map(|a| a.2).sum();
+        assert!(total > 0 && total <= 1 << 20, "{total} bytes returned: {answers:?}");
+        assert!(answers.iter().all(|a| a.0 == 0 && a.1 == 8), "{answers:?}");
+        assert!(
+            answers[1..].iter().all(|a| a.2 == 0),
+            "past the budget: offsets only: {answers:?}"
+        );
+        // A budget smaller than any batch: one whole batch, from the first partition.
+        let answers = fetch_v4(&gw.kafka, "wide", partitions, 50 << 10, 50 << 10);
+        assert!(answers[0].2 > 120 << 10 && answers[0].2 < 130 << 10, "{answers:?}");
+        assert!(answers[1..].iter().all(|a| a.2 == 0), "{answers:?}");
+        // More such Fetches cost the gateway no more than the budget each.
+        for _ in 0..20 {
+            fetch_v4(&gw.kafka, "wide", partitions, 1 << 20, 1 << 20);
+        }
+        let after = rss_bytes(gw.proc().pid());
+        assert!(
+            after < before + 64 * MIB,
+            "gatewayd grew from {} to {} MiB",
+            before / MIB,
+            after / MIB
+        );
+    })
+    .await;
+}

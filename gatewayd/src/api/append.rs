@@ -31,6 +31,12 @@ pub struct AppendBody {
     idempotency_key: Option<String>,
 }
 
+impl AppendBody {
+    pub fn records(&self) -> &[AppendRecord] {
+        &self.records
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FormatQuery {

@@ -24,6 +24,8 @@ pub struct Session {
     pub principal: Option<String>,
     /// The mechanism agreed by SaslHandshake.
     pub mechanism: Option<String>,
+    /// The authenticated principal's connection slot, held while the connection lives.
+    pub principal_slot: Option<super::principals::PrincipalSlot>,
 }
 
 struct Open;
@@ -47,6 +49,7 @@ pub async fn run(socket: Guarded, peer: SocketAddr, kafka: Arc<Kafka>, stop: Can
         client_id: String::new(),
         principal: (!kafka.gw.auth).then(|| "anonymous".to_string()),
         mechanism: None,
+        principal_slot: None,
     };
     let refused = |reason: &str| {
         crate::metrics::metrics()
@@ -145,8 +148,9 @@ pub async fn run(socket: Guarded, peer: SocketAddr, kafka: Arc<Kafka>, stop: Can
                     Err(_) => return Ok(()),
                 };
                 match sasl::authenticate(&kafka, &token) {
-                    Ok(name) => {
+                    Ok((name, slot)) => {
                         session.principal = Some(name);
+                        session.principal_slot = Some(slot);
                         wr.write_all(&0i32.to_be_bytes()).await?;
                     }
                     Err(why) => {
@@ -225,8 +229,9 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
                 return Answer::Close("SaslAuthenticate before SaslHandshake".into());
             }
             let (resp, principal) = sasl::authenticate_request(kafka, r);
-            if let Some(p) = principal {
-                session.principal = Some(p);
+            if let Some((name, slot)) = principal {
+                session.principal = Some(name);
+                session.principal_slot = Some(slot);
             }
             Respond(ResponseKind::SaslAuthenticate(resp))
         }

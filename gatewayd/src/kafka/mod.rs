@@ -12,6 +12,7 @@ pub mod errors;
 pub mod fetch;
 pub mod frame;
 pub mod groups;
+pub mod principals;
 pub mod produce;
 pub mod sasl;
 pub mod versions;
@@ -34,6 +35,8 @@ pub struct Kafka {
     /// The most one Fetch response holds (Kafka's broker `fetch.max.bytes`).
     pub fetch_max_bytes: usize,
     pub auto_create_topics: bool,
+    /// Authenticated connections per token.
+    pub principals: principals::Principals,
     /// A request frame must arrive whole within this of its first byte.
     pub header_read_timeout: std::time::Duration,
     pub default_partitions: u32,

@@ -1,6 +1,7 @@
 //! SASL/PLAIN over the HTTP API's tokens: the username is the token's name and the
 //! password its secret. Only the secret's SHA-256 is stored and compared.
 
+use super::principals::PrincipalSlot;
 use super::Kafka;
 use kafka_protocol::messages::{
     SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
@@ -19,8 +20,9 @@ pub fn handshake(r: SaslHandshakeRequest) -> (SaslHandshakeResponse, bool) {
     (resp, ok)
 }
 
-/// Checks a PLAIN token (`authzid NUL username NUL password`); the principal on success.
-pub fn authenticate(kafka: &Kafka, token: &[u8]) -> Result<String, String> {
+/// Splits a PLAIN token (`authzid NUL username NUL password`, RFC 4616) into the
+/// username and password.
+pub fn parse_plain(token: &[u8]) -> Result<(&str, &str), String> {
     let mut parts = token.split(|b| *b == 0);
     let (_authzid, user, pass) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
         (Some(a), Some(u), Some(p), None) => (a, u, p),
@@ -28,6 +30,18 @@ pub fn authenticate(kafka: &Kafka, token: &[u8]) -> Result<String, String> {
     };
     let user = std::str::from_utf8(user).map_err(|_| "username is not UTF-8".to_string())?;
     let pass = std::str::from_utf8(pass).map_err(|_| "password is not UTF-8".to_string())?;
+    Ok((user, pass))
+}
+
+/// Checks a PLAIN token; the principal, and its connection slot, on success.
+pub fn authenticate(kafka: &Kafka, token: &[u8]) -> Result<(String, PrincipalSlot), String> {
+    let name = check_plain(kafka, token)?;
+    let slot = kafka.principals.take(&name)?;
+    Ok((name, slot))
+}
+
+fn check_plain(kafka: &Kafka, token: &[u8]) -> Result<String, String> {
+    let (user, pass) = parse_plain(token)?;
     let hash = crate::api::auth::secret_hash(pass);
     let token = kafka.gw.routes.view().with(|s| s.tokens.get(user).cloned());
     match token {
@@ -37,9 +51,12 @@ pub fn authenticate(kafka: &Kafka, token: &[u8]) -> Result<String, String> {
     }
 }
 
-pub fn authenticate_request(kafka: &Kafka, r: SaslAuthenticateRequest) -> (SaslAuthenticateResponse, Option<String>) {
+pub fn authenticate_request(
+    kafka: &Kafka,
+    r: SaslAuthenticateRequest,
+) -> (SaslAuthenticateResponse, Option<(String, PrincipalSlot)>) {
     match authenticate(kafka, &r.auth_bytes) {
-        Ok(name) => (SaslAuthenticateResponse::default(), Some(name)),
+        Ok(authenticated) => (SaslAuthenticateResponse::default(), Some(authenticated)),
         Err(why) => {
             tracing::warn!(reason = %why, "kafka SASL authentication failed");
             (
