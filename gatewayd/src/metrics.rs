@@ -1,6 +1,6 @@
 //! gatewayd's Prometheus metrics, served at `/metrics`.
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use std::sync::OnceLock;
 
 pub struct GatewayMetrics {
@@ -21,6 +21,8 @@ pub struct GatewayMetrics {
     pub kafka_connections: IntGauge,
     /// Live reads refused at a cap, by kind (`sse`, `long_poll`).
     pub live_reads_refused: IntCounterVec,
+    /// Live reads open now, by kind.
+    pub live_reads: IntGaugeVec,
 }
 
 const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
@@ -93,6 +95,16 @@ pub fn metrics() -> &'static GatewayMetrics {
             ),
             kafka_connections: register(
                 IntGauge::new("gatewayd_kafka_connections", "Open Kafka connections").expect("valid metric"),
+            ),
+            live_reads: register(
+                IntGaugeVec::new(
+                    Opts::new(
+                        "gatewayd_live_reads",
+                        "SSE subscriptions and long polls open now, by kind",
+                    ),
+                    &["kind"],
+                )
+                .expect("valid metric"),
             ),
             live_reads_refused: register(
                 IntCounterVec::new(

@@ -238,8 +238,9 @@ async fn ten_thousand_idle_connections_cost_bounded_memory() {
             before / MIB,
             after / MIB
         );
+        // The stated bound: 10 KiB a connection (measured: about 3 KiB).
         assert!(
-            after < before + 200 * MIB,
+            after < before + 100 * MIB,
             "10,000 idle connections took {} MiB",
             (after - before) / MIB
         );
@@ -410,6 +411,7 @@ async fn a_decompression_bomb_is_refused_when_produced_and_never_inflated_on_rea
         let message_too_large = kafka_protocol::ResponseError::MessageTooLarge.code();
         assert_eq!(produce(&gw.kafka, "bombs", big), message_too_large);
         let streamd_rss = rss_bytes(stack.nodes[0].pid());
+        println!("streamd RSS after refusing a 200 MiB bomb: {} MiB", streamd_rss / MIB);
         assert!(
             streamd_rss < 160 * MIB,
             "streamd holds {} MiB after refusing the bomb",
@@ -424,6 +426,10 @@ async fn a_decompression_bomb_is_refused_when_produced_and_never_inflated_on_rea
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
         assert_eq!(body["error"]["code"], "too_large", "{body}");
         let gateway_rss = rss_bytes(gw.proc().pid());
+        println!(
+            "gatewayd RSS after refusing to inflate 100 MiB: {} MiB",
+            gateway_rss / MIB
+        );
         assert!(
             gateway_rss < 96 * MIB,
             "gatewayd holds {} MiB after refusing to inflate 100 MiB",
@@ -480,6 +486,11 @@ async fn live_reads_are_capped_per_gateway() {
             .request(Method::GET, "/v1/streams/s/records?seq_num=0&wait=20")
             .send();
         let waiting = tokio_util::task::TaskTracker::new().spawn(waiting);
+        wait_for("the long poll waiting", T, || async {
+            let m = get_text(&gw.url("/metrics")).await;
+            (metric_value(&m, "weir_gatewayd_live_reads{kind=\"long_poll\"}") == Some(1.0)).then_some(())
+        })
+        .await;
         let refused = wait_for("a second long poll refused", T, || async {
             let (status, body) = gw
                 .send(gw.request(Method::GET, "/v1/streams/s/records?seq_num=0&wait=1"))

@@ -22,18 +22,30 @@ impl LiveReads {
     }
 
     /// A slot for one SSE subscription, held until it ends.
-    pub fn subscription(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+    pub fn subscription(&self) -> Result<LiveSlot, ApiError> {
         take(&self.sse, "sse", "--max-sse-subscribers")
     }
 
     /// A slot for one read that waits for records.
-    pub fn long_poll(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+    pub fn long_poll(&self) -> Result<LiveSlot, ApiError> {
         take(&self.long_polls, "long_poll", "--max-long-polls")
     }
 }
 
-fn take(slots: &Arc<Semaphore>, kind: &str, flag: &str) -> Result<OwnedSemaphorePermit, ApiError> {
-    slots.clone().try_acquire_owned().map_err(|_| {
+/// One open read's slot, counted in `weir_gatewayd_live_reads{kind}` while held.
+pub struct LiveSlot {
+    _permit: OwnedSemaphorePermit,
+    open: prometheus::IntGauge,
+}
+
+impl Drop for LiveSlot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+fn take(slots: &Arc<Semaphore>, kind: &str, flag: &str) -> Result<LiveSlot, ApiError> {
+    let permit = slots.clone().try_acquire_owned().map_err(|_| {
         crate::metrics::metrics()
             .live_reads_refused
             .with_label_values(&[kind])
@@ -42,5 +54,8 @@ fn take(slots: &Arc<Semaphore>, kind: &str, flag: &str) -> Result<OwnedSemaphore
             ErrorCode::TooManyRequests,
             format!("this gateway has as many open {kind} reads as it admits ({flag}); retry later"),
         )
-    })
+    })?;
+    let open = crate::metrics::metrics().live_reads.with_label_values(&[kind]);
+    open.inc();
+    Ok(LiveSlot { _permit: permit, open })
 }

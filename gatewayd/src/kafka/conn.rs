@@ -126,7 +126,9 @@ pub async fn run(socket: Guarded, peer: SocketAddr, kafka: Arc<Kafka>, stop: Can
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let answer = dispatch(&kafka, &mut session, req.kind, req.body, version).await;
+        // Boxed: a request's state lives only while it is handled, so an idle connection
+        // costs its small loop state, not the largest request's (issue 19).
+        let answer = Box::pin(dispatch(&kafka, &mut session, req.kind, req.body, version)).await;
         let m = crate::metrics::metrics();
         let api = format!("{key:?}");
         m.kafka_requests.with_label_values(&[&api]).inc();
