@@ -525,7 +525,7 @@ async fn python_clients_produce_consume_and_administer() {
 // Issue 5: SASL/PLAIN over the HTTP issue's tokens when auth is enabled.
 #[tokio::test(flavor = "multi_thread")]
 async fn sasl_plain_authenticates_with_tokens() {
-    let (stack, gw) = kafka_stack(1, &["--auth"]).await;
+    let (stack, mut gw) = kafka_stack(1, &["--auth"]).await;
     let secret = "weir_kafka-secret";
     stack.metad.issue_token("app", secret, &[]).await;
     let with = |user: &str, pass: &str| {
@@ -569,8 +569,11 @@ async fn sasl_plain_authenticates_with_tokens() {
         metrics.contains("gatewayd_kafka_refused_frames_total{reason=\"too_large_unauthenticated\"} 1"),
         "{metrics}"
     );
-    // Authenticated clients are unaffected.
+    // Authenticated clients are unaffected, and the claim cost the gateway no memory
+    // (the stated bound is 128 MiB).
     assert!(good.inner().fetch_metadata(None, Duration::from_secs(5)).is_ok());
+    let rss = weir_tests::rss_bytes(gw.proc().pid());
+    assert!(rss < 128 << 20, "gatewayd holds {} MiB", rss >> 20);
 }
 
 /// Writes one frame and reads the answer's size and correlation id, or `None` when the
@@ -590,7 +593,7 @@ fn exchange(s: &mut std::net::TcpStream, frame: &[u8]) -> Option<(i32, i32)> {
 // connection; ApiVersions at a version above ours answers UNSUPPORTED_VERSION.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_frames_close_only_their_connection() {
-    let (_stack, gw) = kafka_stack(
+    let (_stack, mut gw) = kafka_stack(
         1,
         &["--kafka-max-frame-bytes", "4096", "--kafka-max-message-bytes", "2048"],
     )
@@ -760,6 +763,10 @@ async fn bad_frames_close_only_their_connection() {
         metrics.contains("gatewayd_kafka_refused_frames_total{reason=\"too_large\"} 1"),
         "{metrics}"
     );
+    // Issue 19: none of it (the 2^31-offset claim, the 200 repeats, the oversized frame)
+    // cost the gateway memory; the stated bound is 128 MiB.
+    let rss = weir_tests::rss_bytes(gw.proc().pid());
+    assert!(rss < 128 << 20, "gatewayd holds {} MiB", rss >> 20);
 }
 
 /// The node index owning `stream`, when open.
