@@ -179,3 +179,34 @@ proptest! {
         fuzz::http_bodies(&data);
     }
 }
+
+type Driver = fn(&[u8]);
+
+/// Every input a fuzz target ever crashed on, kept under `tests/fuzz-regressions/<target>/`
+/// (copied from `fuzz/artifacts/`), runs through its driver again.
+#[test]
+fn fuzz_regressions() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz-regressions");
+    let drivers: [(&str, Driver); 8] = [
+        ("kafka_frame", fuzz::kafka_frame),
+        ("record_batches", fuzz::record_batches),
+        ("compressed", fuzz::compressed),
+        ("object_format", fuzz::object_format),
+        ("wal_segment", fuzz::wal_segment),
+        ("metad_codec", fuzz::metad_codec),
+        ("sasl", fuzz::sasl),
+        ("http_bodies", fuzz::http_bodies),
+    ];
+    let mut ran = 0;
+    for (target, driver) in drivers {
+        let Ok(entries) = std::fs::read_dir(root.join(target)) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            driver(&std::fs::read(&path).expect("a regression input"));
+            ran += 1;
+        }
+    }
+    assert!(ran >= 1, "no regression inputs under {}", root.display());
+}
