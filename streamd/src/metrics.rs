@@ -36,6 +36,8 @@ pub struct StreamdMetrics {
     pub damage_found: IntCounter,
     /// Streams this node serves that are marked damaged.
     pub damaged_streams: IntGauge,
+    /// JoinGroups refused at `--max-group-members`.
+    pub group_members_refused: IntCounter,
 }
 
 pub fn metrics() -> &'static StreamdMetrics {
@@ -104,6 +106,10 @@ pub fn metrics() -> &'static StreamdMetrics {
             tail_bytes_read: counter(
                 "streamd_tail_read_bytes_total",
                 "Bytes read by partial reads of a range's tail (producer-state rebuilds)",
+            ),
+            group_members_refused: counter(
+                "streamd_group_members_refused_total",
+                "JoinGroups refused at --max-group-members (GROUP_MAX_SIZE_REACHED)",
             ),
             read_bytes: counter("streamd_read_bytes_total", "Bytes of record batches returned by reads"),
             damage_found: counter(

@@ -27,6 +27,16 @@ async fn bounded<F: std::future::Future<Output = ()>>(f: F) {
         .expect("the test finished within its bound");
 }
 
+/// Fails unless process `pid` (`what`) holds less than `bound` MiB resident.
+fn assert_rss(pid: u32, bound: u64, what: &str) {
+    let rss = rss_bytes(pid);
+    assert!(
+        rss < bound * MIB,
+        "{what} holds {} MiB, over its {bound} MiB bound",
+        rss / MIB
+    );
+}
+
 /// Whether the server closed `s`: a read gives EOF or a reset rather than timing out
 /// (what the server sent before, such as HTTP/2 settings, is read past).
 fn closed(s: &mut std::net::TcpStream) -> bool {
@@ -93,7 +103,7 @@ async fn a_slowloris_is_cut_on_every_listener() {
     bounded(async {
         let quick = ["--header-read-timeout-sec", "1"];
         let stack = Stack::start_with(1, Backend::FileWal, &quick, &quick).await;
-        let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &quick);
+        let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &quick);
         gw.wait_ready().await;
         let http_head: &[u8] = b"GET /health HTTP/1.1\r\nHost: x\r\n";
         let kafka_head: &[u8] = &100i32.to_be_bytes();
@@ -159,6 +169,9 @@ async fn a_slowloris_is_cut_on_every_listener() {
             metric_value(&streamd, line).unwrap_or(0.0) >= 1.0,
             "{line} in {streamd}"
         );
+        assert_rss(gw.proc().pid(), 128, "gatewayd");
+        assert_rss(stack.nodes[0].pid(), 128, "streamd");
+        assert_rss(stack.metad.replicas[0].pid(), 384, "metad");
     })
     .await;
 }
@@ -169,7 +182,7 @@ async fn a_slowloris_is_cut_on_every_listener() {
 async fn idle_connections_are_closed_and_busy_ones_kept() {
     bounded(async {
         let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let gw = Gatewayd::start(
+        let mut gw = Gatewayd::start(
             "gw-1",
             &stack.metad.replicas[0].grpc,
             stack.dir.path(),
@@ -202,6 +215,7 @@ async fn idle_connections_are_closed_and_busy_ones_kept() {
             metric_value(&metrics, line).unwrap_or(0.0) >= 1.0,
             "{line} in {metrics}"
         );
+        assert_rss(gw.proc().pid(), 128, "gatewayd");
     })
     .await;
 }
@@ -270,7 +284,7 @@ async fn ten_thousand_idle_connections_cost_bounded_memory() {
 async fn one_peer_address_cannot_take_every_slot() {
     bounded(async {
         let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let gw = Gatewayd::start(
+        let mut gw = Gatewayd::start(
             "gw-1",
             &stack.metad.replicas[0].grpc,
             stack.dir.path(),
@@ -301,6 +315,7 @@ async fn one_peer_address_cannot_take_every_slot() {
         let refused = "weir_listener_connections_refused_total{listener=\"kafka\",reason=\"max_connections_per_ip\"}";
         assert!(metric_value(&m, refused).unwrap_or(0.0) >= 1.0, "{refused} in {m}");
         drop(hogs);
+        assert_rss(gw.proc().pid(), 128, "gatewayd");
     })
     .await;
 }
@@ -449,7 +464,7 @@ async fn a_decompression_bomb_is_refused_when_produced_and_never_inflated_on_rea
 async fn live_reads_are_capped_per_gateway() {
     bounded(async {
         let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let gw = Gatewayd::start(
+        let mut gw = Gatewayd::start(
             "gw-1",
             &stack.metad.replicas[0].grpc,
             stack.dir.path(),
@@ -517,6 +532,7 @@ async fn live_reads_are_capped_per_gateway() {
             let line = format!("weir_gatewayd_live_reads_refused_total{{kind=\"{kind}\"}}");
             assert!(metric_value(&m, &line).unwrap_or(0.0) >= 1.0, "{line} in {m}");
         }
+        assert_rss(gw.proc().pid(), 128, "gatewayd");
     })
     .await;
 }
@@ -552,6 +568,7 @@ async fn watch_streams_are_capped_per_metad() {
         assert_eq!(metric_value(&metrics, "weir_metad_watchers"), Some(4.0), "{metrics}");
         mine.pop();
         wait_for("a watch slot back", T, || async { watch().await.ok().map(|_| ()) }).await;
+        assert_rss(replica.pid(), 384, "metad");
     })
     .await;
 }
@@ -588,7 +605,7 @@ fn sasl_v0(addr: &str, user: &str, secret: &str) -> Option<std::net::TcpStream> 
 async fn one_token_cannot_take_every_kafka_connection() {
     bounded(async {
         let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let gw = Gatewayd::start(
+        let mut gw = Gatewayd::start(
             "gw-1",
             &stack.metad.replicas[0].grpc,
             stack.dir.path(),
@@ -624,13 +641,14 @@ async fn one_token_cannot_take_every_kafka_connection() {
         let refused =
             "weir_listener_connections_refused_total{listener=\"kafka\",reason=\"max_connections_per_principal\"}";
         assert!(metric_value(&m, refused).unwrap_or(0.0) >= 1.0, "{refused} in {m}");
+        assert_rss(gw.proc().pid(), 128, "gatewayd");
     })
     .await;
 }
 
-/// Fetch v4 of partitions `0..partitions` of `topic` from offset 0; per partition
-/// (error, high watermark, records bytes).
-fn fetch_v4(addr: &str, topic: &str, partitions: i32, max_bytes: i32, partition_max: i32) -> Vec<(i16, i64, usize)> {
+/// Fetch v4 of `partitions` of `topic` (in that order, repeats allowed) from offset 0;
+/// per listed partition (error, high watermark, records bytes).
+fn fetch_v4(addr: &str, topic: &str, partitions: &[i32], max_bytes: i32, partition_max: i32) -> Vec<(i16, i64, usize)> {
     let mut f = vec![0, 1, 0, 4];
     f.extend_from_slice(&11i32.to_be_bytes());
     f.extend_from_slice(&(-1i16).to_be_bytes()); // client id
@@ -642,8 +660,8 @@ fn fetch_v4(addr: &str, topic: &str, partitions: i32, max_bytes: i32, partition_
     f.extend_from_slice(&1i32.to_be_bytes());
     f.extend_from_slice(&(topic.len() as i16).to_be_bytes());
     f.extend_from_slice(topic.as_bytes());
-    f.extend_from_slice(&partitions.to_be_bytes());
-    for p in 0..partitions {
+    f.extend_from_slice(&(partitions.len() as i32).to_be_bytes());
+    for p in partitions {
         f.extend_from_slice(&p.to_be_bytes());
         f.extend_from_slice(&0i64.to_be_bytes());
         f.extend_from_slice(&partition_max.to_be_bytes());
@@ -660,10 +678,10 @@ fn fetch_v4(addr: &str, topic: &str, partitions: i32, max_bytes: i32, partition_
     let be_i64 = |at: usize| i64::from_be_bytes(body[at..at + 8].try_into().expect("8"));
     // correlation id, throttle, topics count, topic name, partitions count.
     let mut at = 4 + 4 + 4 + 2 + topic.len();
-    assert_eq!(be_i32(at), partitions);
+    assert_eq!(be_i32(at), partitions.len() as i32);
     at += 4;
     let mut out = Vec::new();
-    for _ in 0..partitions {
+    for _ in partitions {
         let (error, hw) = (be_i16(at + 4), be_i64(at + 6));
         at += 4 + 2 + 8 + 8;
         let aborted = be_i32(at);
@@ -678,7 +696,8 @@ fn fetch_v4(addr: &str, topic: &str, partitions: i32, max_bytes: i32, partition_
 // Issue 19: a Fetch's byte budget is shared out before any read: listing many partitions
 // full of records returns (and holds) at most the budget, the partitions past it are
 // answered with their offsets only, and when no whole batch fits the first partition
-// with records still gets one, so a consumer makes progress.
+// with records still gets one, so a consumer makes progress. One partition listed 1,000
+// times is read once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fetch_over_many_partitions_holds_one_budget() {
     bounded(async {
@@ -706,13 +725,14 @@ async fn a_fetch_over_many_partitions_holds_one_budget() {
                 gw.append(&format!("wide%2F{p}"), &[&body]).await;
             }
         }
+        let all: Vec<i32> = (0..partitions).collect();
         let before = rss_bytes(gw.proc().pid());
         let streamd_metrics = format!("http://{}/metrics", stack.nodes[0].http);
         let read_bytes = || async {
             metric_value(&get_text(&streamd_metrics).await, "weir_streamd_read_bytes_total").unwrap_or(0.0)
         };
         let read_before = read_bytes().await;
-        let answers = fetch_v4(&gw.kafka, "wide", partitions, 1 << 20, 1 << 20);
+        let answers = fetch_v4(&gw.kafka, "wide", &all, 1 << 20, 1 << 20);
         // The owner was asked for no more than the budget: partitions past it are not read.
         let read = read_bytes().await - read_before;
         assert!(
@@ -727,12 +747,24 @@ async fn a_fetch_over_many_partitions_holds_one_budget() {
             "past the budget: offsets only: {answers:?}"
         );
         // A budget smaller than any batch: one whole batch, from the first partition.
-        let answers = fetch_v4(&gw.kafka, "wide", partitions, 50 << 10, 50 << 10);
+        let answers = fetch_v4(&gw.kafka, "wide", &all, 50 << 10, 50 << 10);
         assert!(answers[0].2 > 120 << 10 && answers[0].2 < 130 << 10, "{answers:?}");
         assert!(answers[1..].iter().all(|a| a.2 == 0), "{answers:?}");
+        // One partition listed 1,000 times is read once; every repeat is INVALID_REQUEST
+        // (42), never read.
+        let read_before = read_bytes().await;
+        let answers = fetch_v4(&gw.kafka, "wide", &[0; 1000], 55 << 20, 1 << 20);
+        assert_eq!(answers.len(), 1000);
+        assert!(answers[0].0 == 0 && answers[0].2 > 0, "{:?}", answers[0]);
+        assert!(answers[1..].iter().all(|a| a.0 == 42 && a.2 == 0), "repeats read");
+        let read = read_bytes().await - read_before;
+        assert!(
+            read <= (1 << 20) as f64,
+            "the owner read {read} bytes for one partition"
+        );
         // More such Fetches cost the gateway no more than the budget each.
         for _ in 0..20 {
-            fetch_v4(&gw.kafka, "wide", partitions, 1 << 20, 1 << 20);
+            fetch_v4(&gw.kafka, "wide", &all, 1 << 20, 1 << 20);
         }
         let after = rss_bytes(gw.proc().pid());
         assert!(

@@ -177,6 +177,7 @@ impl Group {
         }
         let member_id = if args.member_id.is_empty() {
             if self.members.len() + self.pending.len() >= args.max_size {
+                crate::metrics::metrics().group_members_refused.inc();
                 return Self::join_error(code::GROUP_MAX_SIZE_REACHED, "");
             }
             let id = new_member_id(&args.client_id);
