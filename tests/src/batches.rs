@@ -91,3 +91,41 @@ fn get_varint(b: &[u8]) -> (i64, usize) {
     }
     (0, b.len())
 }
+
+/// One v2 batch of `values` (key `k`, one record each) encoded by kafka-protocol with
+/// `compression`, as a producer sends them: for tests of compressed batches, which the
+/// hand-built [`batch`] does not cover.
+pub fn encoded(values: &[&[u8]], compression: kafka_protocol::records::Compression) -> bytes::Bytes {
+    use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+    let records: Vec<Record> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Record {
+            transactional: false,
+            control: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            // The encoder keeps records in one batch while offset - sequence is constant.
+            sequence: i as i32 - 1,
+            timestamp: 7,
+            key: Some(bytes::Bytes::from_static(b"k")),
+            value: Some(bytes::Bytes::copy_from_slice(v)),
+            headers: Default::default(),
+            delete_horizon: false,
+        })
+        .collect();
+    let mut buf = bytes::BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        &records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression,
+        },
+    )
+    .expect("encode");
+    buf.freeze()
+}

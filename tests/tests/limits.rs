@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use kafka_protocol::records::Compression;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -25,6 +25,15 @@ async fn bounded<F: std::future::Future<Output = ()>>(f: F) {
     tokio::time::timeout(Duration::from_secs(240), f)
         .await
         .expect("the test finished within its bound");
+}
+
+/// One metad and one streamd, both with `server_flags`, and a ready gateway with
+/// `gateway_flags`.
+async fn stack_and_gateway(server_flags: &[&str], gateway_flags: &[&str]) -> (Stack, Gatewayd) {
+    let stack = Stack::start_with(1, Backend::FileWal, server_flags, server_flags).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), gateway_flags);
+    gw.wait_ready().await;
+    (stack, gw)
 }
 
 /// Fails unless process `pid` (`what`) holds less than `bound` MiB resident.
@@ -102,9 +111,7 @@ fn kafka_connect(addr: &str) -> std::net::TcpStream {
 async fn a_slowloris_is_cut_on_every_listener() {
     bounded(async {
         let quick = ["--header-read-timeout-sec", "1"];
-        let stack = Stack::start_with(1, Backend::FileWal, &quick, &quick).await;
-        let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &quick);
-        gw.wait_ready().await;
+        let (stack, mut gw) = stack_and_gateway(&quick, &quick).await;
         let http_head: &[u8] = b"GET /health HTTP/1.1\r\nHost: x\r\n";
         let kafka_head: &[u8] = &100i32.to_be_bytes();
         let h2_head: &[u8] = b"PRI ";
@@ -181,14 +188,7 @@ async fn a_slowloris_is_cut_on_every_listener() {
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_connections_are_closed_and_busy_ones_kept() {
     bounded(async {
-        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let mut gw = Gatewayd::start(
-            "gw-1",
-            &stack.metad.replicas[0].grpc,
-            stack.dir.path(),
-            &["--idle-timeout-sec", "2"],
-        );
-        gw.wait_ready().await;
+        let (_stack, mut gw) = stack_and_gateway(&[], &["--idle-timeout-sec", "2"]).await;
         let (idle_addr, busy_addr) = (gw.kafka.clone(), gw.kafka.clone());
         let idle = std::thread::spawn(move || {
             let mut s = kafka_connect(&idle_addr);
@@ -226,14 +226,11 @@ async fn idle_connections_are_closed_and_busy_ones_kept() {
 #[tokio::test(flavor = "multi_thread")]
 async fn ten_thousand_idle_connections_cost_bounded_memory() {
     bounded(async {
-        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let mut gw = Gatewayd::start(
-            "gw-1",
-            &stack.metad.replicas[0].grpc,
-            stack.dir.path(),
+        let (_stack, mut gw) = stack_and_gateway(
+            &[],
             &["--max-connections", "10000", "--max-connections-per-ip", "10000"],
-        );
-        gw.wait_ready().await;
+        )
+        .await;
         let pid = gw.proc().pid();
         let before = rss_bytes(pid);
         let mut idle = Vec::with_capacity(10_000);
@@ -283,14 +280,7 @@ async fn ten_thousand_idle_connections_cost_bounded_memory() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_peer_address_cannot_take_every_slot() {
     bounded(async {
-        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let mut gw = Gatewayd::start(
-            "gw-1",
-            &stack.metad.replicas[0].grpc,
-            stack.dir.path(),
-            &["--max-connections-per-ip", "20"],
-        );
-        gw.wait_ready().await;
+        let (_stack, mut gw) = stack_and_gateway(&[], &["--max-connections-per-ip", "20"]).await;
         let port: u16 = gw.kafka.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
         let from_other_address = || {
             let socket = tokio::net::TcpSocket::new_v4().expect("socket");
@@ -322,32 +312,7 @@ async fn one_peer_address_cannot_take_every_slot() {
 
 /// One zstd batch of a single record of `bytes` zeros: a few hundred bytes on the wire.
 fn bomb(bytes: usize) -> Bytes {
-    let record = Record {
-        transactional: false,
-        control: false,
-        partition_leader_epoch: 0,
-        producer_id: -1,
-        producer_epoch: -1,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence: -1,
-        timestamp: 0,
-        key: None,
-        value: Some(Bytes::from(vec![0u8; bytes])),
-        headers: Default::default(),
-        delete_horizon: false,
-    };
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        [&record],
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::Zstd,
-        },
-    )
-    .expect("encode");
-    buf.freeze()
+    weir_tests::batches::encoded(&[&vec![0u8; bytes]], Compression::Zstd)
 }
 
 /// Produces `records` to `topic` partition 0 over a raw connection; the partition's error code.
@@ -463,14 +428,7 @@ async fn a_decompression_bomb_is_refused_when_produced_and_never_inflated_on_rea
 #[tokio::test(flavor = "multi_thread")]
 async fn live_reads_are_capped_per_gateway() {
     bounded(async {
-        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let mut gw = Gatewayd::start(
-            "gw-1",
-            &stack.metad.replicas[0].grpc,
-            stack.dir.path(),
-            &["--max-sse-subscribers", "1", "--max-long-polls", "1"],
-        );
-        gw.wait_ready().await;
+        let (_stack, mut gw) = stack_and_gateway(&[], &["--max-sse-subscribers", "1", "--max-long-polls", "1"]).await;
         gw.create_stream("s").await;
         let subscribe = || {
             gw.request(Method::GET, "/v1/streams/s/records")
@@ -604,14 +562,7 @@ fn sasl_v0(addr: &str, user: &str, secret: &str) -> Option<std::net::TcpStream> 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_token_cannot_take_every_kafka_connection() {
     bounded(async {
-        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let mut gw = Gatewayd::start(
-            "gw-1",
-            &stack.metad.replicas[0].grpc,
-            stack.dir.path(),
-            &["--auth", "--kafka-max-connections-per-principal", "2"],
-        );
-        gw.wait_ready().await;
+        let (stack, mut gw) = stack_and_gateway(&[], &["--auth", "--kafka-max-connections-per-principal", "2"]).await;
         stack.metad.issue_token("app", "weir_app-secret", &[]).await;
         stack.metad.issue_token("other", "weir_other-secret", &[]).await;
         let addr = gw.kafka.clone();
@@ -701,9 +652,7 @@ fn fetch_v4(addr: &str, topic: &str, partitions: &[i32], max_bytes: i32, partiti
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fetch_over_many_partitions_holds_one_budget() {
     bounded(async {
-        let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
-        let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
-        gw.wait_ready().await;
+        let (stack, mut gw) = stack_and_gateway(&[], &[]).await;
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", &gw.kafka)
             .set("broker.address.family", "v4")
