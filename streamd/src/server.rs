@@ -197,10 +197,12 @@ impl StopSteps for StreamdStop {
         crate::shutdown_drain::drain(&self.node, &self.teardown.shutdown).await
     }
 
-    /// SD-TD-1: the self-fence first; failover places whatever did not close.
+    /// SD-TD-1: the self-fence first; failover places whatever did not close. The
+    /// streams stop before the self-fence is proposed, so the node's own watch, seeing
+    /// its row fenced, finds the stop already under way and reports no fence.
     async fn terminal_teardown(&mut self) -> PhaseOutcome {
+        self.node.fence_for_shutdown();
         registration::fence_self(&self.node.metad, &self.node.me).await;
-        self.node.fence("clean shutdown");
         self.teardown.run().await;
         PhaseOutcome::Completed
     }

@@ -148,6 +148,19 @@ impl Node {
         if !self.fenced.is_cancelled() {
             tracing::error!(node_id = %self.me.node, epoch = %self.me.epoch, reason = why, "this incarnation is fenced; stopping");
         }
+        self.stop_fenced();
+    }
+
+    /// A clean shutdown's self-fence (SD-TD-1): the same stop as [`Node::fence`], but
+    /// expected, so it is not logged as an error.
+    pub fn fence_for_shutdown(&self) {
+        if !self.fenced.is_cancelled() {
+            tracing::info!(node_id = %self.me.node, epoch = %self.me.epoch, "this incarnation fenced itself for the shutdown; its streams stop");
+        }
+        self.stop_fenced();
+    }
+
+    fn stop_fenced(&self) {
         self.fenced.cancel();
         for handle in self.all_streams() {
             handle.stop();

@@ -1,0 +1,490 @@
+//! The compactor (D-20): each owner rewrites runs of its streams' small ranges (each
+//! in a multi-stream upload object) into objects of the target size, and swaps them in
+//! with compare-and-set log entries. The replaced objects leave the bucket through GC
+//! once no stream references them and its grace period has passed.
+//!
+//! A pass plans every stream's windows ([`plan`]), reads each source object once per
+//! batch, cuts each window into pieces at the target size, and lays a batch out as a
+//! few `CompactStreams` entries and objects ([`layout`]).
+
+mod layout;
+mod plan;
+
+use super::Node;
+use crate::error::StreamdError;
+use crate::object::format::ObjectBuilder;
+use crate::stream::StreamHandle;
+use bytes::Bytes;
+use futures::StreamExt;
+use layout::{layout, EntryLayout, WindowShape, MAX_COMMAND_RANGES};
+use object_store::{ObjectStoreExt, PutPayload};
+use plan::{batches, plan};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weir_meta::client::{ClientError, Consistency};
+use weir_meta::model::{Applied, Command, NewObject, ObjectRange, RejectCode, ReplacedRange, StreamSwap};
+use weir_shared::batch::split_batches;
+use weir_shared::ids::{ObjectKey, Offset};
+
+/// Ranges read per index page.
+const PAGE: u32 = 1_000;
+/// Objects fetched or written at once while compacting (less than reads use:
+/// compaction is background work).
+const FETCH_CONCURRENCY: usize = 4;
+/// Streams planned or cut at once.
+const STREAM_CONCURRENCY: usize = 4;
+/// Most bytes of source ranges one batch of a pass holds in memory.
+const BATCH_BYTES: u64 = 64 << 20;
+
+/// Source ranges read for a batch, by (object key, position in the object).
+type Sources = HashMap<(String, u64), Bytes>;
+
+/// A window's records, cut at batch boundaries into pieces: every piece but the last
+/// holds at least the target.
+struct CutWindow {
+    handle: Arc<StreamHandle>,
+    replaced: Vec<ObjectRange>,
+    pieces: Vec<Piece>,
+}
+
+struct Piece {
+    start: u64,
+    end: u64,
+    batches: Vec<Bytes>,
+    bytes: u64,
+}
+
+/// What a pass did, for its log line and the soak.
+#[derive(Default)]
+struct PassStats {
+    streams: usize,
+    replaced: usize,
+    entries: usize,
+    objects: usize,
+    plan: Duration,
+    read: Duration,
+    write: Duration,
+    commit: Duration,
+}
+
+impl Node {
+    /// One pass over the served streams; returns the ranges replaced. Every stream's
+    /// windows are planned first. Then, in batches of at most [`BATCH_BYTES`] of
+    /// windows, each source object is read once, with one GET of the span the batch
+    /// needs, and cut into the batch's ranges. An upload object holds a range of nearly
+    /// every stream of its node, so reading per stream would GET each object once per
+    /// stream (the soak: ~100,000 GETs, over 200 s, per pass over 500 streams).
+    pub async fn compact_streams(&self) -> usize {
+        let started = Instant::now();
+        let target = self.tunables.compaction_target_bytes;
+        let planned: Vec<(Arc<StreamHandle>, Vec<Vec<ObjectRange>>)> = futures::stream::iter(self.all_streams())
+            .map(|handle| async move {
+                match self.stream_ranges(&handle).await {
+                    Ok(ranges) => {
+                        let windows: Vec<Vec<ObjectRange>> =
+                            plan(&ranges, target).into_iter().map(|w| ranges[w].to_vec()).collect();
+                        Some((handle, windows))
+                    }
+                    Err(e) => {
+                        tracing::warn!(stream = %handle.name, error = %e, "compaction failed; will retry");
+                        None
+                    }
+                }
+            })
+            .buffer_unordered(STREAM_CONCURRENCY)
+            .filter_map(|p| async move { p.filter(|(_, w)| !w.is_empty()) })
+            .collect()
+            .await;
+        let mut stats = PassStats {
+            streams: planned.len(),
+            plan: started.elapsed(),
+            ..PassStats::default()
+        };
+        for batch in batches(planned, BATCH_BYTES) {
+            if self.fenced.is_cancelled() {
+                break;
+            }
+            let read = Instant::now();
+            let fetched = &self.fetch_sources(&batch).await;
+            let windows: Vec<CutWindow> = futures::stream::iter(
+                batch
+                    .into_iter()
+                    .flat_map(|(handle, windows)| windows.into_iter().map(move |w| (handle.clone(), w))),
+            )
+            .map(|(handle, window)| async move {
+                if !handle.is_serving() {
+                    return None;
+                }
+                match self.cut_window(&handle, &window, fetched).await {
+                    Ok(pieces) => Some(CutWindow {
+                        handle,
+                        replaced: window,
+                        pieces,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(stream = %handle.name, error = %e, "compaction failed; will retry");
+                        None
+                    }
+                }
+            })
+            .buffered(STREAM_CONCURRENCY)
+            .filter_map(|w| async move { w })
+            .collect()
+            .await;
+            stats.read += read.elapsed();
+            match self.commit_batch(windows, &mut stats).await {
+                Ok(()) => {}
+                Err(StreamdError::Fenced) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "compaction failed; will retry");
+                    break;
+                }
+            }
+        }
+        crate::metrics::metrics()
+            .compaction_pass_seconds
+            .observe(started.elapsed().as_secs_f64());
+        if stats.replaced > 0 {
+            tracing::debug!(
+                streams = stats.streams,
+                replaced = stats.replaced,
+                entries = stats.entries,
+                objects = stats.objects,
+                plan_ms = stats.plan.as_millis() as u64,
+                read_ms = stats.read.as_millis() as u64,
+                write_ms = stats.write.as_millis() as u64,
+                commit_ms = stats.commit.as_millis() as u64,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "compaction pass"
+            );
+        }
+        stats.replaced
+    }
+
+    /// Lays a batch's windows out as entries and commits them one after another.
+    async fn commit_batch(&self, windows: Vec<CutWindow>, stats: &mut PassStats) -> Result<(), StreamdError> {
+        let shapes: Vec<WindowShape> = windows
+            .iter()
+            .map(|w| WindowShape {
+                stream: w.handle.id,
+                replaced: w.replaced.len(),
+                pieces: w.pieces.iter().map(|p| p.bytes).collect(),
+            })
+            .collect();
+        for entry in layout(&shapes, self.tunables.compaction_target_bytes, MAX_COMMAND_RANGES) {
+            if self.fenced.is_cancelled() {
+                return Err(StreamdError::Fenced);
+            }
+            let replaced = self.commit_entry(&windows, &entry, stats).await?;
+            stats.replaced += replaced;
+        }
+        Ok(())
+    }
+
+    /// The bytes of the ranges in `batch`, by (object, position): one ranged GET per
+    /// source object, of the span from its first needed range to the end of its last.
+    /// An object that cannot be read or fails a checksum is left out: its streams read
+    /// their ranges one by one in [`Node::cut_window`] and fail there alone.
+    async fn fetch_sources(&self, batch: &[(Arc<StreamHandle>, Vec<Vec<ObjectRange>>)]) -> Sources {
+        // Owned, so the fetches' futures borrow nothing from the batch (they are polled
+        // inside a spawned task).
+        let mut by_object: HashMap<String, Vec<ObjectRange>> = HashMap::new();
+        for range in batch.iter().flat_map(|(_, windows)| windows.iter().flatten()) {
+            by_object.entry(range.key.0.clone()).or_default().push(range.clone());
+        }
+        futures::stream::iter(by_object)
+            .map(|(key, ranges)| async move {
+                let from = ranges.iter().map(|r| r.pos).min().unwrap_or(0);
+                let to = ranges.iter().map(|r| r.pos + r.len).max().unwrap_or(0);
+                let span = match self.fetch_span(&key, from..to).await {
+                    Ok(span) => span,
+                    Err(e) => {
+                        tracing::debug!(object_key = %key, error = %e, "compaction source not read; its ranges are read one by one");
+                        return Vec::new();
+                    }
+                };
+                let m = crate::metrics::metrics();
+                m.compaction_source_reads.inc();
+                m.compaction_source_ranges.inc_by(ranges.len() as u64);
+                ranges
+                    .into_iter()
+                    .map(|r| ((key.clone(), r.pos), span.slice((r.pos - from) as usize..(r.pos - from + r.len) as usize), r.crc))
+                    // A range failing its checksum is read again, and refused, on its own.
+                    .filter(|(_, bytes, crc)| crc32c::crc32c(bytes) == *crc)
+                    .map(|(at, bytes, _)| (at, bytes))
+                    .collect::<Vec<_>>()
+            })
+            .buffer_unordered(FETCH_CONCURRENCY)
+            .flat_map(futures::stream::iter)
+            .collect()
+            .await
+    }
+
+    /// Every committed range of the stream from its start.
+    async fn stream_ranges(&self, handle: &StreamHandle) -> Result<Vec<ObjectRange>, StreamdError> {
+        let mut at = handle.inner.lock().await.start_offset;
+        let mut out = Vec::new();
+        loop {
+            let page = self
+                .metad
+                .read_ranges(
+                    handle.id,
+                    Offset(at),
+                    false,
+                    PAGE,
+                    Consistency::AtLeast(self.view.applied_index()),
+                )
+                .await
+                .map_err(|e| StreamdError::Unavailable(format!("reading the object index: {e}")))?;
+            let Some(last) = page.ranges.last() else { return Ok(out) };
+            at = last.end.0;
+            out.extend(page.ranges);
+            if !page.more {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// The window's batches, cut into pieces of the target size (the last may be
+    /// smaller). The bytes are slices of the sources; a range missing from them is
+    /// read on its own.
+    async fn cut_window(
+        &self,
+        handle: &StreamHandle,
+        window: &[ObjectRange],
+        sources: &Sources,
+    ) -> Result<Vec<Piece>, StreamdError> {
+        let target = self.tunables.compaction_target_bytes;
+        let mut pieces = Vec::new();
+        let mut piece = Piece {
+            start: window[0].start.0,
+            end: window[0].start.0,
+            batches: Vec::new(),
+            bytes: 0,
+        };
+        let mut chunks = futures::stream::iter(window.iter().cloned())
+            .map(|range| async move {
+                let bytes = match sources.get(&(range.key.0.clone(), range.pos)) {
+                    Some(b) => b.clone(),
+                    None => self.note_damage(handle.id, &range, self.fetch_range_uncached(&range).await)?,
+                };
+                Ok::<_, StreamdError>((range, bytes))
+            })
+            .buffered(FETCH_CONCURRENCY);
+        while let Some(fetched) = chunks.next().await {
+            let (range, bytes) = fetched?;
+            let batches =
+                split_batches(&bytes).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
+            let batches = self.note_damage(handle.id, &range, batches)?;
+            for (header, raw) in batches {
+                piece.batches.push(bytes.slice_ref(raw));
+                piece.bytes += raw.len() as u64;
+                if piece.bytes >= target {
+                    let end = header.base_offset as u64 + header.offset_count();
+                    piece.end = end;
+                    let next = Piece {
+                        start: end,
+                        end,
+                        batches: Vec::new(),
+                        bytes: 0,
+                    };
+                    pieces.push(std::mem::replace(&mut piece, next));
+                }
+            }
+        }
+        if !piece.batches.is_empty() {
+            piece.end = window[window.len() - 1].end.0;
+            pieces.push(piece);
+        }
+        Ok(pieces)
+    }
+
+    /// Writes one entry's objects and proposes its `CompactStreams`; the ranges replaced.
+    async fn commit_entry(
+        &self,
+        windows: &[CutWindow],
+        entry: &EntryLayout,
+        stats: &mut PassStats,
+    ) -> Result<usize, StreamdError> {
+        let write = Instant::now();
+        // Each window's new ranges, in piece order, filled in as the objects are built.
+        let mut ranges: HashMap<usize, Vec<(usize, ObjectRange)>> = HashMap::new();
+        let mut objects = Vec::with_capacity(entry.objects.len());
+        for members in &entry.objects {
+            let key = self.compacted_key(windows, members);
+            let mut builder = ObjectBuilder::new();
+            for &(w, p) in members {
+                let (window, piece) = (&windows[w], &windows[w].pieces[p]);
+                let chunk = builder
+                    .add(
+                        window.handle.id,
+                        window.handle.epoch,
+                        piece.start,
+                        piece.end,
+                        &piece.batches,
+                    )
+                    .clone();
+                let max_timestamp = piece
+                    .batches
+                    .iter()
+                    .map(|b| weir_shared::batch::max_timestamp(b))
+                    .max()
+                    .unwrap_or(weir_meta::model::NO_TIMESTAMP);
+                ranges.entry(w).or_default().push((
+                    p,
+                    ObjectRange {
+                        key: key.clone(),
+                        start: Offset(piece.start),
+                        end: Offset(piece.end),
+                        pos: chunk.pos,
+                        len: chunk.len,
+                        crc: chunk.crc,
+                        max_timestamp,
+                    },
+                ));
+            }
+            let (object, _) = builder.finish();
+            objects.push((key, object));
+        }
+        let new: Vec<NewObject> = objects
+            .iter()
+            .map(|(key, object)| NewObject {
+                key: key.clone(),
+                size: object.len() as u64,
+            })
+            .collect();
+        futures::stream::iter(objects)
+            .map(|(key, object)| async move {
+                let path = object_store::path::Path::from(key.0.as_str());
+                self.store
+                    .put(&path, PutPayload::from_bytes(object))
+                    .await
+                    .map_err(|e| StreamdError::Unavailable(format!("writing compacted object {key}: {e}")))
+            })
+            .buffer_unordered(FETCH_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        stats.write += write.elapsed();
+        stats.objects += new.len();
+        if weir_shared::failpoint::is_set("compaction_before_commit") {
+            // Tests: the compactor dies with its objects written and nothing committed.
+            tracing::error!("failpoint: exiting in the middle of a compaction");
+            std::process::exit(86);
+        }
+        weir_shared::failpoint::pause("compaction_commit").await;
+
+        let swaps: Vec<StreamSwap> = entry
+            .windows
+            .iter()
+            .map(|&w| {
+                let mut pieces = ranges.remove(&w).unwrap_or_default();
+                pieces.sort_by_key(|(p, _)| *p);
+                StreamSwap {
+                    stream: windows[w].handle.id,
+                    replaced: windows[w]
+                        .replaced
+                        .iter()
+                        .map(|r| ReplacedRange {
+                            start: r.start,
+                            end: r.end,
+                            key: r.key.clone(),
+                        })
+                        .collect(),
+                    ranges: pieces.into_iter().map(|(_, r)| r).collect(),
+                }
+            })
+            .collect();
+        let commit = Instant::now();
+        let m = crate::metrics::metrics();
+        m.compaction_commands.inc();
+        m.compaction_objects.inc_by(new.len() as u64);
+        stats.entries += 1;
+        let command = Command::CompactStreams {
+            objects: new.clone(),
+            swaps: swaps.clone(),
+        };
+        let outcome = self.metad.propose(&self.proposer(), command).await;
+        stats.commit += commit.elapsed();
+        match outcome {
+            Ok((index, Ok(Applied::Compacted { skipped }))) => {
+                let (mut replaced, mut bytes) = (0, 0);
+                for swap in swaps.iter().filter(|s| !skipped.contains(&s.stream)) {
+                    // Readers of this node go to the new objects from now on.
+                    self.ranges.forget(swap.stream);
+                    self.ranges.insert(swap.stream, swap.ranges.iter().cloned());
+                    replaced += swap.replaced.len();
+                    bytes += swap.ranges.iter().map(|r| r.len).sum::<u64>();
+                }
+                m.compacted_ranges.inc_by(replaced as u64);
+                m.compacted_bytes.inc_by(bytes);
+                tracing::info!(
+                    streams = swaps.len() - skipped.len(),
+                    skipped = skipped.len(),
+                    replaced,
+                    objects = new.len(),
+                    bytes,
+                    log_index = index,
+                    "compacted ranges"
+                );
+                Ok(replaced)
+            }
+            Ok((_, Ok(other))) => Err(StreamdError::Internal(format!(
+                "unexpected answer to CompactStreams: {other:?}"
+            ))),
+            Ok((_, Err(r))) => {
+                // Refused, so nothing references what was written: delete it now.
+                for o in &new {
+                    let path = object_store::path::Path::from(o.key.0.as_str());
+                    if let Err(e) = self.store.delete(&path).await {
+                        tracing::debug!(object_key = %o.key, error = %e, "cannot delete refused compaction output; GC will");
+                    }
+                }
+                match r.code {
+                    RejectCode::Fenced | RejectCode::Superseded => {
+                        self.fence(&r.message);
+                        Err(StreamdError::Fenced)
+                    }
+                    _ => {
+                        tracing::debug!(rejection = %r, "compaction refused; the ranges changed");
+                        Ok(0)
+                    }
+                }
+            }
+            // The outcome is unknown: what was written may be committed, so GC decides.
+            Err(ClientError::Unavailable(e)) => Err(StreamdError::Unavailable(format!("metadata log: {e}"))),
+            Err(e) => Err(StreamdError::Unavailable(format!("metadata log: {e}"))),
+        }
+    }
+
+    /// A new object's key: a per-stream object is named after its stream and first
+    /// offset; one shared by several streams is a stream set.
+    fn compacted_key(&self, windows: &[CutWindow], members: &[(usize, usize)]) -> ObjectKey {
+        let prefix = format!("data/{}/{:020}/compacted", self.me.node, self.me.epoch.0);
+        match members {
+            [(w, p)] => ObjectKey(format!(
+                "{prefix}/{}-{:020}-{:08x}.wdo",
+                windows[*w].handle.id.0,
+                windows[*w].pieces[*p].start,
+                rand::random::<u32>()
+            )),
+            _ => ObjectKey(format!("{prefix}/set-{:016x}.wdo", rand::random::<u64>())),
+        }
+    }
+}
+
+/// Runs a compaction pass every `every` until `cancel`.
+pub async fn compaction_loop(node: Arc<Node>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = node.fenced.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        if node.is_admitted() {
+            node.compact_streams().await;
+        }
+    }
+}
