@@ -26,6 +26,9 @@ pub struct StreamdMetrics {
     /// Source objects compaction read (one GET each), and the ranges those reads held.
     pub compaction_source_reads: IntCounter,
     pub compaction_source_ranges: IntCounter,
+    /// `CompactStreams` entries compaction proposed, and objects it wrote for them.
+    pub compaction_commands: IntCounter,
+    pub compaction_objects: IntCounter,
     /// Seconds one compaction pass over every served stream took.
     pub compaction_pass_seconds: Histogram,
     /// Bytes read by partial reads of a range's tail (producer-state rebuilds).
@@ -92,6 +95,14 @@ pub fn metrics() -> &'static StreamdMetrics {
             compaction_source_ranges: counter(
                 "streamd_compaction_source_ranges_total",
                 "Ranges compaction took from the source objects it read",
+            ),
+            compaction_commands: counter(
+                "streamd_compaction_commands_total",
+                "CompactStreams entries compaction proposed, each for many streams",
+            ),
+            compaction_objects: counter(
+                "streamd_compaction_objects_total",
+                "Objects compaction wrote (per-stream ones of the target size, and shared ones)",
             ),
             compaction_pass_seconds: register(
                 Histogram::with_opts(

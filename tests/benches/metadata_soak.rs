@@ -98,6 +98,7 @@ struct NodeSums {
     uploads: f64,
     passes: f64,
     pass_seconds: f64,
+    entries: f64,
 }
 
 impl NodeSums {
@@ -109,6 +110,7 @@ impl NodeSums {
             sums.uploads += value("weir_streamd_objects_committed_total");
             sums.passes += value("weir_streamd_compaction_pass_seconds_count");
             sums.pass_seconds += value("weir_streamd_compaction_pass_seconds_sum");
+            sums.entries += value("weir_streamd_compaction_commands_total");
         }
         sums
     }
@@ -213,8 +215,8 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
     );
     // The bound on ranges per stream (D-20): ceil(retained / target) plus the ranges
     // one interval adds, which is at most one per upload of its owner.
-    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | uploads/node/interval | bound | compaction pass s | index objects | bucket objects | metad RSS MiB | new gateway ready |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | uploads/node/interval | bound | compaction pass s | log entries/pass | index objects | bucket objects | metad RSS MiB | new gateway ready |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let started = Instant::now();
     let (mut last, mut last_sums) = (0, NodeSums::default());
     for minute in 1..=minutes {
@@ -224,7 +226,9 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
         last = total;
         let sums = NodeSums::of(&stack).await;
         let uploads = (sums.uploads - last_sums.uploads) / 6.0 / stack.nodes.len() as f64;
-        let pass = (sums.pass_seconds - last_sums.pass_seconds) / (sums.passes - last_sums.passes).max(1.0);
+        let passes = (sums.passes - last_sums.passes).max(1.0);
+        let pass = (sums.pass_seconds - last_sums.pass_seconds) / passes;
+        let entries = (sums.entries - last_sums.entries) / passes;
         last_sums = sums;
         let bound = retention_bytes.div_ceil(COMPACTION_TARGET) as f64 + uploads;
         let (view, _) = view_bytes(&client).await;
@@ -233,7 +237,7 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
         let bucket = bucket_objects(&stack).await;
         let catch_up = gateway_catch_up(&stack, &format!("soak-new-{minute}")).await;
         println!(
-            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {:.1} | {uploads:.1} | {bound:.1} | {pass:.2} | {objects} | {bucket} | {rss:.0} | {catch_up:.2?} |",
+            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {:.1} | {uploads:.1} | {bound:.1} | {pass:.2} | {entries:.1} | {objects} | {bucket} | {rss:.0} | {catch_up:.2?} |",
             view as f64 / f64::from(partitions),
             ranges as f64 / f64::from(partitions)
         );

@@ -104,11 +104,11 @@ async fn interleaved(gw: &Gatewayd, streams: &[&str], records: usize, size: usiz
     acked
 }
 
-// Issue 16, D-20: small upload objects become per-stream objects of the target size;
-// every record reads back in order while and after it happens; the ranges per stream
-// fall to ceil(bytes / target) plus a few per size class; a pass reads each upload
-// object once for all its streams; the upload objects leave the bucket once no stream
-// references them.
+// Issue 16, D-20: small upload objects become objects of the target size; every record
+// reads back in order while and after it happens; the ranges per stream fall to
+// ceil(bytes / target) plus a few per size class; a pass reads each upload object once
+// for all its streams, and swaps many streams in one entry with their small pieces in a
+// shared object; the upload objects leave the bucket once no stream references them.
 #[tokio::test(flavor = "multi_thread")]
 async fn compaction_rewrites_small_uploads_into_per_stream_objects_and_reads_go_on() {
     within(240, async {
@@ -174,6 +174,25 @@ async fn compaction_rewrites_small_uploads_into_per_stream_objects_and_reads_go_
         assert!(
             reads > 0.0 && ranges / reads > 1.5,
             "{ranges} source ranges came from {reads} reads"
+        );
+        // One log entry swaps several streams' ranges, into fewer objects than the
+        // ranges it writes: the streams' small pieces share objects.
+        let entries: Vec<serde_json::Value> = stack.nodes[0]
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("compacted ranges"))
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let field = |e: &serde_json::Value, name: &str| e[name].as_u64().unwrap_or(0);
+        assert!(
+            entries
+                .iter()
+                .any(|e| field(e, "streams") >= 2 && field(e, "objects") < field(e, "written")),
+            "no entry compacted several streams into a shared object: {entries:#?}"
+        );
+        assert!(
+            value("weir_streamd_compaction_commands_total") < value("weir_streamd_compacted_ranges_total") / 3.0,
+            "entries replace many ranges each"
         );
         // The upload objects leave once no stream references them; what is left is committed.
         bucket_holds_only_committed_objects(&stack, Duration::from_secs(60)).await;
@@ -448,24 +467,16 @@ async fn a_group_that_committed_100_000_times_loads_in_under_2_s() {
 }
 
 // Issue 16: an open rebuilds idempotent-producer state from a ranged read of the tail
-// only, however large the range holding it: after compaction leaves a few large ranges,
-// a restarted owner reads at most --producer-state-bytes of them, and a retried keyed
-// append is still answered with its original offsets, not appended again.
+// only, however large the range holding it: with ranges of hundreds of KiB (uploads a
+// second apart) under the last 16 KiB, a restarted owner reads at most
+// --producer-state-bytes, and a retried keyed append is still answered with its
+// original offsets, not appended again.
 #[tokio::test(flavor = "multi_thread")]
-async fn an_open_reads_only_the_tail_of_a_large_compacted_range() {
+async fn an_open_reads_only_the_tail_of_a_large_range() {
     use reqwest::{Method, StatusCode};
     use serde_json::json;
     within(240, async {
-        let flags = [
-            "--upload-interval-ms",
-            "30",
-            "--compaction-target-bytes",
-            "4194304",
-            "--compaction-interval-ms",
-            "300",
-            "--producer-state-bytes",
-            "16384",
-        ];
+        let flags = ["--upload-interval-ms", "1000", "--producer-state-bytes", "16384"];
         let mut stack = Stack::start_with(1, Backend::FileWal, &flags, &[]).await;
         let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
         gw.wait_ready().await;
@@ -483,13 +494,32 @@ async fn an_open_reads_only_the_tail_of_a_large_compacted_range() {
             assert_eq!(status, StatusCode::OK, "{body}");
             last = body["start_seq_num"].as_u64().expect("offset");
         }
-        // ~300 KiB in a few large ranges (a small last upload may stay on its own).
         wait_for(
-            "compaction leaves a few large ranges",
+            "every record is in the object index",
             Duration::from_secs(60),
-            || async { (ranges_of(&stack, id).await.0 <= 3).then_some(()) },
+            || async { (ranges_of(&stack, id).await.1 >= 300 * 1000).then_some(()) },
         )
         .await;
+        // The range the last 16 KiB start in holds more than that, in many batches.
+        let ranges = stack
+            .metad
+            .client()
+            .read_ranges(id, Offset(u64::MAX), true, 1000, Consistency::Linearizable)
+            .await
+            .expect("read ranges")
+            .ranges;
+        let mut after = 0;
+        let holding = ranges
+            .iter()
+            .find(|r| {
+                after += r.len;
+                after >= 16384
+            })
+            .expect("16 KiB committed");
+        assert!(
+            holding.len > 16384 && holding.end.0 - holding.start.0 > 16,
+            "the tail starts inside a large range: {holding:?}"
+        );
         stack.nodes[0].kill();
         stack.nodes[0].start();
         stack.nodes[0].wait_ready().await;

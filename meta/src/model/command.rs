@@ -63,6 +63,23 @@ pub struct CompactedObject {
     pub range: ObjectRange,
 }
 
+/// An object a `CompactStreams` wrote; its ranges are in the swaps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewObject {
+    pub key: ObjectKey,
+    pub size: u64,
+}
+
+/// One stream's part of a `CompactStreams`: a contiguous run of its ranges exactly as
+/// the compactor read them, and the new ranges (in the command's objects) covering the
+/// same offsets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamSwap {
+    pub stream: StreamId,
+    pub replaced: Vec<ReplacedRange>,
+    pub ranges: Vec<ObjectRange>,
+}
+
 /// What an `AlterConfig` changes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -179,6 +196,14 @@ pub enum Command {
         replaced: Vec<ReplacedRange>,
         objects: Vec<CompactedObject>,
     },
+    /// A compaction pass's batch over many streams at once: new objects, each holding
+    /// ranges of one or more streams, and each stream's swap. Every swap is its own
+    /// compare-and-set: one whose ranges changed (a trim, a takeover's commits, another
+    /// compaction) is skipped and the others apply. Refused whole when no swap applies.
+    CompactStreams {
+        objects: Vec<NewObject>,
+        swaps: Vec<StreamSwap>,
+    },
     /// Replaces the configuration of a topic (and of each of its partitions) or of a stream.
     AlterConfig {
         target: ConfigTarget,
@@ -271,6 +296,7 @@ impl Command {
             Command::CommitObjects { .. } => "commit_objects",
             Command::TrimStream { .. } => "trim_stream",
             Command::CompactObjects { .. } => "compact_objects",
+            Command::CompactStreams { .. } => "compact_streams",
             Command::AlterConfig { .. } => "alter_config",
             Command::AcquireLease { .. } => "acquire_lease",
             Command::RenewLease { .. } => "renew_lease",
@@ -314,6 +340,11 @@ pub enum Applied {
     ProducerIds {
         first: i64,
         count: u32,
+    },
+    /// A `CompactStreams` applied, except for these streams' swaps, whose ranges had
+    /// changed since the compactor read them.
+    Compacted {
+        skipped: Vec<StreamId>,
     },
 }
 

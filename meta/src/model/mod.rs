@@ -12,8 +12,8 @@ pub mod state;
 
 pub use apply::{check_destination, Effects};
 pub use command::{
-    Applied, Command, CommitRange, CompactedObject, ConfigTarget, DamageRemedy, Outcome, Proposal, Proposer,
-    RejectCode, Rejection, ReplacedRange,
+    Applied, Command, CommitRange, CompactedObject, ConfigTarget, DamageRemedy, NewObject, Outcome, Proposal, Proposer,
+    RejectCode, Rejection, ReplacedRange, StreamSwap,
 };
 pub use index::{IndexChange, IndexRead, MemIndex, Overlay};
 pub use metadata::Metadata;

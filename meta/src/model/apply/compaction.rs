@@ -1,10 +1,17 @@
-//! Compaction's log side (D-20): a compactor rewrites a run of a stream's small
-//! ranges (in multi-stream upload objects) into per-stream objects, and this entry
-//! swaps them in the index by compare-and-set, so a stale or overlapping compaction,
-//! or one racing a trim or a takeover's commits, changes nothing.
+//! Compaction's log side (D-20): a compactor rewrites runs of streams' small ranges
+//! (in multi-stream upload objects) into larger objects, and these entries swap them in
+//! the index by compare-and-set, so a stale or overlapping compaction, or one racing a
+//! trim or a takeover's commits, changes nothing.
+//!
+//! `CompactObjects` swaps one stream's run for per-stream objects (the first form, kept
+//! so logs written with it replay). `CompactStreams` carries a whole batch of a pass:
+//! many streams' swaps and objects that may hold ranges of several streams, so a pass
+//! costs one entry and a few objects per batch rather than one of each per stream.
 
 use super::{reject, Txn};
-use crate::model::command::{Applied, CompactedObject, Outcome, Proposer, RejectCode, ReplacedRange};
+use crate::model::command::{
+    Applied, CompactedObject, NewObject, Outcome, Proposer, RejectCode, Rejection, ReplacedRange, StreamSwap,
+};
 use crate::model::index::IndexChange;
 use crate::model::rows::*;
 use crate::model::state::RowKey;
@@ -13,6 +20,26 @@ use weir_shared::ids::{ObjectKey, StreamId};
 
 /// Most ranges one compaction replaces (bounds the entry's size).
 pub const MAX_REPLACED: usize = 10_000;
+
+/// Object rows as a compaction leaves them: the index's, with the swaps applied so far.
+struct ObjectEdits {
+    /// Replaced objects: their rows as read, minus the streams swapped out of them.
+    released: BTreeMap<ObjectKey, Option<ObjectRow>>,
+    /// New objects, by key: size, and the streams whose swap applied.
+    written: BTreeMap<ObjectKey, (u64, BTreeSet<StreamId>)>,
+}
+
+impl ObjectEdits {
+    fn new(objects: &[NewObject]) -> Self {
+        Self {
+            released: BTreeMap::new(),
+            written: objects
+                .iter()
+                .map(|o| (o.key.clone(), (o.size, BTreeSet::new())))
+                .collect(),
+        }
+    }
+}
 
 impl Txn<'_> {
     pub(super) fn compact_objects(
@@ -23,6 +50,74 @@ impl Txn<'_> {
         objects: &[CompactedObject],
     ) -> Outcome {
         self.node_proposer(proposer)?;
+        let new: Vec<NewObject> = objects
+            .iter()
+            .map(|o| NewObject {
+                key: o.range.key.clone(),
+                size: o.size,
+            })
+            .collect();
+        let swap = StreamSwap {
+            stream: id,
+            replaced: replaced.to_vec(),
+            ranges: objects.iter().map(|o| o.range.clone()).collect(),
+        };
+        let swaps = std::slice::from_ref(&swap);
+        check_command(&new, swaps)?;
+        self.check_not_committed(&new)?;
+        let mut edits = ObjectEdits::new(&new);
+        self.swap(&swap, &mut edits)?;
+        self.finish(edits);
+        Ok(Applied::Done)
+    }
+
+    pub(super) fn compact_streams(
+        &mut self,
+        proposer: &Proposer,
+        objects: &[NewObject],
+        swaps: &[StreamSwap],
+    ) -> Outcome {
+        self.node_proposer(proposer)?;
+        check_command(objects, swaps)?;
+        self.check_not_committed(objects)?;
+        let mut edits = ObjectEdits::new(objects);
+        let mut skipped = Vec::new();
+        let mut first_refusal = None;
+        for swap in swaps {
+            // Each swap validates before it changes anything, so a skipped one changed nothing.
+            if let Err(r) = self.swap(swap, &mut edits) {
+                skipped.push(swap.stream);
+                first_refusal.get_or_insert(r);
+            }
+        }
+        if skipped.len() == swaps.len() {
+            let r = first_refusal.expect("at least one swap");
+            return Err(reject(
+                r.code,
+                format!("no stream of the compaction applied; the first: {}", r.message),
+            ));
+        }
+        self.finish(edits);
+        Ok(Applied::Compacted { skipped })
+    }
+
+    /// A retry of a compaction that applied finds its objects committed.
+    fn check_not_committed(&self, objects: &[NewObject]) -> Result<(), Rejection> {
+        for o in objects {
+            if self.objects.object(&o.key).is_some() {
+                return Err(reject(
+                    RejectCode::AlreadyExists,
+                    format!("object '{}' is already committed", o.key),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one stream's swap if every replaced range is in the index exactly as
+    /// read; otherwise changes nothing and says why.
+    fn swap(&mut self, swap: &StreamSwap, edits: &mut ObjectEdits) -> Result<(), Rejection> {
+        let id = swap.stream;
         let row = self.stream(id)?;
         if row.state == StreamState::Deleted {
             return Err(reject(
@@ -32,26 +127,15 @@ impl Txn<'_> {
         }
         let name = row.name.clone();
         let start_offset = row.start_offset;
-        check_shape(&name, replaced, objects)?;
-        // A retry of a compaction that applied finds its objects committed.
-        for o in objects {
-            if self.objects.object(&o.range.key).is_some() {
-                return Err(reject(
-                    RejectCode::AlreadyExists,
-                    format!("object '{}' is already committed", o.range.key),
-                ));
-            }
-        }
-
-        // Compare-and-set: every replaced range is in the index exactly as read.
-        for r in replaced {
+        let mut current = Vec::with_capacity(swap.replaced.len());
+        for r in &swap.replaced {
             let found = self
                 .objects
                 .ranges_from(id, r.start, 1)
                 .into_iter()
                 .next()
                 .filter(|found| found.start == r.start && found.end == r.end && found.key == r.key);
-            if found.is_none() {
+            let Some(found) = found else {
                 return Err(reject(
                     RejectCode::Conflict,
                     format!(
@@ -59,101 +143,156 @@ impl Txn<'_> {
                         r.start, r.end, r.key
                     ),
                 ));
-            }
+            };
+            current.push(found);
         }
-        let mut old: BTreeMap<ObjectKey, Option<ObjectRow>> = BTreeMap::new();
         let mut removed = 0u64;
-        for r in replaced {
-            let range = self
-                .objects
-                .ranges_from(id, r.start, 1)
-                .into_iter()
-                .next()
-                .expect("checked above");
-            removed += range.len;
+        for r in current {
+            removed += r.len;
             self.index_changes.push(IndexChange::DeleteRange {
                 stream: id,
                 start: r.start,
             });
-            let object = self.objects.object(&r.key);
-            old.entry(r.key.clone()).or_insert(object);
+            let objects = self.objects;
+            let row = edits
+                .released
+                .entry(r.key.clone())
+                .or_insert_with(|| objects.object(&r.key));
+            if let Some(row) = row {
+                row.streams.retain(|s| *s != id);
+            }
         }
-        self.release_objects(id, old);
         // Pieces wholly below a start a trim set meanwhile are not indexed: GC takes them.
         let mut added = 0u64;
-        for o in objects.iter().filter(|o| o.range.end > start_offset) {
-            added += o.range.len;
+        for range in swap.ranges.iter().filter(|r| r.end > start_offset) {
+            added += range.len;
             self.index_changes.push(IndexChange::PutRange {
                 stream: id,
-                range: o.range.clone(),
+                range: range.clone(),
             });
-            self.index_changes.push(IndexChange::PutObject(ObjectRow {
-                key: o.range.key.clone(),
-                size: o.size,
-                committed_index: self.index,
-                streams: vec![id],
-            }));
+            edits
+                .written
+                .get_mut(&range.key)
+                .expect("checked: every range is in a new object")
+                .1
+                .insert(id);
         }
         let row = self.state.streams.get_mut(&id).expect("checked above");
         row.bytes = row.bytes.saturating_sub(removed) + added;
         self.touch(RowKey::Stream(id));
-        Ok(Applied::Done)
+        Ok(())
+    }
+
+    /// Writes the object rows the swaps left: a replaced object no stream names leaves
+    /// the index; a new object is indexed with the streams that reference it, if any.
+    fn finish(&mut self, edits: ObjectEdits) {
+        for (key, row) in edits.released {
+            let Some(row) = row else { continue };
+            self.index_changes.push(if row.streams.is_empty() {
+                IndexChange::DeleteObject(key)
+            } else {
+                IndexChange::PutObject(row)
+            });
+        }
+        for (key, (size, streams)) in edits.written {
+            if !streams.is_empty() {
+                self.index_changes.push(IndexChange::PutObject(ObjectRow {
+                    key,
+                    size,
+                    committed_index: self.index,
+                    streams: streams.into_iter().collect(),
+                }));
+            }
+        }
     }
 }
 
-/// The replaced ranges are one contiguous run, and the new objects cover exactly its
-/// offsets, each holding one range of its own key inside it.
-fn check_shape(
-    name: &str,
-    replaced: &[ReplacedRange],
-    objects: &[CompactedObject],
-) -> Result<(), crate::model::Rejection> {
+/// The command's shape, whatever the index holds: objects named once and each used; a
+/// stream in at most one swap; no new object among the replaced ones; at most
+/// [`MAX_REPLACED`] ranges replaced; and each swap well formed.
+fn check_command(objects: &[NewObject], swaps: &[StreamSwap]) -> Result<(), Rejection> {
     let invalid = |m: String| Err(reject(RejectCode::InvalidArgument, m));
-    let (Some(first), Some(last)) = (replaced.first(), replaced.last()) else {
-        return invalid("a compaction replaces at least one range".into());
-    };
-    if replaced.len() > MAX_REPLACED {
-        return invalid(format!(
-            "a compaction replaces at most {MAX_REPLACED} ranges, got {}",
-            replaced.len()
-        ));
+    if swaps.is_empty() {
+        return invalid("a compaction swaps at least one stream's ranges".into());
     }
     if objects.is_empty() {
         return invalid("a compaction writes at least one object".into());
     }
+    let replaced: usize = swaps.iter().map(|s| s.replaced.len()).sum();
+    if replaced > MAX_REPLACED {
+        return invalid(format!(
+            "a compaction replaces at most {MAX_REPLACED} ranges, got {replaced}"
+        ));
+    }
+    let mut sizes = BTreeMap::new();
+    for o in objects {
+        if sizes.insert(&o.key, o.size).is_some() {
+            return invalid(format!("object '{}' appears twice in the compaction", o.key));
+        }
+    }
+    let replaced_keys: BTreeSet<&ObjectKey> = swaps.iter().flat_map(|s| &s.replaced).map(|r| &r.key).collect();
+    if let Some(key) = sizes.keys().find(|k| replaced_keys.contains(*k)) {
+        return invalid(format!("object '{key}' is both replaced and written by the compaction"));
+    }
+    let mut streams = BTreeSet::new();
+    let mut used = BTreeSet::new();
+    for swap in swaps {
+        if !streams.insert(swap.stream) {
+            return invalid(format!("stream {} has two swaps in one compaction", swap.stream));
+        }
+        check_swap(swap, &sizes)?;
+        used.extend(swap.ranges.iter().map(|r| &r.key));
+    }
+    if let Some(key) = sizes.keys().find(|k| !used.contains(*k)) {
+        return invalid(format!("object '{key}' holds no range of the compaction"));
+    }
+    Ok(())
+}
+
+/// The replaced ranges are one contiguous run, and the new ranges cover exactly its
+/// offsets, each inside its object, one per object (a stream has at most one range in
+/// any object).
+fn check_swap(swap: &StreamSwap, sizes: &BTreeMap<&ObjectKey, u64>) -> Result<(), Rejection> {
+    let invalid = |m: String| Err(reject(RejectCode::InvalidArgument, m));
+    let id = swap.stream;
+    let (Some(first), Some(last)) = (swap.replaced.first(), swap.replaced.last()) else {
+        return invalid(format!("the swap of stream {id} replaces no range"));
+    };
     let mut at = first.start;
-    for r in replaced {
+    for r in &swap.replaced {
         if r.start != at || r.end <= r.start {
-            return invalid(format!(
-                "the replaced ranges of stream '{name}' are not one contiguous run"
-            ));
+            return invalid(format!("the replaced ranges of stream {id} are not one contiguous run"));
         }
         at = r.end;
     }
+    let uncovered = || {
+        invalid(format!(
+            "the new ranges of stream {id} do not cover {}..{} exactly",
+            first.start, last.end
+        ))
+    };
     let mut keys = BTreeSet::new();
-    let replaced_keys: BTreeSet<&ObjectKey> = replaced.iter().map(|r| &r.key).collect();
     let mut at = first.start;
-    for o in objects {
-        let r = &o.range;
+    for r in &swap.ranges {
         if r.start != at || r.end <= r.start {
+            return uncovered();
+        }
+        let Some(&size) = sizes.get(&r.key) else {
             return invalid(format!(
-                "the new ranges of stream '{name}' do not cover {}..{} exactly",
-                first.start, last.end
+                "a new range of stream {id} is in '{}', which the compaction does not write",
+                r.key
             ));
+        };
+        if r.pos.checked_add(r.len).is_none_or(|end| end > size) {
+            return invalid(format!("a new range of stream {id} lies outside its object"));
         }
-        if r.pos.checked_add(r.len).is_none_or(|end| end > o.size) {
-            return invalid(format!("a new range of stream '{name}' lies outside its object"));
-        }
-        if !keys.insert(&r.key) || replaced_keys.contains(&r.key) {
-            return invalid(format!("object '{}' appears twice in the compaction", r.key));
+        if !keys.insert(&r.key) {
+            return invalid(format!("stream {id} has two ranges in object '{}'", r.key));
         }
         at = r.end;
     }
     if at != last.end {
-        return invalid(format!(
-            "the new ranges of stream '{name}' do not cover {}..{} exactly",
-            first.start, last.end
-        ));
+        return uncovered();
     }
     Ok(())
 }
@@ -161,7 +300,7 @@ fn check_shape(
 #[cfg(test)]
 mod tests {
     use super::super::test_log::{node, op, Log};
-    use crate::model::command::{Applied, CompactedObject, RejectCode, ReplacedRange};
+    use crate::model::command::{Applied, CompactedObject, NewObject, RejectCode, ReplacedRange, StreamSwap};
     use crate::model::index::IndexRead;
     use crate::model::rows::*;
     use crate::model::Command;
@@ -341,5 +480,150 @@ mod tests {
         assert_eq!(ranges[0].key, ObjectKey("data/c/1".into()));
         assert_eq!(log.meta.index.object(&ObjectKey("data/c/0".into())), None);
         assert_eq!(log.row(0).bytes, 260);
+    }
+
+    /// A swap of all of `stream`'s ranges for one range at `pos` in `key`.
+    fn swap_all(log: &Log, stream: u64, key: &str, pos: u64, len: u64) -> StreamSwap {
+        let run = replaced(log, stream);
+        let mut range = piece(key, run[0].start.0, run[run.len() - 1].end.0, len).range;
+        range.pos = pos;
+        StreamSwap {
+            stream: StreamId(stream),
+            replaced: run,
+            ranges: vec![range],
+        }
+    }
+
+    fn compact_streams(objects: &[(&str, u64)], swaps: Vec<StreamSwap>) -> Command {
+        Command::CompactStreams {
+            objects: objects
+                .iter()
+                .map(|&(key, size)| NewObject {
+                    key: ObjectKey(key.into()),
+                    size,
+                })
+                .collect(),
+            swaps,
+        }
+    }
+
+    // Issue 16, D-20: one entry swaps many streams' runs for ranges in one shared object.
+    #[test]
+    fn one_compaction_swaps_many_streams_into_a_shared_object() {
+        let mut log = three_uploads();
+        let swaps = vec![
+            swap_all(&log, 0, "data/s/1", 8, 300),
+            swap_all(&log, 1, "data/s/1", 308, 30),
+        ];
+        assert_eq!(
+            log.apply(node(), compact_streams(&[("data/s/1", 400)], swaps)),
+            Ok(Applied::Compacted { skipped: vec![] })
+        );
+        for (stream, pos, bytes) in [(0, 8, 300), (1, 308, 30)] {
+            let ranges = log.meta.index.ranges_from(StreamId(stream), Offset(0), 10);
+            assert_eq!(ranges.len(), 1);
+            assert_eq!((ranges[0].key.0.as_str(), ranges[0].pos), ("data/s/1", pos));
+            assert_eq!(log.row(stream).bytes, bytes);
+        }
+        let shared = log.meta.index.object(&ObjectKey("data/s/1".into())).expect("committed");
+        assert_eq!((shared.streams, shared.size), (vec![StreamId(0), StreamId(1)], 400));
+        // Both streams left the upload objects, so they leave the index.
+        for key in ["data/1", "data/2", "data/3"] {
+            assert_eq!(log.meta.index.object(&ObjectKey(key.into())), None, "{key}");
+        }
+    }
+
+    // Issue 16, D-20: each swap is its own compare-and-set: a stale one is skipped and
+    // changes nothing; the others apply; a compaction none of whose swaps apply is
+    // refused whole; a retry of one that applied finds its objects committed.
+    #[test]
+    fn a_stale_swap_is_skipped_and_the_rest_apply() {
+        let mut log = three_uploads();
+        let mut stale = swap_all(&log, 0, "data/s/1", 8, 300);
+        stale.replaced[1].key = ObjectKey("data/elsewhere".into());
+        let fresh = swap_all(&log, 1, "data/s/1", 308, 30);
+        let stream0_before = log.meta.index.ranges_from(StreamId(0), Offset(0), 10);
+        let command = compact_streams(&[("data/s/1", 400)], vec![stale.clone(), fresh]);
+        assert_eq!(
+            log.apply(node(), command.clone()),
+            Ok(Applied::Compacted {
+                skipped: vec![StreamId(0)]
+            })
+        );
+        assert_eq!(log.meta.index.ranges_from(StreamId(0), Offset(0), 10), stream0_before);
+        assert_eq!(log.row(0).bytes, 300);
+        let shared = log.meta.index.object(&ObjectKey("data/s/1".into())).expect("committed");
+        assert_eq!(shared.streams, vec![StreamId(1)]);
+        // The upload objects still hold stream 0 only.
+        let upload = log
+            .meta
+            .index
+            .object(&ObjectKey("data/2".into()))
+            .expect("held by stream 0");
+        assert_eq!(upload.streams, vec![StreamId(0)]);
+        assert_eq!(log.apply(node(), command), Err(RejectCode::AlreadyExists));
+
+        let before = log.meta.clone();
+        let all_stale = compact_streams(
+            &[("data/s/2", 400)],
+            vec![StreamSwap {
+                ranges: vec![piece("data/s/2", 0, 30, 300).range],
+                ..stale
+            }],
+        );
+        assert_eq!(log.apply(node(), all_stale), Err(RejectCode::Conflict));
+        assert_eq!(log.meta.index, before.index);
+        assert_eq!(log.meta.state.streams, before.state.streams);
+    }
+
+    #[test]
+    fn a_malformed_compaction_is_refused_whole() {
+        let log = three_uploads();
+        let both = |log: &Log| {
+            vec![
+                swap_all(log, 0, "data/s/1", 8, 300),
+                swap_all(log, 1, "data/s/1", 308, 30),
+            ]
+        };
+        let cases: Vec<(&str, Command)> = vec![
+            ("no swaps", compact_streams(&[("data/s/1", 400)], vec![])),
+            ("a stream twice", {
+                let mut swaps = both(&log);
+                swaps[1] = swaps[0].clone();
+                compact_streams(&[("data/s/1", 400)], swaps)
+            }),
+            (
+                "an object no range uses",
+                compact_streams(&[("data/s/1", 400), ("data/s/9", 10)], both(&log)),
+            ),
+            (
+                "a range in an object not written",
+                compact_streams(&[("data/s/9", 400)], both(&log)),
+            ),
+            (
+                "a range past its object's end",
+                compact_streams(&[("data/s/1", 330)], both(&log)),
+            ),
+            ("a replaced object written again", {
+                let mut swaps = both(&log);
+                swaps[1].ranges[0].key = ObjectKey("data/1".into());
+                compact_streams(&[("data/s/1", 400), ("data/1", 400)], swaps)
+            }),
+            ("two ranges of a stream in one object", {
+                let mut swaps = both(&log);
+                let whole = swaps[0].ranges[0].clone();
+                let mut second = whole.clone();
+                swaps[0].ranges[0].end = Offset(whole.end.0 - 1);
+                second.start = Offset(whole.end.0 - 1);
+                swaps[0].ranges.push(second);
+                compact_streams(&[("data/s/1", 400)], swaps)
+            }),
+        ];
+        for (what, command) in cases {
+            let mut log = three_uploads();
+            let before = log.meta.clone();
+            assert_eq!(log.apply(node(), command), Err(RejectCode::InvalidArgument), "{what}");
+            assert_eq!(log.meta.index, before.index, "{what}");
+        }
     }
 }

@@ -150,6 +150,7 @@ impl Txn<'_> {
                 replaced,
                 objects,
             } => self.compact_objects(proposer, *stream, replaced, objects),
+            Command::CompactStreams { objects, swaps } => self.compact_streams(proposer, objects, swaps),
             Command::AlterConfig { target, config } => self.alter_config(proposer, target, config),
             Command::AcquireLease { name, expected } => self.acquire_lease(proposer, name, expected.as_ref()),
             Command::RenewLease { name } => self.renew_lease(proposer, name),

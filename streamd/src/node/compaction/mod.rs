@@ -410,12 +410,13 @@ impl Node {
         stats.commit += commit.elapsed();
         match outcome {
             Ok((index, Ok(Applied::Compacted { skipped }))) => {
-                let (mut replaced, mut bytes) = (0, 0);
+                let (mut replaced, mut written, mut bytes) = (0, 0, 0);
                 for swap in swaps.iter().filter(|s| !skipped.contains(&s.stream)) {
                     // Readers of this node go to the new objects from now on.
                     self.ranges.forget(swap.stream);
                     self.ranges.insert(swap.stream, swap.ranges.iter().cloned());
                     replaced += swap.replaced.len();
+                    written += swap.ranges.len();
                     bytes += swap.ranges.iter().map(|r| r.len).sum::<u64>();
                 }
                 m.compacted_ranges.inc_by(replaced as u64);
@@ -424,6 +425,7 @@ impl Node {
                     streams = swaps.len() - skipped.len(),
                     skipped = skipped.len(),
                     replaced,
+                    written,
                     objects = new.len(),
                     bytes,
                     log_index = index,
