@@ -172,11 +172,12 @@ async fn set_retention_bytes(stack: &Stack, topic: &str, bytes: u64) {
 async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
     // Placement on (metad's default), as a user's cluster runs; retention and compaction
     // checked every 10 s so a 10-minute soak shows where they level off.
+    let compaction_interval = env_or("WEIR_SOAK_COMPACTION_INTERVAL_MS", 10_000).to_string();
     let flags = [
         "--retention-check-interval-ms",
         "10000",
         "--compaction-interval-ms",
-        "10000",
+        &compaction_interval,
         "--gc-delay-sec",
         "60",
         "--gc-grace-sec",
