@@ -154,3 +154,19 @@ pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// The exit status a clean shutdown's log calls for (SD-EX-1/2, SD-DL-3/4): 1 when the
+/// deadline expired or any phase finished `Forced`, else 0, whatever else was
+/// `Abandoned`. A test of a stop asserts the status equals this, so a process that
+/// exits 1 after a graceful stop, or 0 after a forced one, fails it.
+pub fn shutdown_exit_code(log: &str) -> i32 {
+    let forced = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .any(|r| {
+            let message = r["message"].as_str().unwrap_or_default();
+            message == "shutdown deadline expired; abandoning graceful shutdown"
+                || (message.ends_with("phase finished") && r["outcome"] == "Forced")
+        });
+    i32::from(forced)
+}
