@@ -104,7 +104,7 @@ async fn interleaved(gw: &Gatewayd, streams: &[&str], records: usize, size: usiz
     acked
 }
 
-// Issue 16, D-20: small upload objects become objects of the target size; every record
+// INV-2, issue 16, D-20: small upload objects become objects of the target size; every record
 // reads back in order while and after it happens; the ranges per stream fall to
 // ceil(bytes / target) plus a few per size class; a pass reads each upload object once
 // for all its streams, and swaps many streams in one entry with their small pieces in a
@@ -235,7 +235,7 @@ async fn check_history(gw: &Gatewayd, streams: &[&str], history: &History) {
     assert!(problems.is_empty(), "{problems:#?}");
 }
 
-// Issue 16, D-20: a compactor that dies with its objects written and nothing committed
+// INV-2, issue 16, D-20: a compactor that dies with its objects written and nothing committed
 // (a failpoint exits the process there, as SIGKILL would) loses nothing: the stream
 // fails over, every acknowledged record reads back once and in order, and the objects it
 // wrote are deleted by GC on the live node after the grace period.
@@ -295,7 +295,7 @@ async fn a_compactor_killed_midway_loses_nothing_and_leaks_nothing() {
     .await;
 }
 
-// Issue 16, D-20: the owner is hung (SIGSTOP) between writing its compacted objects and
+// INV-2, issue 16, D-20: the owner is hung (SIGSTOP) between writing its compacted objects and
 // committing them; it is fenced and its streams taken over and written on elsewhere.
 // Resumed, its stale compaction is refused (it is fenced, and its ranges moved on) and it
 // exits 75; nothing acknowledged is lost and nothing it wrote outlives the grace period.

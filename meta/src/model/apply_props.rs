@@ -337,14 +337,7 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
             };
             let ranges = index.ranges_from(id, Offset(0), usize::MAX);
             let run: Vec<_> = ranges.iter().skip(from).take(count).collect();
-            let mut replaced: Vec<ReplacedRange> = run
-                .iter()
-                .map(|r| ReplacedRange {
-                    start: r.start,
-                    end: r.end,
-                    key: r.key.clone(),
-                })
-                .collect();
+            let mut replaced: Vec<ReplacedRange> = run.iter().map(|r| ReplacedRange::from(*r)).collect();
             if stale {
                 if let Some(r) = replaced.last_mut() {
                     r.key = ObjectKey("data/elsewhere".into());
@@ -389,14 +382,7 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
                 .take(streams)
                 .enumerate()
                 .map(|(i, (id, run))| {
-                    let mut replaced: Vec<ReplacedRange> = run
-                        .iter()
-                        .map(|r| ReplacedRange {
-                            start: r.start,
-                            end: r.end,
-                            key: r.key.clone(),
-                        })
-                        .collect();
+                    let mut replaced: Vec<ReplacedRange> = run.iter().map(ReplacedRange::from).collect();
                     if stale && i == 0 {
                         replaced[0].key = ObjectKey("data/elsewhere".into());
                     }

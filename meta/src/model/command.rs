@@ -55,6 +55,17 @@ pub struct ReplacedRange {
     pub key: ObjectKey,
 }
 
+impl From<&ObjectRange> for ReplacedRange {
+    /// The range as the compactor read it from the index.
+    fn from(r: &ObjectRange) -> Self {
+        Self {
+            start: r.start,
+            end: r.end,
+            key: r.key.clone(),
+        }
+    }
+}
+
 /// A per-stream object a compaction wrote, and the one range of the stream it holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompactedObject {

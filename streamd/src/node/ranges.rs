@@ -7,7 +7,7 @@ use super::Node;
 use crate::error::StreamdError;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
-use weir_meta::client::Consistency;
+use weir_meta::client::{Consistency, RangesPage};
 use weir_meta::model::ObjectRange;
 use weir_shared::ids::{Offset, StreamId};
 
@@ -110,18 +110,29 @@ fn index_unavailable(e: weir_meta::ClientError) -> StreamdError {
 }
 
 impl Node {
+    /// One forward page of `stream`'s committed ranges from the one holding `offset`,
+    /// read at this node's view or later (cache misses, compaction and retention walk
+    /// the index with it).
+    pub async fn index_page(&self, stream: StreamId, offset: u64) -> Result<RangesPage, StreamdError> {
+        self.metad
+            .read_ranges(
+                stream,
+                Offset(offset),
+                false,
+                PAGE,
+                Consistency::AtLeast(self.view.applied_index()),
+            )
+            .await
+            .map_err(index_unavailable)
+    }
+
     /// The committed range of `stream` holding `offset`: cached, or read from metad's
     /// object index at (or after) the view's applied index, with the page after it.
     pub async fn range_at(&self, stream: StreamId, offset: u64) -> Result<ObjectRange, StreamdError> {
         if let Some(r) = self.ranges.find(stream, offset) {
             return Ok(r);
         }
-        let at_least = Consistency::AtLeast(self.view.applied_index());
-        let page = self
-            .metad
-            .read_ranges(stream, Offset(offset), false, PAGE, at_least)
-            .await
-            .map_err(index_unavailable)?;
+        let page = self.index_page(stream, offset).await?;
         let found = page
             .ranges
             .iter()

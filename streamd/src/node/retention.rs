@@ -9,14 +9,12 @@ use crate::error::StreamdError;
 use crate::stream::StreamHandle;
 use std::sync::Arc;
 use std::time::Duration;
-use weir_meta::client::{ClientError, Consistency};
+use weir_meta::client::ClientError;
 use weir_meta::model::{Applied, Command, ObjectRange, RejectCode, StreamConfig, NO_TIMESTAMP};
 use weir_shared::ids::Offset;
 
 /// How long an explicit trim above the committed end waits for the upload.
 const COMMIT_WAIT: Duration = Duration::from_secs(30);
-/// Ranges one retention pass reads per index page.
-const PAGE: u32 = 1_000;
 
 /// What retention lets go, walking a stream's ranges oldest first: a range goes while
 /// the bytes after it still meet `retention.bytes`, or while its newest record is older
@@ -171,17 +169,7 @@ impl Node {
     ) -> Result<Option<u64>, StreamdError> {
         let (mut at, mut point) = (from, None);
         loop {
-            let page = self
-                .metad
-                .read_ranges(
-                    handle.id,
-                    Offset(at),
-                    false,
-                    PAGE,
-                    Consistency::AtLeast(self.view.applied_index()),
-                )
-                .await
-                .map_err(|e| StreamdError::Unavailable(format!("reading the object index: {e}")))?;
+            let page = self.index_page(handle.id, at).await?;
             for range in &page.ranges {
                 if !retention.lets_go(range) {
                     return Ok(point);

@@ -310,12 +310,8 @@ mod tests {
         log.meta
             .index
             .ranges_from(StreamId(stream), Offset(0), usize::MAX)
-            .into_iter()
-            .map(|r| ReplacedRange {
-                start: r.start,
-                end: r.end,
-                key: r.key,
-            })
+            .iter()
+            .map(ReplacedRange::from)
             .collect()
     }
 

@@ -22,13 +22,11 @@ use plan::{batches, plan};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weir_meta::client::{ClientError, Consistency};
+use weir_meta::client::ClientError;
 use weir_meta::model::{Applied, Command, NewObject, ObjectRange, RejectCode, ReplacedRange, StreamSwap};
 use weir_shared::batch::split_batches;
 use weir_shared::ids::{ObjectKey, Offset};
 
-/// Ranges read per index page.
-const PAGE: u32 = 1_000;
 /// Objects fetched or written at once while compacting (less than reads use:
 /// compaction is background work).
 const FETCH_CONCURRENCY: usize = 4;
@@ -226,17 +224,7 @@ impl Node {
         let mut at = handle.inner.lock().await.start_offset;
         let mut out = Vec::new();
         loop {
-            let page = self
-                .metad
-                .read_ranges(
-                    handle.id,
-                    Offset(at),
-                    false,
-                    PAGE,
-                    Consistency::AtLeast(self.view.applied_index()),
-                )
-                .await
-                .map_err(|e| StreamdError::Unavailable(format!("reading the object index: {e}")))?;
+            let page = self.index_page(handle.id, at).await?;
             let Some(last) = page.ranges.last() else { return Ok(out) };
             at = last.end.0;
             out.extend(page.ranges);
@@ -384,15 +372,7 @@ impl Node {
                 pieces.sort_by_key(|(p, _)| *p);
                 StreamSwap {
                     stream: windows[w].handle.id,
-                    replaced: windows[w]
-                        .replaced
-                        .iter()
-                        .map(|r| ReplacedRange {
-                            start: r.start,
-                            end: r.end,
-                            key: r.key.clone(),
-                        })
-                        .collect(),
+                    replaced: windows[w].replaced.iter().map(ReplacedRange::from).collect(),
                     ranges: pieces.into_iter().map(|(_, r)| r).collect(),
                 }
             })
