@@ -198,11 +198,11 @@ impl StopSteps for StreamdStop {
     }
 
     /// SD-TD-1: the self-fence first; failover places whatever did not close. The
-    /// streams stop before the self-fence is proposed, so the node's own watch, seeing
-    /// its row fenced, finds the stop already under way and reports no fence.
+    /// streams keep answering (not-owner) until it lands, so a gateway whose view lags
+    /// a drain's transfer reroutes rather than seeing its owner fenced mid-request.
     async fn terminal_teardown(&mut self) -> PhaseOutcome {
-        self.node.fence_for_shutdown();
         registration::fence_self(&self.node.metad, &self.node.me).await;
+        self.node.fence_for_shutdown();
         self.teardown.run().await;
         PhaseOutcome::Completed
     }
