@@ -6,6 +6,7 @@
 
 use crate::client::{ClientError, MetadClient};
 use crate::model::{Applied, Command, NodeAddrs, NodeKind, Proposer, RejectCode};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use weir_shared::config::HeartbeatArgs;
@@ -66,6 +67,16 @@ pub async fn fence_self(metad: &MetadClient, me: &Incarnation) {
         Ok((index, Ok(_))) => tracing::info!(node_id = %me.node, epoch = %me.epoch, log_index = index, "fenced self"),
         Ok((_, Err(r))) => tracing::warn!(rejection = %r, "self-fence refused"),
         Err(e) => tracing::warn!(error = %e, "self-fence not landed; the node timeout will fence it"),
+    }
+}
+
+/// Logs why this incarnation stops as fenced: an error, unless it is fencing itself for
+/// a clean stop (SD-TD-1), when seeing its own fenced row is the expected outcome.
+pub fn log_fenced(me: &Incarnation, why: &str, self_fencing: &AtomicBool) {
+    if self_fencing.load(Ordering::Acquire) {
+        tracing::info!(node_id = %me.node, epoch = %me.epoch, reason = why, "this incarnation fenced itself for the shutdown; stopping");
+    } else {
+        tracing::error!(node_id = %me.node, epoch = %me.epoch, reason = why, "this incarnation is fenced; stopping");
     }
 }
 
@@ -166,6 +177,9 @@ pub struct Registered {
     pub view: std::sync::Arc<crate::view::View>,
     /// Cancelled once this incarnation is fenced or replaced: the process exits 75 (D-5).
     pub fenced: CancellationToken,
+    /// Set just before a clean stop proposes its own fence (SD-TD-1): the fenced row the
+    /// view then shows is expected, not an error.
+    pub self_fencing: std::sync::Arc<AtomicBool>,
 }
 
 impl Registered {
@@ -181,13 +195,14 @@ impl Registered {
             metad,
             view: Default::default(),
             fenced: CancellationToken::new(),
+            self_fencing: Default::default(),
         })
     }
 
     /// Marks this incarnation fenced (logged once); the process stops and exits 75.
     pub fn fence(&self, why: &str) {
         if !self.fenced.is_cancelled() {
-            tracing::error!(node_id = %self.me.node, epoch = %self.me.epoch, reason = why, "this incarnation is fenced; stopping");
+            log_fenced(&self.me, why, &self.self_fencing);
         }
         self.fenced.cancel();
     }

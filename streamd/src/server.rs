@@ -201,8 +201,9 @@ impl StopSteps for StreamdStop {
     /// streams keep answering (not-owner) until it lands, so a gateway whose view lags
     /// a drain's transfer reroutes rather than seeing its owner fenced mid-request.
     async fn terminal_teardown(&mut self) -> PhaseOutcome {
+        self.node.fencing_self();
         registration::fence_self(&self.node.metad, &self.node.me).await;
-        self.node.fence_for_shutdown();
+        self.node.fence("it fenced itself for the shutdown");
         self.teardown.run().await;
         PhaseOutcome::Completed
     }

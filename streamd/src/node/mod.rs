@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_meta::client::MetadClient;
 use weir_meta::model::Proposer;
-use weir_meta::registration::Registered;
+use weir_meta::registration::{self, Registered};
 use weir_meta::view::View;
 use weir_shared::ids::{Incarnation, StreamId};
 
@@ -80,6 +80,8 @@ pub struct Node {
     pub upload_now: Notify,
     /// Cancelled when this incarnation is fenced or replaced: the process exits 75.
     pub fenced: CancellationToken,
+    /// Shared with the registration: set before a clean stop's self-fence (SD-TD-1).
+    self_fencing: Arc<AtomicBool>,
     /// Set at a stop request: readiness fails (SD-CS-2).
     pub terminating: AtomicBool,
     /// Cancelled in drain-support step 3: waiting reads end (SD-CS-4).
@@ -121,6 +123,7 @@ impl Node {
             upload_now: Notify::new(),
             // The registration's token: fenced there (heartbeat refused, own row) is fenced here.
             fenced: registered.fenced.clone(),
+            self_fencing: registered.self_fencing.clone(),
             terminating: AtomicBool::new(false),
             reads_end: CancellationToken::new(),
             intake_closed: AtomicBool::new(false),
@@ -129,6 +132,12 @@ impl Node {
             damage_seen: Default::default(),
             tasks: TaskTracker::new(),
         }
+    }
+
+    /// A clean stop is about to fence this incarnation (SD-TD-1): from here on, a fenced
+    /// row or a refused write is the expected end, not an error.
+    pub fn fencing_self(&self) {
+        self.self_fencing.store(true, Ordering::Release);
     }
 
     pub fn proposer(&self) -> Proposer {
@@ -144,23 +153,11 @@ impl Node {
     }
 
     /// Marks this incarnation fenced: every stream stops at once and the process exits 75.
+    /// Logged as an error unless [`Node::fencing_self`] came first.
     pub fn fence(&self, why: &str) {
         if !self.fenced.is_cancelled() {
-            tracing::error!(node_id = %self.me.node, epoch = %self.me.epoch, reason = why, "this incarnation is fenced; stopping");
+            registration::log_fenced(&self.me, why, &self.self_fencing);
         }
-        self.stop_fenced();
-    }
-
-    /// A clean shutdown's self-fence (SD-TD-1): the same stop as [`Node::fence`], but
-    /// expected, so it is not logged as an error.
-    pub fn fence_for_shutdown(&self) {
-        if !self.fenced.is_cancelled() {
-            tracing::info!(node_id = %self.me.node, epoch = %self.me.epoch, "this incarnation fenced itself for the shutdown; its streams stop");
-        }
-        self.stop_fenced();
-    }
-
-    fn stop_fenced(&self) {
         self.fenced.cancel();
         for handle in self.all_streams() {
             handle.stop();
