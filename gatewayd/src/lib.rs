@@ -5,6 +5,7 @@ pub mod api;
 pub mod config;
 pub mod kafka;
 pub mod metrics;
+pub mod ordered_appends;
 pub mod records;
 pub mod route;
 pub mod server;

@@ -67,6 +67,18 @@ impl RouteError {
     }
 }
 
+/// What to do with a call the owner refused: `Ok` with the error to retry past when it
+/// may be sent again (`safe_to_retry`: sending it twice is harmless), else the error
+/// to report.
+pub fn retry_or_fail(status: tonic::Status, safe_to_retry: bool) -> Result<RouteError, RouteError> {
+    match classify(&status) {
+        Retry::Yes => Ok(RouteError::Streamd(status)),
+        Retry::IfSafe if safe_to_retry => Ok(RouteError::Streamd(status)),
+        Retry::IfSafe => Err(RouteError::Unknown(status.message().to_string())),
+        Retry::No => Err(RouteError::Streamd(status)),
+    }
+}
+
 fn classify(status: &tonic::Status) -> Retry {
     match ErrorCode::of_status(status) {
         Some(ErrorCode::NotOwner | ErrorCode::Unavailable) => Retry::Yes,
@@ -134,8 +146,8 @@ impl Routes {
         })
     }
 
-    /// The stream's live owner and a client of it.
-    fn owner(&self, name: &str) -> Result<(Incarnation, StreamdClient<Channel>), RouteError> {
+    /// The stream's live owner incarnation, and a client of it.
+    pub fn owner_client(&self, name: &str) -> Result<(Incarnation, StreamdClient<Channel>), RouteError> {
         if !self.is_admitted() {
             return Err(RouteError::CatchingUp);
         }
@@ -194,7 +206,7 @@ impl Routes {
 
     /// Resolves once the view no longer names `owner` the stream's live owner: the
     /// owner was fenced or replaced, or the stream moved.
-    async fn moved_from(&self, name: &str, owner: &Incarnation) {
+    pub async fn moved_from(&self, name: &str, owner: &Incarnation) {
         let mut changed = self.view.subscribe();
         while self.still_owned_by(name, owner) {
             if changed.changed().await.is_err() {
@@ -206,7 +218,7 @@ impl Routes {
 
     /// How long one call may wait on an owner: the node timeout, after which metad
     /// would have fenced an owner that stopped answering, plus a margin.
-    fn call_deadline(&self) -> Duration {
+    pub fn call_deadline(&self) -> Duration {
         let node_timeout = self.view.with(|s| s.settings.map(|c| c.node_timeout_sec)).unwrap_or(30);
         Duration::from_secs(node_timeout) + CALL_MARGIN
     }
@@ -240,7 +252,7 @@ impl Routes {
         let mut deadline = tokio::time::Instant::now() + self.retry_for;
         let mut changed = self.view.subscribe();
         loop {
-            let err = match self.owner(stream) {
+            let err = match self.owner_client(stream) {
                 Ok((owner, client)) => {
                     let outcome = tokio::select! {
                         r = tokio::time::timeout(wait + self.call_deadline(), f(client)) => r.unwrap_or_else(|_| {
@@ -254,12 +266,7 @@ impl Routes {
                     };
                     match outcome {
                         Ok(reply) => return Ok(reply.into_inner()),
-                        Err(status) => match classify(&status) {
-                            Retry::Yes => RouteError::Streamd(status),
-                            Retry::IfSafe if safe_to_retry => RouteError::Streamd(status),
-                            Retry::IfSafe => return Err(RouteError::Unknown(status.message().to_string())),
-                            Retry::No => return Err(RouteError::Streamd(status)),
-                        },
+                        Err(status) => retry_or_fail(status, safe_to_retry)?,
                     }
                 }
                 Err(e @ (RouteError::NoOwner { .. } | RouteError::CatchingUp)) => e,

@@ -1,6 +1,7 @@
 //! streamd: owns streams, acknowledges appends once durable in a fenced write-ahead
 //! log, uploads them as data objects to object storage, and serves reads.
 
+pub mod append_stream;
 pub mod config;
 pub mod error;
 pub mod groups;

@@ -43,6 +43,23 @@ pub struct StreamdMetrics {
     pub group_members_refused: IntCounter,
 }
 
+/// Counts one answered append (unary or in an append stream).
+pub fn observe_append(
+    result: &Result<crate::node::Appended, crate::error::StreamdError>,
+    bytes: usize,
+    started: std::time::Instant,
+) {
+    let m = metrics();
+    match result {
+        Ok(_) => {
+            m.appends.with_label_values(&["ok"]).inc();
+            m.appended_bytes.inc_by(bytes as u64);
+            m.append_latency.observe(started.elapsed().as_secs_f64());
+        }
+        Err(e) => m.appends.with_label_values(&[e.code().as_str()]).inc(),
+    }
+}
+
 pub fn metrics() -> &'static StreamdMetrics {
     static METRICS: OnceLock<StreamdMetrics> = OnceLock::new();
     METRICS.get_or_init(|| {

@@ -29,15 +29,7 @@ impl Streamd for DataPlane {
         let req = req.into_inner();
         let started = std::time::Instant::now();
         let result = self.node.append(&req.stream, &req.batches, req.match_next_offset).await;
-        let m = crate::metrics::metrics();
-        match &result {
-            Ok(_) => {
-                m.appends.with_label_values(&["ok"]).inc();
-                m.appended_bytes.inc_by(req.batches.len() as u64);
-                m.append_latency.observe(started.elapsed().as_secs_f64());
-            }
-            Err(e) => m.appends.with_label_values(&[e.code().as_str()]).inc(),
-        }
+        crate::metrics::observe_append(&result, req.batches.len(), started);
         let a = result?;
         Ok(Response::new(AppendReply {
             base_offset: a.base_offset,
@@ -45,6 +37,18 @@ impl Streamd for DataPlane {
             stream_epoch: a.stream_epoch,
             batch_base_offsets: a.batch_base_offsets,
         }))
+    }
+
+    type AppendStreamStream = crate::append_stream::Replies;
+
+    async fn append_stream(
+        &self,
+        req: Request<tonic::Streaming<AppendStreamRequest>>,
+    ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        Ok(Response::new(crate::append_stream::serve(
+            self.node.clone(),
+            req.into_inner(),
+        )))
     }
 
     async fn read(&self, req: Request<ReadRequest>) -> Result<Response<ReadReply>, Status> {

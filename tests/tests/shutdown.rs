@@ -111,8 +111,14 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
     assert_eq!(records(&log, "fenced self").len(), 1, "SD-TD-1: the self-fence");
     // The stop after its own self-fence is expected, so no part of streamd (the node,
     // its own-row watch, its heartbeat) reports it as an error.
-    assert!(records(&log, "this incarnation is fenced; stopping").is_empty(), "{log}");
-    assert!(!records(&log, "this incarnation fenced itself for the shutdown; stopping").is_empty(), "{log}");
+    assert!(
+        records(&log, "this incarnation is fenced; stopping").is_empty(),
+        "{log}"
+    );
+    assert!(
+        !records(&log, "this incarnation fenced itself for the shutdown; stopping").is_empty(),
+        "{log}"
+    );
     assert_eq!(records(&log, "drained local node before graceful shutdown").len(), 1);
     assert!(records(
         &log,

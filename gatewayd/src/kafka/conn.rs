@@ -1,17 +1,23 @@
-//! One Kafka connection: frames in, responses out in request order (Kafka processes a
-//! connection's requests one at a time, which is what keeps a producer's pipelined
-//! batches to one partition in order).
+//! One Kafka connection: frames in, responses out in request order. Produce and Fetch
+//! are pipelined (D-22); a Produce's batches reach their owners in arrival order
+//! through the connection's ordered appends, so a producer's batches to a partition
+//! are stored in the order it sent them.
 
 use super::frame::{self, DecodeError, FrameError};
 use super::{admin, brokers, fetch, groups, produce, sasl, versions, Kafka};
+use crate::ordered_appends::OrderedAppends;
 use bytes::{BufMut, BytesMut};
+use futures::future::BoxFuture;
+use futures::stream::{FuturesOrdered, StreamExt};
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::Encodable;
 use kafka_protocol::ResponseError as KafkaError;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::io::AsyncWriteExt;
+use std::time::Duration;
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use weir_shared::listener::Guarded;
 
 const UNSUPPORTED_VERSION: i16 = KafkaError::UnsupportedVersion.code();
@@ -41,9 +47,50 @@ impl Drop for Open {
     }
 }
 
-pub async fn run(socket: Guarded, peer: SocketAddr, kafka: Arc<Kafka>, stop: CancellationToken) -> anyhow::Result<()> {
+/// Requests of one connection admitted and not yet answered. Past it the next frame
+/// is not read (librdkafka's default allows 1,000,000 in flight).
+const MAX_IN_FLIGHT: usize = 64;
+
+/// A pipelined request's answer, with what its response header needs.
+struct Done {
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    started: std::time::Instant,
+    answer: Answer,
+}
+
+type InFlight<'a> = FuturesOrdered<BoxFuture<'a, Done>>;
+type Reader = ReadHalf<Guarded>;
+type Writer = WriteHalf<Guarded>;
+
+/// The read half and the next frame from it; the read half comes back with the frame,
+/// so the read can be polled alongside answers without losing a partial frame.
+fn read_next(
+    mut rd: Reader,
+    max: usize,
+    within: Duration,
+) -> BoxFuture<'static, (Reader, Result<bytes::Bytes, FrameError>)> {
+    Box::pin(async move {
+        let frame = frame::read_frame(&mut rd, max, within).await;
+        (rd, frame)
+    })
+}
+
+/// Serves one connection. Produce and Fetch are pipelined (D-22): each is admitted as
+/// soon as it is read (a Produce's batches are sent to their owners in arrival order)
+/// and up to [`MAX_IN_FLIGHT`] wait for their answers together; responses go out in
+/// request order, as the protocol requires. Every other request is a barrier: it runs
+/// once everything before it is answered. Appends to owners go on lanes run on `lanes`.
+pub async fn run(
+    socket: Guarded,
+    peer: SocketAddr,
+    kafka: Arc<Kafka>,
+    lanes: TaskTracker,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
     let _open = Open::new();
-    let (mut rd, mut wr) = tokio::io::split(socket);
+    let (rd, mut wr) = tokio::io::split(socket);
     let mut session = Session {
         peer,
         client_id: String::new(),
@@ -57,20 +104,42 @@ pub async fn run(socket: Guarded, peer: SocketAddr, kafka: Arc<Kafka>, stop: Can
             .with_label_values(&[reason])
             .inc()
     };
-    loop {
-        // Until it authenticates, a peer may send only small frames (issue 19).
-        let max_frame = if session.principal.is_some() {
+    // Until it authenticates, a peer may send only small frames (issue 19). The next
+    // frame is read only once the one before was dispatched, so a SASL exchange that
+    // authenticates is over before the limit is chosen again.
+    let next_frame = |rd: Reader, session: &Session| {
+        let max = if session.principal.is_some() {
             kafka.max_frame_bytes
         } else {
             kafka.max_unauthenticated_frame_bytes
         };
-        let frame = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            f = frame::read_frame(&mut rd, max_frame, kafka.header_read_timeout) => f,
+        read_next(rd, max, kafka.header_read_timeout)
+    };
+    let appends = OrderedAppends::new(lanes);
+    let mut in_flight: InFlight<'_> = FuturesOrdered::new();
+    let mut reading = next_frame(rd, &session);
+    loop {
+        let (mut rd, frame) = tokio::select! {
+            biased;
+            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                if !respond(&mut wr, &peer, done).await? {
+                    return Ok(());
+                }
+                continue;
+            }
+            _ = stop.cancelled() => {
+                // Requests already admitted are answered; nothing more is read.
+                drain(&mut in_flight, &mut wr, &peer).await?;
+                return Ok(());
+            }
+            read = &mut reading, if in_flight.len() < MAX_IN_FLIGHT => read,
         };
         let frame = match frame {
             Ok(f) => f,
-            Err(FrameError::Closed) => return Ok(()),
+            Err(FrameError::Closed) => {
+                drain(&mut in_flight, &mut wr, &peer).await?;
+                return Ok(());
+            }
             Err(e @ FrameError::TooLarge(..)) => {
                 refused(if session.principal.is_some() {
                     "too_large"
@@ -95,8 +164,10 @@ pub async fn run(socket: Guarded, peer: SocketAddr, kafka: Arc<Kafka>, stop: Can
                 ..
             }) => {
                 // Answered at v0 so any client can read it, with the versions we have.
+                drain(&mut in_flight, &mut wr, &peer).await?;
                 let body = ResponseKind::ApiVersions(versions::api_versions(UNSUPPORTED_VERSION));
                 write(&mut wr, correlation_id, ApiKey::ApiVersions, 0, &body).await?;
+                reading = next_frame(rd, &session);
                 continue;
             }
             Err(e) => {
@@ -126,43 +197,98 @@ pub async fn run(socket: Guarded, peer: SocketAddr, kafka: Arc<Kafka>, stop: Can
             return Ok(());
         }
         let started = std::time::Instant::now();
+        let done = move |answer| Done {
+            key,
+            version,
+            correlation_id,
+            started,
+            answer,
+        };
+        // Pipelined: admitted now, answered in order later.
+        match req.kind {
+            RequestKind::Produce(r) => {
+                let produced = produce::start(&kafka, &appends, r);
+                in_flight.push_back(Box::pin(async move {
+                    done(match produced.await {
+                        Some(resp) => Answer::Respond(ResponseKind::Produce(resp)),
+                        None => Answer::Silent,
+                    })
+                }));
+                reading = next_frame(rd, &session);
+                continue;
+            }
+            RequestKind::Fetch(r) => {
+                let kafka = &kafka;
+                in_flight.push_back(Box::pin(async move {
+                    done(Answer::Respond(ResponseKind::Fetch(fetch::fetch(kafka, r).await)))
+                }));
+                reading = next_frame(rd, &session);
+                continue;
+            }
+            _ => {}
+        }
+        // A barrier: everything before it is answered first.
+        drain(&mut in_flight, &mut wr, &peer).await?;
         // Boxed: a request's state lives only while it is handled, so an idle connection
         // costs its small loop state, not the largest request's (issue 19).
         let answer = Box::pin(dispatch(&kafka, &mut session, req.kind, req.body, version)).await;
-        let m = crate::metrics::metrics();
-        let api = format!("{key:?}");
-        m.kafka_requests.with_label_values(&[&api]).inc();
-        m.kafka_latency
-            .with_label_values(&[&api])
-            .observe(started.elapsed().as_secs_f64());
-        match answer {
-            Answer::Respond(body) => write(&mut wr, correlation_id, key, version, &body).await?,
-            Answer::Silent => {}
-            Answer::Close(why) => {
-                tracing::warn!(%peer, api = ?key, reason = %why, "closing the kafka connection");
-                return Ok(());
-            }
-            Answer::RespondThenRawSasl(body) => {
-                write(&mut wr, correlation_id, key, version, &body).await?;
-                // SaslHandshake v0: the next frame is a bare SASL token.
-                let token = match frame::read_frame(&mut rd, 64 * 1024, kafka.header_read_timeout).await {
-                    Ok(t) => t,
-                    Err(_) => return Ok(()),
-                };
-                match sasl::authenticate(&kafka, &token) {
-                    Ok((name, slot)) => {
-                        session.principal = Some(name);
-                        session.principal_slot = Some(slot);
-                        wr.write_all(&0i32.to_be_bytes()).await?;
-                    }
-                    Err(why) => {
-                        tracing::warn!(%peer, reason = %why, "kafka SASL authentication failed");
-                        return Ok(());
-                    }
+        if let Answer::RespondThenRawSasl(body) = answer {
+            record(key, started);
+            write(&mut wr, correlation_id, key, version, &body).await?;
+            // SaslHandshake v0: the next frame is a bare SASL token.
+            let token = match frame::read_frame(&mut rd, 64 * 1024, kafka.header_read_timeout).await {
+                Ok(t) => t,
+                Err(_) => return Ok(()),
+            };
+            match sasl::authenticate(&kafka, &token) {
+                Ok((name, slot)) => {
+                    session.principal = Some(name);
+                    session.principal_slot = Some(slot);
+                    wr.write_all(&0i32.to_be_bytes()).await?;
+                }
+                Err(why) => {
+                    tracing::warn!(%peer, reason = %why, "kafka SASL authentication failed");
+                    return Ok(());
                 }
             }
+        } else if !respond(&mut wr, &peer, done(answer)).await? {
+            return Ok(());
         }
+        reading = next_frame(rd, &session);
     }
+}
+
+/// Counts a request and how long it took.
+fn record(key: ApiKey, started: std::time::Instant) {
+    let m = crate::metrics::metrics();
+    let api = format!("{key:?}");
+    m.kafka_requests.with_label_values(&[&api]).inc();
+    m.kafka_latency
+        .with_label_values(&[&api])
+        .observe(started.elapsed().as_secs_f64());
+}
+
+/// Writes one answered request's response; `false` when the connection must close.
+async fn respond(wr: &mut Writer, peer: &SocketAddr, done: Done) -> anyhow::Result<bool> {
+    record(done.key, done.started);
+    match done.answer {
+        Answer::Respond(body) => write(wr, done.correlation_id, done.key, done.version, &body).await?,
+        Answer::Silent => {}
+        Answer::Close(why) => {
+            tracing::warn!(%peer, api = ?done.key, reason = %why, "closing the kafka connection");
+            return Ok(false);
+        }
+        Answer::RespondThenRawSasl(_) => unreachable!("SaslHandshake is never pipelined"),
+    }
+    Ok(true)
+}
+
+/// Answers every request in flight, in order.
+async fn drain(in_flight: &mut InFlight<'_>, wr: &mut Writer, peer: &SocketAddr) -> anyhow::Result<()> {
+    while let Some(done) = in_flight.next().await {
+        respond(wr, peer, done).await?;
+    }
+    Ok(())
 }
 
 /// What to do after a request.
@@ -184,11 +310,9 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             brokers::metadata(kafka, session, r, version).await,
         )),
         RequestKind::DescribeCluster(_) => Respond(ResponseKind::DescribeCluster(brokers::describe_cluster(kafka))),
-        RequestKind::Produce(r) => match produce::produce(kafka, r).await {
-            Some(resp) => Respond(ResponseKind::Produce(resp)),
-            None => Answer::Silent,
-        },
-        RequestKind::Fetch(r) => Respond(ResponseKind::Fetch(fetch::fetch(kafka, r).await)),
+        RequestKind::Produce(_) | RequestKind::Fetch(_) => {
+            Answer::Close("a pipelined request reached the barrier path".into())
+        }
         RequestKind::ListOffsets(r) => Respond(ResponseKind::ListOffsets(fetch::list_offsets(kafka, r).await)),
         RequestKind::CreateTopics(r) => Respond(ResponseKind::CreateTopics(
             admin::create_topics(kafka, session, r).await,

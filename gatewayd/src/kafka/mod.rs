@@ -61,9 +61,9 @@ pub async fn serve(
         if fail_accept {
             return Err(std::io::Error::other("failpoint listener_kafka_accept"));
         }
-        let (kafka, stop) = (kafka.clone(), stop.clone());
+        let (kafka, stop, lanes) = (kafka.clone(), stop.clone(), tasks.clone());
         tasks.spawn(async move {
-            if let Err(e) = conn::run(socket, peer, kafka, stop).await {
+            if let Err(e) = conn::run(socket, peer, kafka, lanes, stop).await {
                 tracing::debug!(%peer, error = %e, "kafka connection closed");
             }
         });

@@ -7,6 +7,8 @@ use crate::stream::producers::{Decision, SequenceError};
 use crate::stream::{Buffered, StreamHandle};
 use crate::wal::{WalError, WalRecord};
 use bytes::{Bytes, BytesMut};
+use futures::future::BoxFuture;
+use std::sync::Arc;
 use weir_shared::batch::{check_record_count, set_base_offset, split_batches, BatchError};
 
 /// What an acknowledged append was assigned.
@@ -18,6 +20,27 @@ pub struct Appended {
     pub batch_base_offsets: Vec<u64>,
 }
 
+/// An append whose offsets are assigned and whose WAL record is queued; what is left
+/// is to wait for durability ([`Node::complete`]). Admitting in order and completing
+/// concurrently is what lets a pipelined connection's appends share one fdatasync.
+pub struct Admitted(Admission);
+
+enum Admission {
+    /// New records: durable once the WAL writer says so.
+    Queued {
+        handle: Arc<StreamHandle>,
+        durable: BoxFuture<'static, Result<(), WalError>>,
+        appended: Appended,
+        /// The stream's buffer reached the upload threshold with this append.
+        upload_due: bool,
+    },
+    /// A retry of batches already appended: answered with their original offsets.
+    Duplicate {
+        handle: Arc<StreamHandle>,
+        offsets: Vec<(u64, u64)>,
+    },
+}
+
 impl Node {
     /// Appends concatenated v2 record batches to `stream`.
     pub async fn append(
@@ -26,6 +49,43 @@ impl Node {
         batches: &[u8],
         match_next_offset: Option<u64>,
     ) -> Result<Appended, StreamdError> {
+        let admitted = self.admit_append(stream, batches, match_next_offset).await?;
+        self.complete(admitted).await
+    }
+
+    /// Waits until an admitted append is durable; its offsets.
+    pub async fn complete(&self, admitted: Admitted) -> Result<Appended, StreamdError> {
+        match admitted.0 {
+            Admission::Queued {
+                handle,
+                durable,
+                appended,
+                upload_due,
+            } => {
+                if let Err(e) = durable.await {
+                    return Err(self.wal_failed(e));
+                }
+                handle.mark_durable(appended.end_offset);
+                // No stream lock here: completions wait in a caller's queue that is not
+                // polled while it admits the next append, which takes that lock; a
+                // completion queued on the (fair) lock would hold it unpolled for ever.
+                if upload_due {
+                    self.upload_now.notify_one();
+                }
+                Ok(appended)
+            }
+            Admission::Duplicate { handle, offsets } => self.answer_duplicate(&handle, &offsets).await,
+        }
+    }
+
+    /// Checks an append and assigns its offsets in order behind every earlier one to
+    /// the stream; it is acknowledged only after [`Node::complete`].
+    pub async fn admit_append(
+        &self,
+        stream: &str,
+        batches: &[u8],
+        match_next_offset: Option<u64>,
+    ) -> Result<Admitted, StreamdError> {
         if self.intake_closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(StreamdError::Unavailable(
                 "the node is shutting down; its streams are moving".into(),
@@ -53,85 +113,80 @@ impl Node {
         let handle = self.stream(stream)?;
         self.wal.check().map_err(wal_error)?;
 
-        let (durable, appended) = {
-            let mut inner = handle.inner.lock().await;
-            if !handle.is_serving() {
-                return Err(StreamdError::NotOwner {
-                    stream: stream.to_string(),
-                    owner: None,
+        let mut inner = handle.inner.lock().await;
+        if !handle.is_serving() {
+            return Err(StreamdError::NotOwner {
+                stream: stream.to_string(),
+                owner: None,
+            });
+        }
+        if inner.closing {
+            return Err(StreamdError::Unavailable(format!("stream '{stream}' is closing")));
+        }
+        // A retry is answered with its original offsets, even when the stream moved on.
+        let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();
+        if let Decision::Duplicate(offsets) = inner.producers.check(&headers).map_err(sequence_error)? {
+            drop(inner);
+            return Ok(Admitted(Admission::Duplicate { handle, offsets }));
+        }
+        if let Some(expected) = match_next_offset {
+            if expected != inner.next_offset {
+                return Err(StreamdError::OffsetMismatch {
+                    expected,
+                    actual: inner.next_offset,
                 });
             }
-            if inner.closing {
-                return Err(StreamdError::Unavailable(format!("stream '{stream}' is closing")));
-            }
-            // A retry is answered with its original offsets, even when the stream moved on.
-            let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();
-            if let Decision::Duplicate(offsets) = inner.producers.check(&headers).map_err(sequence_error)? {
-                drop(inner);
-                return self.answer_duplicate(&handle, &offsets).await;
-            }
-            if let Some(expected) = match_next_offset {
-                if expected != inner.next_offset {
-                    return Err(StreamdError::OffsetMismatch {
-                        expected,
-                        actual: inner.next_offset,
-                    });
-                }
-            }
-            let base = inner.next_offset;
-            let mut next = base;
-            let mut all = BytesMut::with_capacity(batches.len());
-            let mut offsets = Vec::with_capacity(parsed.len());
-            let mut buffered = Vec::with_capacity(parsed.len());
-            for (header, bytes) in &parsed {
-                let mut b = BytesMut::from(*bytes);
-                set_base_offset(&mut b, next as i64);
-                let end = next + header.offset_count();
-                offsets.push(next);
-                let frozen: Bytes = b.freeze();
-                all.extend_from_slice(&frozen);
-                buffered.push(Buffered {
-                    start: next,
-                    end,
-                    data: frozen,
-                });
-                next = end;
-            }
-            let record = WalRecord {
-                stream: handle.id,
-                stream_epoch: handle.epoch,
-                base_offset: base,
-                offset_count: u32::try_from(next - base)
-                    .map_err(|_| StreamdError::InvalidArgument("append spans too many offsets".into()))?,
-                batches: all.freeze(),
-            };
-            // Queue while holding the lock: WAL order is offset order.
-            let durable = match self.wal.submit(&record).await {
-                Ok(d) => d,
-                Err(e) => return Err(self.wal_failed(e)),
-            };
-            inner.next_offset = next;
-            let spans: Vec<(u64, u64)> = buffered.iter().map(|b| (b.start, b.end)).collect();
-            inner.producers.record(&headers, &spans);
-            inner.push(buffered);
-            (
-                durable,
-                Appended {
-                    base_offset: base,
-                    end_offset: next,
-                    stream_epoch: handle.epoch.0,
-                    batch_base_offsets: offsets,
-                },
-            )
+        }
+        let base = inner.next_offset;
+        let mut next = base;
+        let mut all = BytesMut::with_capacity(batches.len());
+        let mut offsets = Vec::with_capacity(parsed.len());
+        let mut buffered = Vec::with_capacity(parsed.len());
+        for (header, bytes) in &parsed {
+            let mut b = BytesMut::from(*bytes);
+            set_base_offset(&mut b, next as i64);
+            let end = next + header.offset_count();
+            offsets.push(next);
+            let frozen: Bytes = b.freeze();
+            all.extend_from_slice(&frozen);
+            buffered.push(Buffered {
+                start: next,
+                end,
+                data: frozen,
+            });
+            next = end;
+        }
+        let record = WalRecord {
+            stream: handle.id,
+            stream_epoch: handle.epoch,
+            base_offset: base,
+            offset_count: u32::try_from(next - base)
+                .map_err(|_| StreamdError::InvalidArgument("append spans too many offsets".into()))?,
+            batches: all.freeze(),
         };
-        if let Err(e) = durable.await {
-            return Err(self.wal_failed(e));
-        }
-        handle.mark_durable(appended.end_offset);
-        if handle.inner.lock().await.buffered_bytes() >= self.tunables.upload_bytes {
-            self.upload_now.notify_one();
-        }
-        Ok(appended)
+        // Queue while holding the lock: WAL order is offset order.
+        let durable = match self.wal.submit(&record).await {
+            Ok(d) => d,
+            Err(e) => return Err(self.wal_failed(e)),
+        };
+        inner.next_offset = next;
+        let spans: Vec<(u64, u64)> = buffered.iter().map(|b| (b.start, b.end)).collect();
+        inner.producers.record(&headers, &spans);
+        inner.push(buffered);
+        let upload_due = inner.buffered_bytes() >= self.tunables.upload_bytes;
+        drop(inner);
+        let appended = Appended {
+            base_offset: base,
+            end_offset: next,
+            stream_epoch: handle.epoch.0,
+            batch_base_offsets: offsets,
+        };
+        Ok(Admitted(Admission::Queued {
+            handle,
+            durable: Box::pin(durable),
+            appended,
+            upload_due,
+        }))
     }
 
     /// The answer to a retried append: its original offsets, once they are durable (a

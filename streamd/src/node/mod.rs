@@ -31,6 +31,7 @@ use weir_meta::registration::{self, Registered};
 use weir_meta::view::View;
 use weir_shared::ids::{Incarnation, StreamId};
 
+pub use append::{Admitted, Appended};
 pub use compaction::compaction_loop;
 pub use reconcile::reconcile_loop;
 pub use retention::{retention_loop, Retention};

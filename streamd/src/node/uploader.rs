@@ -57,6 +57,8 @@ impl Node {
         for handle in self.all_streams() {
             let durable = handle.durable_end();
             let mut inner = handle.inner.lock().await;
+            // Tests: an upload that holds the stream's lock a while, so appends contend.
+            weir_shared::failpoint::pause("upload_stream_locked").await;
             let from = inner.uploaded_end;
             let batches: Vec<_> = inner
                 .buffer

@@ -157,6 +157,8 @@ async fn run(mut sink: Sink, mut rx: mpsc::Receiver<Request>, bytes: Arc<AtomicU
         if waiters.is_empty() {
             continue;
         }
+        // Tests: a slow disk, so appends that arrive meanwhile pile up for the next group.
+        weir_shared::failpoint::pause("wal_persist").await;
         let result = match &failed {
             Some(e) => Err(e.clone()),
             None => sink.persist(group.freeze()).await,
