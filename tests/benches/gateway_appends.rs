@@ -103,7 +103,7 @@ async fn direct(stack: &Stack, stream: &str, concurrency: usize) -> Figures {
 
 #[tokio::main]
 async fn main() {
-    let stack = Stack::start(1, Backend::FileWal, &[]).await;
+    let stack = Stack::start(1, Backend::FileWal, weir_tests::streamd::PRODUCTION_WAL).await;
     let gw = Arc::new(Gatewayd::start(
         "bench-gw",
         &stack.metad.replicas[0].grpc,

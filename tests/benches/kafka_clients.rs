@@ -119,7 +119,7 @@ async fn latency(gw: &Gatewayd, topic: &str) {
 
 #[tokio::main]
 async fn main() {
-    let stack = Stack::start_with(1, Backend::FileWal, &[], &[]).await;
+    let stack = Stack::start_with(1, Backend::FileWal, weir_tests::streamd::PRODUCTION_WAL, &[]).await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
     let admin: AdminClient<DefaultClientContext> = config(&gw).create().expect("admin");

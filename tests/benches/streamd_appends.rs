@@ -55,7 +55,7 @@ fn pct(v: &[Duration], p: f64) -> Duration {
 
 #[tokio::main]
 async fn main() {
-    let stack = Stack::start(1, Backend::FileWal, &[]).await;
+    let stack = Stack::start(1, Backend::FileWal, weir_tests::streamd::PRODUCTION_WAL).await;
     let raw = weir_tests::disk::raw_sync_rate(stack.dir.path());
     let seq = weir_tests::disk::sequential_bandwidth(stack.dir.path());
     stack.create_stream("bench-1", 0).await;

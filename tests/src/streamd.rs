@@ -12,6 +12,10 @@ use weir_meta::model::{Applied, Command as MetaCommand, Proposer, StreamConfig};
 use weir_proto::streamd::streamd_client::StreamdClient;
 use weir_shared::ids::{NodeId, StreamId};
 
+/// Streamd's own WAL segment size (64 MiB) instead of the suite's small one, for
+/// benchmarks that measure what a deployment does.
+pub const PRODUCTION_WAL: &[&str] = &["--wal-segment-bytes", "67108864"];
+
 /// Flags that keep appended records in the WAL and the tail buffer (no upload until a
 /// close or a takeover), for tests of what a stop or a crash does with them.
 pub const WAL_ONLY: &[&str] = &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"];
@@ -205,6 +209,10 @@ impl Stack {
             "1".into(),
             "--node-timeout-sec".into(),
             "3".into(),
+            // Segments are zero-filled ahead: the default 64 MiB would write that much per
+            // node start. Small ones keep the suite's disk traffic low, and roll often.
+            "--wal-segment-bytes".into(),
+            (4 << 20).to_string(),
             "--log-format".into(),
             "json".into(),
         ];

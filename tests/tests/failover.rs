@@ -86,6 +86,21 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
         "OBS-18"
     );
     assert!(log.contains("WAL takeover started"), "OBS-18");
+    if backend == Backend::FileWal {
+        // Issue 17: a completed takeover deletes the WAL it took (its segments are
+        // preallocated, so each dead incarnation would keep at least one full segment).
+        let node_dir = stack.wal_root.join(&stack.nodes[victim].id);
+        wait_for("the taken-over WAL removed", Duration::from_secs(30), || async {
+            let left: Vec<String> = std::fs::read_dir(&node_dir)
+                .ok()?
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.contains(".taken-by-"))
+                .collect();
+            left.is_empty().then_some(())
+        })
+        .await;
+    }
 }
 
 /// FO-LIV-6, FO-TKO-1 to FO-TKO-8, INV-2 with the file WAL.

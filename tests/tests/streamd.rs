@@ -550,10 +550,16 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
             .expect("wal dir")
             .flatten()
             .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "wal"))
             .collect();
         segments.sort();
         let last = segments.last().expect("a segment").clone();
-        let clean_len = std::fs::metadata(&last).expect("segment").len();
+        // Segments are preallocated: the records end before the file does, and the cut
+        // leaves exactly them.
+        let (written, _) =
+            weir_streamd::wal::record::decode_segment(&std::fs::read(&last).expect("segment")).expect("decodes");
+        let clean_len = (weir_streamd::wal::record::SEGMENT_HEADER_LEN
+            + written.iter().map(|r| r.encode().len()).sum::<usize>()) as u64;
         let mut f = std::fs::OpenOptions::new().append(true).open(&last).expect("segment");
         std::io::Write::write_all(&mut f, &[0, 0, 1, 0, 0xde, 0xad]).expect("tear");
         drop(f);
@@ -619,7 +625,10 @@ async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
         stack.nodes[0].kill();
         // Flip a bit in the body of "hurt"'s 8th record, well inside the segment.
         let dir = weir_streamd::wal::file::incarnation_dir(&stack.wal_root, &NodeId::new("streamd-1"), Epoch(1));
-        let mut segments = weir_tests::files_under(&dir);
+        let mut segments: Vec<_> = weir_tests::files_under(&dir)
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+            .collect();
         segments.sort();
         let last = segments.last().expect("a segment").clone();
         let mut data = std::fs::read(&last).expect("segment");

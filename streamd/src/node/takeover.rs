@@ -147,11 +147,34 @@ impl Node {
                     node_id = %dead.node, epoch = %dead.epoch, streams = missing.len(), records = recovered,
                     log_index = index, "WAL takeover completed"
                 );
+                // A damaged WAL is kept for the operator to inspect.
+                if replay.damage.is_empty() {
+                    self.remove_taken_wal(dead).await;
+                }
                 Ok(())
             }
             Ok((_, Err(r))) if r.code == RejectCode::NotOwner => Ok(()),
             Ok((_, Err(r))) => Err(format!("CompleteTakeover refused: {r}")),
             Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+impl Node {
+    /// Deletes a file WAL whose takeover is complete; a failure leaves it on disk.
+    async fn remove_taken_wal(&self, dead: &Incarnation) {
+        let WalSource::File(root) = &self.wal_source else {
+            return;
+        };
+        let (root, node, epoch) = (root.clone(), dead.node.clone(), dead.epoch);
+        match tokio::task::spawn_blocking(move || file::remove_taken(&root, &node, epoch)).await {
+            Ok(Ok(removed)) => {
+                tracing::debug!(node_id = %dead.node, epoch = %dead.epoch, removed, "removed the taken-over WAL")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(node_id = %dead.node, epoch = %dead.epoch, error = %e, "cannot remove the taken-over WAL")
+            }
+            Err(e) => tracing::warn!(error = %e, "removing the taken-over WAL stopped"),
         }
     }
 }

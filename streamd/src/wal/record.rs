@@ -154,6 +154,9 @@ pub fn decode_past_damage(data: &[u8], at: usize, reason: String) -> (Vec<WalRec
                     records.push(record);
                     pos += used;
                 }
+                // Space never written (a preallocated segment's tail) ends the data.
+                // Only a last segment has one; earlier damage is reported either way.
+                Err(_) if data[pos..].iter().all(|b| *b == 0) => return (records, damage),
                 Err(why) => {
                     (at, reason) = (pos, why);
                     break;
