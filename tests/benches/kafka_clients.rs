@@ -91,6 +91,14 @@ async fn latency(gw: &Gatewayd, topic: &str) {
         .create()
         .expect("producer");
     let payload = vec![b'x'; 1024];
+    // Steady state: the producer's connection and metadata are set up before timing.
+    p.send(
+        FutureRecord::<(), _>::to(topic).payload(&payload),
+        Duration::from_secs(30),
+    )
+    .await
+    .map_err(|(e, _)| e)
+    .expect("warm-up acknowledged");
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / LATENCY_RATE));
     let mut pending = vec![];
     for _ in 0..LATENCY_RATE * LATENCY_SECS {
@@ -111,9 +119,10 @@ async fn latency(gw: &Gatewayd, topic: &str) {
     lat.sort();
     let pct = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
     println!(
-        "produce latency at {LATENCY_RATE} msg/s, 1 KiB, acks=all: p50 {:?}, p99 {:?}",
+        "produce latency at {LATENCY_RATE} msg/s, 1 KiB, acks=all: p50 {:?}, p99 {:?}, max {:?}",
         pct(0.5),
-        pct(0.99)
+        pct(0.99),
+        lat[lat.len() - 1]
     );
 }
 
@@ -134,9 +143,12 @@ async fn main() {
         gw.wait_open(&format!("{t}/0")).await;
     }
     // The disk under the stack, measured in the same run (the figures are ratios of it).
-    let raw = weir_tests::disk::raw_sync_rate(stack.dir.path());
+    let raw = weir_tests::disk::raw_sync(stack.dir.path());
     let seq = weir_tests::disk::sequential_bandwidth(stack.dir.path());
-    println!("disk: 4 KiB write+fdatasync {raw:.0}/s, sequential write {seq:.0} MB/s");
+    println!(
+        "disk: 4 KiB write+fdatasync {:.0}/s (p50 {:?}, p99 {:?}, max {:?}), sequential write {seq:.0} MB/s",
+        raw.rate, raw.p50, raw.p99, raw.max
+    );
     for (topic, size) in [("b100", 100), ("b1024", 1024)] {
         let produced = produce(&gw, topic, size).await;
         let gw_ref = &gw;
