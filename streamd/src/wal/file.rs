@@ -130,6 +130,18 @@ impl FileSink {
             .map_err(|e| WalError::Io(e.to_string()))?
     }
 
+    /// Cuts the active segment to its records and deletes the prepared one, so a WAL
+    /// that stopped holds only what was written. A WAL taken over is left to its agent.
+    pub async fn close(&mut self) {
+        let inner = self.inner.clone();
+        let closed = tokio::task::spawn_blocking(move || inner.lock().unwrap_or_else(|p| p.into_inner()).close()).await;
+        match closed {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot give back the WAL's preallocated space"),
+            Err(e) => tracing::warn!(error = %e, "giving back the WAL's preallocated space stopped"),
+        }
+    }
+
     pub async fn delete(&mut self, segment: SegmentId) -> Result<(), WalError> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
@@ -170,6 +182,24 @@ impl Inner {
             return Err(WalError::Fenced);
         }
         Ok(at)
+    }
+
+    fn close(&mut self) -> std::io::Result<()> {
+        if let Some(handle) = self.preparing.take() {
+            let _ = handle.join();
+        }
+        if !self.still_ours() {
+            return Ok(());
+        }
+        if let Some(active) = &self.active {
+            // Past `len` lie only zeros, or a write whose sync failed (never acknowledged).
+            active.file.set_len(active.len)?;
+            active.file.sync_all()?;
+        }
+        match fs::remove_file(self.dir.join(PREPARED)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Starts zero-filling the next segment on its own thread.
@@ -399,6 +429,30 @@ mod tests {
         let replay = replay_dir(&dir).expect("replay");
         assert!(replay.damage.is_empty(), "{:?}", replay.damage);
         assert_eq!(replay.records, (0..3).map(|i| record(i, 100)).collect::<Vec<_>>());
+    }
+
+    // Issue 17: a WAL whose writer stopped gives its preallocated space back (a clean
+    // stop's incarnation is never taken over, so nothing else would), and keeps every
+    // record.
+    #[tokio::test]
+    async fn a_closed_wal_holds_only_its_records() {
+        let root = tempfile::tempdir().expect("tmp");
+        let node = NodeId::new("n");
+        let mut sink = FileSink::create(root.path(), &node, Epoch(1), 64 << 10).expect("create");
+        // Past half the segment, so the next one is being prepared.
+        for i in 0..300 {
+            sink.persist(record(i, 100).encode()).await.expect("persist");
+        }
+        assert!(sink.inner.lock().expect("lock").preparing.is_some());
+        sink.close().await;
+        let dir = incarnation_dir(root.path(), &node, Epoch(1));
+        let files = segments(&dir);
+        assert_eq!(files.len(), 1);
+        let written = SEGMENT_HEADER_LEN + (0..300).map(|i| record(i, 100).encode().len()).sum::<usize>();
+        assert_eq!(fs::metadata(&files[0]).expect("segment").len(), written as u64);
+        assert!(!dir.join(PREPARED).exists(), "the prepared segment is deleted");
+        let replay = replay_dir(&dir).expect("replay");
+        assert_eq!(replay.records.len(), 300);
     }
 
     // Issue 17, issue 20: a finished segment is cut to the end of its records before the

@@ -67,6 +67,14 @@ impl Sink {
         }
     }
 
+    /// The writer stopped: gives back the disk a file WAL holds ahead (its preallocated
+    /// tail and the prepared next segment). Nothing written is removed.
+    pub async fn close(&mut self) {
+        if let Sink::File(f) = self {
+            f.close().await;
+        }
+    }
+
     /// Deletes a segment whose records are all committed in data objects.
     pub async fn delete(&mut self, segment: SegmentId) -> Result<(), WalError> {
         match self {

@@ -61,10 +61,12 @@ impl WalWriter {
         };
         let (writer_bytes, writer_fenced) = (writer.bytes.clone(), writer.fenced.clone());
         tasks.spawn(async move {
+            let mut sink = sink;
             tokio::select! {
-                _ = run(sink, rx, writer_bytes, writer_fenced) => {}
+                _ = run(&mut sink, rx, writer_bytes, writer_fenced) => {}
                 _ = stop.cancelled() => {}
             }
+            sink.close().await;
         });
         writer
     }
@@ -126,7 +128,7 @@ impl WalWriter {
     }
 }
 
-async fn run(mut sink: Sink, mut rx: mpsc::Receiver<Request>, bytes: Arc<AtomicU64>, fenced: Arc<AtomicBool>) {
+async fn run(sink: &mut Sink, mut rx: mpsc::Receiver<Request>, bytes: Arc<AtomicU64>, fenced: Arc<AtomicBool>) {
     let mut segments: BTreeMap<SegmentId, SegmentInfo> = BTreeMap::new();
     let mut failed: Option<WalError> = None;
     while let Some(first) = rx.recv().await {
@@ -147,7 +149,7 @@ async fn run(mut sink: Sink, mut rx: mpsc::Receiver<Request>, bytes: Arc<AtomicU
                     ends.push((stream, end_offset));
                 }
                 Request::Reclaim { committed } => {
-                    reclaim(&mut sink, &mut segments, &committed, &bytes).await;
+                    reclaim(sink, &mut segments, &committed, &bytes).await;
                 }
             }
             if group.len() < MAX_GROUP_BYTES {
