@@ -170,13 +170,17 @@ impl Lanes {
             self.lanes.insert(owner.clone(), lane);
         }
         let lane = self.lanes.get_mut(&owner).expect("inserted above");
+        // A lane that ended since the check above sent nothing: the append is detoured.
         let reply = lane
             .send(AppendRequest {
                 stream: stream.to_string(),
                 batches,
                 match_next_offset: None,
             })
-            .map_err(RouteError::Streamd)?;
+            .map_err(|status| RouteError::NoOwner {
+                stream: stream.to_string(),
+                why: status.message().to_string(),
+            })?;
         *lock(place) = Place::Lane(owner.clone(), lane.queue.clone());
         Ok((owner, reply))
     }

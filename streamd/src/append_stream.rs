@@ -5,7 +5,10 @@
 //!
 //! The admission in progress and the completions are polled side by side, never one
 //! inside the other: an admission waits for its stream's lock, and a completion left
-//! unpolled meanwhile must never be what that lock waits for (a "futurelock").
+//! unpolled meanwhile must never be what that lock waits for (a "futurelock"). For the
+//! same reason the call is driven by a task of its own, not by the reply stream: hyper
+//! polls a reply stream only while HTTP/2 lets it send, and an admission holding the
+//! stream's lock must not wait on the caller's flow control.
 
 use crate::error::StreamdError;
 use crate::node::{Appended, Node};
@@ -14,65 +17,89 @@ use futures::stream::{FuturesOrdered, Stream, StreamExt};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
+use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 use weir_proto::streamd::append_stream_reply::Result as Outcome;
 use weir_proto::streamd::{AppendError, AppendReply, AppendStreamReply, AppendStreamRequest};
+use weir_shared::error_code::ErrorCode;
 
-/// Appends admitted and not yet answered on one stream. Past it the next message is
-/// not read, so a caller cannot queue unbounded work.
+/// Appends admitted and not yet taken by the caller (answered or not). Past it the next
+/// message is not read, so a caller cannot queue unbounded work.
 const MAX_PENDING: usize = 256;
 
 /// The reply stream of one `AppendStream` call.
 pub type Replies = Pin<Box<dyn Stream<Item = Result<AppendStreamReply, Status>> + Send>>;
 
-struct State {
-    node: Arc<Node>,
-    /// `None` once the caller finished sending (or its stream broke).
-    inbound: Option<Streaming<AppendStreamRequest>>,
-    /// The append being admitted; the next message is read once it is.
-    admitting: Option<BoxFuture<'static, BoxFuture<'static, AppendStreamReply>>>,
-    pending: FuturesOrdered<BoxFuture<'static, AppendStreamReply>>,
-}
+/// An admitted append's reply to come, and whether reading must stop after it.
+type Admission = (BoxFuture<'static, AppendStreamReply>, bool);
 
 /// Serves one `AppendStream` call. The replies end after the caller stops sending (or
-/// the node stops taking work) and every admitted append is answered: an append the
-/// caller sent that has no reply when the stream ends cleanly was never admitted.
+/// the node stops taking work, or an append is refused in a way the caller retries) and
+/// every admitted append is answered: an append the caller sent that has no reply when
+/// the stream ends cleanly was never admitted.
 pub fn serve(node: Arc<Node>, inbound: Streaming<AppendStreamRequest>) -> Replies {
-    let state = State {
-        node,
-        inbound: Some(inbound),
-        admitting: None,
-        pending: FuturesOrdered::new(),
-    };
-    Box::pin(futures::stream::unfold(state, |mut st| async move {
-        loop {
-            let reading = st.inbound.is_some() && st.admitting.is_none() && st.pending.len() < MAX_PENDING;
-            tokio::select! {
-                // Answers first: they free room for more.
-                biased;
-                Some(reply) = st.pending.next(), if !st.pending.is_empty() => return Some((Ok(reply), st)),
-                completion = admitted(&mut st.admitting), if st.admitting.is_some() => {
-                    st.admitting = None;
-                    st.pending.push_back(completion);
-                }
-                message = next_message(&mut st.inbound), if reading => match message {
-                    Ok(Some(request)) => st.admitting = Some(Box::pin(admit(st.node.clone(), request))),
-                    Ok(None) => st.inbound = None,
-                    Err(status) => {
-                        // The caller's side broke: what was admitted is still answered
-                        // (and made durable); nothing more is read.
-                        tracing::debug!(error = %status, "append stream from the caller ended");
-                        st.inbound = None;
-                    }
-                },
-                // A stopping or fenced node reads no more: the caller's lane ends once
-                // what was admitted is answered, and it sends the rest elsewhere.
-                _ = st.node.reads_end.cancelled(), if st.inbound.is_some() => st.inbound = None,
-                _ = st.node.fenced.cancelled(), if st.inbound.is_some() => st.inbound = None,
-                else => return None,
-            }
+    let (replies, rx) = mpsc::channel(MAX_PENDING);
+    let tasks = node.tasks.clone();
+    tasks.spawn(drive(node, inbound, replies));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok))
+}
+
+/// Reads, admits and answers the call's appends until it ends or the caller goes away.
+async fn drive(node: Arc<Node>, inbound: Streaming<AppendStreamRequest>, replies: mpsc::Sender<AppendStreamReply>) {
+    let mut inbound = Some(inbound);
+    let mut admitting: Option<BoxFuture<'static, Admission>> = None;
+    let mut pending: FuturesOrdered<BoxFuture<'static, AppendStreamReply>> = FuturesOrdered::new();
+    loop {
+        if inbound.is_none() && admitting.is_none() && pending.is_empty() {
+            return;
         }
-    }))
+        // Replies the caller has not taken yet count too: the channel always has room
+        // for every pending one, and a caller that stops reading stops admissions.
+        let outstanding = pending.len() + (MAX_PENDING - replies.capacity());
+        let idle = inbound.is_some() && admitting.is_none();
+        tokio::select! {
+            // Answers first: they free room for more.
+            biased;
+            Some(reply) = pending.next(), if !pending.is_empty() => {
+                if replies.try_send(reply).is_err() {
+                    return;
+                }
+            }
+            done = admitted(&mut admitting), if admitting.is_some() => {
+                admitting = None;
+                let (completion, stop_reading) = done;
+                pending.push_back(completion);
+                if stop_reading {
+                    inbound = None;
+                }
+            }
+            message = next_message(&mut inbound), if idle && outstanding < MAX_PENDING => match message {
+                Ok(Some(request)) => admitting = Some(Box::pin(admit(node.clone(), request))),
+                Ok(None) => inbound = None,
+                Err(status) => {
+                    // The caller's side broke: what was admitted is still answered
+                    // (and made durable); nothing more is read.
+                    tracing::debug!(error = %status, "append stream from the caller ended");
+                    inbound = None;
+                }
+            },
+            // Full: woken once the caller takes a reply.
+            _ = replies.reserve(), if idle && outstanding >= MAX_PENDING => {}
+            // A stopping or fenced node reads no more: the caller's lane ends once
+            // what was admitted is answered, and it sends the rest elsewhere.
+            _ = node.reads_end.cancelled(), if inbound.is_some() => inbound = None,
+            _ = node.fenced.cancelled(), if inbound.is_some() => inbound = None,
+            _ = replies.closed() => return,
+        }
+    }
+}
+
+/// The admission in progress, once it is done (pending while there is none).
+async fn admitted(admitting: &mut Option<BoxFuture<'static, Admission>>) -> Admission {
+    match admitting {
+        Some(a) => a.await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The next message (cancel safe: `Streaming` keeps a partial message).
@@ -85,33 +112,34 @@ async fn next_message(
     }
 }
 
-/// The admission in progress, once it is done (pending while there is none).
-async fn admitted(
-    admitting: &mut Option<BoxFuture<'static, BoxFuture<'static, AppendStreamReply>>>,
-) -> BoxFuture<'static, AppendStreamReply> {
-    match admitting {
-        Some(a) => a.await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Admits one append; the returned future waits for it to be durable.
-async fn admit(node: Arc<Node>, request: AppendStreamRequest) -> BoxFuture<'static, AppendStreamReply> {
+/// Admits one append; the returned future waits for it to be durable. Reading stops
+/// after a refusal the caller retries (`not_owner`, `unavailable`): what it sent after
+/// this append must not be admitted ahead of this append's retry.
+async fn admit(node: Arc<Node>, request: AppendStreamRequest) -> Admission {
     let seq = request.seq;
     let started = Instant::now();
     let Some(append) = request.append else {
         let refused = Err(StreamdError::InvalidArgument(
             "an append stream message needs an append".into(),
         ));
-        return Box::pin(std::future::ready(reply(seq, refused, 0, started)));
+        return (Box::pin(std::future::ready(reply(seq, refused, 0, started))), false);
     };
     let bytes = append.batches.len();
     match node
         .admit_append(&append.stream, &append.batches, append.match_next_offset)
         .await
     {
-        Ok(admitted) => Box::pin(async move { reply(seq, node.complete(admitted).await, bytes, started) }),
-        Err(e) => Box::pin(std::future::ready(reply(seq, Err(e), bytes, started))),
+        Ok(admitted) => (
+            Box::pin(async move { reply(seq, node.complete(admitted).await, bytes, started) }),
+            false,
+        ),
+        Err(e) => {
+            let retried = matches!(e.code(), ErrorCode::NotOwner | ErrorCode::Unavailable);
+            (
+                Box::pin(std::future::ready(reply(seq, Err(e), bytes, started))),
+                retried,
+            )
+        }
     }
 }
 

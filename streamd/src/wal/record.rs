@@ -219,6 +219,12 @@ pub fn classify_tail(data: &[u8], at: usize) -> Tail {
     if rest.iter().all(|b| *b == 0) {
         return Tail::Zeroed;
     }
+    // A preallocated segment ends in zeros that were never written: judge only what was
+    // (else a bit flipped in the last record's length would find those zeros and pass
+    // for a torn write, cutting an acknowledged record).
+    let written = data.len() - data.iter().rev().take_while(|b| **b == 0).count();
+    let data = &data[..written];
+    let rest = &data[at..];
     if let Some(next) = resync(data, at) {
         return Tail::Corrupt { next: Some(next) };
     }
@@ -382,6 +388,39 @@ mod tests {
         data[n - 10] ^= 0x04;
         let at = first_invalid(&data);
         assert_eq!(classify_tail(&data, at), Tail::Corrupt { next: None });
+    }
+
+    // Issue 17 with issue 20's rules: a preallocated segment's zeroed tail is never
+    // taken for a crash's mark. Damage to the last record written whole, even to its
+    // length, is still corruption; a last record whose pages never reached the disk is
+    // still torn.
+    #[test]
+    fn a_preallocated_tail_does_not_make_damage_look_torn() {
+        let records: Vec<_> = (0..3).map(|i| record(i, &[0xab; 1500])).collect();
+        let whole = segment(&records);
+        let last_start = whole.len() - records[2].encode().len();
+        let preallocated = |mut d: Vec<u8>| {
+            d.resize(64 << 10, 0);
+            d
+        };
+        let mut flipped = whole.clone();
+        let n = flipped.len();
+        flipped[n - 10] ^= 0x04;
+        let flipped = preallocated(flipped);
+        assert_eq!(
+            classify_tail(&flipped, first_invalid(&flipped)),
+            Tail::Corrupt { next: None }
+        );
+        let mut bad_length = whole.clone();
+        bad_length[last_start..last_start + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        let bad_length = preallocated(bad_length);
+        assert_eq!(first_invalid(&bad_length), last_start);
+        assert_eq!(classify_tail(&bad_length, last_start), Tail::Corrupt { next: None });
+        let mut torn = whole.clone();
+        let boundary = last_start.div_ceil(SECTOR) * SECTOR;
+        torn[boundary..].fill(0);
+        let torn = preallocated(torn);
+        assert_eq!(classify_tail(&torn, last_start), Tail::Torn);
     }
 
     #[test]
