@@ -897,16 +897,7 @@ async fn a_pipelined_connection_that_loses_its_owner_answers_in_order_and_loses_
         },
     )
     .await;
-    let read = read_all(&gw, "lose", 1, end as usize).await;
-    let stored: BTreeMap<i64, String> = read
-        .iter()
-        .map(|m| {
-            (
-                m.offset(),
-                String::from_utf8_lossy(m.payload().expect("payload")).into_owned(),
-            )
-        })
-        .collect();
+    let stored = stored_by_offset(&gw, "lose", end as usize).await;
     for (offset, value) in &acked {
         assert_eq!(
             stored.get(offset),
@@ -974,8 +965,14 @@ async fn pipelined_connections_contending_for_one_partition_never_stall() {
     }
     let total = (CONNECTIONS * N) as usize;
     assert_eq!(acked.len(), total);
-    let read = read_all(&gw, "busy", 1, total).await;
-    let stored: BTreeMap<i64, String> = read
+    let stored = stored_by_offset(&gw, "busy", total).await;
+    assert_eq!(stored, acked, "every record stored once, at its acknowledged offset");
+}
+
+/// The first `count` records of partition 0 of `topic`, value by offset.
+async fn stored_by_offset(gw: &Gatewayd, topic: &str, count: usize) -> BTreeMap<i64, String> {
+    read_all(gw, topic, 1, count)
+        .await
         .iter()
         .map(|m| {
             (
@@ -983,8 +980,7 @@ async fn pipelined_connections_contending_for_one_partition_never_stall() {
                 String::from_utf8_lossy(m.payload().expect("payload")).into_owned(),
             )
         })
-        .collect();
-    assert_eq!(stored, acked, "every record stored once, at its acknowledged offset");
+        .collect()
 }
 
 /// The node index owning `stream`, when open.
