@@ -290,7 +290,7 @@ impl OrderedAppend {
     /// sending it twice is harmless (its owner deduplicates it).
     pub async fn finish(self, routes: &Routes, idempotent: bool) -> Result<AppendReply, RouteError> {
         let refused = match self.sent {
-            Ok((owner, reply)) => match await_reply(routes, &self.stream, &owner, reply).await {
+            Ok((owner, reply)) => match await_reply(routes, &self.stream, &owner, reply, idempotent).await {
                 Ok(ok) => return Ok(ok),
                 Err(status) => retry_or_fail(status, idempotent)?,
             },
@@ -305,7 +305,7 @@ impl OrderedAppend {
         // Nothing of this caller to the stream is ahead of it now: a lane is safe again.
         let again = lock(&self.appends.0).send_on_lane(routes, &self.stream, self.batches.clone(), None, &self.place);
         if let Ok((owner, reply)) = again {
-            match await_reply(routes, &self.stream, &owner, reply).await {
+            match await_reply(routes, &self.stream, &owner, reply, idempotent).await {
                 Ok(ok) => return Ok(ok),
                 Err(status) => {
                     retry_or_fail(status, idempotent)?;
@@ -327,16 +327,22 @@ impl OrderedAppend {
     }
 }
 
-/// A lane's reply, as [`Routes::call`] waits for a unary one: it ends early when the
-/// view moves the stream away from `owner`, or when the owner outlasts the node
-/// timeout; the append's outcome is then unknown.
-async fn await_reply(routes: &Routes, stream: &str, owner: &Incarnation, reply: oneshot::Receiver<Reply>) -> Reply {
+/// A lane's reply, as [`Routes::call`] waits for a unary one: it ends early when
+/// [`Routes::owner_left`] says so, or when the owner outlasts the node timeout; the
+/// append's outcome is then unknown unless it is `idempotent`.
+async fn await_reply(
+    routes: &Routes,
+    stream: &str,
+    owner: &Incarnation,
+    reply: oneshot::Receiver<Reply>,
+    idempotent: bool,
+) -> Reply {
     tokio::select! {
         r = tokio::time::timeout(routes.call_deadline(), reply) => match r {
             Ok(r) => r.unwrap_or_else(|_| Err(tonic::Status::unavailable("the append stream was dropped"))),
             Err(_) => Err(tonic::Status::deadline_exceeded(format!("owner {owner} did not answer within the node timeout"))),
         },
-        _ = routes.moved_from(stream, owner) => {
+        _ = routes.owner_left(stream, owner, idempotent) => {
             Err(tonic::Status::cancelled(format!("owner {owner} was replaced while the append was in flight")))
         }
     }

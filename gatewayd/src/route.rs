@@ -191,24 +191,32 @@ impl Routes {
         Ok((owner, client))
     }
 
-    /// Whether the view still names `owner` the stream's live owner.
-    fn still_owned_by(&self, name: &str, owner: &Incarnation) -> bool {
+    /// Whether the view still names `owner` the stream's live owner; with
+    /// `stream_moves` false, only whether that incarnation is still live (not fenced,
+    /// not replaced by a newer epoch), wherever the stream went.
+    fn still_serving(&self, name: &str, owner: &Incarnation, stream_moves: bool) -> bool {
         self.view.with(|s| {
-            s.stream_by_name(name).is_some_and(|row| {
-                row.state == StreamState::Open
-                    && row.owner.as_ref() == Some(owner)
-                    && s.nodes
-                        .get(&owner.node)
-                        .is_some_and(|n| n.epoch == owner.epoch && !n.fenced)
-            })
+            let live = s
+                .nodes
+                .get(&owner.node)
+                .is_some_and(|n| n.epoch == owner.epoch && !n.fenced);
+            live && (!stream_moves
+                || s.stream_by_name(name)
+                    .is_some_and(|row| row.state == StreamState::Open && row.owner.as_ref() == Some(owner)))
         })
     }
 
-    /// Resolves once the view no longer names `owner` the stream's live owner: the
-    /// owner was fenced or replaced, or the stream moved.
-    pub async fn moved_from(&self, name: &str, owner: &Incarnation) {
+    /// Resolves once a call in flight to `owner` should stop waiting for its answer.
+    ///
+    /// A call that is safe to send again (`safe_to_retry`) stops as soon as the view
+    /// moves the stream away from `owner`, so it is retried on the new owner at once.
+    /// Any other call stops only when `owner` itself is gone (fenced or replaced): a
+    /// planned move leaves the old owner alive, and it answers what it admitted before
+    /// letting the stream go, so cutting such a call short would turn a known outcome
+    /// into an unknown one.
+    pub async fn owner_left(&self, name: &str, owner: &Incarnation, safe_to_retry: bool) {
         let mut changed = self.view.subscribe();
-        while self.still_owned_by(name, owner) {
+        while self.still_serving(name, owner, safe_to_retry) {
             if changed.changed().await.is_err() {
                 // The view stopped: nothing will move; the call's own deadline ends it.
                 std::future::pending::<()>().await;
@@ -235,9 +243,10 @@ impl Routes {
     }
 
     /// [`Routes::call`] for a call that may wait up to `wait` on the owner by design (a
-    /// long poll). A call ends early when the view moves its stream away from the owner
-    /// it went to, or when it outlasts `wait` plus the node timeout; it is then retried on
-    /// the new owner if that is safe, or answered "outcome unknown" (issue 20).
+    /// long poll). A call ends early when the owner it went to is fenced or replaced (or,
+    /// if it is safe to retry, when the stream moves away from that owner), or when it
+    /// outlasts `wait` plus the node timeout; it is then retried on the new owner if that
+    /// is safe, or answered "outcome unknown" (issue 20).
     pub async fn call_waiting<T, F, Fut>(
         &self,
         stream: &str,
@@ -258,7 +267,7 @@ impl Routes {
                         r = tokio::time::timeout(wait + self.call_deadline(), f(client)) => r.unwrap_or_else(|_| {
                             Err(tonic::Status::deadline_exceeded(format!("owner {owner} did not answer within the node timeout")))
                         }),
-                        _ = self.moved_from(stream, &owner) => {
+                        _ = self.owner_left(stream, &owner, safe_to_retry) => {
                             // The route retry time counts again from the move.
                             deadline = deadline.max(tokio::time::Instant::now() + self.retry_for);
                             Err(tonic::Status::cancelled(format!("owner {owner} was replaced while the request was in flight")))

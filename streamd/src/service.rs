@@ -30,6 +30,9 @@ impl Streamd for DataPlane {
         let started = std::time::Instant::now();
         let result = self.node.append(&req.stream, &req.batches, req.match_next_offset).await;
         crate::metrics::observe_append(&result, req.batches.len(), started);
+        // Failpoint: the answer to an append to this stream is held back after it was
+        // applied (a test moves the stream meanwhile).
+        weir_shared::failpoint::pause(&format!("append_reply_{}", req.stream)).await;
         let a = result?;
         Ok(Response::new(AppendReply {
             base_offset: a.base_offset,

@@ -348,6 +348,58 @@ async fn a_transfer_dry_run_names_the_first_failing_check_and_a_transfer_moves_t
     assert_eq!(bodies(&gw, "tr-a").await, acked, "INV-2");
 }
 
+// FO-TKO-11/12, INV-2: a planned transfer leaves the old owner alive, and it answers
+// what it applied before letting the stream go. An unkeyed append whose answer is still
+// on its way when the gateway's view moves the stream waits for that answer: it is
+// acknowledged, not reported as "outcome unknown" (a failpoint holds the old owner's
+// answer back for 3 s while the transfer runs). Before the gateway told a moved stream
+// from a replaced owner, this answered 503.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_append_in_flight_across_a_transfer_gets_the_old_owners_answer() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_APPEND_REPLY_HELD", "sleep(3000)")],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, SHORT);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    let (stack, gw) = with_streams_on_the_first(stack, &["held"]).await;
+    let gw = Arc::new(gw);
+    let appending = {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            gw.send(
+                gw.request(Method::POST, "/v1/streams/held/records")
+                    .json(&json!({"records": [{"body": "in flight"}]})),
+            )
+            .await
+        })
+    };
+    // The record is applied (readable) while its answer is held back; then it moves.
+    wait_for("the append applied", Duration::from_secs(10), || async {
+        (!gw.read_all("held").await.is_empty()).then_some(())
+    })
+    .await;
+    let b = stack.nodes[1].id.clone();
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/admin/streams/held/transfer")
+                .json(&json!({"to": b})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!appending.is_finished(), "the transfer ran while the answer was held back");
+    let (status, body) = appending.await.expect("append");
+    assert_eq!(status, StatusCode::OK, "acknowledged, not outcome unknown: {body}");
+    assert_eq!(body["start_seq_num"], 0, "{body}");
+    assert_eq!(owner_of(&gw, "held").await.as_deref(), Some(b.as_str()));
+    assert_eq!(bodies(&gw, "held").await, ["in flight"], "INV-2");
+}
+
 // SD-REL-3, FO-MDO-6: with every metad paused, a stopping streamd never observes a
 // leader: it says so, cordons nothing, still exits within its deadline, and after the
 // metadata returns it is not cordoned and its stream is recovered by failover.
