@@ -68,9 +68,12 @@ impl Node {
                 .collect();
             let Some(last) = batches.last() else { continue };
             let end = last.end;
-            let data: Vec<Bytes> = batches.iter().map(|b| b.data.clone()).collect();
-            let chunk = builder.add(handle.id, handle.epoch, from, end, &data).clone();
             inner.uploaded_end = end;
+            // Copying and checksumming the batches waits until the lock is released, so
+            // appends to the stream do not wait on them.
+            drop(inner);
+            let data: Vec<Bytes> = batches.into_iter().map(|b| b.data).collect();
+            let chunk = builder.add(handle.id, handle.epoch, from, end, &data).clone();
             parts.push(Part {
                 stream: handle.id,
                 chunk,
@@ -183,6 +186,17 @@ impl Node {
             let Some(handle) = streams.get(&part.stream) else {
                 continue;
             };
+            if committed {
+                // Write-through, so tail readers just past the buffer stay off object
+                // storage. Cached before the buffer lets go of the batches, so a read finds
+                // them in one or the other; copied before the stream's lock is taken, so
+                // appends do not wait on the copy.
+                let mut joined = Vec::with_capacity(part.chunk.len as usize);
+                for b in &part.batches {
+                    joined.extend_from_slice(b);
+                }
+                self.cache.insert(&key.0, part.chunk.pos, Bytes::from(joined));
+            }
             let mut inner = handle.inner.lock().await;
             if committed {
                 inner.committed_end = part.chunk.end;
@@ -200,12 +214,6 @@ impl Node {
                     }],
                 );
                 inner.trim_committed();
-                let mut joined = Vec::with_capacity(part.chunk.len as usize);
-                for b in &part.batches {
-                    joined.extend_from_slice(b);
-                }
-                // Write-through, so tail readers just past the buffer stay off object storage.
-                self.cache.insert(&key.0, part.chunk.pos, Bytes::from(joined));
             } else {
                 inner.uploaded_end = inner.committed_end;
             }
