@@ -1,11 +1,17 @@
-//! Benchmark: a real Kafka client (librdkafka through `rdkafka`) against one gateway and
-//! one streamd. Produce and consume throughput (msg/s, MB/s) for 100 B and 1 KiB
-//! messages at acks=all (one partition, linger 5 ms), then produce latency p50/p99 at
-//! 200 msg/s, with the disk's raw fdatasync rate and sequential bandwidth measured in
-//! the same run. Prints figures; asserts nothing.
+//! Benchmark: real Kafka clients against one gateway and one streamd, by issue 17's
+//! method. Produce and consume throughput (msg/s, MB/s) for 100 B and 1 KiB messages at
+//! acks=all (one partition, linger 5 ms, 200,000 messages), then produce latency
+//! p50/p99 at 200 msg/s, each the median of 3 runs on fresh topics, with the disk's raw
+//! fdatasync rate and sequential bandwidth measured in the same run. Two clients:
+//! librdkafka through the `rdkafka` crate (native, so the client is not the bound) and
+//! confluent-kafka (Python; `tests/clients/confluent_bench.py`). Consume MB/s counts
+//! from the first message; the time to it is printed apart. Prints; asserts nothing.
 //!
-//! Run: `cargo bench -p weir-tests --bench kafka_clients` (needs s3s-fs, see .ci/run);
-//! `WEIR_BENCH_MAX_IN_FLIGHT` caps the producer's requests in flight per connection.
+//! Run: `cargo bench -p weir-tests --bench kafka_clients` (needs s3s-fs and
+//! confluent-kafka, see .ci/run). `WEIR_BENCH_MAX_IN_FLIGHT` caps the producer's
+//! requests in flight per connection; `WEIR_BENCH_CLIENTS` (`rdkafka,confluent`),
+//! `WEIR_BENCH_RUNS` (3) and `WEIR_BENCH_MESSAGES` (200000) narrow it;
+//! `WEIR_BENCH_OBJECT_STORE` is `file` (the default, as `weir dev`) or `s3` (s3s-fs).
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
@@ -19,7 +25,6 @@ use std::time::{Duration, Instant};
 use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack};
 
-const MESSAGES: usize = 50_000;
 const LATENCY_RATE: u64 = 200;
 const LATENCY_SECS: u64 = 8;
 
@@ -29,10 +34,15 @@ fn config(gw: &Gatewayd) -> ClientConfig {
     c
 }
 
-/// Produces MESSAGES of `size` bytes; MB/s.
-async fn produce(gw: &Gatewayd, topic: &str, size: usize) -> f64 {
+/// Produces `count` messages of `size` bytes.
+async fn produce(gw: &Gatewayd, topic: &str, size: usize, count: usize) -> Figure {
     let mut c = config(gw);
-    c.set("acks", "all").set("linger.ms", "5").set("batch.size", "1000000");
+    c.set("acks", "all")
+        .set("linger.ms", "5")
+        .set("batch.size", "1000000")
+        // Every message is queued before the first is awaited.
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "2000000");
     // `WEIR_BENCH_MAX_IN_FLIGHT` caps the requests in flight per connection.
     if let Ok(n) = std::env::var("WEIR_BENCH_MAX_IN_FLIGHT") {
         c.set("max.in.flight.requests.per.connection", &n);
@@ -40,8 +50,8 @@ async fn produce(gw: &Gatewayd, topic: &str, size: usize) -> f64 {
     let p: FutureProducer = c.create().expect("producer");
     let payload = vec![b'x'; size];
     let started = Instant::now();
-    let mut inflight = Vec::with_capacity(MESSAGES);
-    for i in 0..MESSAGES {
+    let mut inflight = Vec::with_capacity(count);
+    for i in 0..count {
         let key = (i % 64).to_string();
         inflight.push(
             p.send_result(FutureRecord::to(topic).key(&key).payload(&payload))
@@ -51,17 +61,12 @@ async fn produce(gw: &Gatewayd, topic: &str, size: usize) -> f64 {
     for f in inflight {
         f.await.expect("delivery").map_err(|(e, _)| e).expect("acknowledged");
     }
-    let secs = started.elapsed().as_secs_f64();
-    let mbps = (MESSAGES * size) as f64 / secs / 1e6;
-    println!(
-        "produce {size} B acks=all: {:.0} msg/s, {mbps:.2} MB/s",
-        MESSAGES as f64 / secs,
-    );
-    mbps
+    Figure::rate(count, size, started.elapsed())
 }
 
-/// Consumes MESSAGES of `size` bytes from the start; MB/s.
-fn consume(gw: &Gatewayd, topic: &str, size: usize) -> f64 {
+/// Consumes `count` messages of `size` bytes from the start; the rate counts from the
+/// first message, whose wait is `first`.
+fn consume(gw: &Gatewayd, topic: &str, size: usize, count: usize) -> Figure {
     let c: BaseConsumer = config(gw)
         .set("group.id", "bench")
         .set("enable.auto.commit", "false")
@@ -71,20 +76,23 @@ fn consume(gw: &Gatewayd, topic: &str, size: usize) -> f64 {
     tpl.add_partition_offset(topic, 0, Offset::Beginning).expect("tpl");
     c.assign(&tpl).expect("assign");
     let started = Instant::now();
+    let mut first = None;
     let mut n = 0;
-    while n < MESSAGES {
+    while n < count {
         if let Some(m) = c.poll(Duration::from_secs(10)) {
             m.expect("message");
             n += 1;
+            first.get_or_insert_with(Instant::now);
         }
     }
-    let secs = started.elapsed().as_secs_f64();
-    let mbps = (n * size) as f64 / secs / 1e6;
-    println!("consume {size} B: {:.0} msg/s, {mbps:.2} MB/s", n as f64 / secs);
-    mbps
+    let first = first.expect("a message");
+    let mut f = Figure::rate(n - 1, size, first.elapsed());
+    f.first = Some(first - started);
+    f
 }
 
-async fn latency(gw: &Gatewayd, topic: &str) {
+/// p50, p99 and max of single 1 KiB messages at LATENCY_RATE.
+async fn latency(gw: &Gatewayd, topic: &str) -> [Duration; 3] {
     let p: FutureProducer = config(gw)
         .set("acks", "all")
         .set("linger.ms", "0")
@@ -118,30 +126,112 @@ async fn latency(gw: &Gatewayd, topic: &str) {
     }
     lat.sort();
     let pct = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
-    println!(
-        "produce latency at {LATENCY_RATE} msg/s, 1 KiB, acks=all: p50 {:?}, p99 {:?}, max {:?}",
-        pct(0.5),
-        pct(0.99),
-        lat[lat.len() - 1]
+    [pct(0.5), pct(0.99), lat[lat.len() - 1]]
+}
+
+/// One throughput figure.
+#[derive(Debug, Clone, Copy, Default)]
+struct Figure {
+    msg_s: f64,
+    mb_s: f64,
+    /// Consume: the wait for the first message (connection, metadata, ListOffsets).
+    first: Option<Duration>,
+}
+
+impl Figure {
+    fn rate(count: usize, size: usize, took: Duration) -> Self {
+        let secs = took.as_secs_f64();
+        Self {
+            msg_s: count as f64 / secs,
+            mb_s: (count * size) as f64 / secs / 1e6,
+            first: None,
+        }
+    }
+
+    fn from_json(v: &serde_json::Value) -> Self {
+        let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
+        Self {
+            msg_s: f("msg_s"),
+            mb_s: f("mb_s"),
+            first: v["first_ms"].as_f64().map(|ms| Duration::from_secs_f64(ms / 1e3)),
+        }
+    }
+}
+
+/// The median run by MB/s, and the range of all runs.
+fn median(mut runs: Vec<Figure>) -> (Figure, f64, f64) {
+    runs.sort_by(|a, b| a.mb_s.total_cmp(&b.mb_s));
+    (runs[runs.len() / 2], runs[0].mb_s, runs[runs.len() - 1].mb_s)
+}
+
+/// Runs one phase of `tests/clients/confluent_bench.py`; its JSON answer.
+fn confluent(gw: &Gatewayd, args: &[String]) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/confluent_bench.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(&gw.kafka)
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "confluent_bench.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    serde_json::from_slice(&out.stdout).expect("one JSON line")
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Client {
+    Rdkafka,
+    Confluent,
 }
 
 #[tokio::main]
 async fn main() {
-    let stack = Stack::start_with(1, Backend::FileWal, weir_tests::streamd::PRODUCTION_WAL, &[]).await;
+    let runs: usize = env_or("WEIR_BENCH_RUNS", 3).max(1);
+    let count: usize = env_or("WEIR_BENCH_MESSAGES", 200_000);
+    let clients: Vec<Client> = env_or("WEIR_BENCH_CLIENTS", "rdkafka,confluent".to_string())
+        .split(',')
+        .map(|c| match c.trim() {
+            "rdkafka" => Client::Rdkafka,
+            "confluent" => Client::Confluent,
+            other => panic!("WEIR_BENCH_CLIENTS: unknown client {other:?} (rdkafka, confluent)"),
+        })
+        .collect();
+    // Issue 17 measured `weir dev`: data objects on the local filesystem. `s3` puts them
+    // in s3s-fs instead, which then shares the machine's cores (it hashes every PUT).
+    let store = env_or("WEIR_BENCH_OBJECT_STORE", "file".to_string());
+    let objects = tempfile::tempdir().expect("temp dir");
+    let objects_url = format!("file://{}", objects.path().display());
+    let mut flags = weir_tests::streamd::PRODUCTION_WAL.to_vec();
+    match store.as_str() {
+        "file" => flags.extend(["--object-store", objects_url.as_str()]),
+        "s3" => {}
+        other => panic!("WEIR_BENCH_OBJECT_STORE: unknown store {other:?} (file, s3)"),
+    }
+    let stack = Stack::start_with(1, Backend::FileWal, &flags, &[]).await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
     let admin: AdminClient<DefaultClientContext> = config(&gw).create().expect("admin");
-    for t in ["b100", "b1024", "lat"] {
-        admin
-            .create_topics(
-                &[NewTopic::new(t, 1, TopicReplication::Fixed(1))],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-            )
-            .await
-            .expect("create");
-        gw.wait_open(&format!("{t}/0")).await;
-    }
+    let create = |t: String| {
+        let (admin, gw) = (&admin, &gw);
+        async move {
+            admin
+                .create_topics(
+                    &[NewTopic::new(&t, 1, TopicReplication::Fixed(1))],
+                    &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+                )
+                .await
+                .expect("create");
+            gw.wait_open(&format!("{t}/0")).await;
+            t
+        }
+    };
     // The disk under the stack, measured in the same run (the figures are ratios of it).
     let raw = weir_tests::disk::raw_sync(stack.dir.path());
     let seq = weir_tests::disk::sequential_bandwidth(stack.dir.path());
@@ -149,15 +239,68 @@ async fn main() {
         "disk: 4 KiB write+fdatasync {:.0}/s (p50 {:?}, p99 {:?}, max {:?}), sequential write {seq:.0} MB/s",
         raw.rate, raw.p50, raw.p99, raw.max
     );
-    for (topic, size) in [("b100", 100), ("b1024", 1024)] {
-        let produced = produce(&gw, topic, size).await;
-        let gw_ref = &gw;
-        let consumed = tokio::task::block_in_place(|| consume(gw_ref, topic, size));
+    println!("{count} messages per run, median of {runs} runs (range in brackets), data objects on {store}");
+    for client in clients {
+        for size in [100, 1024] {
+            let (mut produced, mut consumed) = (vec![], vec![]);
+            for run in 0..runs {
+                let topic = create(format!("{client:?}-{size}-{run}").to_lowercase()).await;
+                let (p, c) = match client {
+                    Client::Rdkafka => {
+                        let p = produce(&gw, &topic, size, count).await;
+                        let gw_ref = &gw;
+                        (p, tokio::task::block_in_place(|| consume(gw_ref, &topic, size, count)))
+                    }
+                    Client::Confluent => tokio::task::block_in_place(|| {
+                        let args =
+                            |phase: &str| [phase.to_string(), topic.clone(), size.to_string(), count.to_string()];
+                        (
+                            Figure::from_json(&confluent(&gw, &args("produce"))),
+                            Figure::from_json(&confluent(&gw, &args("consume"))),
+                        )
+                    }),
+                };
+                produced.push(p);
+                consumed.push(c);
+            }
+            let ((p, plo, phi), (c, clo, chi)) = (median(produced), median(consumed));
+            println!(
+                "{client:?} {size} B: produce acks=all {:.0} msg/s, {:.2} MB/s [{plo:.1}–{phi:.1}] ({:.1} % of sequential); \
+                 consume {:.0} msg/s, {:.2} MB/s [{clo:.1}–{chi:.1}] ({:.1} %), first message after {:?}",
+                p.msg_s,
+                p.mb_s,
+                p.mb_s / seq * 100.0,
+                c.msg_s,
+                c.mb_s,
+                c.mb_s / seq * 100.0,
+                c.first.unwrap_or_default(),
+            );
+        }
+        let mut lat = vec![];
+        for run in 0..runs {
+            let topic = create(format!("{client:?}-lat-{run}").to_lowercase()).await;
+            lat.push(match client {
+                Client::Rdkafka => latency(&gw, &topic).await,
+                Client::Confluent => tokio::task::block_in_place(|| {
+                    let v = confluent(
+                        &gw,
+                        &[
+                            "latency".into(),
+                            topic,
+                            LATENCY_RATE.to_string(),
+                            LATENCY_SECS.to_string(),
+                        ],
+                    );
+                    ["p50_ms", "p99_ms", "max_ms"].map(|k| Duration::from_secs_f64(v[k].as_f64().expect(k) / 1e3))
+                }),
+            });
+        }
+        lat.sort_by_key(|l| l[1]);
+        let [p50, p99, max] = lat[lat.len() / 2];
         println!(
-            "  {size} B: produce {:.1} %, consume {:.1} % of sequential write bandwidth",
-            produced / seq * 100.0,
-            consumed / seq * 100.0
+            "{client:?} latency at {LATENCY_RATE} msg/s, 1 KiB, acks=all: p50 {p50:?}, p99 {p99:?}, max {max:?} (median run by p99; p99s {:?}); raw fdatasync p99 {:?}",
+            lat.iter().map(|l| l[1]).collect::<Vec<_>>(),
+            raw.p99
         );
     }
-    latency(&gw, "lat").await;
 }

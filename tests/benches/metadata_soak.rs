@@ -215,9 +215,13 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
         "soak: {partitions} partitions, 2 streamd, 1 metad, {RECORD}-byte records, {minutes} min, retention.bytes {retention_bytes} per partition"
     );
     // The bound on ranges per stream (D-20): ceil(retained / target) plus the ranges
-    // one interval adds, which is at most one per upload of its owner.
-    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | uploads/node/interval | bound | compaction pass s | log entries/pass | index objects | bucket objects | metad RSS MiB | new gateway ready |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    // one interval adds, which is at most one per upload of its owner. "bound" counts the
+    // interval as the flag sets it; "pass to pass" counts it from one pass's start to the
+    // next (the flag plus the pass), since a range written just after a pass has planned
+    // waits that long for the next.
+    let interval_s = compaction_interval.parse::<f64>().expect("a number of ms") / 1e3;
+    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | uploads/node/interval | bound | bound, pass to pass | compaction pass s | log entries/pass | index objects | bucket objects | metad RSS MiB | new gateway ready |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let started = Instant::now();
     let (mut last, mut last_sums) = (0, NodeSums::default());
     for minute in 1..=minutes {
@@ -226,19 +230,21 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
         let mbps = (total - last) as f64 * RECORD as f64 / 60.0 / 1e6;
         last = total;
         let sums = NodeSums::of(&stack).await;
-        let uploads = (sums.uploads - last_sums.uploads) / 6.0 / stack.nodes.len() as f64;
+        let uploads_per_s = (sums.uploads - last_sums.uploads) / 60.0 / stack.nodes.len() as f64;
+        let uploads = uploads_per_s * interval_s;
         let passes = (sums.passes - last_sums.passes).max(1.0);
         let pass = (sums.pass_seconds - last_sums.pass_seconds) / passes;
         let entries = (sums.entries - last_sums.entries) / passes;
         last_sums = sums;
         let bound = retention_bytes.div_ceil(COMPACTION_TARGET) as f64 + uploads;
+        let pass_to_pass = retention_bytes.div_ceil(COMPACTION_TARGET) as f64 + uploads_per_s * (interval_s + pass);
         let (view, _) = view_bytes(&client).await;
         let (ranges, objects) = index_rows(&stack).await;
         let rss = rss_mib(stack.metad.replicas[0].pid());
         let bucket = bucket_objects(&stack).await;
         let catch_up = gateway_catch_up(&stack, &format!("soak-new-{minute}")).await;
         println!(
-            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {:.1} | {uploads:.1} | {bound:.1} | {pass:.2} | {entries:.1} | {objects} | {bucket} | {rss:.0} | {catch_up:.2?} |",
+            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {:.1} | {uploads:.1} | {bound:.1} | {pass_to_pass:.1} | {pass:.2} | {entries:.1} | {objects} | {bucket} | {rss:.0} | {catch_up:.2?} |",
             view as f64 / f64::from(partitions),
             ranges as f64 / f64::from(partitions)
         );
