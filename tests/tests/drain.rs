@@ -392,7 +392,10 @@ async fn an_append_in_flight_across_a_transfer_gets_the_old_owners_answer() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert!(!appending.is_finished(), "the transfer ran while the answer was held back");
+    assert!(
+        !appending.is_finished(),
+        "the transfer ran while the answer was held back"
+    );
     let (status, body) = appending.await.expect("append");
     assert_eq!(status, StatusCode::OK, "acknowledged, not outcome unknown: {body}");
     assert_eq!(body["start_seq_num"], 0, "{body}");
