@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use weir_proto::streamd::{AppendRequest, CloseStreamRequest, ReadRequest, StatusRequest};
 use weir_shared::ids::{Epoch, NodeId};
 use weir_tests::batches::{batch, values};
+use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
@@ -1011,4 +1012,48 @@ fn max_append_bytes_over_the_wal_record_limit_is_refused_at_startup() {
         stderr.contains("--max-append-bytes 300000000") && stderr.contains("record limit"),
         "{stderr}"
     );
+}
+
+// Issue 17 ("no append waits on the uploader or a lock held across work"): an upload
+// round copies and checksums a stream's batches into the object after it let go of the
+// stream's lock. A failpoint makes that copy take 3 s, in a round every 100 ms, while
+// appends go on for 4 s: none waits for the copy. When the copy was made under the
+// lock, appends waited up to its whole length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_do_not_wait_on_an_uploads_copy_of_their_stream() {
+    with_timeout(async {
+        let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+        stack.add_node_with_env(
+            "streamd-1",
+            Backend::FileWal,
+            &["--upload-interval-ms", "100"],
+            &[("WEIR_FAILPOINT_UPLOAD_COPY", "sleep(3000)")],
+        );
+        stack.nodes[0].wait_ready().await;
+        let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
+        gw.wait_ready().await;
+        gw.create_stream("copied").await;
+        gw.wait_open("copied").await;
+        let started = Instant::now();
+        let (mut slowest, mut sent) = (Duration::ZERO, Vec::new());
+        while started.elapsed() < Duration::from_secs(4) {
+            let body = format!("r{}", sent.len());
+            let t = Instant::now();
+            gw.append("copied", &[body.as_str()]).await;
+            slowest = slowest.max(t.elapsed());
+            sent.push(body);
+        }
+        assert!(
+            slowest < Duration::from_millis(1500),
+            "an append waited {slowest:?} while an upload copied its stream"
+        );
+        let stored: Vec<String> = gw
+            .read_all("copied")
+            .await
+            .iter()
+            .map(|r| r["body"].as_str().expect("body").to_string())
+            .collect();
+        assert_eq!(stored, sent, "INV-2");
+    })
+    .await;
 }

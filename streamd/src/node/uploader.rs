@@ -72,6 +72,8 @@ impl Node {
             // Copying and checksumming the batches waits until the lock is released, so
             // appends to the stream do not wait on them.
             drop(inner);
+            // Tests: the copy below takes a while; appends must not wait on it.
+            weir_shared::failpoint::pause("upload_copy").await;
             let data: Vec<Bytes> = batches.into_iter().map(|b| b.data).collect();
             let chunk = builder.add(handle.id, handle.epoch, from, end, &data).clone();
             parts.push(Part {
