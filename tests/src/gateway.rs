@@ -172,6 +172,15 @@ impl Gatewayd {
         }
     }
 
+    /// The bodies of every record from 0 to the tail, in order.
+    pub async fn bodies(&self, stream: &str) -> Vec<String> {
+        self.read_all(stream)
+            .await
+            .iter()
+            .map(|r| r["body"].as_str().expect("body").to_string())
+            .collect()
+    }
+
     /// Reads every record from 0 to the tail, page by page.
     pub async fn read_all(&self, stream: &str) -> Vec<Value> {
         let mut out = Vec::new();

@@ -95,14 +95,6 @@ fn append_until(
     })
 }
 
-async fn bodies(gw: &Gatewayd, stream: &str) -> Vec<String> {
-    gw.read_all(stream)
-        .await
-        .iter()
-        .map(|r| r["body"].as_str().expect("body").to_string())
-        .collect()
-}
-
 /// The applied log entries: (index, command type, command, proposer).
 async fn log_entries(stack: &Stack) -> Vec<(u64, String, Value, Value)> {
     let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
@@ -228,7 +220,7 @@ async fn a_stopping_streamd_drains_itself_by_planned_transfer_and_releases_its_c
         assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s} on the peer");
     }
     assert_eq!(
-        bodies(&gw, "pt-a").await,
+        gw.bodies("pt-a").await,
         acked,
         "INV-2: every acked record, once, in order"
     );
@@ -345,7 +337,7 @@ async fn a_transfer_dry_run_names_the_first_failing_check_and_a_transfer_moves_t
         after["stream_epoch"].as_u64() > before["stream_epoch"].as_u64(),
         "INV-6: {before} → {after}"
     );
-    assert_eq!(bodies(&gw, "tr-a").await, acked, "INV-2");
+    assert_eq!(gw.bodies("tr-a").await, acked, "INV-2");
 }
 
 // FO-TKO-11/12, INV-2: a planned transfer leaves the old owner alive, and it answers
@@ -400,7 +392,7 @@ async fn an_append_in_flight_across_a_transfer_gets_the_old_owners_answer() {
     assert_eq!(status, StatusCode::OK, "acknowledged, not outcome unknown: {body}");
     assert_eq!(body["start_seq_num"], 0, "{body}");
     assert_eq!(owner_of(&gw, "held").await.as_deref(), Some(b.as_str()));
-    assert_eq!(bodies(&gw, "held").await, ["in flight"], "INV-2");
+    assert_eq!(gw.bodies("held").await, ["in flight"], "INV-2");
 }
 
 // SD-REL-3, FO-MDO-6: with every metad paused, a stopping streamd never observes a
@@ -429,7 +421,7 @@ async fn a_stopping_node_that_cannot_reach_the_leader_cordons_nothing() {
     assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
     assert!(records(&log, "cleared shutdown drain cordon before graceful shutdown").is_empty());
     gw.wait_open("nl-a").await;
-    assert_eq!(bodies(&gw, "nl-a").await, ["before"], "failover recovered the record");
+    assert_eq!(gw.bodies("nl-a").await, ["before"], "failover recovered the record");
     let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
     assert_eq!(node_row(&nodes, &a)["cordoned"], false);
 }
@@ -477,7 +469,7 @@ async fn an_unanswered_drain_request_still_releases_its_cordon() {
         gw.wait_open(s).await;
         assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s}");
     }
-    assert_eq!(bodies(&gw, "dr-a").await, ["before"]);
+    assert_eq!(gw.bodies("dr-a").await, ["before"]);
 }
 
 // SD-ADM-8, SD-ADM-9, SD-ADM-12, SD-DRN-13: the object store goes silent (a blackholed
@@ -533,7 +525,7 @@ async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
     s3.set(Mode::Pass);
     stack.add_node("streamd-2", Backend::FileWal, &[]);
     gw.wait_open("bh").await;
-    assert_eq!(bodies(&gw, "bh").await, acked, "INV-2 after takeover");
+    assert_eq!(gw.bodies("bh").await, acked, "INV-2 after takeover");
 }
 
 // SD-DRN-11, SD-DRN-12: with three metad replicas and each transfer slowed (failpoint
@@ -603,7 +595,7 @@ async fn a_drain_continues_with_the_next_leader_when_the_leader_dies() {
     assert_eq!(closes.len(), names.len(), "every stream handed over by its owner");
     for s in names {
         assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s}");
-        assert_eq!(bodies(&gw, s).await, ["before"], "{s}");
+        assert_eq!(gw.bodies(s).await, ["before"], "{s}");
     }
 }
 
@@ -696,7 +688,7 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
     assert_eq!(report["finished"], false);
     assert_eq!(owner_of(&gw, "df_b").await.as_deref(), Some(a.as_str()));
     gw.append("df_b", &["after the failed move"]).await;
-    assert_eq!(bodies(&gw, "df_b").await, ["after the failed move"]);
+    assert_eq!(gw.bodies("df_b").await, ["after the failed move"]);
 }
 
 // SD-DRN-12: the leader runs a drain in a task of its own, so a requester that stops
@@ -796,7 +788,7 @@ async fn a_source_restarted_mid_drain_invalidates_the_plan() {
     assert_eq!(old_epoch_closes, 0, "no move committed at the old epoch");
     for s in names {
         gw.wait_open(s).await;
-        assert_eq!(bodies(&gw, s).await, ["before"], "{s}");
+        assert_eq!(gw.bodies(s).await, ["before"], "{s}");
     }
 }
 
@@ -854,6 +846,6 @@ async fn a_stopping_metad_finishes_the_drain_it_runs_before_stopping_raft() {
     for s in names {
         gw.wait_open(s).await;
         assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s} moved off {a}");
-        assert_eq!(bodies(&gw, s).await, ["before"], "{s}");
+        assert_eq!(gw.bodies(s).await, ["before"], "{s}");
     }
 }

@@ -141,13 +141,11 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
         )
         .await;
     }
-    let bodies: Vec<String> = gw
-        .read_all("sd-a")
-        .await
-        .iter()
-        .map(|r| r["body"].as_str().expect("body").to_string())
-        .collect();
-    assert_eq!(bodies, acked, "INV-2: every acknowledged record, once, in order");
+    assert_eq!(
+        gw.bodies("sd-a").await,
+        acked,
+        "INV-2: every acknowledged record, once, in order"
+    );
 
     // The gateway: the same three phases, exit 0, and no fence of its own (SD-CS-9).
     gw.signal(Signal::SIGINT);
