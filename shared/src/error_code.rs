@@ -33,7 +33,8 @@ pub enum ErrorCode {
     Unavailable,
     /// The WAL is over its limit until uploads catch up (FO-MDO-7).
     WalFull,
-    /// The call may or may not have been applied (the owner failed mid-request).
+    /// The call may or may not have been applied (the owner failed or stopped
+    /// mid-request): HTTP 504 `interrupted`, never retried blindly.
     OutcomeUnknown,
     /// An offset outside the stream's retained range.
     OffsetOutOfRange,
@@ -118,7 +119,8 @@ impl ErrorCode {
             Fenced =>               r("fenced", 503, "unavailable", G::Unavailable, true, Kafka::NotLeaderOrFollower, Kafka::NotCoordinator, Kafka::NotLeaderOrFollower),
             Unavailable =>          r("unavailable", 503, "unavailable", G::Unavailable, true, Kafka::NotLeaderOrFollower, Kafka::CoordinatorNotAvailable, Kafka::NotLeaderOrFollower),
             WalFull =>              r("wal_full", 503, "unavailable", G::ResourceExhausted, true, Kafka::KafkaStorageError, Kafka::CoordinatorNotAvailable, Kafka::NotLeaderOrFollower),
-            OutcomeUnknown =>       r("outcome_unknown", 503, "unavailable", G::Unknown, true, Kafka::RequestTimedOut, Kafka::CoordinatorNotAvailable, Kafka::RequestTimedOut),
+            // D-7, SD-INT-9: not 503, which says the request had no effect.
+            OutcomeUnknown =>       r("outcome_unknown", 504, "interrupted", G::Unknown, false, Kafka::RequestTimedOut, Kafka::CoordinatorNotAvailable, Kafka::RequestTimedOut),
             OffsetOutOfRange =>     r("offset_out_of_range", 416, "invalid_argument", G::OutOfRange, false, Kafka::OffsetOutOfRange, Kafka::InvalidRequest, Kafka::InvalidRequest),
             NotFound =>             r("not_found", 404, "not_found", G::NotFound, false, Kafka::UnknownTopicOrPartition, Kafka::CoordinatorNotAvailable, Kafka::UnknownTopicOrPartition),
             AlreadyExists =>        r("already_exists", 409, "conflict", G::AlreadyExists, false, Kafka::InvalidRequest, Kafka::InvalidRequest, Kafka::TopicAlreadyExists),
@@ -220,6 +222,15 @@ mod tests {
     }
 
     /// Retryable codes are exactly the 503s: a client told to retry gets `Retry-After`.
+    #[test]
+    fn an_unknown_outcome_is_504_interrupted_and_not_a_retryable_refusal() {
+        // D-7, SD-INT-9: 503 would tell the client that nothing was applied.
+        assert_eq!(ErrorCode::OutcomeUnknown.http_status(), 504);
+        assert_eq!(ErrorCode::OutcomeUnknown.api_code(), "interrupted");
+        assert!(!ErrorCode::OutcomeUnknown.is_retryable());
+        assert_eq!(ErrorCode::OutcomeUnknown.kafka(KafkaApi::Data), Kafka::RequestTimedOut);
+    }
+
     #[test]
     fn retryable_codes_are_the_service_unavailable_ones() {
         for code in ALL {

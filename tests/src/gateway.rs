@@ -155,12 +155,9 @@ impl Gatewayd {
                         .json(&json!({ "records": records })),
                 )
                 .await;
-            // A 503 that says nothing was applied is retried, as a client would.
-            let not_applied = status == StatusCode::SERVICE_UNAVAILABLE
-                && !body["error"]["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("outcome unknown"));
-            if not_applied && std::time::Instant::now() < deadline {
+            // A 503 says nothing was applied: retried, as a client would (a 504 may
+            // have been applied).
+            if status == StatusCode::SERVICE_UNAVAILABLE && std::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }

@@ -35,8 +35,9 @@ pub async fn client(gw: Arc<Gatewayd>, stream: &'static str, id: usize, history:
                 let unknown = v["error"]["message"]
                     .as_str()
                     .is_some_and(|m| m.contains("outcome unknown"));
-                // A 5xx that is not the gateway's "nothing applied" answer may have applied it.
-                if status.is_server_error() && (unknown || v.is_null()) {
+                // A 5xx that is not the gateway's "nothing applied" answer may have applied
+                // it: a 504 (`interrupted`, D-7), or no JSON at all.
+                if status == StatusCode::GATEWAY_TIMEOUT || (status.is_server_error() && (unknown || v.is_null())) {
                     Outcome::Unknown
                 } else {
                     Outcome::Failed

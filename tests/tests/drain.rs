@@ -849,3 +849,50 @@ async fn a_stopping_metad_finishes_the_drain_it_runs_before_stopping_raft() {
         assert_eq!(gw.bodies(s).await, ["before"], "{s}");
     }
 }
+
+// SD-INT-9, D-7: an append the owner admitted and applied, whose answer is still held
+// back when the owner is stopped, ends at teardown as "unknown outcome, cause
+// interrupted": HTTP 504 with code `interrupted` and no Retry-After (a 503 would say it
+// had no effect). It had: the drain moved the record with its stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_append_unresolved_at_teardown_is_answered_504_interrupted() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_APPEND_REPLY_HELD", "hang")],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, SHORT);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    let (mut stack, gw) = with_streams_on_the_first(stack, &["held"]).await;
+    let appending = {
+        let r = gw
+            .request(Method::POST, "/v1/streams/held/records")
+            .json(&json!({"records": [{"body": "in flight"}]}));
+        tokio::spawn(async move { r.send().await })
+    };
+    wait_for("the append applied", Duration::from_secs(10), || async {
+        (!gw.read_all("held").await.is_empty()).then_some(())
+    })
+    .await;
+    stack.nodes[0].term();
+    let response = tokio::time::timeout(Duration::from_secs(30), appending)
+        .await
+        .expect("answered within the shutdown deadline")
+        .expect("task")
+        .expect("an HTTP answer, not a dropped connection");
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(response.headers().get("retry-after").is_none(), "not a refusal");
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "interrupted", "{body}");
+    stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    gw.wait_open("held").await;
+    assert_eq!(
+        gw.bodies("held").await,
+        ["in flight"],
+        "applied once, moved with its stream"
+    );
+}

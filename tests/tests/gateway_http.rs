@@ -458,11 +458,13 @@ async fn appends_follow_the_stream_while_it_moves_and_nothing_acknowledged_is_lo
                     // Refused before anything was applied: retryable 503.
                     Ok(r) if r.status() == StatusCode::SERVICE_UNAVAILABLE => {
                         assert!(r.headers().contains_key("retry-after"));
-                        let v: Value = r.json().await.unwrap_or(Value::Null);
-                        if v["error"]["message"].as_str().unwrap_or("").contains("outcome unknown") {
-                            unknown.push(body);
-                        }
                         tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    // May have been applied (D-7): 504 `interrupted`.
+                    Ok(r) if r.status() == StatusCode::GATEWAY_TIMEOUT => {
+                        let v: Value = r.json().await.unwrap_or(Value::Null);
+                        assert_eq!(v["error"]["code"], "interrupted", "{v}");
+                        unknown.push(body);
                     }
                     Ok(r) => panic!("unexpected status {}", r.status()),
                     Err(_) => unknown.push(body),
