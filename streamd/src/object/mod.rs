@@ -4,4 +4,5 @@
 pub mod cache;
 pub mod format;
 pub mod gc;
+pub mod local;
 pub mod store;

@@ -3,6 +3,7 @@
 //! through the usual `AWS_*` environment (`AWS_ENDPOINT`, `AWS_ACCESS_KEY_ID`,
 //! `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ALLOW_HTTP`).
 
+use super::local::SteppedLocalStore;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::prefix::PrefixStore;
@@ -25,7 +26,8 @@ pub fn open(url: &str) -> Result<Arc<dyn ObjectStore>, ConfigError> {
             let fs = LocalFileSystem::new_with_prefix(&path)
                 .map_err(|e| bad(e.to_string()))?
                 .with_fsync(true);
-            Ok(Arc::new(fs))
+            // Large objects in synced steps: the WAL usually shares this disk.
+            Ok(Arc::new(SteppedLocalStore::new(fs)))
         }
         "s3" => {
             let bucket = parsed
