@@ -214,14 +214,18 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
     println!(
         "soak: {partitions} partitions, 2 streamd, 1 metad, {RECORD}-byte records, {minutes} min, retention.bytes {retention_bytes} per partition"
     );
-    // The bound on ranges per stream (D-20): ceil(retained / target) plus the ranges
-    // one interval adds, which is at most one per upload of its owner. "bound" counts the
-    // interval as the flag sets it; "pass to pass" counts it from one pass's start to the
-    // next (the flag plus the pass), since a range written just after a pass has planned
-    // waits that long for the next.
+    // The bound on ranges per stream (D-20). "issue's bound" is ceil(retained / target)
+    // plus the ranges one interval adds (one per upload of the owner). The bound the
+    // compactor keeps adds what that leaves out:
+    // - the size classes: a window is merged only when no range in it outweighs the rest
+    //   (so a byte is rewritten at most log2(target / upload) times), which leaves one
+    //   range per doubling between one interval's bytes and min(retained, target), plus
+    //   the range that straddles the start after a trim;
+    // - the pass: a range written just after a pass planned is merged by the next pass's
+    //   commit, an interval plus a pass later.
     let interval_s = compaction_interval.parse::<f64>().expect("a number of ms") / 1e3;
-    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | uploads/node/interval | bound | bound, pass to pass | compaction pass s | log entries/pass | index objects | bucket objects | metad RSS MiB | new gateway ready |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | uploads/node/interval | issue's bound | bound (D-20) | within | compaction pass s | log entries/pass | index objects | bucket objects | metad RSS MiB | new gateway ready |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let started = Instant::now();
     let (mut last, mut last_sums) = (0, NodeSums::default());
     for minute in 1..=minutes {
@@ -236,17 +240,25 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
         let pass = (sums.pass_seconds - last_sums.pass_seconds) / passes;
         let entries = (sums.entries - last_sums.entries) / passes;
         last_sums = sums;
-        let bound = retention_bytes.div_ceil(COMPACTION_TARGET) as f64 + uploads;
-        let pass_to_pass = retention_bytes.div_ceil(COMPACTION_TARGET) as f64 + uploads_per_s * (interval_s + pass);
+        let full = retention_bytes.div_ceil(COMPACTION_TARGET) as f64;
+        let issue_bound = full + uploads;
+        let interval_bytes = (mbps * 1e6 / f64::from(partitions) * interval_s).max(1.0);
+        let classes = (retention_bytes.min(COMPACTION_TARGET) as f64 / interval_bytes)
+            .log2()
+            .ceil()
+            .max(0.0)
+            + 1.0;
+        let bound = full + classes + 1.0 + uploads_per_s * (interval_s + pass);
         let (view, _) = view_bytes(&client).await;
         let (ranges, objects) = index_rows(&stack).await;
         let rss = rss_mib(stack.metad.replicas[0].pid());
         let bucket = bucket_objects(&stack).await;
         let catch_up = gateway_catch_up(&stack, &format!("soak-new-{minute}")).await;
+        let per_stream = ranges as f64 / f64::from(partitions);
         println!(
-            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {:.1} | {uploads:.1} | {bound:.1} | {pass_to_pass:.1} | {pass:.2} | {entries:.1} | {objects} | {bucket} | {rss:.0} | {catch_up:.2?} |",
+            "| {minute} | {total} | {mbps:.2} | {view} | {:.0} | {ranges} | {per_stream:.1} | {uploads:.1} | {issue_bound:.1} | {bound:.1} | {} | {pass:.2} | {entries:.1} | {objects} | {bucket} | {rss:.0} | {catch_up:.2?} |",
             view as f64 / f64::from(partitions),
-            ranges as f64 / f64::from(partitions)
+            if per_stream <= bound { "yes" } else { "NO" }
         );
     }
     stop.store(true, Ordering::Relaxed);

@@ -457,13 +457,18 @@ impl Node {
     }
 }
 
-/// Runs a compaction pass every `every` until `cancel`.
+/// Starts a compaction pass every `every` until `cancel`. Passes start at a fixed rate
+/// (a pass longer than `every` delays the next, never overlaps it) rather than `every`
+/// after the last one ended: a range written just after a pass planned waits at most
+/// `every` plus one pass to be merged, not `every` plus two (the ranges bound, D-20).
 pub async fn compaction_loop(node: Arc<Node>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = node.fenced.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+            _ = ticks.tick() => {}
         }
         if node.is_admitted() {
             node.compact_streams().await;

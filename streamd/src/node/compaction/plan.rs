@@ -151,6 +151,15 @@ mod tests {
             // Uploads vary a little in size, as they do.
             lens.push(1 + upload % 2);
             let windows = plan(&ranges(&lens), target);
+            // D-20's bound, counted before the pass: ceil(bytes / target) ranges, one per
+            // size class between the smallest upload and the target (log2(64 / 1) + 1),
+            // and the one upload the pass has yet to merge.
+            let bytes: u64 = lens.iter().sum();
+            assert!(
+                lens.len() as u64 <= bytes.div_ceil(target) + 7 + 1,
+                "round {upload}: {} ranges for {bytes} bytes: {lens:?}",
+                lens.len()
+            );
             for w in windows.iter().rev() {
                 let total: u64 = lens[w.clone()].iter().sum();
                 rewritten += total;
