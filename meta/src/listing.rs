@@ -34,11 +34,28 @@ pub fn nodes_json(state: &State) -> Value {
 
 /// The whole state, with token secrets' hashes left out.
 pub fn state_json(state: &State) -> Value {
-    let mut state = state.clone();
-    for token in state.tokens.values_mut() {
-        token.secret_sha256 = "<redacted>".into();
+    let mut value = serde_json::to_value(state).unwrap_or(Value::Null);
+    redact_secrets(&mut value);
+    value
+}
+
+/// Replaces every token secret's hash in `value` (a state, a token row, a logged
+/// `IssueToken` command, at any depth) with `<redacted>`: a SHA-256 of a token is enough
+/// to try guesses offline, so no admin output carries one.
+pub fn redact_secrets(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                if key == "secret_sha256" {
+                    *v = Value::String("<redacted>".into());
+                } else {
+                    redact_secrets(v);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact_secrets),
+        _ => {}
     }
-    serde_json::to_value(&state).unwrap_or(Value::Null)
 }
 
 /// One section of the state by name.
@@ -54,4 +71,30 @@ pub fn section_json(state: &State, what: &str) -> Option<Value> {
         "settings" => json!({ "applied_index": state.applied_index, "settings": state.settings }),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Command;
+
+    #[test]
+    fn a_logged_token_issue_shows_no_secret_hash() {
+        let digest = "ab".repeat(32);
+        let mut entry = json!({
+            "index": 7,
+            "proposal": {
+                "command": serde_json::to_value(Command::IssueToken {
+                    name: "ci".into(),
+                    secret_sha256: digest.clone(),
+                    scopes: vec!["admin".into()],
+                })
+                .unwrap()
+            }
+        });
+        redact_secrets(&mut entry);
+        let text = entry.to_string();
+        assert!(!text.contains(&digest), "{text}");
+        assert!(text.contains("<redacted>") && text.contains("\"ci\""), "{text}");
+    }
 }

@@ -49,7 +49,8 @@ pub fn log_json(sm: &StateMachineStore, from: u64, limit: u64) -> Result<Value, 
     let mut kept = Vec::new();
     let mut next_index = None;
     for entry in entries {
-        let value = serde_json::to_value(&entry).map_err(|e| e.to_string())?;
+        let mut value = serde_json::to_value(&entry).map_err(|e| e.to_string())?;
+        weir_meta::listing::redact_secrets(&mut value);
         bytes += value.to_string().len();
         if bytes > MAX_REPLY_BYTES && !kept.is_empty() {
             next_index = Some(entry.index);

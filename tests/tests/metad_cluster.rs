@@ -435,20 +435,33 @@ async fn admin_http_and_cli_report_nodes_streams_and_the_log() {
             assert_eq!(row["fenced"], false);
             assert_eq!(row["cordoned"], false);
         }
-        let log = r
-            .http_json("/admin/metadata/log?from=0&limit=100")
-            .await
-            .expect("log dump");
-        let kinds: Vec<String> = log["entries"]
-            .as_array()
-            .expect("entries")
-            .iter()
-            .filter_map(|e| e["proposal"]["command"]["type"].as_str().map(String::from))
-            .collect();
+        cluster.issue_token("audit", "weir_audit-secret", &["admin"]).await;
+        let kinds_in = |log: &serde_json::Value| -> Vec<String> {
+            log["entries"]
+                .as_array()
+                .expect("entries")
+                .iter()
+                .filter_map(|e| e["proposal"]["command"]["type"].as_str().map(String::from))
+                .collect()
+        };
+        let log = wait_for("the token's entry applied", Duration::from_secs(10), || async {
+            let log = r.http_json("/admin/metadata/log?from=0&limit=100").await?;
+            kinds_in(&log).contains(&"issue_token".to_string()).then_some(log)
+        })
+        .await;
+        let kinds = kinds_in(&log);
         assert!(
             kinds.contains(&"create_topic".to_string()) && kinds.contains(&"register_node".to_string()),
             "{kinds:?}"
         );
+        // Issue 18: no admin output carries a token's secret hash.
+        let digest = weir_gatewayd::api::auth::secret_hash("weir_audit-secret");
+        assert!(
+            !log.to_string().contains(&digest),
+            "the log dump shows the token digest"
+        );
+        let state = r.http_json("/admin/state/tokens").await.expect("tokens");
+        assert!(!state.to_string().contains(&digest), "{state}");
         let bad = http
             .get(format!("http://{}/admin/metadata/log?bogus=1", r.http))
             .send()
