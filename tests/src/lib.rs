@@ -9,6 +9,7 @@ pub mod disk;
 pub mod fuzz;
 pub mod gateway;
 pub mod history;
+pub mod kafka_wire;
 pub mod metad;
 pub mod process;
 pub mod proxy;

@@ -229,6 +229,21 @@ impl Cluster {
         outcome.expect("issued");
     }
 
+    /// Revokes API token `name` as an operator would (`weir tokens revoke`).
+    pub async fn revoke_token(&self, name: &str) {
+        let (_, outcome) = self
+            .client()
+            .propose(
+                &weir_meta::model::Proposer::Operator {
+                    principal: "test".into(),
+                },
+                weir_meta::model::Command::RevokeToken { name: name.into() },
+            )
+            .await
+            .expect("revoke");
+        outcome.expect("revoked");
+    }
+
     /// Waits until a replica not in `excluding` reports itself leader; returns its index.
     pub async fn wait_leader(&self, excluding: &[usize]) -> usize {
         self.wait_or_dump("a metad leader", Duration::from_secs(30), || async {

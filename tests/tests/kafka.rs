@@ -579,6 +579,46 @@ async fn sasl_plain_authenticates_with_tokens() {
     assert!(rss < 128 << 20, "gatewayd holds {} MiB", rss >> 20);
 }
 
+// Issue 18: a Kafka connection does not outlive its token. Revoking the token closes
+// the connections authenticated with it within 5 s; a connection of another token
+// stays open, and a token issued again under the revoked name does not revive the old
+// connections' authority.
+#[tokio::test(flavor = "multi_thread")]
+async fn revoking_a_token_closes_its_kafka_connections_within_5_s() {
+    use weir_tests::kafka_wire::{closed_by_peer, sasl_v0};
+    let (stack, mut gw) = kafka_stack(1, &["--auth"]).await;
+    stack.metad.issue_token("app", "weir_app-secret", &[]).await;
+    stack.metad.issue_token("other", "weir_other-secret", &[]).await;
+    let addr = gw.kafka.clone();
+    let mut app = wait_for("the token known to the gateway", T, || {
+        let addr = addr.clone();
+        async move { sasl_v0(&addr, "app", "weir_app-secret") }
+    })
+    .await;
+    let mut other = wait_for("the other token known", T, || {
+        let addr = addr.clone();
+        async move { sasl_v0(&addr, "other", "weir_other-secret") }
+    })
+    .await;
+    stack.metad.revoke_token("app").await;
+    // Issued again at once: a new token under the old name, not the old one back.
+    stack.metad.issue_token("app", "weir_app-second", &[]).await;
+    app.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let revoked = std::time::Instant::now();
+    assert!(
+        closed_by_peer(&mut app),
+        "the revoked token's connection is still open after 5 s"
+    );
+    assert!(revoked.elapsed() < Duration::from_secs(5), "{:?}", revoked.elapsed());
+    other.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    assert!(!closed_by_peer(&mut other), "another token's connection was closed");
+    let log = gw.proc().log_text();
+    assert!(
+        log.contains("kafka connection's token is no longer valid; closing the connection"),
+        "{log}"
+    );
+}
+
 /// Writes one frame and reads the answer's size and correlation id, or `None` when the
 /// gateway closed the connection.
 fn exchange(s: &mut std::net::TcpStream, frame: &[u8]) -> Option<(i32, i32)> {

@@ -14,6 +14,7 @@ use reqwest::{Method, StatusCode};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 use weir_tests::gateway::Gatewayd;
+use weir_tests::kafka_wire::{connect as kafka_connect, sasl_v0};
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::{get_text, metric_value, rss_bytes, wait_for};
 
@@ -96,12 +97,6 @@ fn kafka_ping(s: &mut std::net::TcpStream, correlation: i32) -> Option<i32> {
     let mut rest = vec![0u8; size as usize - 4];
     s.read_exact(&mut rest).ok()?;
     Some(i32::from_be_bytes(head[4..].try_into().expect("4")))
-}
-
-fn kafka_connect(addr: &str) -> std::net::TcpStream {
-    let s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    s
 }
 
 // Issue 19: a peer trickling a request head is cut at --header-read-timeout-sec on every
@@ -529,31 +524,6 @@ async fn watch_streams_are_capped_per_metad() {
         assert_rss(replica.pid(), 384, "metad");
     })
     .await;
-}
-
-/// Authenticates a new Kafka connection with SASL/PLAIN through SaslHandshake v0 and a
-/// raw token, as old clients do; `None` when the gateway closed it instead.
-fn sasl_v0(addr: &str, user: &str, secret: &str) -> Option<std::net::TcpStream> {
-    let mut s = kafka_connect(addr);
-    let mut handshake = Vec::new();
-    handshake.extend_from_slice(&17i16.to_be_bytes());
-    handshake.extend_from_slice(&0i16.to_be_bytes());
-    handshake.extend_from_slice(&9i32.to_be_bytes());
-    handshake.extend_from_slice(&(-1i16).to_be_bytes());
-    handshake.extend_from_slice(&5i16.to_be_bytes());
-    handshake.extend_from_slice(b"PLAIN");
-    s.write_all(&(handshake.len() as i32).to_be_bytes()).ok()?;
-    s.write_all(&handshake).ok()?;
-    let mut size = [0u8; 4];
-    s.read_exact(&mut size).ok()?;
-    let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
-    s.read_exact(&mut answer).ok()?;
-    let token = format!("\0{user}\0{secret}");
-    s.write_all(&(token.len() as i32).to_be_bytes()).ok()?;
-    s.write_all(token.as_bytes()).ok()?;
-    let mut ok = [0u8; 4];
-    s.read_exact(&mut ok).ok()?;
-    Some(s)
 }
 
 // Issue 19: one token holds at most --kafka-max-connections-per-principal Kafka

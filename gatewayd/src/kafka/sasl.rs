@@ -33,28 +33,59 @@ pub fn parse_plain(token: &[u8]) -> Result<(&str, &str), String> {
     Ok((user, pass))
 }
 
-/// Checks a PLAIN token; the principal, and its connection slot, on success.
-pub fn authenticate(kafka: &Kafka, token: &[u8]) -> Result<(String, PrincipalSlot), String> {
-    let name = check_plain(kafka, token)?;
-    let slot = kafka.principals.take(&name)?;
-    Ok((name, slot))
+/// A connection's authenticated principal.
+pub struct Authenticated {
+    /// The token's name.
+    pub name: String,
+    /// When the token was issued: a name revoked and issued again is another token.
+    pub issued_index: u64,
+    /// The principal's connection slot, held while the connection lives.
+    pub slot: PrincipalSlot,
 }
 
-fn check_plain(kafka: &Kafka, token: &[u8]) -> Result<String, String> {
+/// Checks a PLAIN token; the principal, and its connection slot, on success.
+pub fn authenticate(kafka: &Kafka, token: &[u8]) -> Result<Authenticated, String> {
+    let (name, issued_index) = check_plain(kafka, token)?;
+    let slot = kafka.principals.take(&name)?;
+    Ok(Authenticated {
+        name,
+        issued_index,
+        slot,
+    })
+}
+
+fn check_plain(kafka: &Kafka, token: &[u8]) -> Result<(String, u64), String> {
     let (user, pass) = parse_plain(token)?;
     let hash = crate::api::auth::secret_hash(pass);
     let token = kafka.gw.routes.view().with(|s| s.tokens.get(user).cloned());
     match token {
         Some(t) if t.revoked => Err(format!("token '{user}' is revoked")),
-        Some(t) if t.secret_sha256 == hash => Ok(t.name),
+        Some(t) if t.secret_sha256 == hash => Ok((t.name, t.issued_index)),
         _ => Err("unknown token name or wrong secret".into()),
+    }
+}
+
+/// Whether the token a connection authenticated with still may act: not revoked, and
+/// not replaced by a token issued later under its name. Checked while the connection
+/// lives, not only at SASL time.
+pub fn still_valid(kafka: &Kafka, name: &str, issued_index: u64) -> Result<(), String> {
+    let row = kafka
+        .gw
+        .routes
+        .view()
+        .with(|s| s.tokens.get(name).map(|t| (t.revoked, t.issued_index)));
+    match row {
+        Some((_, issued)) if issued != issued_index => Err(format!("token '{name}' was revoked and issued again")),
+        Some((false, _)) => Ok(()),
+        Some((true, _)) => Err(format!("token '{name}' is revoked")),
+        None => Err(format!("token '{name}' no longer exists")),
     }
 }
 
 pub fn authenticate_request(
     kafka: &Kafka,
     r: SaslAuthenticateRequest,
-) -> (SaslAuthenticateResponse, Option<(String, PrincipalSlot)>) {
+) -> (SaslAuthenticateResponse, Option<Authenticated>) {
     match authenticate(kafka, &r.auth_bytes) {
         Ok(authenticated) => (SaslAuthenticateResponse::default(), Some(authenticated)),
         Err(why) => {

@@ -1,0 +1,48 @@
+//! Raw Kafka connections for tests that need what a client library hides: the exact
+//! moment a connection is closed, or an old client's wire exchange.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// A TCP connection to a Kafka listener, with a 10 s read timeout.
+pub fn connect(addr: &str) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s
+}
+
+/// Authenticates a new Kafka connection with SASL/PLAIN through SaslHandshake v0 and a
+/// raw token, as old clients do; `None` when the gateway closed it instead.
+pub fn sasl_v0(addr: &str, user: &str, secret: &str) -> Option<TcpStream> {
+    let mut s = connect(addr);
+    let mut handshake = Vec::new();
+    handshake.extend_from_slice(&17i16.to_be_bytes());
+    handshake.extend_from_slice(&0i16.to_be_bytes());
+    handshake.extend_from_slice(&9i32.to_be_bytes());
+    handshake.extend_from_slice(&(-1i16).to_be_bytes());
+    handshake.extend_from_slice(&5i16.to_be_bytes());
+    handshake.extend_from_slice(b"PLAIN");
+    s.write_all(&(handshake.len() as i32).to_be_bytes()).ok()?;
+    s.write_all(&handshake).ok()?;
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).ok()?;
+    let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
+    s.read_exact(&mut answer).ok()?;
+    let token = format!("\0{user}\0{secret}");
+    s.write_all(&(token.len() as i32).to_be_bytes()).ok()?;
+    s.write_all(token.as_bytes()).ok()?;
+    let mut ok = [0u8; 4];
+    s.read_exact(&mut ok).ok()?;
+    Some(s)
+}
+
+/// Whether the peer closed `s` (EOF or a reset) before its read timeout.
+pub fn closed_by_peer(s: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match s.read(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    }
+}
