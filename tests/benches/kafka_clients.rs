@@ -11,7 +11,8 @@
 //! confluent-kafka, see .ci/run). `WEIR_BENCH_MAX_IN_FLIGHT` caps the producer's
 //! requests in flight per connection; `WEIR_BENCH_CLIENTS` (`rdkafka,confluent`),
 //! `WEIR_BENCH_RUNS` (3) and `WEIR_BENCH_MESSAGES` (200000) narrow it;
-//! `WEIR_BENCH_OBJECT_STORE` is `file` (the default, as `weir dev`) or `s3` (s3s-fs).
+//! `WEIR_BENCH_OBJECT_STORE` is `file` (the default, as `weir dev`) or `s3` (s3s-fs);
+//! `WEIR_BENCH_CLUSTER=1` runs 3 metad replicas and 2 streamd instead of one of each.
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
@@ -214,8 +215,19 @@ async fn main() {
         "s3" => {}
         other => panic!("WEIR_BENCH_OBJECT_STORE: unknown store {other:?} (file, s3)"),
     }
-    let stack = Stack::start_with(1, Backend::FileWal, &flags, &[]).await;
-    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    // `WEIR_BENCH_CLUSTER=1`: 3 metad replicas and 2 streamd, as compose runs them.
+    let cluster = env_or("WEIR_BENCH_CLUSTER", 0u8) == 1;
+    let stack = if cluster {
+        Stack::start_replicas(3, 2, Backend::FileWal, &flags, &[]).await
+    } else {
+        Stack::start_with(1, Backend::FileWal, &flags, &[]).await
+    };
+    println!(
+        "stack: {} metad, {} streamd, one gatewayd",
+        stack.metad.replicas.len(),
+        stack.nodes.len()
+    );
+    let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
     gw.wait_ready().await;
     let admin: AdminClient<DefaultClientContext> = config(&gw).create().expect("admin");
     let create = |t: String| {

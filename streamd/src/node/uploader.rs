@@ -52,8 +52,7 @@ impl Node {
     /// (or once the node is fenced). Only the uploader task runs rounds, one at a time, and
     /// never cancels one midway: its batches are marked in flight until it finishes.
     async fn upload_round(&self, seq: u64) {
-        let mut builder = ObjectBuilder::new();
-        let mut parts = Vec::new();
+        let mut taken = Vec::new();
         for handle in self.all_streams() {
             let durable = handle.durable_end();
             let mut inner = handle.inner.lock().await;
@@ -75,17 +74,29 @@ impl Node {
             // Tests: the copy below takes a while; appends must not wait on it.
             weir_shared::failpoint::pause("upload_copy").await;
             let data: Vec<Bytes> = batches.into_iter().map(|b| b.data).collect();
-            let chunk = builder.add(handle.id, handle.epoch, from, end, &data).clone();
-            parts.push(Part {
-                stream: handle.id,
-                chunk,
-                batches: data,
-            });
+            taken.push((handle.id, handle.epoch, from, end, data));
         }
-        if parts.is_empty() {
+        if taken.is_empty() {
             return;
         }
-        let (object, _) = builder.finish();
+        // Built on a blocking thread: at full produce rate an object is tens of MiB to
+        // copy and checksum, which on a runtime worker would stall the appends queued
+        // behind it. A panic there is a bug, and is raised here as it would have been.
+        let (object, parts) = tokio::task::spawn_blocking(move || {
+            let bytes = taken.iter().flat_map(|t| &t.4).map(Bytes::len).sum();
+            let mut builder = ObjectBuilder::with_capacity(bytes);
+            let parts: Vec<Part> = taken
+                .into_iter()
+                .map(|(stream, epoch, from, end, batches)| Part {
+                    stream,
+                    chunk: builder.add(stream, epoch, from, end, &batches).clone(),
+                    batches,
+                })
+                .collect();
+            (builder.finish().0, parts)
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         let key = ObjectKey(format!(
             "data/{}/{:020}/{seq:016}-{:08x}.wdo",
             self.me.node,

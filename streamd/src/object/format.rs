@@ -54,7 +54,12 @@ impl Default for ObjectBuilder {
 
 impl ObjectBuilder {
     pub fn new() -> Self {
-        let mut body = BytesMut::new();
+        Self::with_capacity(0)
+    }
+
+    /// A builder whose body has room for `bytes` of batches without growing.
+    pub fn with_capacity(bytes: usize) -> Self {
+        let mut body = BytesMut::with_capacity(bytes + 64);
         body.put_slice(OBJECT_MAGIC);
         body.put_u8(OBJECT_VERSION);
         Self {

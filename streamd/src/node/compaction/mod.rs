@@ -205,13 +205,18 @@ impl Node {
                 let m = crate::metrics::metrics();
                 m.compaction_source_reads.inc();
                 m.compaction_source_ranges.inc_by(ranges.len() as u64);
-                ranges
-                    .into_iter()
-                    .map(|r| ((key.clone(), r.pos), span.slice((r.pos - from) as usize..(r.pos - from + r.len) as usize), r.crc))
-                    // A range failing its checksum is read again, and refused, on its own.
-                    .filter(|(_, bytes, crc)| crc32c::crc32c(bytes) == *crc)
-                    .map(|(at, bytes, _)| (at, bytes))
-                    .collect::<Vec<_>>()
+                // Checksummed on a blocking thread: a span can be tens of MiB.
+                tokio::task::spawn_blocking(move || {
+                    ranges
+                        .into_iter()
+                        .map(|r| ((key.clone(), r.pos), span.slice((r.pos - from) as usize..(r.pos - from + r.len) as usize), r.crc))
+                        // A range failing its checksum is read again, and refused, on its own.
+                        .filter(|(_, bytes, crc)| crc32c::crc32c(bytes) == *crc)
+                        .map(|(at, bytes, _)| (at, bytes))
+                        .collect::<Vec<_>>()
+                })
+                .await
+                .unwrap_or_default()
             })
             .buffer_unordered(FETCH_CONCURRENCY)
             .flat_map(futures::stream::iter)
@@ -296,43 +301,47 @@ impl Node {
         stats: &mut PassStats,
     ) -> Result<usize, StreamdError> {
         let write = Instant::now();
-        // Each window's new ranges, in piece order, filled in as the objects are built.
-        let mut ranges: HashMap<usize, Vec<(usize, ObjectRange)>> = HashMap::new();
-        let mut objects = Vec::with_capacity(entry.objects.len());
-        for members in &entry.objects {
-            let key = self.compacted_key(windows, members);
-            let mut builder = ObjectBuilder::new();
-            for &(w, p) in members {
-                let (window, piece) = (&windows[w], &windows[w].pieces[p]);
-                let chunk = builder
-                    .add(
-                        window.handle.id,
-                        window.handle.epoch,
-                        piece.start,
-                        piece.end,
-                        &piece.batches,
-                    )
-                    .clone();
-                let max_timestamp = piece
-                    .batches
+        // Built on a blocking thread: copying and checksumming up to the target (64 MiB)
+        // per object takes tens of milliseconds, which on a runtime worker would stall
+        // the appends queued behind it (issue 17: the produce p99 while compaction ran).
+        let jobs: Vec<(ObjectKey, Vec<Member>)> = entry
+            .objects
+            .iter()
+            .map(|members| {
+                let key = self.compacted_key(windows, members);
+                let members = members
                     .iter()
-                    .map(|b| weir_shared::batch::max_timestamp(b))
-                    .max()
-                    .unwrap_or(weir_meta::model::NO_TIMESTAMP);
-                ranges.entry(w).or_default().push((
-                    p,
-                    ObjectRange {
-                        key: key.clone(),
-                        start: Offset(piece.start),
-                        end: Offset(piece.end),
-                        pos: chunk.pos,
-                        len: chunk.len,
-                        crc: chunk.crc,
-                        max_timestamp,
-                    },
-                ));
+                    .map(|&(w, p)| {
+                        let (window, piece) = (&windows[w], &windows[w].pieces[p]);
+                        Member {
+                            window: w,
+                            piece: p,
+                            stream: window.handle.id,
+                            epoch: window.handle.epoch,
+                            start: piece.start,
+                            end: piece.end,
+                            bytes: piece.bytes,
+                            batches: piece.batches.clone(),
+                        }
+                    })
+                    .collect();
+                (key, members)
+            })
+            .collect();
+        let built = tokio::task::spawn_blocking(move || {
+            jobs.into_iter()
+                .map(|(key, members)| build(key, members))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| StreamdError::Internal(format!("building compacted objects: {e}")))?;
+        // Each window's new ranges, in piece order.
+        let mut ranges: HashMap<usize, Vec<(usize, ObjectRange)>> = HashMap::new();
+        let mut objects = Vec::with_capacity(built.len());
+        for (key, object, pieces) in built {
+            for (w, p, range) in pieces {
+                ranges.entry(w).or_default().push((p, range));
             }
-            let (object, _) = builder.finish();
             objects.push((key, object));
         }
         let new: Vec<NewObject> = objects
@@ -455,6 +464,49 @@ impl Node {
             _ => ObjectKey(format!("{prefix}/set-{:016x}.wdo", rand::random::<u64>())),
         }
     }
+}
+
+/// One piece of a window, owned, to be written into a compacted object.
+struct Member {
+    window: usize,
+    piece: usize,
+    stream: weir_shared::ids::StreamId,
+    epoch: weir_shared::ids::StreamEpoch,
+    start: u64,
+    end: u64,
+    bytes: u64,
+    batches: Vec<Bytes>,
+}
+
+/// Builds one compacted object from its members: the object, and each member's new
+/// range by (window, piece).
+fn build(key: ObjectKey, members: Vec<Member>) -> (ObjectKey, Bytes, Vec<(usize, usize, ObjectRange)>) {
+    let mut builder = ObjectBuilder::with_capacity(members.iter().map(|m| m.bytes as usize).sum());
+    let mut ranges = Vec::with_capacity(members.len());
+    for m in members {
+        let chunk = builder.add(m.stream, m.epoch, m.start, m.end, &m.batches).clone();
+        let max_timestamp = m
+            .batches
+            .iter()
+            .map(|b| weir_shared::batch::max_timestamp(b))
+            .max()
+            .unwrap_or(weir_meta::model::NO_TIMESTAMP);
+        ranges.push((
+            m.window,
+            m.piece,
+            ObjectRange {
+                key: key.clone(),
+                start: Offset(m.start),
+                end: Offset(m.end),
+                pos: chunk.pos,
+                len: chunk.len,
+                crc: chunk.crc,
+                max_timestamp,
+            },
+        ));
+    }
+    let (object, _) = builder.finish();
+    (key, object, ranges)
 }
 
 /// Starts a compaction pass every `every` until `cancel`. Passes start at a fixed rate
