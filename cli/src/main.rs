@@ -70,6 +70,9 @@ enum TokensCmd {
         /// Let the token use admin endpoints (tokens, nodes).
         #[arg(long)]
         admin: bool,
+        /// Seconds until the token stops authenticating (default: never).
+        #[arg(long, value_name = "SECONDS")]
+        ttl_sec: Option<u64>,
     },
     Revoke {
         name: String,
@@ -298,18 +301,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             action: TokensCmd::List,
         } => out.value(&client.admin("tokens", 0, 0).await?),
         Cmd::Tokens {
-            action: TokensCmd::Issue { name, admin },
+            action: TokensCmd::Issue { name, admin, ttl_sec },
         } => {
+            let expires_at_ms =
+                weir_gatewayd::api::tokens::expiry(ttl_sec).map_err(|e| anyhow::anyhow!("--ttl-sec: {e}"))?;
             let secret = weir_gatewayd::api::tokens::new_secret();
             let cmd = Command::IssueToken {
                 name: name.clone(),
                 secret_sha256: weir_gatewayd::api::auth::secret_hash(&secret),
                 scopes: if admin { vec!["admin".into()] } else { vec![] },
+                expires_at_ms,
             };
             let (_, outcome) = client.propose(&operator, cmd).await?;
             outcome.map_err(|r| anyhow::anyhow!("token not issued: {}", r.message))?;
             if cli.json {
-                println!("{}", serde_json::json!({"name": name, "token": secret}));
+                println!(
+                    "{}",
+                    serde_json::json!({"name": name, "token": secret, "expires_at_ms": expires_at_ms})
+                );
             } else {
                 println!("{secret}");
             }

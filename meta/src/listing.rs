@@ -88,6 +88,7 @@ mod tests {
                     name: "ci".into(),
                     secret_sha256: digest.clone(),
                     scopes: vec!["admin".into()],
+                    expires_at_ms: None,
                 })
                 .unwrap()
             }

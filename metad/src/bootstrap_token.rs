@@ -40,6 +40,7 @@ pub async fn issue(advertise: String, hub: Arc<crate::store::ViewHub>, secret: S
             name: ADMIN_TOKEN.into(),
             secret_sha256: hex::encode(Sha256::digest(secret.as_bytes())),
             scopes: vec!["admin".into()],
+            expires_at_ms: None,
         };
         match client.propose(&proposer, cmd).await {
             Ok((index, Ok(_))) => {

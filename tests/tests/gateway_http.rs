@@ -785,6 +785,69 @@ async fn with_auth_every_request_needs_a_live_token() {
     assert!(body["error"]["message"].as_str().expect("message").contains("revoked"));
 }
 
+// Issue 18: a token issued with `ttl_sec` authenticates until then and is refused
+// after, saying it expired; a bad `ttl_sec` is a 400 naming it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_stops_authenticating_when_it_expires() {
+    let (stack, mut gw) = stack(1, &["--auth"]).await;
+    let secret = "weir_test-admin-secret";
+    stack.metad.issue_token("root", secret, &["admin"]).await;
+    gw.token = Some(secret.into());
+    wait_for("root token known", Duration::from_secs(10), || async {
+        let (s, _) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
+        (s == StatusCode::OK).then_some(())
+    })
+    .await;
+    for bad in [json!(0), json!(-1), json!("soon"), json!(400_000_000u64)] {
+        let (status, body) = gw
+            .send(
+                gw.request(Method::POST, "/v1/admin/tokens")
+                    .json(&json!({"name": "bad", "ttl_sec": bad})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "ttl_sec {bad}: {body}");
+        assert!(
+            body["error"]["message"].as_str().is_some_and(|m| m.contains("ttl_sec")),
+            "{body}"
+        );
+    }
+    let (status, issued) = gw
+        .send(
+            gw.request(Method::POST, "/v1/admin/tokens")
+                .json(&json!({"name": "brief", "ttl_sec": 3})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{issued}");
+    let expires_at = issued["expires_at_ms"].as_u64().expect("expiry");
+    let (_, listed) = gw.send(gw.request(Method::GET, "/v1/admin/tokens")).await;
+    let row = listed["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .find(|t| t["name"] == "brief")
+        .cloned()
+        .expect("listed");
+    assert_eq!(row["expires_at_ms"], expires_at, "{row}");
+
+    gw.token = Some(issued["token"].as_str().expect("secret").into());
+    let (status, body) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
+    assert_eq!(status, StatusCode::OK, "before its expiry: {body}");
+    let body = wait_for("the token refused", Duration::from_secs(10), || async {
+        let (s, body) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
+        (s == StatusCode::UNAUTHORIZED).then_some(body)
+    })
+    .await;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    assert!(now_ms >= expires_at, "refused {} ms early", expires_at - now_ms);
+    assert!(
+        body["error"]["message"].as_str().is_some_and(|m| m.contains("expired")),
+        "{body}"
+    );
+}
+
 /// OBS-2, OBS-3, OBS-4: readiness as JSON, liveness, and Prometheus metrics.
 #[tokio::test(flavor = "multi_thread")]
 async fn health_readiness_and_metrics() {

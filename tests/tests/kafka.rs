@@ -619,6 +619,48 @@ async fn revoking_a_token_closes_its_kafka_connections_within_5_s() {
     );
 }
 
+// Issue 18: expiry closes a Kafka connection as revocation does, within 5 s of the
+// token's expiry, and an expired token cannot authenticate a new one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kafka_connection_closes_within_5_s_of_its_tokens_expiry() {
+    use weir_tests::kafka_wire::{closed_by_peer, sasl_v0};
+    let (stack, gw) = kafka_stack(1, &["--auth"]).await;
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64
+    };
+    let expires_at = now_ms() + 4_000;
+    stack
+        .metad
+        .issue_expiring_token("brief", "weir_brief-secret", expires_at)
+        .await;
+    let addr = gw.kafka.clone();
+    let mut conn = wait_for("the token known to the gateway", T, || {
+        let addr = addr.clone();
+        async move { sasl_v0(&addr, "brief", "weir_brief-secret") }
+    })
+    .await;
+    assert!(
+        now_ms() < expires_at,
+        "authenticated only after the expiry; raise the ttl"
+    );
+    conn.set_read_timeout(Some(Duration::from_millis(expires_at - now_ms() + 5_000)))
+        .expect("timeout");
+    assert!(closed_by_peer(&mut conn), "open 5 s after its token expired");
+    assert!(now_ms() >= expires_at, "closed before the expiry");
+    assert!(
+        now_ms() < expires_at + 5_000,
+        "closed {} ms after the expiry",
+        now_ms() - expires_at
+    );
+    assert!(
+        sasl_v0(&addr, "brief", "weir_brief-secret").is_none(),
+        "an expired token authenticated a new connection"
+    );
+}
+
 /// Writes one frame and reads the answer's size and correlation id, or `None` when the
 /// gateway closed the connection.
 fn exchange(s: &mut std::net::TcpStream, frame: &[u8]) -> Option<(i32, i32)> {

@@ -512,6 +512,28 @@ async fn admin_http_and_cli_report_nodes_streams_and_the_log() {
             .expect("run weir");
         assert!(!out.status.success());
         assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+        // Issue 18: a token with an expiry shows it; a bad one is refused naming the flag.
+        let issued: serde_json::Value =
+            serde_json::from_str(&weir(&["--json", "tokens", "issue", "brief", "--ttl-sec", "60"])).expect("json");
+        assert!(issued["expires_at_ms"].as_u64().is_some(), "{issued}");
+        let out = std::process::Command::new(weir_tests::bin_path("weir"))
+            .args([
+                "--metad",
+                &addrs.join(","),
+                "tokens",
+                "issue",
+                "never",
+                "--ttl-sec",
+                "0",
+            ])
+            .output()
+            .expect("run weir");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--ttl-sec") && stderr.contains("at least 1"),
+            "{stderr}"
+        );
     })
     .await;
 }

@@ -16,6 +16,15 @@ pub fn secret_hash(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
+/// The gateway's wall clock in Unix ms: token expiry is judged against it at every
+/// request (and every second on a Kafka connection).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 fn unauthorized(message: impl Into<String>) -> Response {
     ApiError::new(ErrorCode::Unauthorized, message).into_response()
 }
@@ -44,8 +53,8 @@ pub async fn require_token(State(gw): State<Arc<Gateway>>, mut req: Request, nex
     let Some(token) = token else {
         return unauthorized("unknown token");
     };
-    if token.revoked {
-        return unauthorized(format!("token '{}' is revoked", token.name));
+    if let Some(why) = token.refusal(now_ms()) {
+        return unauthorized(why);
     }
     let path = req.uri().path();
     if (path.starts_with("/v1/admin/") || path.starts_with("/admin/")) && !token.scopes.iter().any(|s| s == "admin") {

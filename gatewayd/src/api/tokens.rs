@@ -24,6 +24,22 @@ pub struct IssueBody {
     name: String,
     #[serde(default)]
     scopes: Vec<String>,
+    /// Seconds until the token stops authenticating; it never does without.
+    #[serde(default)]
+    ttl_sec: Option<u64>,
+}
+
+/// Most a token's `ttl_sec` may be: ten years.
+pub const MAX_TTL_SEC: u64 = 10 * 365 * 24 * 3600;
+
+/// When a token issued now with `ttl_sec` expires (Unix ms); `None` without one.
+pub fn expiry(ttl_sec: Option<u64>) -> Result<Option<u64>, String> {
+    match ttl_sec {
+        None => Ok(None),
+        Some(0) => Err("ttl_sec must be at least 1".into()),
+        Some(t) if t > MAX_TTL_SEC => Err(format!("ttl_sec must be at most {MAX_TTL_SEC} (ten years)")),
+        Some(t) => Ok(Some(super::auth::now_ms() + t * 1000)),
+    }
 }
 
 /// A fresh secret: 32 random bytes, hex, with a prefix that makes it recognisable.
@@ -44,6 +60,7 @@ pub async fn issue(
             "unknown scope '{bad}'; scopes are {SCOPES:?}"
         )));
     }
+    let expires_at_ms = expiry(body.ttl_sec).map_err(ApiError::invalid)?;
     let secret = new_secret();
     let (index, outcome) = gw
         .metad
@@ -53,6 +70,7 @@ pub async fn issue(
                 name: body.name.clone(),
                 secret_sha256: secret_hash(&secret),
                 scopes: body.scopes.clone(),
+                expires_at_ms,
             },
         )
         .await?;
@@ -60,7 +78,7 @@ pub async fn issue(
     gw.settle(index).await;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"name": body.name, "token": secret, "scopes": body.scopes})),
+        Json(json!({"name": body.name, "token": secret, "scopes": body.scopes, "expires_at_ms": expires_at_ms})),
     )
         .into_response())
 }
@@ -69,7 +87,15 @@ pub async fn list(State(gw): State<Arc<Gateway>>) -> Json<Value> {
     let tokens: Vec<Value> = gw.routes.view().with(|s| {
         s.tokens
             .values()
-            .map(|t| json!({"name": t.name, "scopes": t.scopes, "revoked": t.revoked, "issued_index": t.issued_index}))
+            .map(|t| {
+                json!({
+                    "name": t.name,
+                    "scopes": t.scopes,
+                    "revoked": t.revoked,
+                    "issued_index": t.issued_index,
+                    "expires_at_ms": t.expires_at_ms,
+                })
+            })
             .collect()
     });
     Json(json!({ "tokens": tokens }))

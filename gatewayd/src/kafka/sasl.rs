@@ -59,25 +59,22 @@ fn check_plain(kafka: &Kafka, token: &[u8]) -> Result<(String, u64), String> {
     let hash = crate::api::auth::secret_hash(pass);
     let token = kafka.gw.routes.view().with(|s| s.tokens.get(user).cloned());
     match token {
-        Some(t) if t.revoked => Err(format!("token '{user}' is revoked")),
-        Some(t) if t.secret_sha256 == hash => Ok((t.name, t.issued_index)),
+        Some(t) if t.secret_sha256 == hash => match t.refusal(crate::api::auth::now_ms()) {
+            Some(why) => Err(why),
+            None => Ok((t.name, t.issued_index)),
+        },
         _ => Err("unknown token name or wrong secret".into()),
     }
 }
 
-/// Whether the token a connection authenticated with still may act: not revoked, and
-/// not replaced by a token issued later under its name. Checked while the connection
-/// lives, not only at SASL time.
+/// Whether the token a connection authenticated with still may act: not revoked, not
+/// expired, and not replaced by a token issued later under its name. Checked while the
+/// connection lives, not only at SASL time.
 pub fn still_valid(kafka: &Kafka, name: &str, issued_index: u64) -> Result<(), String> {
-    let row = kafka
-        .gw
-        .routes
-        .view()
-        .with(|s| s.tokens.get(name).map(|t| (t.revoked, t.issued_index)));
+    let row = kafka.gw.routes.view().with(|s| s.tokens.get(name).cloned());
     match row {
-        Some((_, issued)) if issued != issued_index => Err(format!("token '{name}' was revoked and issued again")),
-        Some((false, _)) => Ok(()),
-        Some((true, _)) => Err(format!("token '{name}' is revoked")),
+        Some(t) if t.issued_index != issued_index => Err(format!("token '{name}' was revoked and issued again")),
+        Some(t) => t.refusal(crate::api::auth::now_ms()).map_or(Ok(()), Err),
         None => Err(format!("token '{name}' no longer exists")),
     }
 }

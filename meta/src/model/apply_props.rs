@@ -285,6 +285,7 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
             name: format!("tok{n}"),
             secret_sha256: if good { "AB".repeat(32) } else { "xyz".into() },
             scopes: vec!["admin".into()],
+            expires_at_ms: (n % 2 == 0).then_some(n as u64 * 1_000),
         },
         Op::RevokeToken(n) => Command::RevokeToken {
             name: format!("tok{n}"),

@@ -233,6 +233,10 @@ pub enum Command {
         name: String,
         secret_sha256: String,
         scopes: Vec<String>,
+        /// When the token stops authenticating (Unix ms); never without. Judged by
+        /// the gateway's clock at each request, never when the entry is applied.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at_ms: Option<u64>,
     },
     RevokeToken {
         name: String,

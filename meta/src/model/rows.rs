@@ -239,6 +239,22 @@ pub struct TokenRow {
     pub scopes: Vec<String>,
     pub revoked: bool,
     pub issued_index: u64,
+    /// When the token stops authenticating (Unix ms); never without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+}
+
+impl TokenRow {
+    /// Why the token may not authenticate at `now_ms` (Unix ms), if it may not.
+    pub fn refusal(&self, now_ms: u64) -> Option<String> {
+        if self.revoked {
+            return Some(format!("token '{}' is revoked", self.name));
+        }
+        match self.expires_at_ms {
+            Some(at) if now_ms >= at => Some(format!("token '{}' expired at {at} (Unix ms)", self.name)),
+            _ => None,
+        }
+    }
 }
 
 /// Settings fixed at bootstrap and shared by the whole cluster (D-18).
@@ -272,4 +288,27 @@ pub fn streams_per_owner(streams: &BTreeMap<StreamId, StreamRow>) -> BTreeMap<No
         }
     }
     counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenRow;
+
+    #[test]
+    fn a_token_is_refused_once_revoked_or_from_its_expiry_on() {
+        let token = |revoked, expires_at_ms| TokenRow {
+            name: "t".into(),
+            secret_sha256: String::new(),
+            scopes: Vec::new(),
+            revoked,
+            issued_index: 1,
+            expires_at_ms,
+        };
+        assert_eq!(token(false, None).refusal(u64::MAX), None, "no expiry: never");
+        assert_eq!(token(false, Some(1_000)).refusal(999), None);
+        let expired = token(false, Some(1_000)).refusal(1_000).expect("refused at its expiry");
+        assert!(expired.contains("expired at 1000"), "{expired}");
+        let revoked = token(true, Some(1_000)).refusal(0).expect("revoked before its expiry");
+        assert!(revoked.contains("revoked"), "{revoked}");
+    }
 }

@@ -12,6 +12,7 @@ impl Txn<'_> {
         name: &str,
         secret_sha256: &str,
         scopes: &[String],
+        expires_at_ms: Option<u64>,
     ) -> Outcome {
         if !matches!(proposer, Proposer::Operator { .. }) {
             return Err(reject(RejectCode::InvalidArgument, "only an operator issues tokens"));
@@ -37,6 +38,7 @@ impl Txn<'_> {
                 scopes: scopes.to_vec(),
                 revoked: false,
                 issued_index: self.index,
+                expires_at_ms,
             },
         );
         self.touch(RowKey::Token(name.to_string()));
