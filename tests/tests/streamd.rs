@@ -1051,3 +1051,58 @@ async fn appends_do_not_wait_on_an_uploads_copy_of_their_stream() {
     })
     .await;
 }
+
+// Issue 17: an upload round holds at most the compaction target (one batch more when a
+// single batch is larger). A round used to take everything durable, so after a burst
+// one range could outgrow the read cache (541 MB was seen) and every read of it fetched
+// the whole range again. A burst larger than the target is uploaded as several objects,
+// and every record is read back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_is_uploaded_in_objects_of_at_most_the_target() {
+    with_timeout(async {
+        const TARGET: u64 = 64 * 1024;
+        let stack = Stack::start_with(
+            1,
+            Backend::FileWal,
+            &[
+                "--upload-interval-ms",
+                "1500",
+                "--upload-bytes",
+                "67108864",
+                "--compaction-target-bytes",
+                "65536",
+                "--compaction-interval-ms",
+                "600000",
+            ],
+            &[],
+        )
+        .await;
+        let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
+        gw.wait_ready().await;
+        gw.create_stream("burst").await;
+        gw.wait_open("burst").await;
+        let filler = "x".repeat(8 * 1024);
+        let sent: Vec<String> = (0..48).map(|i| format!("{i}-{filler}")).collect();
+        for body in &sent {
+            gw.append("burst", &[body.as_str()]).await;
+        }
+        wait_for("the burst committed", Duration::from_secs(30), || async {
+            let (_, s) = gw.send(gw.request(reqwest::Method::GET, "/v1/streams/burst")).await;
+            (s["committed_seq_num"] == 48).then_some(())
+        })
+        .await;
+        let objects = stack.metad.client().admin("objects", 0, 1000).await.expect("objects");
+        let sizes: Vec<u64> = objects["objects"]
+            .as_array()
+            .expect("objects")
+            .iter()
+            .map(|o| o["size"].as_u64().expect("size"))
+            .collect();
+        // 384 KiB of records: at least six objects, none over the target by more than one
+        // record's batch and the object's own framing.
+        assert!(sizes.len() >= 6, "{sizes:?}");
+        assert!(sizes.iter().all(|&s| s <= TARGET + 9 * 1024), "{sizes:?}");
+        assert_eq!(gw.bodies("burst").await, sent, "INV-2");
+    })
+    .await;
+}

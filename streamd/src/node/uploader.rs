@@ -51,20 +51,38 @@ impl Node {
     /// Uploads and commits everything durable and not yet uploaded; returns once committed
     /// (or once the node is fenced). Only the uploader task runs rounds, one at a time, and
     /// never cancels one midway: its batches are marked in flight until it finishes.
+    ///
+    /// A round's object holds at most the compaction target (one batch more when a
+    /// single batch is larger): a stream's range is read whole and cached whole, so a
+    /// round that took everything after a burst (541 MB was seen) made a range no cache
+    /// holds, and every later read of it fetched it all again. What a round leaves is
+    /// taken by the next, started at once; rounds start at a different stream each time,
+    /// so none waits behind the others every round.
     async fn upload_round(&self, seq: u64) {
-        let mut taken = Vec::new();
-        for handle in self.all_streams() {
+        let budget = self.tunables.compaction_target_bytes;
+        let (mut taken, mut round_bytes, mut more) = (Vec::new(), 0u64, false);
+        let streams = self.all_streams();
+        let first = seq as usize % streams.len().max(1);
+        for handle in streams[first..].iter().chain(&streams[..first]) {
+            if round_bytes >= budget {
+                more = true;
+                break;
+            }
             let durable = handle.durable_end();
             let mut inner = handle.inner.lock().await;
             // Tests: an upload that holds the stream's lock a while, so appends contend.
             weir_shared::failpoint::pause("upload_stream_locked").await;
             let from = inner.uploaded_end;
-            let batches: Vec<_> = inner
-                .buffer
-                .iter()
-                .filter(|b| b.start >= from && b.end <= durable)
-                .cloned()
-                .collect();
+            let mut batches = Vec::new();
+            for b in inner.buffer.iter().filter(|b| b.start >= from && b.end <= durable) {
+                let len = b.data.len() as u64;
+                if round_bytes > 0 && round_bytes + len > budget {
+                    more = true;
+                    break;
+                }
+                round_bytes += len;
+                batches.push(b.clone());
+            }
             let Some(last) = batches.last() else { continue };
             let end = last.end;
             inner.uploaded_end = end;
@@ -75,6 +93,9 @@ impl Node {
             weir_shared::failpoint::pause("upload_copy").await;
             let data: Vec<Bytes> = batches.into_iter().map(|b| b.data).collect();
             taken.push((handle.id, handle.epoch, from, end, data));
+        }
+        if more {
+            self.upload_now.notify_one();
         }
         if taken.is_empty() {
             return;
