@@ -212,6 +212,16 @@ impl Cluster {
 
     /// Issues API token `name` with `secret` as an operator would (`weir tokens issue`).
     pub async fn issue_token(&self, name: &str, secret: &str, scopes: &[&str]) {
+        self.issue(name, secret, scopes, None).await;
+    }
+
+    /// Issues API token `name` with `secret`, no scopes, expiring at `expires_at_ms`
+    /// (Unix ms), as `weir tokens issue --ttl-sec` would.
+    pub async fn issue_expiring_token(&self, name: &str, secret: &str, expires_at_ms: u64) {
+        self.issue(name, secret, &[], Some(expires_at_ms)).await;
+    }
+
+    async fn issue(&self, name: &str, secret: &str, scopes: &[&str], expires_at_ms: Option<u64>) {
         let (_, outcome) = self
             .client()
             .propose(
@@ -222,28 +232,7 @@ impl Cluster {
                     name: name.into(),
                     secret_sha256: weir_gatewayd::api::auth::secret_hash(secret),
                     scopes: scopes.iter().map(|s| s.to_string()).collect(),
-                    expires_at_ms: None,
-                },
-            )
-            .await
-            .expect("issue");
-        outcome.expect("issued");
-    }
-
-    /// Issues API token `name` with `secret`, no scopes, expiring at `expires_at_ms`
-    /// (Unix ms), as `weir tokens issue --ttl-sec` would.
-    pub async fn issue_expiring_token(&self, name: &str, secret: &str, expires_at_ms: u64) {
-        let (_, outcome) = self
-            .client()
-            .propose(
-                &weir_meta::model::Proposer::Operator {
-                    principal: "test".into(),
-                },
-                weir_meta::model::Command::IssueToken {
-                    name: name.into(),
-                    secret_sha256: weir_gatewayd::api::auth::secret_hash(secret),
-                    scopes: Vec::new(),
-                    expires_at_ms: Some(expires_at_ms),
+                    expires_at_ms,
                 },
             )
             .await

@@ -71,6 +71,23 @@ async fn with_streams_on_the_first(stack: Stack, streams: &[&str]) -> (Stack, Ga
     (stack, gw)
 }
 
+/// As [`with_streams_on_the_first`] with stream `held`, where node 0 holds back its
+/// answers to appends to it as failpoint action `action` says (its records are applied).
+async fn holding_answers_on_the_first(action: &str) -> (Stack, Gatewayd) {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_APPEND_REPLY_HELD", action)],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, SHORT);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    with_streams_on_the_first(stack, &["held"]).await
+}
+
 async fn owner_of(gw: &Gatewayd, stream: &str) -> Option<String> {
     let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{stream}"))).await;
     (d["state"] == "open").then(|| d["owner"]["node"].as_str().map(str::to_string))?
@@ -348,18 +365,7 @@ async fn a_transfer_dry_run_names_the_first_failing_check_and_a_transfer_moves_t
 // from a replaced owner, this answered 503.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_append_in_flight_across_a_transfer_gets_the_old_owners_answer() {
-    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
-    stack.add_node_with_env(
-        "streamd-1",
-        Backend::FileWal,
-        SHORT,
-        &[("WEIR_FAILPOINT_APPEND_REPLY_HELD", "sleep(3000)")],
-    );
-    stack.add_node("streamd-2", Backend::FileWal, SHORT);
-    for n in &stack.nodes {
-        n.wait_ready().await;
-    }
-    let (stack, gw) = with_streams_on_the_first(stack, &["held"]).await;
+    let (stack, gw) = holding_answers_on_the_first("sleep(3000)").await;
     let gw = Arc::new(gw);
     let appending = {
         let gw = gw.clone();
@@ -856,18 +862,7 @@ async fn a_stopping_metad_finishes_the_drain_it_runs_before_stopping_raft() {
 // had no effect). It had: the drain moved the record with its stream.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_append_unresolved_at_teardown_is_answered_504_interrupted() {
-    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
-    stack.add_node_with_env(
-        "streamd-1",
-        Backend::FileWal,
-        SHORT,
-        &[("WEIR_FAILPOINT_APPEND_REPLY_HELD", "hang")],
-    );
-    stack.add_node("streamd-2", Backend::FileWal, SHORT);
-    for n in &stack.nodes {
-        n.wait_ready().await;
-    }
-    let (mut stack, gw) = with_streams_on_the_first(stack, &["held"]).await;
+    let (mut stack, gw) = holding_answers_on_the_first("hang").await;
     let appending = {
         let r = gw
             .request(Method::POST, "/v1/streams/held/records")

@@ -48,7 +48,8 @@ impl Part {
 }
 
 impl Node {
-    /// Uploads and commits everything durable and not yet uploaded; returns once committed
+    /// Uploads and commits what is durable and not yet uploaded, up to the budget below;
+    /// returns once committed
     /// (or once the node is fenced). Only the uploader task runs rounds, one at a time, and
     /// never cancels one midway: its batches are marked in flight until it finishes.
     ///
