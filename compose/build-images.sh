@@ -43,6 +43,16 @@ if [ ! -s compose/admin-token ]; then
   echo "build-images: wrote a new admin token secret to compose/admin-token"
 fi
 
+# The cluster's CA and the gateways' certificates (issue 18), made once and kept, so
+# clients keep trusting the CA; never committed. Each gateway is named by its service
+# name inside the network and by localhost and 127.0.0.1, where its ports are published.
+weir="$target/$profile/weir"
+[ -s compose/certs/ca.pem ] || "$weir" certs ca --dir compose/certs >/dev/null
+for g in gatewayd-1 gatewayd-2; do
+  [ -s "compose/certs/gatewayd-$g.pem" ] ||
+    "$weir" certs issue --dir compose/certs --role gatewayd --id "$g" --dns "$g" --dns localhost --ip 127.0.0.1 >/dev/null
+done
+
 stage="$(mktemp -d /tmp/weir-image.XXXXXX)"
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin"

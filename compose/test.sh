@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The compose stack end to end (issue 8): build the images without a registry, start
-# the stack, produce and consume with kcat through the published Kafka port and with
-# curl through HTTP, SIGKILL a streamd (`docker kill`) and read every acknowledged
+# the stack, produce and consume with kcat through the published Kafka port (SASL_SSL)
+# and with curl through HTTPS, both with the bootstrap admin token, SIGKILL a streamd (`docker kill`) and read every acknowledged
 # message back, stop another with `docker-compose stop` (exit 0, three phase records),
 # and `docker-compose down`. Bounded in time; cleans up after itself even on failure.
 # Checks DEP-1..3 (grace periods above deadlines, statically, with a negative case),
@@ -17,7 +17,7 @@ export WEIR_HEARTBEAT_INTERVAL_SEC=1 WEIR_NODE_TIMEOUT_SEC=3
 export WEIR_KAFKA_PORT_1=29092 WEIR_KAFKA_PORT_2=29093 WEIR_HTTP_PORT_1=28080 WEIR_HTTP_PORT_2=28081
 compose=(docker-compose -f docker-compose.yml)
 kafka="127.0.0.1:$WEIR_KAFKA_PORT_1"
-http="http://127.0.0.1:$WEIR_HTTP_PORT_1"
+http="https://127.0.0.1:$WEIR_HTTP_PORT_1"
 
 log() { echo "compose/test: $*"; }
 fail() { log "FAILED: $*"; "${compose[@]}" ps || true; "${compose[@]}" logs --tail 40 || true; exit 1; }
@@ -48,6 +48,15 @@ rm -f "$bad"
 log "building images"
 ./build-images.sh
 
+# The stack is secure by default (issue 18): HTTPS and Kafka SASL_SSL with a token.
+# Clients trust the CA build-images.sh made and use the bootstrap admin token.
+secret="$(cat admin-token)"
+ca="certs/ca.pem"
+kc() { kcat -b "$kafka" -X security.protocol=SASL_SSL -X sasl.mechanisms=PLAIN -X sasl.username=admin \
+  -X "sasl.password=$secret" -X "ssl.ca.location=$ca" "$@"; }
+c() { curl --cacert "$ca" -H "Authorization: Bearer $secret" "$@"; }
+export secret ca kafka; export -f kc c   # for the `bash -c` conditions below
+
 log "starting the stack"
 "${compose[@]}" up -d
 healthy() { [ "$(docker inspect -f '{{.State.Health.Status}}' "${project}_$1_1")" = healthy ]; }
@@ -63,29 +72,35 @@ fi
 wait_until 30 "admin token issued" bash -c \
   "docker exec ${project}_metad-1_1 weir --metad metad-1:7400 --json tokens list | grep -q '\"admin\"'"
 
-log "Kafka through the published port (kcat) and HTTP (curl)"
-kcat -b "$kafka" -L | grep -q "2 brokers" || fail "Metadata lists both gateways"
-python3 - "$kafka" <<'PY'
+log "Kafka SASL_SSL through the published port (kcat) and HTTPS (curl), with the admin token"
+wait_until 30 "the admin token known to the gateways" kc -L
+kc -L | grep -q "2 brokers" || fail "Metadata lists both gateways"
+if kcat -b "$kafka" -L -m 5 >/dev/null 2>&1; then fail "a plaintext Kafka client got metadata"; fi
+if curl -s -o /dev/null --max-time 5 "http://127.0.0.1:$WEIR_HTTP_PORT_1/readyz"; then fail "plaintext HTTP was answered"; fi
+[ "$(curl -s -o /dev/null -w '%{http_code}' --cacert "$ca" "$http/v1/streams")" = 401 ] || fail "a request without a token was not 401"
+python3 - "$kafka" "$ca" "$secret" <<'PY'
 import sys
 from kafka.admin import KafkaAdminClient, NewTopic
-KafkaAdminClient(bootstrap_servers=sys.argv[1]).create_topics([NewTopic("orders", 3, 1)])
+KafkaAdminClient(bootstrap_servers=sys.argv[1], security_protocol="SASL_SSL", ssl_cafile=sys.argv[2],
+                 sasl_mechanism="PLAIN", sasl_plain_username="admin", sasl_plain_password=sys.argv[3],
+                 ).create_topics([NewTopic("orders", 3, 1)])
 PY
-wait_until 60 "orders/0..2 open" bash -c "for p in 0 1 2; do curl -sf $http/v1/streams/orders%2F\$p/records/tail || exit 1; done"
-seq 1 1000 | sed 's/.*/k&:v&/' | kcat -b "$kafka" -P -t orders -K: -X acks=all
-count() { kcat -b "$kafka" -C -t orders -o beginning -e -q -f '%s\n' 2>/dev/null | sort -u | wc -l; }
+wait_until 60 "orders/0..2 open" bash -c "for p in 0 1 2; do c -sf $http/v1/streams/orders%2F\$p/records/tail || exit 1; done"
+seq 1 1000 | sed 's/.*/k&:v&/' | kc -P -t orders -K: -X acks=all
+count() { kc -C -t orders -o beginning -e -q -f '%s\n' 2>/dev/null | sort -u | wc -l; }
 [ "$(count)" = 1000 ] || fail "consume 1000 records, got $(count)"
-curl -sf -X POST "$http/v1/streams" -H 'content-type: application/json' -d '{"stream":"hello"}' >/dev/null
-wait_until 60 "hello open" curl -sf "$http/v1/streams/hello/records/tail"
-curl -sf -X POST "$http/v1/streams/hello/records" -H 'content-type: application/json' \
+c -sf -X POST "$http/v1/streams" -H 'content-type: application/json' -d '{"stream":"hello"}' >/dev/null
+wait_until 60 "hello open" c -sf "$http/v1/streams/hello/records/tail"
+c -sf -X POST "$http/v1/streams/hello/records" -H 'content-type: application/json' \
   -d '{"records":[{"body":"hi from compose"}]}' >/dev/null || fail "HTTP append"
-curl -sf "$http/v1/streams/hello/records?seq_num=0" | grep -q "hi from compose" || fail "HTTP read"
+c -sf "$http/v1/streams/hello/records?seq_num=0" | grep -q "hi from compose" || fail "HTTP read"
 
 log "docker kill the streamd owning orders/0: its partitions are served again, nothing lost"
-owner() { curl -sf "$http/v1/streams/orders%2F0" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["state"], d["owner"]["node"], d["owner"]["epoch"])'; }
+owner() { c -sf "$http/v1/streams/orders%2F0" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["state"], d["owner"]["node"], d["owner"]["epoch"])'; }
 before="$(owner)"
 victim="$(cut -d' ' -f2 <<<"$before")"
 docker kill "${project}_${victim}_1" >/dev/null
-seq 1001 1500 | sed 's/.*/k&:v&/' | kcat -b "$kafka" -P -t orders -K: -X acks=all -X message.timeout.ms=120000
+seq 1001 1500 | sed 's/.*/k&:v&/' | kc -P -t orders -K: -X acks=all -X message.timeout.ms=120000
 # Served again by another node or by the victim's restarted incarnation (restart policy).
 moved() { now="$(owner)" && [ "${now%% *}" = open ] && [ "$now" != "$before" ]; }
 wait_until 120 "orders/0 served again" moved

@@ -38,6 +38,15 @@ pub struct DevArgs {
     #[arg(long, env = "WEIR_STREAMD_HTTP_LISTEN", default_value = "127.0.0.1:7580")]
     streamd_http_listen: SocketAddr,
 
+    /// Serve the HTTP API as HTTPS and Kafka as `SSL`, with a CA made in
+    /// `DATA_DIR/tls` on first use (its `ca.pem` is what clients trust).
+    #[arg(long, env = "WEIR_DEV_TLS")]
+    tls: bool,
+
+    /// Allow listening beyond loopback without TLS or auth (`weir dev` has no auth).
+    #[arg(long, env = "WEIR_INSECURE")]
+    insecure: bool,
+
     #[command(flatten)]
     telemetry: TelemetryArgs,
 
@@ -94,23 +103,49 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         &args.streamd_http_listen.to_string(),
     ]);
     streamd.validate()?;
-    let gatewayd = weir_gatewayd::GatewaydArgs::parse_from([
-        "gatewayd",
-        "--id",
-        "dev-gatewayd",
-        "--metad",
-        &args.metad_listen.to_string(),
-        "--http-listen",
-        &args.http_listen.to_string(),
-        "--kafka-listen",
-        &args.kafka_listen.to_string(),
-    ]);
+    let mut gatewayd_flags = vec![
+        "gatewayd".to_string(),
+        "--id".into(),
+        "dev-gatewayd".into(),
+        "--metad".into(),
+        args.metad_listen.to_string(),
+        "--http-listen".into(),
+        args.http_listen.to_string(),
+        "--kafka-listen".into(),
+        args.kafka_listen.to_string(),
+    ];
+    let tls = args.tls.then(|| dev_certs(&data_dir, &args)).transpose()?;
+    if let Some(t) = &tls {
+        gatewayd_flags.extend(["--tls-cert".into(), t.cert.display().to_string()]);
+        gatewayd_flags.extend(["--tls-key".into(), t.key.display().to_string()]);
+    }
+    if args.insecure {
+        gatewayd_flags.push("--insecure".into());
+    }
+    let gatewayd = weir_gatewayd::GatewaydArgs::parse_from(gatewayd_flags);
     gatewayd.validate()?;
-    println!("weir dev: HTTP API on http://{}", args.http_listen);
-    println!(
-        "weir dev: Kafka on {} (bootstrap.servers={})",
-        args.kafka_listen, args.kafka_listen
-    );
+    match &tls {
+        None => {
+            println!("weir dev: HTTP API on http://{}", args.http_listen);
+            println!(
+                "weir dev: Kafka on {} (bootstrap.servers={})",
+                args.kafka_listen, args.kafka_listen
+            );
+        }
+        Some(t) => {
+            println!(
+                "weir dev: HTTP API on https://{} (curl --cacert {})",
+                args.http_listen,
+                t.ca.display()
+            );
+            println!(
+                "weir dev: Kafka on {} (bootstrap.servers={} security.protocol=SSL ssl.ca.location={})",
+                args.kafka_listen,
+                args.kafka_listen,
+                t.ca.display()
+            );
+        }
+    }
     println!("weir dev: data in {}", args.data_dir.display());
     println!(
         "weir dev: metad gRPC on {} (weir --metad {} nodes list)",
@@ -180,4 +215,35 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         anyhow::bail!("the shutdown deadline forced the stop");
     }
     Ok(())
+}
+
+/// `weir dev --tls`'s certificates: the CA is made once and kept, so clients keep
+/// trusting it across restarts; the gateway's certificate is signed anew at each start.
+struct DevTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+fn dev_certs(data_dir: &std::path::Path, args: &DevArgs) -> anyhow::Result<DevTls> {
+    let dir = data_dir.join("tls");
+    let ca = crate::certs::ca_cert_path(&dir);
+    if !ca.exists() {
+        crate::certs::new_ca(&dir, 3650)?;
+    }
+    let mut ips: Vec<std::net::IpAddr> = vec!["127.0.0.1".parse()?, "::1".parse()?];
+    for ip in [args.http_listen.ip(), args.kafka_listen.ip()] {
+        if !ip.is_unspecified() && !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    }
+    let (cert, key) = crate::certs::issue(
+        &dir,
+        crate::certs::Role::Gatewayd,
+        "dev-gatewayd",
+        &["localhost".to_string()],
+        &ips,
+        365,
+    )?;
+    Ok(DevTls { ca, cert, key })
 }

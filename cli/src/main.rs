@@ -1,5 +1,6 @@
 //! The `weir` command: admin commands over metad's gRPC admin API, and `weir dev`.
 
+mod certs;
 mod dev;
 mod output;
 
@@ -32,6 +33,11 @@ struct Cli {
 enum Cmd {
     /// Run Weir on local disk in one process: metad, streamd and gatewayd.
     Dev(Box<dev::DevArgs>),
+    /// The cluster's certificate authority and node certificates (TLS).
+    Certs {
+        #[command(subcommand)]
+        action: certs::CertsCmd,
+    },
     /// Registered nodes.
     Nodes {
         #[command(subcommand)]
@@ -176,9 +182,11 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Cmd::Dev(args) = cli.command {
-        return dev::run(*args).await;
-    }
+    let cli = match cli.command {
+        Cmd::Dev(args) => return dev::run(*args).await,
+        Cmd::Certs { action } => return certs::run(action),
+        _ => cli,
+    };
     let addrs = weir_shared::config::addr_list(&cli.metad);
     let client = MetadClient::new(&addrs, Duration::from_secs(cli.timeout_sec))?;
     let operator = Proposer::Operator {
@@ -186,7 +194,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let out = output::Output { json: cli.json };
     match cli.command {
-        Cmd::Dev(_) => unreachable!("handled above"),
+        Cmd::Dev(_) | Cmd::Certs { .. } => unreachable!("handled above"),
         Cmd::Status => out.value(&client.admin("status", 0, 0).await?),
         Cmd::Nodes { action: NodesCmd::List } => out.nodes(&client.admin("nodes", 0, 0).await?),
         Cmd::Nodes {

@@ -55,6 +55,21 @@ pub struct GatewaydArgs {
     #[arg(long, env = "WEIR_AUTH", default_value_t = false)]
     pub auth: bool,
 
+    #[command(flatten)]
+    pub tls: weir_shared::tls::ServerTlsArgs,
+
+    /// Accept SASL/PLAIN on a Kafka listener without TLS, where passwords (token
+    /// secrets) cross the network in clear. Without it a plaintext listener refuses PLAIN
+    /// with UNSUPPORTED_SASL_MECHANISM.
+    #[arg(long, env = "WEIR_KAFKA_ALLOW_PLAINTEXT_SASL", default_value_t = false)]
+    pub kafka_allow_plaintext_sasl: bool,
+
+    /// Serve on a non-loopback address without TLS (`--tls-cert`) or without `--auth`.
+    /// Without it such a gateway refuses to start, as anyone who reaches the port could
+    /// read and write every stream.
+    #[arg(long, env = "WEIR_INSECURE", default_value_t = false)]
+    pub insecure: bool,
+
     /// Kafka protocol address (gateways are the cluster's Kafka brokers).
     #[arg(long, env = "WEIR_KAFKA_LISTEN", default_value = "127.0.0.1:9092")]
     pub kafka_listen: SocketAddr,
@@ -153,8 +168,37 @@ impl GatewaydArgs {
                 return Err(ConfigError::new(format!("--kafka-advertise '{a}' is not HOST:PORT")));
             }
         }
+        self.tls.load(&[])?;
+        self.refuse_insecure_exposure()?;
         self.telemetry.validate()?;
         self.shutdown.validate()?;
+        Ok(())
+    }
+
+    /// Secure by default (issue 18): a gateway reachable beyond this host serves TLS
+    /// and authenticates, unless `--insecure` says otherwise.
+    fn refuse_insecure_exposure(&self) -> Result<(), ConfigError> {
+        let secure = self.tls.tls_cert.is_some() && self.auth;
+        if secure || self.insecure {
+            return Ok(());
+        }
+        for (flag, addr) in [
+            ("--http-listen", self.http_listen),
+            ("--kafka-listen", self.kafka_listen),
+        ] {
+            if !addr.ip().is_loopback() {
+                let missing = match (self.tls.tls_cert.is_some(), self.auth) {
+                    (false, false) => "no TLS (--tls-cert, --tls-key) and no --auth",
+                    (false, true) => "no TLS (--tls-cert, --tls-key)",
+                    _ => "no --auth",
+                };
+                return Err(ConfigError::new(format!(
+                    "{flag} {addr} is reachable beyond this host, and the gateway has {missing}: \
+                     clients' records and credentials would be open to anyone on the network; \
+                     give TLS and --auth, or --insecure to serve anyway"
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -166,5 +210,40 @@ impl weir_shared::service::ServiceConfig for GatewaydArgs {
 
     fn telemetry_args(&self) -> &TelemetryArgs {
         &self.telemetry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> GatewaydArgs {
+        let mut argv = vec!["gatewayd", "--id", "gw-1", "--metad", "127.0.0.1:7400"];
+        argv.extend_from_slice(extra);
+        GatewaydArgs::parse_from(argv)
+    }
+
+    // Issue 18, secure by default: beyond loopback a gateway needs TLS and --auth, or
+    // --insecure; on loopback it needs neither.
+    #[test]
+    fn a_gateway_beyond_loopback_needs_tls_and_auth_or_insecure() {
+        let refused = |extra: &[&str]| args(extra).refuse_insecure_exposure().err().map(|e| e.message);
+        assert_eq!(refused(&[]), None, "loopback is the default and needs nothing");
+        let why = refused(&["--kafka-listen", "0.0.0.0:9092"]).expect("refused");
+        assert!(
+            why.starts_with("--kafka-listen 0.0.0.0:9092 is reachable beyond this host"),
+            "{why}"
+        );
+        assert!(why.contains("no TLS (--tls-cert, --tls-key) and no --auth"), "{why}");
+        let why = refused(&["--http-listen", "10.0.0.1:80", "--auth"]).expect("refused");
+        assert!(why.contains("has no TLS (--tls-cert, --tls-key):"), "{why}");
+        let tls = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let why = refused(&[&["--http-listen", "0.0.0.0:80"], &tls[..]].concat()).expect("refused");
+        assert!(why.contains("has no --auth:"), "{why}");
+        assert_eq!(
+            refused(&[&["--http-listen", "0.0.0.0:80", "--auth"], &tls[..]].concat()),
+            None
+        );
+        assert_eq!(refused(&["--http-listen", "0.0.0.0:80", "--insecure"]), None);
     }
 }

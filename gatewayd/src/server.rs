@@ -16,6 +16,14 @@ use weir_shared::service::Exit;
 use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
 pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<Exit> {
+    let http_tls = args.tls.load(weir_shared::http_server::ALPN)?;
+    let kafka_tls = args.tls.load(&[])?;
+    if args.auth && kafka_tls.is_none() && !args.kafka_allow_plaintext_sasl {
+        tracing::warn!(
+            "Kafka clients cannot authenticate: SASL/PLAIN is refused on a plaintext listener; \
+             give --tls-cert and --tls-key, or --kafka-allow-plaintext-sasl"
+        );
+    }
     let http_listener = weir_shared::service::bind("--http-listen", args.http_listen).await?;
     let http_addr = args
         .http_advertise
@@ -66,6 +74,7 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
     let http = weir_shared::http_server::serve(
         Listener::new(http_listener, "http", limits),
         router(gw.clone()),
+        http_tls.clone(),
         servers_stop.clone().cancelled_owned(),
     );
     servers.spawn(watch_listener("http", http, shutdown.clone(), servers_stop.clone()));
@@ -86,6 +95,8 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         header_read_timeout: limits.header_read_timeout,
         principals: crate::kafka::principals::Principals::new(args.kafka_max_connections_per_principal),
         default_partitions: args.kafka_default_partitions,
+        tls: kafka_tls.clone(),
+        allow_plaintext_sasl: args.kafka_allow_plaintext_sasl,
     });
     servers.spawn(watch_listener(
         "kafka",
@@ -98,7 +109,15 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         shutdown.clone(),
         servers_stop.clone(),
     ));
-    tracing::info!(node_id = %me.node, epoch = %me.epoch, http = %http_addr, kafka = %kafka_addr, "gatewayd listening");
+    tracing::info!(
+        node_id = %me.node,
+        epoch = %me.epoch,
+        http = %http_addr,
+        kafka = %kafka_addr,
+        tls = kafka_tls.is_some(),
+        auth = args.auth,
+        "gatewayd listening"
+    );
 
     // RR-FEN-2: nothing is routed before the catch-up fence.
     let stop_requested = shutdown.token();

@@ -1,8 +1,10 @@
 //! Serves an axum router on a limited [`Listener`](crate::listener::Listener), with
 //! hyper's header-read timeout on (axum's own `serve` sets no timer, so a client could
-//! trickle request headers forever). HTTP/1.1 and HTTP/2 (prior knowledge) both work.
+//! trickle request headers forever). HTTP/1.1 and HTTP/2 (prior knowledge, or ALPN
+//! under TLS) both work; with a certificate every connection is HTTPS.
 
 use crate::listener::Listener;
+use crate::tls::ServerTls;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -13,9 +15,18 @@ use std::future::Future;
 /// Most concurrent requests on one HTTP/2 connection.
 const MAX_CONCURRENT_STREAMS: u32 = 256;
 
+/// ALPN names an HTTPS listener offers, HTTP/2 first.
+pub const ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
+
 /// Serves `router` until `stop` completes, then lets open requests finish (a graceful
-/// shutdown of every connection) and returns.
-pub async fn serve(listener: Listener, router: Router, stop: impl Future<Output = ()>) -> std::io::Result<()> {
+/// shutdown of every connection) and returns. With `tls`, each connection's handshake
+/// runs on its own task, bounded by the header-read timeout.
+pub async fn serve(
+    listener: Listener,
+    router: Router,
+    tls: Option<ServerTls>,
+    stop: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let limits = listener.limits();
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -32,17 +43,28 @@ pub async fn serve(listener: Listener, router: Router, stop: impl Future<Output 
     let connections = tokio_util::task::TaskTracker::new();
     tokio::pin!(stop);
     loop {
-        let (io, _peer) = tokio::select! {
+        let (io, peer) = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = &mut stop => break,
         };
-        let service = TowerToHyperService::new(router.clone());
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let (service, builder, tls, watcher) = (
+            TowerToHyperService::new(router.clone()),
+            builder.clone(),
+            tls.clone(),
+            graceful.watcher(),
+        );
         connections.spawn(async move {
-            if let Err(e) = conn.await {
+            let io = match crate::tls::start(tls.as_ref(), io, limits.header_read_timeout, "http").await {
+                Ok(io) => io,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "https connection closed before its handshake finished");
+                    return;
+                }
+            };
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service)
+                .into_owned();
+            if let Err(e) = watcher.watch(conn).await {
                 log_closed(e);
             }
         });

@@ -15,3 +15,4 @@ pub mod metrics;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;

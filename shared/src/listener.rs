@@ -129,7 +129,7 @@ fn metrics() -> &'static Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "listener_connections_closed_total",
-                    "Connections closed by a limit: reason idle_timeout or header_read_timeout.",
+                    "Connections closed by a limit or a failed start: reason idle_timeout, header_read_timeout or tls_handshake.",
                 ),
                 &["listener", "reason"],
             )
@@ -142,6 +142,11 @@ fn metrics() -> &'static Metrics {
 /// Kafka principal's share).
 pub fn count_refused(listener: &str, reason: &str) {
     metrics().refused.with_label_values(&[listener, reason]).inc();
+}
+
+/// Counts a connection closed by its service for `reason` (`tls_handshake`).
+pub fn count_closed(listener: &str, reason: &str) {
+    metrics().closed.with_label_values(&[listener, reason]).inc();
 }
 
 /// Counts a connection closed because its request head did not arrive in time.

@@ -119,6 +119,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     let http = weir_shared::http_server::serve(
         Listener::new(http_listener, "http", limits),
         crate::http::router(node.clone()),
+        None,
         http_stop.clone().cancelled_owned(),
     );
     tasks.spawn(watch_listener("http", http, shutdown.clone(), http_stop.clone()));

@@ -13,6 +13,8 @@
 //! `WEIR_BENCH_RUNS` (3) and `WEIR_BENCH_MESSAGES` (200000) narrow it;
 //! `WEIR_BENCH_OBJECT_STORE` is `file` (the default, as `weir dev`) or `s3` (s3s-fs);
 //! `WEIR_BENCH_CLUSTER=1` runs 3 metad replicas and 2 streamd instead of one of each.
+//! `WEIR_BENCH_TLS=1` serves Kafka over TLS (`SSL`, a certificate from `weir certs`) to
+//! confluent-kafka only: the `rdkafka` crate here is built without OpenSSL.
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
@@ -166,9 +168,13 @@ fn median(mut runs: Vec<Figure>) -> (Figure, f64, f64) {
 }
 
 /// Runs one phase of `tests/clients/confluent_bench.py`; its JSON answer.
-fn confluent(gw: &Gatewayd, args: &[String]) -> serde_json::Value {
+fn confluent(gw: &Gatewayd, ca: Option<&std::path::Path>, args: &[String]) -> serde_json::Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/confluent_bench.py");
-    let out = std::process::Command::new("python3")
+    let mut command = std::process::Command::new("python3");
+    if let Some(ca) = ca {
+        command.env("WEIR_BENCH_CA", ca);
+    }
+    let out = command
         .arg(script)
         .arg(&gw.kafka)
         .args(args)
@@ -227,19 +233,38 @@ async fn main() {
         stack.metad.replicas.len(),
         stack.nodes.len()
     );
-    let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
+    // `WEIR_BENCH_TLS=1`: the Kafka listener is `SSL`, with a certificate from `weir certs`.
+    let tls = env_or("WEIR_BENCH_TLS", 0u8) == 1;
+    assert!(
+        !tls || clients == [Client::Confluent],
+        "WEIR_BENCH_TLS=1 needs WEIR_BENCH_CLIENTS=confluent (the rdkafka crate here has no OpenSSL)"
+    );
+    let certs = tls.then(|| weir_tests::tls::Certs::make(&stack.dir.path().join("certs"), "gw-1"));
+    let gw_flags = certs.as_ref().map(|c| c.flags()).unwrap_or_default();
+    let gw_flags: Vec<&str> = gw_flags.iter().map(String::as_str).collect();
+    let mut gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &gw_flags);
+    let ca = certs.as_ref().map(|c| c.ca.clone());
+    if let Some(ca) = &ca {
+        gw.trust(ca);
+    }
     gw.wait_ready().await;
+    println!("kafka listener: {}", if tls { "SSL" } else { "PLAINTEXT" });
     let admin: AdminClient<DefaultClientContext> = config(&gw).create().expect("admin");
+    let metad = stack.metad_addrs();
     let create = |t: String| {
-        let (admin, gw) = (&admin, &gw);
+        let (admin, gw, metad) = (&admin, &gw, &metad);
         async move {
-            admin
-                .create_topics(
-                    &[NewTopic::new(&t, 1, TopicReplication::Fixed(1))],
-                    &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-                )
-                .await
-                .expect("create");
+            if tls {
+                weir_tests::tls::weir(&["--metad", metad, "topics", "create", &t, "--partitions", "1"]);
+            } else {
+                admin
+                    .create_topics(
+                        &[NewTopic::new(&t, 1, TopicReplication::Fixed(1))],
+                        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+                    )
+                    .await
+                    .expect("create");
+            }
             gw.wait_open(&format!("{t}/0")).await;
             t
         }
@@ -267,8 +292,8 @@ async fn main() {
                         let args =
                             |phase: &str| [phase.to_string(), topic.clone(), size.to_string(), count.to_string()];
                         (
-                            Figure::from_json(&confluent(&gw, &args("produce"))),
-                            Figure::from_json(&confluent(&gw, &args("consume"))),
+                            Figure::from_json(&confluent(&gw, ca.as_deref(), &args("produce"))),
+                            Figure::from_json(&confluent(&gw, ca.as_deref(), &args("consume"))),
                         )
                     }),
                 };
@@ -296,6 +321,7 @@ async fn main() {
                 Client::Confluent => tokio::task::block_in_place(|| {
                     let v = confluent(
                         &gw,
+                        ca.as_deref(),
                         &[
                             "latency".into(),
                             topic,

@@ -74,7 +74,7 @@ async fn gateway_catch_up(stack: &Stack, id: &str) -> Duration {
     let started = Instant::now();
     let mut gw = Gatewayd::start(id, &stack.metad_addrs(), stack.dir.path(), &[]);
     let url = gw.url("/readyz");
-    let http = reqwest::Client::new();
+    let http = weir_tests::http();
     loop {
         if http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
             break;

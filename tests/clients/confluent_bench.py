@@ -13,6 +13,7 @@ its setup from its fetch time. Latency: single 1 KiB messages at RATE per second
 """
 
 import json
+import os
 import sys
 import time
 
@@ -20,8 +21,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition, OFFSET_BEGINNING
 
 
 def client(bootstrap):
-    """The settings every client of the bench shares."""
-    return {"bootstrap.servers": bootstrap, "broker.address.family": "v4"}
+    """The settings every client of the bench shares; TLS when WEIR_BENCH_CA names a CA."""
+    conf = {"bootstrap.servers": bootstrap, "broker.address.family": "v4"}
+    ca = os.environ.get("WEIR_BENCH_CA")
+    if ca:
+        conf.update({"security.protocol": "SSL", "ssl.ca.location": ca})
+    return conf
 
 
 def produce(bootstrap, topic, size, count):

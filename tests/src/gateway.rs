@@ -20,6 +20,8 @@ pub struct Gatewayd {
     http_client: reqwest::Client,
     /// Sent as `Authorization: Bearer` when set.
     pub token: Option<String>,
+    /// `https` once [`Gatewayd::trust`] was called.
+    scheme: &'static str,
 }
 
 impl Gatewayd {
@@ -50,14 +52,25 @@ impl Gatewayd {
             args,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             proc: Proc::new(id, dir.join(format!("{id}.log"))),
-            http_client: reqwest::Client::builder()
+            http_client: crate::http_builder()
                 .timeout(Duration::from_secs(90))
                 .build()
                 .expect("http client"),
             token: None,
+            scheme: "http",
         };
         g.spawn();
         g
+    }
+
+    /// Talks HTTPS to a gateway started with `--tls-cert`, trusting only the CA `ca`.
+    pub fn trust(&mut self, ca: &Path) {
+        self.scheme = "https";
+        self.http_client = crate::http_builder()
+            .timeout(Duration::from_secs(90))
+            .use_preconfigured_tls(crate::tls::client_config(ca))
+            .build()
+            .expect("https client");
     }
 
     pub fn spawn(&mut self) {
@@ -82,7 +95,7 @@ impl Gatewayd {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.http)
+        format!("{}://{}{path}", self.scheme, self.http)
     }
 
     pub async fn wait_ready(&self) {
@@ -91,7 +104,7 @@ impl Gatewayd {
             &format!("gatewayd {} ready", self.id),
             Duration::from_secs(30),
             || async {
-                let r = reqwest::get(&url).await.ok()?;
+                let r = self.http_client.get(&url).send().await.ok()?;
                 r.status().is_success().then_some(())
             },
         )

@@ -15,26 +15,38 @@ pub fn connect(addr: &str) -> TcpStream {
 /// Authenticates a new Kafka connection with SASL/PLAIN through SaslHandshake v0 and a
 /// raw token, as old clients do; `None` when the gateway closed it instead.
 pub fn sasl_v0(addr: &str, user: &str, secret: &str) -> Option<TcpStream> {
-    let mut s = connect(addr);
-    let mut handshake = Vec::new();
-    handshake.extend_from_slice(&17i16.to_be_bytes());
-    handshake.extend_from_slice(&0i16.to_be_bytes());
-    handshake.extend_from_slice(&9i32.to_be_bytes());
-    handshake.extend_from_slice(&(-1i16).to_be_bytes());
-    handshake.extend_from_slice(&5i16.to_be_bytes());
-    handshake.extend_from_slice(b"PLAIN");
-    s.write_all(&(handshake.len() as i32).to_be_bytes()).ok()?;
-    s.write_all(&handshake).ok()?;
-    let mut size = [0u8; 4];
-    s.read_exact(&mut size).ok()?;
-    let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
-    s.read_exact(&mut answer).ok()?;
+    let (error, mut s) = sasl_handshake_v0(addr, "PLAIN")?;
+    if error != 0 {
+        return None;
+    }
     let token = format!("\0{user}\0{secret}");
     s.write_all(&(token.len() as i32).to_be_bytes()).ok()?;
     s.write_all(token.as_bytes()).ok()?;
     let mut ok = [0u8; 4];
     s.read_exact(&mut ok).ok()?;
     Some(s)
+}
+
+/// A SaslHandshake v0 for `mechanism` on a new connection: the answer's error code, and
+/// the connection.
+pub fn sasl_handshake_v0(addr: &str, mechanism: &str) -> Option<(i16, TcpStream)> {
+    let mut s = connect(addr);
+    let mut handshake = Vec::new();
+    handshake.extend_from_slice(&17i16.to_be_bytes());
+    handshake.extend_from_slice(&0i16.to_be_bytes());
+    handshake.extend_from_slice(&9i32.to_be_bytes());
+    handshake.extend_from_slice(&(-1i16).to_be_bytes());
+    handshake.extend_from_slice(&(mechanism.len() as i16).to_be_bytes());
+    handshake.extend_from_slice(mechanism.as_bytes());
+    s.write_all(&(handshake.len() as i32).to_be_bytes()).ok()?;
+    s.write_all(&handshake).ok()?;
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).ok()?;
+    let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
+    s.read_exact(&mut answer).ok()?;
+    // Correlation id, then the error code.
+    let error = i16::from_be_bytes(answer.get(4..6)?.try_into().ok()?);
+    Some((error, s))
 }
 
 /// Whether the peer closed `s` (EOF or a reset) before its read timeout.

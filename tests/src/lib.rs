@@ -16,6 +16,7 @@ pub mod proxy;
 pub mod readback;
 pub mod s3;
 pub mod streamd;
+pub mod tls;
 pub mod writer;
 
 use std::future::Future;
@@ -98,8 +99,29 @@ pub fn signal(pid: u32, signal: nix::sys::signal::Signal) {
 }
 
 /// The body of a GET, failing the test if it cannot be fetched.
+/// An HTTP client for tests. reqwest is built with rustls and no provider of its own
+/// (HTTPS to gateways with `--tls-cert`), so the process's provider is installed first.
+pub fn http() -> reqwest::Client {
+    http_builder().build().expect("http client")
+}
+
+/// As [`http`], to configure.
+pub fn http_builder() -> reqwest::ClientBuilder {
+    static PROVIDER: std::sync::Once = std::sync::Once::new();
+    PROVIDER.call_once(|| {
+        // Err only when one is installed already, which is as good.
+        let _ = tokio_rustls::rustls::crypto::aws_lc_rs::default_provider().install_default();
+    });
+    reqwest::Client::builder()
+}
+
+/// `reqwest::get` through [`http`].
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http().get(url).send().await
+}
+
 pub async fn get_text(url: &str) -> String {
-    reqwest::get(url)
+    crate::http_get(url)
         .await
         .unwrap_or_else(|e| panic!("GET {url}: {e}"))
         .text()

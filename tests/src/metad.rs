@@ -91,7 +91,7 @@ impl Replica {
 
     /// A JSON document from this replica's admin HTTP, or `None` if it does not answer.
     pub async fn http_json(&self, path: &str) -> Option<Value> {
-        let resp = reqwest::Client::new()
+        let resp = crate::http()
             .get(format!("http://{}{path}", self.http))
             .timeout(Duration::from_secs(2))
             .send()

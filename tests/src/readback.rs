@@ -42,7 +42,7 @@ pub async fn read_bodies(http: &reqwest::Client, gateway: &str, stream: &str) ->
 /// Reads every stream of `expected` through `gateway` and asserts each holds exactly
 /// what was acknowledged: every record, once, in order.
 pub async fn check_every_record(gateway: &str, expected: &BTreeMap<String, Vec<String>>) {
-    let http = reqwest::Client::builder()
+    let http = crate::http_builder()
         .timeout(Duration::from_secs(60))
         .build()
         .expect("http client");

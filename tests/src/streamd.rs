@@ -95,7 +95,7 @@ impl Streamd {
             &format!("streamd {} ready", self.id),
             Duration::from_secs(30),
             || async {
-                let r = reqwest::get(&url).await.ok()?;
+                let r = crate::http_get(&url).await.ok()?;
                 r.status().is_success().then_some(())
             },
         )

@@ -1007,14 +1007,14 @@ async fn damage_is_marked_listed_and_repaired_by_the_operator() {
     );
     let (ok, listed) = weir(&stack, &["streams", "damaged"]);
     assert!(ok && listed.contains("hurt") && listed.contains("0..3"), "{listed}");
-    let ready: Value = reqwest::get(format!("http://{}/ready", stack.nodes[1].http))
+    let ready: Value = weir_tests::http_get(format!("http://{}/ready", stack.nodes[1].http))
         .await
         .expect("ready")
         .json()
         .await
         .expect("json");
     assert_eq!(ready["damaged_streams"], json!(["hurt"]), "{ready}");
-    let metrics = reqwest::get(format!("http://{}/metrics", stack.nodes[1].http))
+    let metrics = weir_tests::http_get(format!("http://{}/metrics", stack.nodes[1].http))
         .await
         .expect("metrics")
         .text()

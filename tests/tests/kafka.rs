@@ -528,7 +528,7 @@ async fn python_clients_produce_consume_and_administer() {
 // Issue 5: SASL/PLAIN over the HTTP issue's tokens when auth is enabled.
 #[tokio::test(flavor = "multi_thread")]
 async fn sasl_plain_authenticates_with_tokens() {
-    let (stack, mut gw) = kafka_stack(1, &["--auth"]).await;
+    let (stack, mut gw) = kafka_stack(1, &["--auth", "--kafka-allow-plaintext-sasl"]).await;
     let secret = "weir_kafka-secret";
     stack.metad.issue_token("app", secret, &[]).await;
     let with = |user: &str, pass: &str| {
@@ -586,7 +586,7 @@ async fn sasl_plain_authenticates_with_tokens() {
 #[tokio::test(flavor = "multi_thread")]
 async fn revoking_a_token_closes_its_kafka_connections_within_5_s() {
     use weir_tests::kafka_wire::{closed_by_peer, sasl_v0};
-    let (stack, mut gw) = kafka_stack(1, &["--auth"]).await;
+    let (stack, mut gw) = kafka_stack(1, &["--auth", "--kafka-allow-plaintext-sasl"]).await;
     stack.metad.issue_token("app", "weir_app-secret", &[]).await;
     stack.metad.issue_token("other", "weir_other-secret", &[]).await;
     let addr = gw.kafka.clone();
@@ -624,7 +624,7 @@ async fn revoking_a_token_closes_its_kafka_connections_within_5_s() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kafka_connection_closes_within_5_s_of_its_tokens_expiry() {
     use weir_tests::kafka_wire::{closed_by_peer, sasl_v0};
-    let (stack, gw) = kafka_stack(1, &["--auth"]).await;
+    let (stack, gw) = kafka_stack(1, &["--auth", "--kafka-allow-plaintext-sasl"]).await;
     let now_ms = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

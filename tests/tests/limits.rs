@@ -532,7 +532,16 @@ async fn watch_streams_are_capped_per_metad() {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_token_cannot_take_every_kafka_connection() {
     bounded(async {
-        let (stack, mut gw) = stack_and_gateway(&[], &["--auth", "--kafka-max-connections-per-principal", "2"]).await;
+        let (stack, mut gw) = stack_and_gateway(
+            &[],
+            &[
+                "--auth",
+                "--kafka-allow-plaintext-sasl",
+                "--kafka-max-connections-per-principal",
+                "2",
+            ],
+        )
+        .await;
         stack.metad.issue_token("app", "weir_app-secret", &[]).await;
         stack.metad.issue_token("other", "weir_other-secret", &[]).await;
         let addr = gw.kafka.clone();

@@ -417,7 +417,7 @@ async fn admin_http_and_cli_report_nodes_streams_and_the_log() {
         };
         propose_until_applied(&client, register).await;
         let r = &cluster.replicas[0];
-        let http = reqwest::Client::new();
+        let http = weir_tests::http();
         for (path, status) in [("/livez", 200), ("/readyz", 200), ("/admin/nodes", 200), ("/nope", 404)] {
             let resp = http.get(format!("http://{}{path}", r.http)).send().await.expect("http");
             assert_eq!(resp.status().as_u16(), status, "{path}");

@@ -85,7 +85,7 @@ async fn format1_view_bytes(client: &MetadClient, streams: &[StreamId]) -> (usiz
 /// Waits until `url` answers 200; how long that took from `since`.
 async fn ready_after(url: &str, since: Instant) -> Duration {
     wait_for(url, Duration::from_secs(30), || async {
-        let r = reqwest::get(url).await.ok()?;
+        let r = weir_tests::http_get(url).await.ok()?;
         r.status().is_success().then_some(())
     })
     .await;
@@ -463,7 +463,7 @@ async fn a_watcher_that_cannot_decode_its_snapshot_says_why_and_is_not_ready() {
         let dir = tempfile::tempdir().expect("dir");
         let gw = Gatewayd::start("gw-undecodable", &cluster.replicas[0].grpc, dir.path(), &[]);
         let why = wait_for("the watcher reports the cause", Duration::from_secs(30), || async {
-            let r = reqwest::get(gw.url("/ready")).await.ok()?;
+            let r = weir_tests::http_get(gw.url("/ready")).await.ok()?;
             let status = r.status();
             let body: Value = r.json().await.ok()?;
             Some((status, body["view_error"].as_str()?.to_string()))

@@ -86,11 +86,11 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
     // SD-CS-2: readiness fails within moments; liveness stays.
     let http = stack.nodes[victim].http.clone();
     wait_for("readyz 503 after SIGTERM", Duration::from_secs(2), || async {
-        let r = reqwest::get(format!("http://{http}/readyz")).await.ok()?;
+        let r = weir_tests::http_get(format!("http://{http}/readyz")).await.ok()?;
         (r.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE).then_some(())
     })
     .await;
-    let ready: serde_json::Value = reqwest::get(format!("http://{http}/ready"))
+    let ready: serde_json::Value = weir_tests::http_get(format!("http://{http}/ready"))
         .await
         .expect("ready")
         .json()
@@ -358,7 +358,7 @@ async fn an_operator_drain_moves_streams_and_stops_nothing() {
         stack.nodes[i].wait_exit_if_exited(Duration::from_millis(200)).await,
         None
     );
-    let live = reqwest::get(format!("http://{}/livez", stack.nodes[i].http))
+    let live = weir_tests::http_get(format!("http://{}/livez", stack.nodes[i].http))
         .await
         .expect("livez");
     assert!(live.status().is_success());

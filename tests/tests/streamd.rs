@@ -783,7 +783,7 @@ async fn streamd_with_another_heartbeat_timing_is_refused() {
 }
 
 async fn ready_json(stack: &Stack, on: usize) -> Option<serde_json::Value> {
-    reqwest::get(format!("http://{}/ready", stack.nodes[on].http))
+    weir_tests::http_get(format!("http://{}/ready", stack.nodes[on].http))
         .await
         .ok()?
         .json()
@@ -881,7 +881,7 @@ async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() 
             .into_inner();
         assert_eq!(s.end_offset, 50);
         assert!(s.committed_end < 50, "a commit landed without metad");
-        let readyz = reqwest::get(format!("http://{}/readyz", stack.nodes[0].http))
+        let readyz = weir_tests::http_get(format!("http://{}/readyz", stack.nodes[0].http))
             .await
             .expect("readyz");
         assert_eq!(readyz.status().as_u16(), 200, "readiness failed because metad is down");

@@ -29,7 +29,7 @@ async fn weir_dev_serves_http_and_kafka_on_local_disk_and_stops_cleanly() {
     }
     let mut proc = Proc::new("weir-dev", dir.path().join("dev.log"));
     proc.spawn(command);
-    let client = reqwest::Client::new();
+    let client = weir_tests::http();
     let url = |p: &str| format!("http://{http}{p}");
     wait_for("weir dev ready", Duration::from_secs(60), || async {
         let r = client.get(url("/readyz")).send().await.ok()?;

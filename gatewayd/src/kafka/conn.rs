@@ -19,6 +19,7 @@ use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_shared::listener::Guarded;
+use weir_shared::tls::MaybeTls;
 
 const UNSUPPORTED_VERSION: i16 = KafkaError::UnsupportedVersion.code();
 
@@ -34,6 +35,8 @@ pub struct Session {
     pub principal_slot: Option<super::principals::PrincipalSlot>,
     /// When the authenticated token was issued (rechecked while the connection lives).
     pub token_issued: Option<u64>,
+    /// The connection runs under TLS (`SSL` or `SASL_SSL`).
+    pub tls: bool,
 }
 
 impl Session {
@@ -75,8 +78,8 @@ struct Done {
 }
 
 type InFlight<'a> = FuturesOrdered<BoxFuture<'a, Done>>;
-type Reader = ReadHalf<Guarded>;
-type Writer = WriteHalf<Guarded>;
+type Reader = ReadHalf<MaybeTls<Guarded>>;
+type Writer = WriteHalf<MaybeTls<Guarded>>;
 
 /// The read half and the next frame from it; the read half comes back with the frame,
 /// so the read can be polled alongside answers without losing a partial frame.
@@ -97,13 +100,14 @@ fn read_next(
 /// request order, as the protocol requires. Every other request is a barrier: it runs
 /// once everything before it is answered. Appends to owners go on lanes run on `lanes`.
 pub async fn run(
-    socket: Guarded,
+    socket: MaybeTls<Guarded>,
     peer: SocketAddr,
     kafka: Arc<Kafka>,
     lanes: TaskTracker,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let _open = Open::new();
+    let tls = socket.is_tls();
     let (rd, mut wr) = tokio::io::split(socket);
     let mut session = Session {
         peer,
@@ -112,6 +116,7 @@ pub async fn run(
         mechanism: None,
         principal_slot: None,
         token_issued: None,
+        tls,
     };
     let refused = |reason: &str| {
         crate::metrics::metrics()
@@ -367,7 +372,11 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             groups::find_coordinator(kafka, session, r, version).await,
         )),
         RequestKind::SaslHandshake(r) => {
-            let (resp, ok) = sasl::handshake(r);
+            let plain_allowed = session.tls || kafka.allow_plaintext_sasl;
+            let (resp, ok) = sasl::handshake(r, plain_allowed);
+            if !ok && !plain_allowed {
+                tracing::debug!(peer = %session.peer, "SASL/PLAIN refused on a plaintext connection (--kafka-allow-plaintext-sasl)");
+            }
             if ok {
                 session.mechanism = Some("PLAIN".into());
             }

@@ -40,6 +40,10 @@ pub struct Kafka {
     /// A request frame must arrive whole within this of its first byte.
     pub header_read_timeout: std::time::Duration,
     pub default_partitions: u32,
+    /// The listener's TLS (`SSL`, or `SASL_SSL` with `--auth`); plaintext without it.
+    pub tls: Option<weir_shared::tls::ServerTls>,
+    /// SASL/PLAIN is accepted on a plaintext connection.
+    pub allow_plaintext_sasl: bool,
 }
 
 /// Accepts Kafka connections until `stop`; each runs on its own task, tracked by `tasks`.
@@ -63,6 +67,14 @@ pub async fn serve(
         }
         let (kafka, stop, lanes) = (kafka.clone(), stop.clone(), tasks.clone());
         tasks.spawn(async move {
+            let within = kafka.header_read_timeout;
+            let socket = match weir_shared::tls::start(kafka.tls.as_ref(), socket, within, "kafka").await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "kafka connection closed before its TLS handshake finished");
+                    return;
+                }
+            };
             if let Err(e) = conn::run(socket, peer, kafka, lanes, stop).await {
                 tracing::debug!(%peer, error = %e, "kafka connection closed");
             }

@@ -12,11 +12,15 @@ use kafka_protocol::ResponseError as KafkaError;
 const UNSUPPORTED_SASL_MECHANISM: i16 = KafkaError::UnsupportedSaslMechanism.code();
 const SASL_AUTHENTICATION_FAILED: i16 = KafkaError::SaslAuthenticationFailed.code();
 
-pub fn handshake(r: SaslHandshakeRequest) -> (SaslHandshakeResponse, bool) {
-    let ok = r.mechanism.as_str() == "PLAIN";
+/// Agrees on a mechanism. PLAIN sends the secret itself, so it is offered only under
+/// TLS or where `--kafka-allow-plaintext-sasl` allows it (issue 18); otherwise the
+/// connection is offered no mechanism, and the client reports it as unsupported.
+pub fn handshake(r: SaslHandshakeRequest, plain_allowed: bool) -> (SaslHandshakeResponse, bool) {
+    let offered: &[&'static str] = if plain_allowed { &["PLAIN"] } else { &[] };
+    let ok = offered.contains(&r.mechanism.as_str());
     let resp = SaslHandshakeResponse::default()
         .with_error_code(if ok { 0 } else { UNSUPPORTED_SASL_MECHANISM })
-        .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]);
+        .with_mechanisms(offered.iter().map(|m| StrBytes::from_static_str(m)).collect());
     (resp, ok)
 }
 
