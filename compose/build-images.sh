@@ -43,15 +43,26 @@ if [ ! -s compose/admin-token ]; then
   echo "build-images: wrote a new admin token secret to compose/admin-token"
 fi
 
-# The cluster's CA and the gateways' certificates (issue 18), made once and kept, so
-# clients keep trusting the CA; never committed. Each gateway is named by its service
-# name inside the network and by localhost and 127.0.0.1, where its ports are published.
+# The cluster's CA and every service's certificate (issue 18), made once and kept, so
+# clients keep trusting the CA; never committed. Each names the service's name on the
+# compose network (where its peers reach it) and `spiffe://weir/ROLE/ID`; gateways
+# also localhost and 127.0.0.1, where their ports are published. `operator-compose` is
+# for `weir` inside metad-1 (compose/test.sh).
 weir="$target/$profile/weir"
-[ -s compose/certs/ca.pem ] || "$weir" certs ca --dir compose/certs >/dev/null
-for g in gatewayd-1 gatewayd-2; do
-  [ -s "compose/certs/gatewayd-$g.pem" ] ||
-    "$weir" certs issue --dir compose/certs --role gatewayd --id "$g" --dns "$g" --dns localhost --ip 127.0.0.1 >/dev/null
+certs=compose/certs
+[ -s "$certs/ca.pem" ] || "$weir" certs ca --dir "$certs" >/dev/null
+issue() { # ROLE ID FILE-STEM [extra flags]
+  local role=$1 id=$2 stem=$3; shift 3
+  [ -s "$certs/$stem.pem" ] || "$weir" certs issue --dir "$certs" --role "$role" --id "$id" "$@" >/dev/null
+}
+for i in 1 2 3; do
+  issue metad "$i" "metad-$i" --dns "metad-$i"
+  issue streamd "streamd-$i" "streamd-streamd-$i" --dns "streamd-$i"
 done
+for g in gatewayd-1 gatewayd-2; do
+  issue gatewayd "$g" "gatewayd-$g" --dns "$g" --dns localhost --ip 127.0.0.1
+done
+issue operator compose operator-compose
 
 stage="$(mktemp -d /tmp/weir-image.XXXXXX)"
 trap 'rm -rf "$stage"' EXIT

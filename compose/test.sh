@@ -55,6 +55,8 @@ ca="certs/ca.pem"
 kc() { kcat -b "$kafka" -X security.protocol=SASL_SSL -X sasl.mechanisms=PLAIN -X sasl.username=admin \
   -X "sasl.password=$secret" -X "ssl.ca.location=$ca" "$@"; }
 c() { curl --cacert "$ca" -H "Authorization: Bearer $secret" "$@"; }
+# `weir` inside metad-1 reaches metad over mTLS with the operator's certificate.
+operator="--cluster-ca /run/secrets/ca --cluster-cert /run/secrets/operator-cert --cluster-key /run/secrets/operator-key"
 export secret ca kafka; export -f kc c   # for the `bash -c` conditions below
 
 log "starting the stack"
@@ -70,7 +72,13 @@ if docker exec "${project}_metad-2_1" printenv WEIR_BOOTSTRAP_ADMIN_TOKEN_FILE >
   fail "metad-2 was given the bootstrap token"
 fi
 wait_until 30 "admin token issued" bash -c \
-  "docker exec ${project}_metad-1_1 weir --metad metad-1:7400 --json tokens list | grep -q '\"admin\"'"
+  "docker exec ${project}_metad-1_1 weir $operator --metad metad-1:7400 --json tokens list | grep -q '\"admin\"'"
+
+log "inside the network every gRPC call is mTLS: weir without a certificate gets nothing (D-21)"
+if docker exec "${project}_metad-1_1" weir --metad metad-1:7400 --timeout-sec 3 nodes list >/dev/null 2>&1; then
+  fail "weir without a certificate reached metad"
+fi
+docker exec "${project}_metad-1_1" weir $operator --metad metad-2:7400 nodes list | grep -q streamd-3 || fail "weir with the operator certificate lists nodes"
 
 log "Kafka SASL_SSL through the published port (kcat) and HTTPS (curl), with the admin token"
 wait_until 30 "the admin token known to the gateways" kc -L

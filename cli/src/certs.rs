@@ -3,7 +3,7 @@
 //! directory it is given.
 
 use anyhow::{bail, Context};
-use clap::{Subcommand, ValueEnum};
+use clap::Subcommand;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     SanType,
@@ -12,6 +12,7 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use time::{Duration, OffsetDateTime};
+use weir_shared::peer::Role;
 
 #[derive(Subcommand)]
 pub enum CertsCmd {
@@ -45,26 +46,6 @@ pub enum CertsCmd {
         #[arg(long, default_value_t = 365)]
         days: u32,
     },
-}
-
-/// Whom a certificate names.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Role {
-    Metad,
-    Streamd,
-    Gatewayd,
-    Operator,
-}
-
-impl Role {
-    fn as_str(self) -> &'static str {
-        match self {
-            Role::Metad => "metad",
-            Role::Streamd => "streamd",
-            Role::Gatewayd => "gatewayd",
-            Role::Operator => "operator",
-        }
-    }
 }
 
 pub fn run(cmd: CertsCmd) -> anyhow::Result<()> {
@@ -137,9 +118,9 @@ pub fn issue(
     params
         .subject_alt_names
         .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
-    params.subject_alt_names.push(SanType::URI(
-        format!("spiffe://weir/{}/{id}", role.as_str()).try_into()?,
-    ));
+    params
+        .subject_alt_names
+        .push(SanType::URI(weir_shared::peer::uri(role, id).try_into()?));
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
     params.use_authority_key_identifier_extension = true;

@@ -43,7 +43,8 @@ pub struct DevArgs {
     #[arg(long, env = "WEIR_DEV_TLS")]
     tls: bool,
 
-    /// Allow listening beyond loopback without TLS or auth (`weir dev` has no auth).
+    /// Allow listening beyond loopback without TLS or auth (`weir dev` has neither
+    /// inside, and no auth for clients).
     #[arg(long, env = "WEIR_INSECURE")]
     insecure: bool,
 
@@ -81,6 +82,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         },
         shutdown: args.shutdown.clone(),
         bootstrap_admin_token_file: None,
+        cluster_tls: Default::default(),
+        insecure: args.insecure,
     }
     .validate()?;
     weir_shared::durable_dir::create_dir_all(&args.data_dir)?;
@@ -102,6 +105,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         "--http-listen",
         &args.streamd_http_listen.to_string(),
     ]);
+    let streamd = weir_streamd::StreamdArgs {
+        insecure: args.insecure,
+        ..streamd
+    };
     streamd.validate()?;
     let mut gatewayd_flags = vec![
         "gatewayd".to_string(),
@@ -239,7 +246,7 @@ fn dev_certs(data_dir: &std::path::Path, args: &DevArgs) -> anyhow::Result<DevTl
     }
     let (cert, key) = crate::certs::issue(
         &dir,
-        crate::certs::Role::Gatewayd,
+        weir_shared::peer::Role::Gatewayd,
         "dev-gatewayd",
         &["localhost".to_string()],
         &ips,

@@ -21,6 +21,9 @@ struct Cli {
     #[arg(long, env = "WEIR_JSON", global = true)]
     json: bool,
 
+    #[command(flatten)]
+    cluster_tls: weir_shared::cluster_tls::ClusterTlsArgs,
+
     /// Seconds to wait for an answer.
     #[arg(long, env = "WEIR_TIMEOUT_SEC", default_value_t = 10, global = true)]
     timeout_sec: u64,
@@ -185,13 +188,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let cli = match cli.command {
         Cmd::Dev(args) => return dev::run(*args).await,
         Cmd::Certs { action } => return certs::run(action),
-        _ => cli,
+        command => Cli { command, ..cli },
     };
+    // With an operator certificate, metad is reached over mTLS.
+    cli.cluster_tls.install()?;
     let addrs = weir_shared::config::addr_list(&cli.metad);
     let client = MetadClient::new(&addrs, Duration::from_secs(cli.timeout_sec))?;
-    let operator = Proposer::Operator {
-        principal: std::env::var("USER").unwrap_or_else(|_| "cli".into()),
+    // An operator certificate names the operator; otherwise the login name does.
+    let principal = match weir_shared::cluster_tls::installed() {
+        Some(tls) => tls.me.id.clone(),
+        None => std::env::var("USER").unwrap_or_else(|_| "cli".into()),
     };
+    let operator = Proposer::Operator { principal };
     let out = output::Output { json: cli.json };
     match cli.command {
         Cmd::Dev(_) | Cmd::Certs { .. } => unreachable!("handled above"),

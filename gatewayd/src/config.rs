@@ -58,6 +58,9 @@ pub struct GatewaydArgs {
     #[command(flatten)]
     pub tls: weir_shared::tls::ServerTlsArgs,
 
+    #[command(flatten)]
+    pub cluster_tls: weir_shared::cluster_tls::ClusterTlsArgs,
+
     /// Accept SASL/PLAIN on a Kafka listener without TLS, where passwords (token
     /// secrets) cross the network in clear. Without it a plaintext listener refuses PLAIN
     /// with UNSUPPORTED_SASL_MECHANISM.
@@ -169,6 +172,8 @@ impl GatewaydArgs {
             }
         }
         self.tls.load(&[])?;
+        self.cluster_tls
+            .check_names(weir_shared::peer::Role::Gatewayd, &self.node.id)?;
         self.refuse_insecure_exposure()?;
         self.telemetry.validate()?;
         self.shutdown.validate()?;

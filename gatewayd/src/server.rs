@@ -16,6 +16,7 @@ use weir_shared::service::Exit;
 use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
 pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<Exit> {
+    args.cluster_tls.install()?;
     let http_tls = args.tls.load(weir_shared::http_server::ALPN)?;
     let kafka_tls = args.tls.load(&[])?;
     if args.auth && kafka_tls.is_none() && !args.kafka_allow_plaintext_sasl {

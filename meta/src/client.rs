@@ -77,7 +77,6 @@ fn admin_stub(ch: Channel) -> AdminClient<Channel> {
         .max_encoding_message_size(MAX_MESSAGE)
 }
 use weir_shared::error_code::ErrorCode;
-use weir_shared::grpc::channel;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -155,13 +154,22 @@ pub struct MetadClient {
 impl MetadClient {
     /// A client of the replicas at `addrs` (`host:port`); calls give up after `timeout`.
     pub fn new(addrs: &[String], timeout: Duration) -> Result<Self, ClientError> {
+        Self::with_tls(addrs, timeout, weir_shared::cluster_tls::installed())
+    }
+
+    /// As [`MetadClient::new`], with `tls` (mTLS) instead of this process's own.
+    pub fn with_tls(
+        addrs: &[String],
+        timeout: Duration,
+        tls: Option<&weir_shared::cluster_tls::ClusterTls>,
+    ) -> Result<Self, ClientError> {
         if addrs.is_empty() {
             return Err(ClientError::Invalid("no metad address given".into()));
         }
         let channels = addrs
             .iter()
             .map(|a| {
-                channel(a)
+                weir_shared::grpc::channel_with(a, tls)
                     .map(|c| (a.clone(), c))
                     .map_err(|e| ClientError::Invalid(format!("metad address '{a}': {e}")))
             })

@@ -148,7 +148,17 @@ impl Admin for AdminService {
 
     async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<AdminReply>, Status> {
         let was_forwarded = forwarded(&req);
+        let caller = weir_shared::peer::caller(&req)?;
         let inner = req.into_inner();
+        let requester: Option<weir_shared::ids::Incarnation> = if inner.requester.is_empty() {
+            None
+        } else {
+            Some(
+                serde_json::from_slice(&inner.requester)
+                    .map_err(|e| Status::invalid_argument(format!("malformed requester: {e}")))?,
+            )
+        };
+        crate::authz::drain(caller.as_ref(), &inner.node, requester.as_ref())?;
         if !self.runner.leading() {
             return self.leader(was_forwarded)?.drain(mark_forwarded(inner, None)).await;
         }

@@ -135,9 +135,21 @@ impl Metad for ClientService {
     #[tracing::instrument(name = "metad.propose", level = "info", skip_all, fields(log_index))]
     async fn propose(&self, req: Request<ProposeRequest>) -> Result<Response<ProposeReply>, Status> {
         let was_forwarded = forwarded(&req);
+        let caller = weir_shared::peer::caller(&req)?;
         let inner = req.into_inner();
         let proposal: Proposal =
             codec::decode(&inner.command).map_err(|e| Status::invalid_argument(format!("malformed command: {e}")))?;
+        // D-21: checked where the call arrives, before it is forwarded to the leader
+        // (which sees this replica's certificate).
+        if let Err(refused) = crate::authz::proposal(caller.as_ref(), &proposal) {
+            metrics().proposals.with_label_values(&["denied"]).inc();
+            tracing::warn!(
+                kind = proposal.command.kind(),
+                reason = refused.message(),
+                "proposal refused"
+            );
+            return Err(refused);
+        }
         let release = is_drain_release(&proposal);
         if release {
             if let Some(refused) = release_failpoint().await {

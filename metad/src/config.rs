@@ -40,6 +40,15 @@ pub struct MetadArgs {
     #[command(flatten)]
     pub listeners: weir_shared::listener::ListenerArgs,
 
+    #[command(flatten)]
+    pub cluster_tls: weir_shared::cluster_tls::ClusterTlsArgs,
+
+    /// Listen beyond loopback without mTLS (`--cluster-*`) on `--listen`, or at all on
+    /// `--http-listen` (admin HTTP has no TLS or auth). Without it such a replica
+    /// refuses to start.
+    #[arg(long, env = "WEIR_INSECURE", default_value_t = false)]
+    pub insecure: bool,
+
     /// Most Watch streams (nodes' and gateways' views) this replica serves at once; one
     /// more is refused with RESOURCE_EXHAUSTED naming this flag.
     #[arg(long, env = "WEIR_MAX_WATCH_STREAMS", default_value_t = 10_000)]
@@ -95,6 +104,18 @@ impl MetadArgs {
         }
         self.telemetry.validate()?;
         self.shutdown.validate()?;
+        self.cluster_tls
+            .check_names(weir_shared::peer::Role::Metad, &self.id.to_string())?;
+        let no_mtls = self.cluster_tls.cluster_cert.is_none().then_some(
+            "metad has no mTLS (--cluster-ca, --cluster-cert, --cluster-key): anyone who reaches it could write the metadata log",
+        );
+        weir_shared::config::refuse_exposed("--listen", self.listen, no_mtls, self.insecure)?;
+        weir_shared::config::refuse_exposed(
+            "--http-listen",
+            self.http_listen,
+            Some("admin HTTP (/admin, /metrics) has no TLS or auth"),
+            self.insecure,
+        )?;
         if self.propose_timeout_ms == 0 {
             return Err(ConfigError::new("--propose-timeout-ms must be at least 1"));
         }

@@ -6,6 +6,7 @@
 
 mod admin;
 mod admin_http;
+mod authz;
 mod bootstrap_token;
 mod client_service;
 mod config;

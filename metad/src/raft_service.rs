@@ -23,6 +23,11 @@ fn decode<T: DeserializeOwned>(req: Request<RaftRequest>) -> Result<T, Status> {
         .map_err(|e| Status::invalid_argument(format!("malformed raft message: {e}")))
 }
 
+/// Raft is accepted only from metad peers' certificates (D-21).
+fn metad_only<T>(req: &Request<T>) -> Result<(), Status> {
+    weir_shared::peer::require(req, &[weir_shared::peer::Role::Metad], "Raft").map(|_| ())
+}
+
 fn reply<T: Serialize>(result: &T) -> Result<Response<RaftReply>, Status> {
     let payload = serde_json::to_vec(result).map_err(|e| Status::internal(e.to_string()))?;
     Ok(Response::new(RaftReply { payload }))
@@ -31,11 +36,13 @@ fn reply<T: Serialize>(result: &T) -> Result<Response<RaftReply>, Status> {
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
     async fn append_entries(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        metad_only(&req)?;
         let result = self.raft.append_entries(decode(req)?).await;
         reply(&result)
     }
 
     async fn install_snapshot(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        metad_only(&req)?;
         crate::metrics::metrics()
             .snapshot_chunks
             .with_label_values(&["received"])
@@ -45,6 +52,7 @@ impl RaftRpc for RaftService {
     }
 
     async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        metad_only(&req)?;
         let result = self.raft.vote(decode(req)?).await;
         reply(&result)
     }

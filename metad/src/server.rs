@@ -31,6 +31,7 @@ use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 /// idle before releasing it (SD-TD-5).
 pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result<Exit> {
     let args = &config.args;
+    args.cluster_tls.install()?;
     // Everything below runs until terminal teardown, not merely until the stop request.
     let shutdown = CancellationToken::new();
     let db = open_db(&args.data_dir)?;
@@ -71,7 +72,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
     let peers = Arc::new(PeerChannels::default());
     let timeout = Duration::from_millis(args.propose_timeout_ms);
     let limits = args.listeners.limits()?;
-    let grpc = weir_shared::grpc::server(&limits)
+    let grpc = weir_shared::grpc::server(&limits)?
         .add_service(
             RaftServer::new(RaftService::new(raft.clone()))
                 .max_decoding_message_size(MAX_RAFT_MESSAGE)

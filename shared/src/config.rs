@@ -19,6 +19,23 @@ impl ConfigError {
     }
 }
 
+/// Secure by default (issue 18): a listener reachable beyond this host refuses to
+/// start while `missing` names what would leave it open, unless `--insecure` was given.
+pub fn refuse_exposed(
+    flag: &str,
+    addr: std::net::SocketAddr,
+    missing: Option<&str>,
+    insecure: bool,
+) -> Result<(), ConfigError> {
+    match missing {
+        Some(missing) if !insecure && !addr.ip().is_loopback() => Err(ConfigError::new(format!(
+            "{flag} {addr} is reachable beyond this host, and {missing}; \
+             listen on loopback, or give --insecure to serve anyway"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// How logs are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -141,6 +158,22 @@ pub fn parse_peer_list(flag: &str, value: &str) -> Result<Vec<(u64, String)>, Co
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Issue 18: only a listener beyond loopback with something missing is refused.
+    #[test]
+    fn an_exposed_listener_is_refused_unless_secure_or_insecure() {
+        let any: std::net::SocketAddr = "0.0.0.0:7400".parse().unwrap();
+        let lo: std::net::SocketAddr = "127.0.0.1:7400".parse().unwrap();
+        let err = refuse_exposed("--listen", any, Some("no mTLS"), false).unwrap_err();
+        assert_eq!(
+            err.message,
+            "--listen 0.0.0.0:7400 is reachable beyond this host, and no mTLS; \
+             listen on loopback, or give --insecure to serve anyway"
+        );
+        assert!(refuse_exposed("--listen", any, Some("no mTLS"), true).is_ok());
+        assert!(refuse_exposed("--listen", any, None, false).is_ok());
+        assert!(refuse_exposed("--listen", lo, Some("no mTLS"), false).is_ok());
+    }
 
     // FO-LIV-13
     #[test]

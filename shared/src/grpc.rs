@@ -4,14 +4,28 @@
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
-/// Builds a lazily connecting channel to `addr` (`host:port`).
+/// Builds a lazily connecting channel to `addr` (`host:port`), with this process's
+/// cluster mTLS when installed ([`crate::cluster_tls`]).
 pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+    channel_with(addr, crate::cluster_tls::installed())
+}
+
+/// As [`channel`], with `tls` (mTLS: `https`, the server checked against the cluster's
+/// CA by the host of `addr`) or plaintext without it.
+pub fn channel_with(
+    addr: &str,
+    tls: Option<&crate::cluster_tls::ClusterTls>,
+) -> Result<Channel, tonic::transport::Error> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .connect_lazy())
+        .keep_alive_timeout(Duration::from_secs(5));
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.client())?;
+    }
+    Ok(endpoint.connect_lazy())
 }
 
 /// Largest message of metad's client and admin APIs, both ways, set explicitly on every
@@ -28,13 +42,19 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// idle timeout keep a live peer's connection from counting as idle, a peer that does
 /// not answer them within 20 s is dropped, and one connection carries at most
 /// [`MAX_CONCURRENT_STREAMS`] calls at once. Serve it with
-/// [`grpc_incoming`](crate::listener::grpc_incoming) for the connection limits.
-pub fn server(limits: &crate::listener::Limits) -> tonic::transport::Server {
-    tonic::transport::Server::builder()
+/// [`grpc_incoming`](crate::listener::grpc_incoming) for the connection limits. With
+/// cluster mTLS installed, every connection's handshake asks for a client certificate
+/// the cluster's CA signed.
+pub fn server(limits: &crate::listener::Limits) -> Result<tonic::transport::Server, tonic::transport::Error> {
+    let builder = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(
             (limits.idle_timeout / 2).clamp(Duration::from_secs(1), Duration::from_secs(60)),
         ))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
+        .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS));
+    match crate::cluster_tls::installed() {
+        Some(tls) => builder.tls_config(tls.server(limits.header_read_timeout)),
+        None => Ok(builder),
+    }
 }

@@ -2,6 +2,7 @@
 //! gRPC channels, the service entry point and shutdown sequence, tracing and metrics.
 
 pub mod batch;
+pub mod cluster_tls;
 pub mod config;
 pub mod durable_dir;
 pub mod error_code;
@@ -12,6 +13,7 @@ pub mod ids;
 pub mod inflate;
 pub mod listener;
 pub mod metrics;
+pub mod peer;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;

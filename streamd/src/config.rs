@@ -20,6 +20,15 @@ pub enum WalBackend {
 #[command(name = "streamd", version, about)]
 pub struct StreamdArgs {
     #[command(flatten)]
+    pub cluster_tls: weir_shared::cluster_tls::ClusterTlsArgs,
+
+    /// Listen beyond loopback without mTLS (`--cluster-*`) on `--listen`, or at all on
+    /// `--http-listen` (admin HTTP has no TLS or auth). Without it such a node refuses
+    /// to start.
+    #[arg(long, env = "WEIR_INSECURE", default_value_t = false)]
+    pub insecure: bool,
+
+    #[command(flatten)]
     pub node: NodeArgs,
 
     #[command(flatten)]
@@ -126,6 +135,18 @@ impl StreamdArgs {
     /// Validates once at startup; errors name the flag.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.node.validate()?;
+        self.cluster_tls
+            .check_names(weir_shared::peer::Role::Streamd, &self.node.id)?;
+        let no_mtls = self.cluster_tls.cluster_cert.is_none().then_some(
+            "streamd has no mTLS (--cluster-ca, --cluster-cert, --cluster-key): anyone who reaches it could read and write its streams",
+        );
+        weir_shared::config::refuse_exposed("--listen", self.listen, no_mtls, self.insecure)?;
+        weir_shared::config::refuse_exposed(
+            "--http-listen",
+            self.http_listen,
+            Some("admin HTTP (/admin, /metrics) has no TLS or auth"),
+            self.insecure,
+        )?;
         self.listeners.limits()?;
         self.telemetry.validate()?;
         self.shutdown.validate()?;

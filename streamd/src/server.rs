@@ -23,6 +23,7 @@ fn max_message(args: &StreamdArgs) -> usize {
 }
 
 pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<Exit> {
+    args.cluster_tls.install()?;
     let store = crate::object::store::open(&args.object_store)?;
     let grpc_listener = weir_shared::service::bind("--listen", args.listen).await?;
     let http_listener = weir_shared::service::bind("--http-listen", args.http_listen).await?;
@@ -104,7 +105,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     let servers = TaskTracker::new();
     let grpc_stop = CancellationToken::new();
     let limits = args.listeners.limits()?;
-    let grpc = weir_shared::grpc::server(&limits)
+    let grpc = weir_shared::grpc::server(&limits)?
         .add_service(
             StreamdServer::new(DataPlane::new(node.clone()))
                 .max_decoding_message_size(max_message(&args))

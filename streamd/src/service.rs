@@ -7,6 +7,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 use weir_proto::streamd::streamd_server::Streamd;
 use weir_proto::streamd::*;
+use weir_shared::peer::Role;
 
 /// Longest wait a read may ask for.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -23,9 +24,16 @@ impl DataPlane {
     }
 }
 
+/// Who may call the data plane on an mTLS cluster (D-21): gateways route clients'
+/// requests here, and metad's leader closes streams for transfers and drains; nothing
+/// else, and only metad may close a stream.
+const CLIENTS: &[Role] = &[Role::Gatewayd, Role::Metad];
+const METAD: &[Role] = &[Role::Metad];
+
 #[tonic::async_trait]
 impl Streamd for DataPlane {
     async fn append(&self, req: Request<AppendRequest>) -> Result<Response<AppendReply>, Status> {
+        weir_shared::peer::require(&req, CLIENTS, "Append")?;
         let req = req.into_inner();
         let started = std::time::Instant::now();
         let result = self.node.append(&req.stream, &req.batches, req.match_next_offset).await;
@@ -48,6 +56,7 @@ impl Streamd for DataPlane {
         &self,
         req: Request<tonic::Streaming<AppendStreamRequest>>,
     ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        weir_shared::peer::require(&req, CLIENTS, "AppendStream")?;
         Ok(Response::new(crate::append_stream::serve(
             self.node.clone(),
             req.into_inner(),
@@ -55,6 +64,7 @@ impl Streamd for DataPlane {
     }
 
     async fn read(&self, req: Request<ReadRequest>) -> Result<Response<ReadReply>, Status> {
+        weir_shared::peer::require(&req, CLIENTS, "Read")?;
         let req = req.into_inner();
         let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_WAIT);
         let max_bytes = if req.max_bytes == 0 {
@@ -76,6 +86,7 @@ impl Streamd for DataPlane {
     }
 
     async fn status(&self, req: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        weir_shared::peer::require(&req, CLIENTS, "Status")?;
         let name = req.into_inner().stream;
         let h = self.node.stream(&name)?;
         let inner = h.inner.lock().await;
@@ -91,6 +102,7 @@ impl Streamd for DataPlane {
     }
 
     async fn close_stream(&self, req: Request<CloseStreamRequest>) -> Result<Response<CloseStreamReply>, Status> {
+        weir_shared::peer::require(&req, METAD, "CloseStream")?;
         let req = req.into_inner();
         let within = match req.timeout_ms {
             0 => crate::node::close::DEFAULT_CLOSE_TIMEOUT,
@@ -109,12 +121,14 @@ impl Streamd for DataPlane {
     }
 
     async fn trim(&self, req: Request<TrimRequest>) -> Result<Response<TrimReply>, Status> {
+        weir_shared::peer::require(&req, CLIENTS, "Trim")?;
         let req = req.into_inner();
         let start_offset = self.node.trim(&req.stream, req.offset).await?;
         Ok(Response::new(TrimReply { start_offset }))
     }
 
     async fn group(&self, req: Request<GroupRequest>) -> Result<Response<GroupReply>, Status> {
+        weir_shared::peer::require(&req, CLIENTS, "Group")?;
         let req = req.into_inner();
         let version = i16::try_from(req.api_version)
             .map_err(|_| crate::error::StreamdError::InvalidArgument("api_version out of range".into()))?;

@@ -104,6 +104,9 @@ impl Replica {
 /// Several replicas bootstrapped together.
 pub struct Cluster {
     pub replicas: Vec<Replica>,
+    /// The cluster's certificates when it runs mTLS; the test's own calls then present
+    /// an operator certificate.
+    pub certs: Option<crate::tls::ClusterCerts>,
     _dir: tempfile::TempDir,
 }
 
@@ -115,7 +118,18 @@ impl Cluster {
 
     /// As [`Cluster::start`], every replica with environment `env` (failpoints).
     pub async fn start_with_env(n: u64, extra: &[&str], env: &[(&str, &str)]) -> Cluster {
+        Self::start_inner(n, extra, env, false).await
+    }
+
+    /// `n` replicas with mTLS between them and with every caller (D-21): a CA and
+    /// certificates made by `weir certs`, each replica with its own.
+    pub async fn start_mtls(n: u64, extra: &[&str]) -> Cluster {
+        Self::start_inner(n, extra, &[], true).await
+    }
+
+    async fn start_inner(n: u64, extra: &[&str], env: &[(&str, &str)], mtls: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
+        let certs = mtls.then(|| crate::tls::ClusterCerts::make(&dir.path().join("certs")));
         let grpc: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let peers = grpc
             .iter()
@@ -130,7 +144,11 @@ impl Cluster {
                 http: format!("127.0.0.1:{}", free_port()),
                 data_dir: dir.path().join(format!("metad-{}", i + 1)),
                 peers: peers.clone(),
-                extra: extra.iter().map(|s| s.to_string()).collect(),
+                extra: extra
+                    .iter()
+                    .map(|s| s.to_string())
+                    .chain(certs.iter().flat_map(|c| c.flags("metad", &(i + 1).to_string())))
+                    .collect(),
                 env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
                 proc: Proc::new(
                     format!("metad-{}", i + 1),
@@ -141,7 +159,11 @@ impl Cluster {
         for r in &mut replicas {
             r.start();
         }
-        let cluster = Cluster { replicas, _dir: dir };
+        let cluster = Cluster {
+            replicas,
+            certs,
+            _dir: dir,
+        };
         cluster.wait_leader(&[]).await;
         // The settings entry lands right after the first election. Waiting for every
         // replica to apply it means each holds the membership before a test stops one:
@@ -188,7 +210,8 @@ impl Cluster {
     /// A client of every replica.
     pub fn client(&self) -> MetadClient {
         let addrs: Vec<String> = self.replicas.iter().map(|r| r.grpc.clone()).collect();
-        MetadClient::new(&addrs, Duration::from_secs(5)).expect("client")
+        let tls = self.certs.as_ref().map(|c| c.tls("operator", "test"));
+        MetadClient::with_tls(&addrs, Duration::from_secs(5), tls.as_ref()).expect("client")
     }
 
     /// Creates Kafka topic `name` with `partitions` partitions, as an operator would.

@@ -172,6 +172,37 @@ impl Stack {
         stack
     }
 
+    /// A stack whose metad replicas, streamd nodes (and the gateways a test adds with
+    /// [`Stack::cluster_flags`]) talk mTLS (D-21); streams are placed by metad.
+    pub async fn start_mtls(replicas: u64, nodes: usize, backend: Backend) -> Stack {
+        let metad = Cluster::start_mtls(replicas, &[]).await;
+        let s3 = S3Server::start().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let wal_root = dir.path().join("wal");
+        let mut stack = Stack {
+            metad,
+            s3,
+            nodes: Vec::new(),
+            wal_root,
+            dir,
+        };
+        for i in 0..nodes {
+            let id = format!("streamd-{}", i + 1);
+            let flags = stack.cluster_flags("streamd", &id);
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            stack.add_node(&id, backend, &flags);
+        }
+        for n in &stack.nodes {
+            n.wait_ready().await;
+        }
+        stack
+    }
+
+    /// The `--cluster-*` flags of `role` `id` in an mTLS stack.
+    pub fn cluster_flags(&self, role: &str, id: &str) -> Vec<String> {
+        self.metad.certs.as_ref().expect("an mTLS stack").flags(role, id)
+    }
+
     pub fn add_node(&mut self, id: &str, backend: Backend, extra: &[&str]) {
         self.add_node_with_env(id, backend, extra, &[]);
     }

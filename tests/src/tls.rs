@@ -56,6 +56,63 @@ impl Certs {
     }
 }
 
+/// A CA for a cluster's mTLS in `dir` (`weir certs ca`), and the certificates of its
+/// members, each naming `localhost` and 127.0.0.1 (where tests reach every process).
+pub struct ClusterCerts {
+    pub dir: PathBuf,
+}
+
+impl ClusterCerts {
+    pub fn make(dir: &Path) -> ClusterCerts {
+        weir(&["certs", "ca", "--dir", &dir.display().to_string()]);
+        ClusterCerts { dir: dir.into() }
+    }
+
+    /// The certificate and key of `role` `id`, issued on first use.
+    pub fn issue(&self, role: &str, id: &str) -> (PathBuf, PathBuf) {
+        let (cert, key) = (
+            self.dir.join(format!("{role}-{id}.pem")),
+            self.dir.join(format!("{role}-{id}.key")),
+        );
+        if !cert.exists() {
+            weir(&[
+                "certs",
+                "issue",
+                "--dir",
+                &self.dir.display().to_string(),
+                "--role",
+                role,
+                "--id",
+                id,
+                "--dns",
+                "localhost",
+                "--ip",
+                "127.0.0.1",
+            ]);
+        }
+        (cert, key)
+    }
+
+    /// The `--cluster-*` flags of `role` `id`.
+    pub fn flags(&self, role: &str, id: &str) -> Vec<String> {
+        let (cert, key) = self.issue(role, id);
+        vec![
+            "--cluster-ca".into(),
+            self.dir.join("ca.pem").display().to_string(),
+            "--cluster-cert".into(),
+            cert.display().to_string(),
+            "--cluster-key".into(),
+            key.display().to_string(),
+        ]
+    }
+
+    /// The loaded mTLS configuration of `role` `id`, for a test's own gRPC calls.
+    pub fn tls(&self, role: &str, id: &str) -> weir_shared::cluster_tls::ClusterTls {
+        let (cert, key) = self.issue(role, id);
+        weir_shared::cluster_tls::ClusterTls::from_files(&self.dir.join("ca.pem"), &cert, &key).expect("cluster tls")
+    }
+}
+
 /// Runs `weir ARGS`, which must succeed; its stdout.
 pub fn weir(args: &[&str]) -> String {
     let out = Command::new(crate::bin_path("weir"))

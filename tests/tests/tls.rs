@@ -310,9 +310,11 @@ async fn sasl_plain_is_refused_in_clear_unless_a_flag_allows_it() {
 }
 
 // Issue 18, secure by default: a gateway listening beyond loopback without TLS or
-// without --auth refuses to start (exit 2, naming what is missing), unless --insecure.
+// without --auth refuses to start (exit 2, naming what is missing), unless --insecure;
+// so do metad and streamd with gRPC beyond loopback without mTLS, or admin HTTP beyond
+// loopback at all.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_gateway_open_beyond_loopback_needs_tls_and_auth_or_insecure() {
+async fn listeners_open_beyond_loopback_need_tls_and_auth_or_insecure() {
     let dir = tempfile::tempdir().expect("dir");
     let certs = Certs::make(&dir.path().join("certs"), "gw-1");
     let port = || weir_tests::free_port().to_string();
@@ -338,6 +340,58 @@ async fn a_gateway_open_beyond_loopback_needs_tls_and_auth_or_insecure() {
     assert!(stderr.contains("and the gateway has no --auth"), "{stderr}");
     // What passes the check is covered by `config::tests` (a passing gateway goes on
     // to wait for metad, so its exit cannot be awaited here).
+
+    // metad and streamd: gRPC beyond loopback needs mTLS, admin HTTP loopback.
+    let data = dir.path().join("metad");
+    let metad = |listen: &str, http: &str| {
+        Command::new(weir_tests::bin_path("metad"))
+            .args([
+                "--id",
+                "1",
+                "--listen",
+                listen,
+                "--http-listen",
+                http,
+                "--advertise",
+                "metad-1:7400",
+            ])
+            .arg("--data-dir")
+            .arg(&data)
+            .output()
+            .expect("metad runs")
+    };
+    let loopback = || format!("127.0.0.1:{}", port());
+    let open = metad(&format!("0.0.0.0:{}", port()), &loopback());
+    let stderr = String::from_utf8_lossy(&open.stderr);
+    assert_eq!(open.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "is reachable beyond this host, and metad has no mTLS (--cluster-ca, --cluster-cert, --cluster-key)"
+        ),
+        "{stderr}"
+    );
+    let open = metad(&loopback(), &format!("0.0.0.0:{}", port()));
+    let stderr = String::from_utf8_lossy(&open.stderr);
+    assert_eq!(open.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("admin HTTP (/admin, /metrics) has no TLS or auth"),
+        "{stderr}"
+    );
+    let open = Command::new(weir_tests::bin_path("streamd"))
+        .args([
+            "--id",
+            "s1",
+            "--metad",
+            "127.0.0.1:1",
+            "--object-store",
+            "file:///tmp/none",
+        ])
+        .args(["--listen", &format!("0.0.0.0:{}", port()), "--http-listen", &loopback()])
+        .output()
+        .expect("streamd runs");
+    let stderr = String::from_utf8_lossy(&open.stderr);
+    assert_eq!(open.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("and streamd has no mTLS"), "{stderr}");
 }
 
 // Issue 18: `weir dev --tls` makes its CA in the data directory, prints it, and serves

@@ -1,0 +1,159 @@
+//! What a caller's certificate lets it ask of metad (D-21, issue 18). On an mTLS
+//! cluster the caller's role and id come from its certificate: a streamd or gatewayd
+//! proposes node commands only as itself, registers only itself, and a gatewayd
+//! proposes as an operator only the user-level commands it serves on its users'
+//! behalf. metad peers (forwarding for their callers, or running the failover loop) and
+//! operator certificates may propose anything the state machine accepts. On a
+//! plaintext cluster there is no caller and nothing to check here.
+
+use tonic::Status;
+use weir_meta::model::command::{Command, Proposal, Proposer};
+use weir_meta::model::rows::{CordonBy, NodeKind};
+use weir_shared::ids::Incarnation;
+use weir_shared::peer::{Identity, Role};
+
+/// Whether `caller` may propose `p`.
+pub fn proposal(caller: Option<&Identity>, p: &Proposal) -> Result<(), Status> {
+    let Some(who) = caller else { return Ok(()) };
+    match (who.role, &p.proposer) {
+        (Role::Metad | Role::Operator, _) => Ok(()),
+        (Role::Streamd | Role::Gatewayd, Proposer::Node(inc)) if inc.node.as_str() == who.id => Ok(()),
+        (Role::Streamd | Role::Gatewayd, Proposer::Node(inc)) => {
+            Err(denied(format!("{who} may not propose as node '{}'", inc.node)))
+        }
+        (role, Proposer::Operator { .. }) => match &p.command {
+            Command::RegisterNode { node, kind, .. } if node.as_str() == who.id && kind_of(role) == Some(*kind) => {
+                Ok(())
+            }
+            Command::RegisterNode { node, .. } => Err(denied(format!("{who} may not register node '{node}'"))),
+            c if role == Role::Gatewayd && on_users_behalf(c) => Ok(()),
+            c => Err(denied(format!("{who} may not propose {} as an operator", c.kind()))),
+        },
+    }
+}
+
+/// Whether `caller` may ask for a drain: of node `node` (an operator's drain), or of
+/// `requester` itself (a stopping node's own drain, SD-DRN-3).
+pub fn drain(caller: Option<&Identity>, node: &str, requester: Option<&Incarnation>) -> Result<(), Status> {
+    let Some(who) = caller else { return Ok(()) };
+    match (who.role, requester) {
+        (Role::Metad | Role::Operator, _) => Ok(()),
+        (Role::Streamd, Some(r)) if r.node.as_str() == who.id => Ok(()),
+        (Role::Streamd, Some(r)) => Err(denied(format!("{who} may not drain node '{}'", r.node))),
+        // A user's drain through the HTTP API (`POST /v1/admin/nodes/{id}/drain`).
+        (Role::Gatewayd, None) => Ok(()),
+        _ => Err(denied(format!("{who} may not drain node '{node}'"))),
+    }
+}
+
+fn kind_of(role: Role) -> Option<NodeKind> {
+    match role {
+        Role::Streamd => Some(NodeKind::Streamd),
+        Role::Gatewayd => Some(NodeKind::Gatewayd),
+        Role::Metad | Role::Operator => None,
+    }
+}
+
+/// What a gateway proposes for the users it authenticated (HTTP API and Kafka):
+/// streams, topics and their configs, tokens, producer ids, an operator's cordon.
+fn on_users_behalf(c: &Command) -> bool {
+    matches!(
+        c,
+        Command::CreateTopic { .. }
+            | Command::DeleteTopic { .. }
+            | Command::CreatePartitions { .. }
+            | Command::CreateStream { .. }
+            | Command::DeleteStream { .. }
+            | Command::AlterConfig { .. }
+            | Command::IssueToken { .. }
+            | Command::RevokeToken { .. }
+            | Command::AllocateProducerIds { .. }
+            | Command::Cordon {
+                by: CordonBy::Operator,
+                ..
+            }
+            | Command::Uncordon {
+                by: CordonBy::Operator,
+                ..
+            }
+    )
+}
+
+fn denied(why: String) -> Status {
+    Status::permission_denied(why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_shared::ids::{Epoch, NodeId};
+
+    fn who(role: Role, id: &str) -> Identity {
+        Identity { role, id: id.into() }
+    }
+
+    fn as_node(node: &str, command: Command) -> Proposal {
+        Proposal {
+            proposer: Proposer::Node(Incarnation {
+                node: NodeId::new(node),
+                epoch: Epoch(1),
+            }),
+            command,
+        }
+    }
+
+    fn as_operator(command: Command) -> Proposal {
+        Proposal {
+            proposer: Proposer::Operator { principal: "x".into() },
+            command,
+        }
+    }
+
+    #[test]
+    fn a_node_proposes_only_as_itself_and_a_gateway_only_for_its_users() {
+        let s1 = who(Role::Streamd, "s1");
+        let gw = who(Role::Gatewayd, "gw");
+        assert!(proposal(Some(&s1), &as_node("s1", Command::Heartbeat)).is_ok());
+        let err = proposal(Some(&s1), &as_node("s2", Command::Heartbeat)).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert_eq!(err.message(), "streamd 's1' may not propose as node 's2'");
+        assert!(proposal(Some(&gw), &as_node("s1", Command::FenceSelf)).is_err());
+        let fence = Command::FenceNode {
+            node: NodeId::new("s2"),
+            epoch: Epoch(1),
+            seen_heartbeats: 3,
+        };
+        assert!(proposal(Some(&gw), &as_operator(fence.clone())).is_err());
+        assert!(proposal(Some(&s1), &as_operator(fence.clone())).is_err());
+        assert!(proposal(Some(&who(Role::Operator, "ops")), &as_operator(fence.clone())).is_ok());
+        assert!(proposal(Some(&who(Role::Metad, "1")), &as_node("s2", Command::Heartbeat)).is_ok());
+        assert!(
+            proposal(None, &as_operator(fence)).is_ok(),
+            "plaintext: nothing to check"
+        );
+        let cordon = Command::Cordon {
+            node: NodeId::new("s1"),
+            by: CordonBy::Operator,
+        };
+        assert!(proposal(Some(&gw), &as_operator(cordon)).is_ok());
+        assert!(proposal(Some(&s1), &as_operator(Command::RevokeToken { name: "t".into() })).is_err());
+    }
+
+    #[test]
+    fn a_streamd_drains_only_itself() {
+        let me = Incarnation {
+            node: NodeId::new("s1"),
+            epoch: Epoch(3),
+        };
+        let other = Incarnation {
+            node: NodeId::new("s2"),
+            epoch: Epoch(3),
+        };
+        let s1 = who(Role::Streamd, "s1");
+        assert!(drain(Some(&s1), "", Some(&me)).is_ok());
+        assert!(drain(Some(&s1), "", Some(&other)).is_err());
+        assert!(drain(Some(&s1), "s2", None).is_err());
+        assert!(drain(Some(&who(Role::Gatewayd, "gw")), "s2", None).is_ok());
+        assert!(drain(Some(&who(Role::Gatewayd, "gw")), "", Some(&me)).is_err());
+    }
+}

@@ -1,0 +1,219 @@
+//! Issue 18, D-21: mTLS between services. Every metad, streamd and gatewayd presents a
+//! certificate from `weir certs` naming its role and id; servers take the caller's
+//! identity from it, never from a request's body.
+
+use reqwest::{Method, StatusCode};
+use std::time::Duration;
+use weir_meta::client::MetadClient;
+use weir_meta::model::{Command, Proposer};
+use weir_proto::raft::raft_client::RaftClient;
+use weir_proto::raft::RaftRequest;
+use weir_proto::streamd::streamd_client::StreamdClient;
+use weir_proto::streamd::CloseStreamRequest;
+use weir_shared::cluster_tls::ClusterTls;
+use weir_shared::ids::{Epoch, Incarnation, NodeId};
+use weir_tests::gateway::Gatewayd;
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::wait_for;
+
+const T: Duration = Duration::from_secs(60);
+
+async fn gateway(stack: &Stack, id: &str) -> Gatewayd {
+    let flags = stack.cluster_flags("gatewayd", id);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let gw = Gatewayd::start(id, &stack.metad_addrs(), stack.dir.path(), &flags);
+    gw.wait_ready().await;
+    gw
+}
+
+fn metad_as(stack: &Stack, tls: Option<&ClusterTls>) -> MetadClient {
+    let addrs: Vec<String> = stack.metad.replicas.iter().map(|r| r.grpc.clone()).collect();
+    MetadClient::with_tls(&addrs, Duration::from_secs(5), tls).expect("client")
+}
+
+fn node(id: &str, epoch: u64) -> Proposer {
+    Proposer::Node(Incarnation {
+        node: NodeId::new(id),
+        epoch: Epoch(epoch),
+    })
+}
+
+/// The kinds of every applied entry of the metadata log.
+async fn log_kinds(stack: &Stack) -> String {
+    stack
+        .metad
+        .client()
+        .admin("log", 0, 100_000)
+        .await
+        .expect("log dump")
+        .to_string()
+}
+
+/// The node that owns `stream`, once it is open on a node other than `not`.
+async fn owner_other_than(gw: &Gatewayd, stream: &str, not: &str) -> String {
+    wait_for(&format!("{stream} served by a node other than {not}"), T, || async {
+        let (s, info) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{stream}"))).await;
+        let owner = info["owner"]["node"].as_str()?;
+        (s == StatusCode::OK && info["state"] == "open" && owner != not).then(|| owner.to_string())
+    })
+    .await
+}
+
+// D-21: a cluster whose metad quorum (Raft), streamd nodes and gateway talk only mTLS
+// serves appends and reads; a SIGKILLed owner's stream fails over to another node, and
+// a SIGTERMed one hands its stream off (its own drain, SD-DRN-3, and metad's
+// CloseStream), with nothing acknowledged lost; `weir` answers with an operator
+// certificate only.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_mtls_cluster_serves_fails_over_and_drains() {
+    let mut stack = Stack::start_mtls(3, 3, Backend::FileWal).await;
+    let gw = gateway(&stack, "gw-1").await;
+    gw.create_stream("secure").await;
+    gw.wait_open("secure").await;
+    let bodies: Vec<String> = (0..50).map(|i| format!("r{i}")).collect();
+    let refs: Vec<&str> = bodies.iter().map(String::as_str).collect();
+    gw.append("secure", &refs).await;
+
+    let (_, info) = gw.send(gw.request(Method::GET, "/v1/streams/secure")).await;
+    let owner = info["owner"]["node"].as_str().expect("owner").to_string();
+    let i = stack.nodes.iter().position(|n| n.id == owner).expect("owner node");
+    stack.nodes[i].kill();
+    let second = owner_other_than(&gw, "secure", &owner).await;
+    gw.append("secure", &["after the failover"]).await;
+    let j = stack.nodes.iter().position(|n| n.id == second).expect("second owner");
+    stack.nodes[j].term();
+    assert_eq!(
+        stack.nodes[j].wait_exit(T).await,
+        Some(0),
+        "{}",
+        stack.nodes[j].log_text()
+    );
+    owner_other_than(&gw, "secure", &second).await;
+    gw.append("secure", &["after the drain"]).await;
+    let mut want = bodies.clone();
+    want.extend(["after the failover".to_string(), "after the drain".to_string()]);
+    assert_eq!(gw.bodies("secure").await, want);
+
+    // `weir` with an operator certificate; without one it cannot reach metad.
+    let certs = stack.metad.certs.as_ref().expect("certs");
+    let mut flags = certs.flags("operator", "alice");
+    flags.extend([
+        "--metad".into(),
+        stack.metad_addrs(),
+        "--json".into(),
+        "nodes".into(),
+        "list".into(),
+    ]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let listed = weir_tests::tls::weir(&flags);
+    assert!(listed.contains("streamd-1") && listed.contains("gw-1"), "{listed}");
+    let plain = std::process::Command::new(weir_tests::bin_path("weir"))
+        .args(["--metad", &stack.metad_addrs(), "--timeout-sec", "3", "nodes", "list"])
+        .output()
+        .expect("weir runs");
+    assert!(!plain.status.success(), "a plaintext weir listed nodes");
+}
+
+// D-21: who may call what. A caller without a certificate, or with one from another CA,
+// is refused at the handshake; a streamd certificate proposing as another node, and a
+// gatewayd certificate proposing a node command as an operator, are refused and leave
+// nothing in the metadata log; a gatewayd certificate can neither speak Raft nor close
+// a stream; a proposal at a stale epoch is not applied.
+#[tokio::test(flavor = "multi_thread")]
+async fn grpc_callers_are_who_their_certificates_say() {
+    let stack = Stack::start_mtls(1, 2, Backend::FileWal).await;
+    let gw = gateway(&stack, "gw-1").await;
+    gw.create_stream("kept").await;
+    gw.wait_open("kept").await;
+    let certs = stack.metad.certs.as_ref().expect("certs");
+    let metad_addr = stack.metad.replicas[0].grpc.clone();
+
+    // No certificate at all: plaintext to an mTLS port.
+    let plain = metad_as(&stack, None);
+    let err = plain.admin("nodes", 0, 0).await.expect_err("plaintext answered");
+    assert!(matches!(err, weir_meta::client::ClientError::Unavailable(_)), "{err:?}");
+    // A certificate of another CA, naming a real node.
+    let other_dir = stack.dir.path().join("other-ca");
+    let other = weir_tests::tls::ClusterCerts::make(&other_dir);
+    let foreign = other.tls("streamd", "streamd-1");
+    let err = metad_as(&stack, Some(&foreign))
+        .admin("nodes", 0, 0)
+        .await
+        .expect_err("a foreign certificate answered");
+    assert!(matches!(err, weir_meta::client::ClientError::Unavailable(_)), "{err:?}");
+
+    // streamd-1's certificate proposing as streamd-2 (fencing it) is refused.
+    let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
+    let epoch_of = |id: &str| {
+        nodes["nodes"]
+            .as_array()
+            .and_then(|ns| ns.iter().find(|n| n["node_id"] == id))
+            .and_then(|n| n["epoch"].as_u64())
+            .unwrap_or_else(|| panic!("{id} registered: {nodes}"))
+    };
+    let s1 = metad_as(&stack, Some(&certs.tls("streamd", "streamd-1")));
+    let err = s1
+        .propose(&node("streamd-2", epoch_of("streamd-2")), Command::FenceSelf)
+        .await
+        .expect_err("streamd-1 proposed as streamd-2");
+    assert!(
+        err.to_string()
+            .contains("streamd 'streamd-1' may not propose as node 'streamd-2'"),
+        "{err}"
+    );
+    // gw-1's certificate proposing FenceNode as an operator is refused.
+    let g = metad_as(&stack, Some(&certs.tls("gatewayd", "gw-1")));
+    let err = g
+        .propose(
+            &Proposer::Operator { principal: "x".into() },
+            Command::FenceNode {
+                node: NodeId::new("streamd-1"),
+                epoch: Epoch(epoch_of("streamd-1")),
+                seen_heartbeats: 0,
+            },
+        )
+        .await
+        .expect_err("a gateway fenced a node");
+    assert!(
+        err.to_string()
+            .contains("gatewayd 'gw-1' may not propose fence_node as an operator"),
+        "{err}"
+    );
+    let log = log_kinds(&stack).await;
+    assert!(!log.contains("fence_self") && !log.contains("fence_node"), "{log}");
+    // streamd-1 as itself, at an epoch it does not hold: answered, not applied.
+    let (_, outcome) = s1
+        .propose(&node("streamd-1", epoch_of("streamd-1") + 7), Command::Heartbeat)
+        .await
+        .expect("answered");
+    assert!(outcome.is_err(), "a stale epoch's heartbeat was applied: {outcome:?}");
+
+    // A gateway certificate cannot speak Raft or close a stream.
+    let gw_tls = certs.tls("gatewayd", "gw-1");
+    let ch = weir_shared::grpc::channel_with(&metad_addr, Some(&gw_tls)).expect("channel");
+    let denied = RaftClient::new(ch)
+        .vote(RaftRequest {
+            payload: b"{}".to_vec(),
+        })
+        .await
+        .expect_err("a gateway voted");
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    let (_, info) = gw.send(gw.request(Method::GET, "/v1/streams/kept")).await;
+    let owner = info["owner"]["node"].as_str().expect("owner");
+    let owner_addr = &stack.nodes.iter().find(|n| n.id == owner).expect("owner").grpc;
+    let ch = weir_shared::grpc::channel_with(owner_addr, Some(&gw_tls)).expect("channel");
+    let denied = StreamdClient::new(ch)
+        .close_stream(CloseStreamRequest {
+            stream: "kept".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a gateway closed a stream");
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    gw.append("kept", &["still open"]).await;
+    // Nothing was fenced.
+    let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
+    for n in nodes["nodes"].as_array().expect("nodes") {
+        assert_eq!(n["fenced"], false, "{n}");
+    }
+}
