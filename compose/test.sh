@@ -83,6 +83,8 @@ docker exec "${project}_metad-1_1" weir $operator --metad metad-2:7400 nodes lis
 log "Kafka SASL_SSL through the published port (kcat) and HTTPS (curl), with the admin token"
 wait_until 30 "the admin token known to the gateways" kc -L
 kc -L | grep -q "2 brokers" || fail "Metadata lists both gateways"
+kcat -b "$kafka" -X security.protocol=SASL_SSL -X sasl.mechanisms=SCRAM-SHA-512 -X sasl.username=admin \
+  -X "sasl.password=$secret" -X "ssl.ca.location=$ca" -L | grep -q "2 brokers" || fail "SCRAM-SHA-512 with the admin token"
 if kcat -b "$kafka" -L -m 5 >/dev/null 2>&1; then fail "a plaintext Kafka client got metadata"; fi
 if curl -s -o /dev/null --max-time 5 "http://127.0.0.1:$WEIR_HTTP_PORT_1/readyz"; then fail "plaintext HTTP was answered"; fi
 [ "$(curl -s -o /dev/null -w '%{http_code}' --cacert "$ca" "$http/v1/streams")" = 401 ] || fail "a request without a token was not 401"

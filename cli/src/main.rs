@@ -76,9 +76,14 @@ enum TokensCmd {
     /// Issue a token NAME and print its secret.
     Issue {
         name: String,
-        /// Let the token use admin endpoints (tokens, nodes).
+        /// Let the token use admin endpoints (tokens, nodes): the `admin` scope.
         #[arg(long)]
         admin: bool,
+        /// A scope: read, write, manage or admin, the first three optionally limited
+        /// to names with a prefix (`read:orders-`); repeat for more. Without scopes
+        /// (and without --admin) the token may read, write and manage every stream.
+        #[arg(long = "scope", value_name = "SCOPE")]
+        scopes: Vec<String>,
         /// Seconds until the token stops authenticating (default: never).
         #[arg(long, value_name = "SECONDS")]
         ttl_sec: Option<u64>,
@@ -317,7 +322,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             action: TokensCmd::List,
         } => out.value(&client.admin("tokens", 0, 0).await?),
         Cmd::Tokens {
-            action: TokensCmd::Issue { name, admin, ttl_sec },
+            action:
+                TokensCmd::Issue {
+                    name,
+                    admin,
+                    scopes,
+                    ttl_sec,
+                },
         } => {
             let expires_at_ms =
                 weir_gatewayd::api::tokens::expiry(ttl_sec).map_err(|e| anyhow::anyhow!("--ttl-sec: {e}"))?;
@@ -325,8 +336,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let cmd = Command::IssueToken {
                 name: name.clone(),
                 secret_sha256: weir_gatewayd::api::auth::secret_hash(&secret),
-                scopes: if admin { vec!["admin".into()] } else { vec![] },
+                scopes: {
+                    let mut scopes = scopes;
+                    if admin {
+                        scopes.push("admin".into());
+                    }
+                    weir_meta::model::scopes::Grants::parse(&scopes).map_err(|e| anyhow::anyhow!("--scope: {e}"))?;
+                    scopes
+                },
                 expires_at_ms,
+                scram: Some(weir_meta::scram::credentials(&secret)),
             };
             let (_, outcome) = client.propose(&operator, cmd).await?;
             outcome.map_err(|r| anyhow::anyhow!("token not issued: {}", r.message))?;

@@ -21,8 +21,8 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
     let kafka_tls = args.tls.load(&[])?;
     if args.auth && kafka_tls.is_none() && !args.kafka_allow_plaintext_sasl {
         tracing::warn!(
-            "Kafka clients cannot authenticate: SASL/PLAIN is refused on a plaintext listener; \
-             give --tls-cert and --tls-key, or --kafka-allow-plaintext-sasl"
+            "Kafka clients cannot authenticate with PLAIN: SASL/PLAIN is refused on a plaintext listener \
+             (SCRAM-SHA-256 and SCRAM-SHA-512 are offered); give --tls-cert and --tls-key, or --kafka-allow-plaintext-sasl"
         );
     }
     let http_listener = weir_shared::service::bind("--http-listen", args.http_listen).await?;

@@ -15,6 +15,7 @@ pub mod listing;
 pub mod model;
 pub mod placement;
 pub mod registration;
+pub mod scram;
 pub mod view;
 
 pub use client::{ClientError, MetadClient};

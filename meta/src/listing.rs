@@ -46,7 +46,8 @@ pub fn redact_secrets(value: &mut Value) {
     match value {
         Value::Object(map) => {
             for (key, v) in map.iter_mut() {
-                if key == "secret_sha256" {
+                // The SCRAM keys authenticate as well as the secret's digest does.
+                if key == "secret_sha256" || key == "scram" {
                     *v = Value::String("<redacted>".into());
                 } else {
                     redact_secrets(v);
@@ -89,6 +90,7 @@ mod tests {
                     secret_sha256: digest.clone(),
                     scopes: vec!["admin".into()],
                     expires_at_ms: None,
+                    scram: Some(crate::scram::credentials("weir_x")),
                 })
                 .unwrap()
             }

@@ -139,6 +139,7 @@ mod tests {
         assert!(proposal(Some(&s1), &as_operator(Command::RevokeToken { name: "t".into() })).is_err());
     }
 
+    // SD-DRN-10: a node's own drain acts for the node its certificate names.
     #[test]
     fn a_streamd_drains_only_itself() {
         let me = Incarnation {

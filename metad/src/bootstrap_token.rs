@@ -41,6 +41,7 @@ pub async fn issue(advertise: String, hub: Arc<crate::store::ViewHub>, secret: S
             secret_sha256: hex::encode(Sha256::digest(secret.as_bytes())),
             scopes: vec!["admin".into()],
             expires_at_ms: None,
+            scram: Some(weir_meta::scram::credentials(&secret)),
         };
         match client.propose(&proposer, cmd).await {
             Ok((index, Ok(_))) => {

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Python Kafka clients over SASL_SSL against a Weir gateway (run by tests/tests/tls.rs).
 
-Usage: tls_clients.py HOST:PORT CA_PEM USER PASSWORD. Exits non-zero with a message on
-the first failure. kafka-python and confluent-kafka each produce with acks=all and read
-back everything produced, over TLS with SASL/PLAIN, trusting only the given CA; a client
-that does not trust it, and one with a wrong password, get nothing.
+Usage: tls_clients.py HOST:PORT CA_PEM USER PASSWORD MECHANISM (PLAIN, SCRAM-SHA-256 or
+SCRAM-SHA-512). Exits non-zero with a message on the first failure. kafka-python and
+confluent-kafka each produce with acks=all to the topic `tls-<mechanism>` (which must
+exist) and read back everything produced, over TLS with that SASL mechanism, trusting
+only the given CA; a client that does not trust it, and one with a wrong password, get
+nothing.
 """
 import sys
 import time
@@ -13,9 +15,9 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-BOOT, CA, USER, PASSWORD = sys.argv[1:5]
+BOOT, CA, USER, PASSWORD, MECHANISM = sys.argv[1:6]
 N = 200
-TOPIC = "tls"
+TOPIC = "tls-" + MECHANISM.lower()
 
 
 def check(cond, what):
@@ -28,7 +30,7 @@ def confluent_conf(**extra):
     conf = {
         "bootstrap.servers": BOOT,
         "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "PLAIN",
+        "sasl.mechanism": MECHANISM,
         "sasl.username": USER,
         "sasl.password": PASSWORD,
         "ssl.ca.location": CA,
@@ -42,7 +44,7 @@ def python_conf():
     return dict(
         bootstrap_servers=BOOT,
         security_protocol="SASL_SSL",
-        sasl_mechanism="PLAIN",
+        sasl_mechanism=MECHANISM,
         sasl_plain_username=USER,
         sasl_plain_password=PASSWORD,
         ssl_cafile=CA,
@@ -70,7 +72,7 @@ def confluent():
 
 def read_back():
     c = Consumer(confluent_conf(**{
-        "group.id": "tls-readers", "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        "group.id": "tls-readers-" + MECHANISM.lower(), "auto.offset.reset": "earliest", "enable.auto.commit": False,
     }))
     c.subscribe([TOPIC])
     seen = []

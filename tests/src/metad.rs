@@ -254,6 +254,7 @@ impl Cluster {
                 weir_meta::model::Command::IssueToken {
                     name: name.into(),
                     secret_sha256: weir_gatewayd::api::auth::secret_hash(secret),
+                    scram: Some(weir_meta::scram::credentials(secret)),
                     scopes: scopes.iter().map(|s| s.to_string()).collect(),
                     expires_at_ms,
                 },

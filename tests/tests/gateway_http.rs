@@ -1065,3 +1065,119 @@ async fn damage_is_marked_listed_and_repaired_by_the_operator() {
         "the audit trail is in the log"
     );
 }
+
+// Issue 18: a token's scopes and their name prefixes limit what it may do over HTTP.
+// `read:orders-` reads (and lists) only streams starting `orders-`; without `write` it
+// cannot append, without `manage` it cannot create, trim or delete; a bad scope is
+// refused when the token is issued; a token without scopes keeps full data access but
+// no admin endpoints.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tokens_scopes_and_prefixes_limit_what_it_may_do() {
+    let (stack, mut gw) = stack(1, &["--auth"]).await;
+    let root = "weir_scopes-root";
+    stack.metad.issue_token("root", root, &["admin"]).await;
+    gw.token = Some(root.into());
+    wait_for("root token known", Duration::from_secs(10), || async {
+        let (s, _) = gw.send(gw.request(Method::GET, "/v1/streams")).await;
+        (s == StatusCode::OK).then_some(())
+    })
+    .await;
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/admin/tokens")
+                .json(&json!({"name": "bad", "scopes": ["admin:x"]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let gw_ref = &gw;
+    let issue = |name: &'static str, scopes: Value| async move {
+        let req = gw_ref
+            .request(Method::POST, "/v1/admin/tokens")
+            .json(&json!({"name": name, "scopes": scopes}));
+        let (status, body) = gw_ref.send(req).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["token"].as_str().expect("secret").to_string()
+    };
+    let reader = issue("reader", json!(["read:orders-"])).await;
+    let writer = issue("writer", json!(["read:orders-", "write:orders-"])).await;
+    let legacy = issue("legacy", json!([])).await;
+    for s in ["orders-eu", "payments"] {
+        gw.create_stream(s).await;
+        gw.wait_open(s).await;
+    }
+    gw.append("orders-eu", &["o1"]).await;
+    gw.append("payments", &["p1"]).await;
+
+    // A client of its own: the gateway's carries the root token.
+    let client = weir_tests::http();
+    let as_token = |secret: &str, method: Method, path: &str| client.request(method, gw.url(path)).bearer_auth(secret);
+    let forbidden = |status: StatusCode, body: &Value, want: &str| {
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+        assert!(
+            body["error"]["message"].as_str().is_some_and(|m| m.contains(want)),
+            "{body}"
+        );
+    };
+    // Reading: only what the prefix covers, and the list shows only that.
+    let (status, body) = gw
+        .send(as_token(
+            &reader,
+            Method::GET,
+            "/v1/streams/orders-eu/records?seq_num=0",
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["records"][0]["body"], "o1");
+    let (status, body) = gw
+        .send(as_token(&reader, Method::GET, "/v1/streams/payments/records?seq_num=0"))
+        .await;
+    forbidden(
+        status,
+        &body,
+        "token 'reader' has no 'read' scope for stream 'payments'",
+    );
+    let (status, body) = gw.send(as_token(&reader, Method::GET, "/v1/streams/payments")).await;
+    forbidden(status, &body, "'read' scope");
+    let (_, listed) = gw.send(as_token(&reader, Method::GET, "/v1/streams")).await;
+    let names: Vec<&str> = listed["streams"]
+        .as_array()
+        .expect("streams")
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["orders-eu"], "{listed}");
+    // Appending needs `write` on the name.
+    let append = |secret: &str, stream: &str| {
+        as_token(secret, Method::POST, &format!("/v1/streams/{stream}/records"))
+            .json(&json!({"records": [{"body": "x"}]}))
+    };
+    let (status, body) = gw.send(append(&reader, "orders-eu")).await;
+    forbidden(status, &body, "no 'write' scope for stream 'orders-eu'");
+    let (status, body) = gw.send(append(&writer, "orders-eu")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = gw.send(append(&writer, "payments")).await;
+    forbidden(status, &body, "no 'write' scope for stream 'payments'");
+    // Creating, trimming and deleting need `manage`; admin endpoints need `admin`.
+    let (status, body) = gw
+        .send(as_token(&writer, Method::POST, "/v1/streams").json(&json!({"stream": "orders-new"})))
+        .await;
+    forbidden(status, &body, "no 'manage' scope for stream 'orders-new'");
+    let (status, body) = gw
+        .send(as_token(&writer, Method::POST, "/v1/streams/orders-eu/trim").json(&json!({"seq_num": 1})))
+        .await;
+    forbidden(status, &body, "no 'manage' scope");
+    let (status, body) = gw
+        .send(as_token(&writer, Method::DELETE, "/v1/streams/orders-eu"))
+        .await;
+    forbidden(status, &body, "no 'manage' scope");
+    let (status, _) = gw.send(as_token(&legacy, Method::GET, "/v1/admin/tokens")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // A token without scopes reads, writes and manages everything, as before scopes.
+    let (status, body) = gw.send(append(&legacy, "payments")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = gw
+        .send(as_token(&legacy, Method::POST, "/v1/streams").json(&json!({"stream": "legacy-made"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}

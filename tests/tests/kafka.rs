@@ -1293,3 +1293,121 @@ async fn list_offsets_finds_records_by_timestamp() {
     let (low, high) = c.fetch_watermarks("times", 0, T).expect("watermarks");
     assert_eq!((low, high), (0, 10));
 }
+
+// Issue 18: a token's scopes limit its Kafka requests as Kafka's authorizer would:
+// `write:orders` produces to `orders` only (TOPIC_AUTHORIZATION_FAILED elsewhere),
+// `read:orders` consumes it in groups whose ids start `orders` (GROUP_AUTHORIZATION_FAILED
+// for another group), Metadata shows only the topics it has a scope on, and creating a
+// topic needs `manage`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tokens_scopes_limit_its_kafka_requests() {
+    let (stack, mut gw) = kafka_stack(1, &["--auth", "--kafka-allow-plaintext-sasl"]).await;
+    stack.metad.issue_token("root", "weir_root-secret", &["admin"]).await;
+    gw.token = Some("weir_root-secret".into());
+    stack
+        .metad
+        .issue_token("app", "weir_app-secret", &["read:orders", "write:orders"])
+        .await;
+    let with = |user: &str, pass: &str| {
+        let mut c = config(&gw);
+        c.set("security.protocol", "SASL_PLAINTEXT")
+            .set("sasl.mechanism", "PLAIN")
+            .set("sasl.username", user)
+            .set("sasl.password", pass);
+        c
+    };
+    let root: AdminClient<DefaultClientContext> = with("root", "weir_root-secret").create().expect("admin");
+    let created = wait_for("root creates topics", T, || async {
+        root.create_topics(
+            &[
+                NewTopic::new("orders", 1, TopicReplication::Fixed(1)),
+                NewTopic::new("payments", 1, TopicReplication::Fixed(1)),
+            ],
+            &AdminOptions::new().operation_timeout(Some(T)),
+        )
+        .await
+        .ok()
+    })
+    .await;
+    assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+    gw.wait_open("orders/0").await;
+    gw.wait_open("payments/0").await;
+
+    let app = |extra: &[(&str, &str)]| {
+        let mut c = with("app", "weir_app-secret");
+        for (k, v) in extra {
+            c.set(*k, *v);
+        }
+        c
+    };
+    let producer: FutureProducer = app(&[("acks", "all"), ("message.timeout.ms", "20000")])
+        .create()
+        .expect("producer");
+    let sent = producer
+        .send(
+            FutureRecord::<(), _>::to("orders").payload("o1"),
+            Duration::from_secs(20),
+        )
+        .await;
+    assert!(sent.is_ok(), "{sent:?}");
+    let refused = producer
+        .send(
+            FutureRecord::<(), _>::to("payments").payload("p1"),
+            Duration::from_secs(20),
+        )
+        .await
+        .expect_err("produced to payments");
+    assert_eq!(
+        refused.0.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed),
+        "{refused:?}"
+    );
+    // Metadata lists only `orders`.
+    let admin: AdminClient<DefaultClientContext> = app(&[]).create().expect("admin");
+    let md = admin
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(10))
+        .expect("metadata");
+    let topics: Vec<&str> = md.topics().iter().map(|t| t.name()).collect();
+    assert_eq!(topics, ["orders"], "{topics:?}");
+    // Creating a topic needs `manage`.
+    let results = admin
+        .create_topics(
+            &[NewTopic::new("orders-new", 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(T)),
+        )
+        .await
+        .expect("answered");
+    assert!(
+        matches!(&results[0], Err((_, RDKafkaErrorCode::TopicAuthorizationFailed))),
+        "{results:?}"
+    );
+    // Consuming in an allowed group reads the record; another group is refused.
+    let consume = |group: &str| {
+        let c: StreamConsumer = app(&[
+            ("group.id", group),
+            ("auto.offset.reset", "earliest"),
+            ("enable.auto.commit", "false"),
+        ])
+        .create()
+        .expect("consumer");
+        c.subscribe(&["orders"]).expect("subscribe");
+        c
+    };
+    let allowed = consume("orders-app");
+    let m = tokio::time::timeout(T, allowed.recv())
+        .await
+        .expect("a record within 30 s")
+        .expect("record");
+    assert_eq!(m.payload(), Some(&b"o1"[..]));
+    let other = consume("billing");
+    let err = tokio::time::timeout(T, other.recv())
+        .await
+        .expect("an answer within 30 s")
+        .expect_err("another group consumed");
+    assert_eq!(
+        err.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::GroupAuthorizationFailed),
+        "{err:?}"
+    );
+}

@@ -61,8 +61,9 @@ async fn owner_other_than(gw: &Gatewayd, stream: &str, not: &str) -> String {
 
 // D-21: a cluster whose metad quorum (Raft), streamd nodes and gateway talk only mTLS
 // serves appends and reads; a SIGKILLed owner's stream fails over to another node, and
-// a SIGTERMed one hands its stream off (its own drain, SD-DRN-3, and metad's
-// CloseStream), with nothing acknowledged lost; `weir` answers with an operator
+// a SIGTERMed one hands its stream off (its own drain, allowed because its certificate
+// names it: SD-DRN-10; and metad's CloseStream, accepted from a metad certificate:
+// SD-DRN-3), with nothing acknowledged lost; `weir` answers with an operator
 // certificate only.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_mtls_cluster_serves_fails_over_and_drains() {

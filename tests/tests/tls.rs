@@ -15,6 +15,7 @@ use weir_tests::wait_for;
 
 const T: Duration = Duration::from_secs(30);
 const SECRET: &str = "weir_tls-app-secret";
+const MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
 
 /// A one-node stack and gateway `gw-1` with `--auth` and the certificate, trusted by its
 /// HTTP client, with an admin token `app` known to it.
@@ -152,32 +153,44 @@ fn kcat_command() -> Command {
 }
 
 fn kcat(gw: &Gatewayd, ca: &str, password: &str, args: &[&str]) -> Command {
+    kcat_with(gw, ca, "PLAIN", password, args)
+}
+
+fn kcat_with(gw: &Gatewayd, ca: &str, mechanism: &str, password: &str, args: &[&str]) -> Command {
     let mut c = kcat_command();
     c.args(["-b", &gw.kafka])
-        .args(["-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanisms=PLAIN"])
+        .args([
+            "-X",
+            "security.protocol=SASL_SSL",
+            "-X",
+            &format!("sasl.mechanisms={mechanism}"),
+        ])
         .args(["-X", "sasl.username=app", "-X", &format!("sasl.password={password}")])
         .args(["-X", &format!("ssl.ca.location={ca}"), "-X", "broker.address.family=v4"])
         .args(args);
     c
 }
 
-// Issue 18: Kafka over SASL_SSL: kcat (librdkafka 2.0, OpenSSL) produces and consumes,
-// confluent-kafka and kafka-python produce and read everything back once
-// (`tests/clients/tls_clients.py`); a client not trusting the CA, a wrong password and
-// a plaintext client get nothing.
+// Issue 18: Kafka over SASL_SSL: kcat (librdkafka 2.0, OpenSSL) produces and consumes
+// with PLAIN and reads back with SCRAM-SHA-256 and SCRAM-SHA-512; confluent-kafka and
+// kafka-python produce and read everything back once with each of PLAIN,
+// SCRAM-SHA-256 and SCRAM-SHA-512 (`tests/clients/tls_clients.py`); a client not
+// trusting the CA, a wrong password (PLAIN and SCRAM) and a plaintext client get nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_clients_produce_and_consume_over_sasl_ssl() {
     let (stack, gw, certs) = tls_stack(&[]).await;
     let ca = certs.ca.display().to_string();
-    weir_tests::tls::weir(&[
-        "--metad",
-        &stack.metad.replicas[0].grpc,
-        "topics",
-        "create",
-        "tls",
-        "--partitions",
-        "1",
-    ]);
+    for mechanism in MECHANISMS {
+        weir_tests::tls::weir(&[
+            "--metad",
+            &stack.metad.replicas[0].grpc,
+            "topics",
+            "create",
+            &format!("tls-{}", mechanism.to_lowercase()),
+            "--partitions",
+            "1",
+        ]);
+    }
     weir_tests::tls::weir(&[
         "--metad",
         &stack.metad.replicas[0].grpc,
@@ -187,7 +200,9 @@ async fn kafka_clients_produce_and_consume_over_sasl_ssl() {
         "--partitions",
         "1",
     ]);
-    gw.wait_open("tls/0").await;
+    for mechanism in MECHANISMS {
+        gw.wait_open(&format!("tls-{}/0", mechanism.to_lowercase())).await;
+    }
     gw.wait_open("kc/0").await;
 
     let mut p = kcat(&gw, &ca, SECRET, &["-P", "-t", "kc", "-K:", "-X", "acks=all"])
@@ -227,6 +242,36 @@ async fn kafka_clients_produce_and_consume_over_sasl_ssl() {
     );
     let want: String = (0..100).map(|i| format!("k{i}=v{i}@{i}\n")).collect();
     assert_eq!(String::from_utf8_lossy(&consumed.stdout), want);
+    for scram in ["SCRAM-SHA-256", "SCRAM-SHA-512"] {
+        let read = tokio::time::timeout(
+            T,
+            tokio::process::Command::from(kcat_with(
+                &gw,
+                &ca,
+                scram,
+                SECRET,
+                &["-C", "-t", "kc", "-o", "beginning", "-c", "100", "-f", "%k=%s@%o\n"],
+            ))
+            .output(),
+        )
+        .await
+        .expect("kcat -C finishes")
+        .expect("kcat -C");
+        assert!(
+            read.status.success(),
+            "{scram}: {}",
+            String::from_utf8_lossy(&read.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&read.stdout), want, "{scram}");
+        let wrong = tokio::time::timeout(
+            T,
+            tokio::process::Command::from(kcat_with(&gw, &ca, scram, "weir_wrong", &["-L", "-m", "5"])).output(),
+        )
+        .await
+        .expect("kcat -L finishes")
+        .expect("kcat -L");
+        assert!(!wrong.status.success(), "{scram}: a wrong password listed metadata");
+    }
 
     let wrong = tokio::time::timeout(
         T,
@@ -249,28 +294,31 @@ async fn kafka_clients_produce_and_consume_over_sasl_ssl() {
     assert!(!plain.status.success(), "a plaintext client listed metadata");
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/tls_clients.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(240),
-        tokio::process::Command::new("python3")
-            .env_remove("LD_LIBRARY_PATH")
-            .args([script, &gw.kafka, &ca, "app", SECRET])
-            .output(),
-    )
-    .await
-    .expect("python clients finish in time")
-    .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "stdout:\n{}\nstderr:\n{}\ngateway log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        gw.log_text()
-    );
+    for mechanism in MECHANISMS {
+        let out = tokio::time::timeout(
+            Duration::from_secs(240),
+            tokio::process::Command::new("python3")
+                .env_remove("LD_LIBRARY_PATH")
+                .args([script, &gw.kafka, &ca, "app", SECRET, mechanism])
+                .output(),
+        )
+        .await
+        .expect("python clients finish in time")
+        .expect("python3 runs");
+        assert!(
+            out.status.success(),
+            "{mechanism}\nstdout:\n{}\nstderr:\n{}\ngateway log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            gw.log_text()
+        );
+    }
 }
 
 // Issue 18: SASL/PLAIN carries the token's secret itself, so a plaintext listener does
 // not offer it (UNSUPPORTED_SASL_MECHANISM, and the gateway says at startup that Kafka
-// clients cannot authenticate) unless `--kafka-allow-plaintext-sasl` says so.
+// clients cannot authenticate with it) unless `--kafka-allow-plaintext-sasl` says so;
+// SCRAM, which never sends the secret, is offered there.
 #[tokio::test(flavor = "multi_thread")]
 async fn sasl_plain_is_refused_in_clear_unless_a_flag_allows_it() {
     use weir_tests::kafka_wire::{sasl_handshake_v0, sasl_v0};
@@ -293,7 +341,7 @@ async fn sasl_plain_is_refused_in_clear_unless_a_flag_allows_it() {
     assert!(
         strict
             .log_text()
-            .contains("Kafka clients cannot authenticate: SASL/PLAIN is refused on a plaintext listener"),
+            .contains("Kafka clients cannot authenticate with PLAIN: SASL/PLAIN is refused on a plaintext listener"),
         "{}",
         strict.log_text()
     );
@@ -307,6 +355,32 @@ async fn sasl_plain_is_refused_in_clear_unless_a_flag_allows_it() {
     // The same token over the strict listener: refused at the handshake, whatever the
     // secret.
     assert!(sasl_v0(&strict.kafka, "app", SECRET).is_none());
+    // SCRAM never sends the secret, so the strict plaintext listener offers it.
+    let scram = tokio::time::timeout(
+        T,
+        tokio::process::Command::from(kcat_command())
+            .args([
+                "-b",
+                &strict.kafka,
+                "-L",
+                "-m",
+                "10",
+                "-X",
+                "security.protocol=SASL_PLAINTEXT",
+            ])
+            .args(["-X", "sasl.mechanisms=SCRAM-SHA-512", "-X", "sasl.username=app"])
+            .args(["-X", &format!("sasl.password={SECRET}")])
+            .output(),
+    )
+    .await
+    .expect("kcat -L finishes")
+    .expect("kcat -L");
+    let listed = String::from_utf8_lossy(&scram.stdout);
+    assert!(
+        scram.status.success() && listed.contains("2 brokers"),
+        "{listed}{}",
+        String::from_utf8_lossy(&scram.stderr)
+    );
 }
 
 // Issue 18, secure by default: a gateway listening beyond loopback without TLS or

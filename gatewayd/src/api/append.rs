@@ -8,6 +8,7 @@ use crate::records::{encode_batch, AppendRecord, Format, ProducerStamp};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -84,11 +85,13 @@ fn idempotency_key(body: Option<String>, headers: &HeaderMap) -> Result<Option<S
 
 pub async fn append(
     State(gw): State<Arc<Gateway>>,
+    Extension(who): Extension<super::Principal>,
     Path(name): Path<String>,
     query: Result<Query<FormatQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Result<Json<AppendBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    who.require(weir_meta::model::scopes::Access::Write, &name)?;
     let Query(query) = query?;
     let format = request_format(&query, &headers)?;
     let Json(body) = body?;

@@ -9,6 +9,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
+use weir_meta::model::scopes::Access;
 use weir_shared::error_code::ErrorCode;
 
 /// Hex SHA-256 of a token secret, as stored in the token row.
@@ -31,7 +32,7 @@ fn unauthorized(message: impl Into<String>) -> Response {
 
 pub async fn require_token(State(gw): State<Arc<Gateway>>, mut req: Request, next: Next) -> Response {
     if !gw.auth {
-        req.extensions_mut().insert(Principal("anonymous".into()));
+        req.extensions_mut().insert(Principal::anonymous());
         return next.run(req).await;
     }
     let Some(value) = req.headers().get(header::AUTHORIZATION) else {
@@ -56,14 +57,18 @@ pub async fn require_token(State(gw): State<Arc<Gateway>>, mut req: Request, nex
     if let Some(why) = token.refusal(now_ms()) {
         return unauthorized(why);
     }
+    let grants = token.grants();
     let path = req.uri().path();
-    if (path.starts_with("/v1/admin/") || path.starts_with("/admin/")) && !token.scopes.iter().any(|s| s == "admin") {
+    if (path.starts_with("/v1/admin/") || path.starts_with("/admin/")) && !grants.allows(Access::Admin, "") {
         return ApiError::new(
             ErrorCode::Forbidden,
             format!("token '{}' lacks the 'admin' scope this endpoint needs", token.name),
         )
         .into_response();
     }
-    req.extensions_mut().insert(Principal(token.name));
+    req.extensions_mut().insert(Principal {
+        name: token.name,
+        grants,
+    });
     next.run(req).await
 }

@@ -22,6 +22,7 @@ use error::ApiError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use weir_meta::client::MetadClient;
+use weir_meta::model::scopes::{Access, Grants};
 use weir_meta::model::Proposer;
 use weir_shared::error_code::ErrorCode;
 use weir_shared::ids::Incarnation;
@@ -65,16 +66,37 @@ impl Gateway {
     }
 }
 
-/// Who made a request (the token's name, or `anonymous` without auth); metadata
-/// changes are proposed in their name.
+/// Who made a request (the token's name, or `anonymous` without auth) and what its
+/// token's scopes grant; metadata changes are proposed in their name.
 #[derive(Clone, Debug)]
-pub struct Principal(pub String);
+pub struct Principal {
+    pub name: String,
+    pub grants: Grants,
+}
 
 impl Principal {
+    pub fn anonymous() -> Self {
+        Principal {
+            name: "anonymous".into(),
+            grants: Grants::everything(),
+        }
+    }
+
     pub fn proposer(&self) -> Proposer {
         Proposer::Operator {
-            principal: self.0.clone(),
+            principal: self.name.clone(),
         }
+    }
+
+    /// 403 unless the token's scopes grant `access` to stream `name`.
+    pub fn require(&self, access: Access, name: &str) -> Result<(), ApiError> {
+        if self.grants.allows(access, name) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            weir_shared::error_code::ErrorCode::Forbidden,
+            format!("token '{}' has no '{access}' scope for stream '{name}'", self.name),
+        ))
     }
 }
 

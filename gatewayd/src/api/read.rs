@@ -11,11 +11,13 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+use weir_meta::model::scopes::Access;
 use weir_proto::streamd::{ReadRequest, StatusRequest};
 use weir_shared::error_code::ErrorCode;
 use weir_shared::inflate::InflateError;
@@ -174,10 +176,12 @@ fn wants_events(headers: &HeaderMap) -> bool {
 
 pub async fn read_or_subscribe(
     State(gw): State<Arc<Gateway>>,
+    Extension(who): Extension<super::Principal>,
     Path(name): Path<String>,
     query: Result<Query<ReadQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    who.require(Access::Read, &name)?;
     let Query(query) = query?;
     let limits = query.limits(&headers)?;
     if wants_events(&headers) {
@@ -200,7 +204,12 @@ pub async fn read_or_subscribe(
     .into_response())
 }
 
-pub async fn tail(State(gw): State<Arc<Gateway>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn tail(
+    State(gw): State<Arc<Gateway>>,
+    Extension(who): Extension<super::Principal>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    who.require(Access::Read, &name)?;
     if gw.routes.stream(&name).is_none() {
         return Err(ApiError::not_found(format!("stream '{name}' does not exist")));
     }

@@ -11,6 +11,7 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
+use weir_meta::model::scopes::Access;
 use weir_meta::model::{Applied, Command, StreamConfig, StreamRow, StreamState};
 use weir_proto::streamd::StatusRequest;
 
@@ -65,6 +66,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     weir_meta::model::validate_name("stream", &body.stream).map_err(ApiError::from)?;
+    who.require(Access::Manage, &body.stream)?;
     let config = body.config.map_or_else(StreamConfig::default, |c| StreamConfig {
         retention_ms: c.retention_ms,
         retention_bytes: c.retention_bytes,
@@ -112,6 +114,7 @@ pub const MAX_LIST: usize = 1000;
 
 pub async fn list(
     State(gw): State<Arc<Gateway>>,
+    Extension(who): Extension<Principal>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query?;
@@ -130,6 +133,8 @@ pub async fn list(
             .stream_names
             .range((start, Bound::Unbounded))
             .filter(|(name, _)| name.starts_with(&q.prefix))
+            // A token sees the streams it may read.
+            .filter(|(name, _)| who.grants.allows(Access::Read, name))
             .filter_map(|(_, id)| s.streams.get(id));
         let page: Vec<Value> = names.by_ref().take(limit).map(stream_json).collect();
         (page, names.next().is_some())
@@ -137,7 +142,12 @@ pub async fn list(
     Ok(Json(json!({ "streams": page, "has_more": has_more })))
 }
 
-pub async fn describe(State(gw): State<Arc<Gateway>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn describe(
+    State(gw): State<Arc<Gateway>>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    who.require(Access::Read, &name)?;
     let row = gw
         .routes
         .stream(&name)
@@ -164,6 +174,7 @@ pub async fn delete(
     Extension(who): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
+    who.require(Access::Manage, &name)?;
     let (index, outcome) = gw
         .metad
         .propose(&who.proposer(), Command::DeleteStream { name: name.clone() })

@@ -15,9 +15,6 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use weir_meta::model::Command;
 
-/// Scopes a token may carry; without `admin` it may use the data and stream APIs only.
-pub const SCOPES: &[&str] = &["admin"];
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IssueBody {
@@ -55,11 +52,7 @@ pub async fn issue(
     body: Result<Json<IssueBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
-    if let Some(bad) = body.scopes.iter().find(|s| !SCOPES.contains(&s.as_str())) {
-        return Err(ApiError::invalid(format!(
-            "unknown scope '{bad}'; scopes are {SCOPES:?}"
-        )));
-    }
+    weir_meta::model::scopes::Grants::parse(&body.scopes).map_err(ApiError::invalid)?;
     let expires_at_ms = expiry(body.ttl_sec).map_err(ApiError::invalid)?;
     let secret = new_secret();
     let (index, outcome) = gw
@@ -69,6 +62,7 @@ pub async fn issue(
             Command::IssueToken {
                 name: body.name.clone(),
                 secret_sha256: secret_hash(&secret),
+                scram: Some(weir_meta::scram::credentials(&secret)),
                 scopes: body.scopes.clone(),
                 expires_at_ms,
             },

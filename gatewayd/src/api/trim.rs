@@ -22,9 +22,11 @@ pub struct TrimBody {
 
 pub async fn trim(
     State(gw): State<Arc<Gateway>>,
+    axum::Extension(who): axum::Extension<super::Principal>,
     Path(name): Path<String>,
     body: Result<Json<TrimBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    who.require(weir_meta::model::scopes::Access::Manage, &name)?;
     let Json(body) = body?;
     if gw.routes.stream(&name).is_none() {
         return Err(ApiError::not_found(format!("stream '{name}' does not exist")));

@@ -12,6 +12,7 @@ use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use weir_meta::model::scopes::Access;
 use weir_meta::model::{Applied, Command};
 
 use super::configs::{BROKER, TOPIC};
@@ -52,7 +53,9 @@ pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequ
             .with_name(t.name.clone())
             .with_num_partitions(partitions)
             .with_replication_factor(1);
-        let checked = if let Err(e) = weir_meta::model::validate_name("topic", &name) {
+        let checked = if !session.grants.allows(Access::Manage, &name) {
+            Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", &name)))
+        } else if let Err(e) = weir_meta::model::validate_name("topic", &name) {
             Err((errors::INVALID_TOPIC_EXCEPTION, e.message))
         } else if super::brokers::is_internal_topic(&name) {
             Err((
@@ -140,6 +143,9 @@ pub async fn delete_topics(kafka: &Kafka, session: &Session, r: DeleteTopicsRequ
             .with_topic_id(id);
         let outcome = match &name {
             None => Err((errors::UNKNOWN_TOPIC_ID, "no topic has this id".to_string())),
+            Some(n) if !session.grants.allows(Access::Manage, n) => {
+                Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", n)))
+            }
             Some(n) if super::brokers::is_internal_topic(n) => Err((
                 errors::INVALID_TOPIC_EXCEPTION,
                 "internal topics cannot be deleted".into(),
@@ -170,6 +176,9 @@ pub async fn create_partitions(
             .view()
             .with(|s| s.topics.get(&name).map(|t| t.partitions.len() as i32));
         let outcome = match current {
+            _ if !session.grants.allows(Access::Manage, &name) => {
+                Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", &name)))
+            }
             None => Err((
                 errors::UNKNOWN_TOPIC_OR_PARTITION,
                 format!("topic '{name}' does not exist"),
@@ -224,7 +233,7 @@ fn config_entry(name: &str, value: Option<String>, source: i8, read_only: bool) 
         .with_read_only(read_only)
 }
 
-pub fn describe_configs(kafka: &Kafka, r: DescribeConfigsRequest) -> DescribeConfigsResponse {
+pub fn describe_configs(kafka: &Kafka, session: &Session, r: DescribeConfigsRequest) -> DescribeConfigsResponse {
     let mut results = vec![];
     for res in r.resources {
         let name = res.resource_name.to_string();
@@ -232,6 +241,14 @@ pub fn describe_configs(kafka: &Kafka, r: DescribeConfigsRequest) -> DescribeCon
             .with_resource_type(res.resource_type)
             .with_resource_name(res.resource_name.clone());
         let entries = match res.resource_type {
+            TOPIC if !session.grants.allows(Access::Read, &name) => {
+                results.push(
+                    result
+                        .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
+                        .with_error_message(Some(s(&no_scope("read", &name)))),
+                );
+                continue;
+            }
             TOPIC => match kafka.gw.routes.view().with(|s| s.topics.get(&name).cloned()) {
                 None => {
                     results.push(
@@ -298,6 +315,13 @@ pub async fn init_producer_id(kafka: &Kafka, session: &Session, r: InitProducerI
             .with_producer_id((-1).into())
             .with_producer_epoch(-1);
     }
+    // An idempotent producer id is for writing: some `write` scope is needed.
+    if !session.grants.allows_some(Access::Write) {
+        return InitProducerIdResponse::default()
+            .with_error_code(errors::CLUSTER_AUTHORIZATION_FAILED)
+            .with_producer_id((-1).into())
+            .with_producer_epoch(-1);
+    }
     // A new id each time: the owner keeps sequence state per id, so a fresh id starts
     // clean, as a bumped epoch would.
     match propose(kafka, session, Command::AllocateProducerIds { count: 1 }).await {
@@ -309,4 +333,9 @@ pub async fn init_producer_id(kafka: &Kafka, session: &Session, r: InitProducerI
             .with_producer_id((-1).into())
             .with_producer_epoch(-1),
     }
+}
+
+/// Why a topic request was refused by the token's scopes.
+fn no_scope(access: &str, topic: &str) -> String {
+    format!("the token has no '{access}' scope for topic '{topic}'")
 }

@@ -14,6 +14,7 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{BrokerId, DescribeClusterResponse, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
+use weir_meta::model::scopes::Access;
 use weir_meta::model::{Command, NodeKind, StreamConfig, TopicRow};
 
 /// The internal topic holding consumer groups' committed offsets.
@@ -113,11 +114,14 @@ fn topic_metadata(t: &TopicRow, brokers: &[Broker]) -> MetadataResponseTopic {
 pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, version: i16) -> MetadataResponse {
     let brokers = brokers(kafka);
     let topics: Vec<MetadataResponseTopic> = match r.topics {
-        None => kafka
-            .gw
-            .routes
-            .view()
-            .with(|s| s.topics.values().map(|t| topic_metadata(t, &brokers)).collect()),
+        // A token sees the topics it has any scope on.
+        None => kafka.gw.routes.view().with(|s| {
+            s.topics
+                .values()
+                .filter(|t| visible(session, &t.name))
+                .map(|t| topic_metadata(t, &brokers))
+                .collect()
+        }),
         Some(wanted) => {
             let mut out = vec![];
             for w in wanted {
@@ -126,10 +130,18 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
                     None => s.topics.values().find(|t| topic_id(t) == w.topic_id).cloned(),
                 });
                 out.push(match (found, w.name) {
+                    (Some(t), _) if !visible(session, &t.name) => MetadataResponseTopic::default()
+                        .with_name(Some(TopicName(StrBytes::from_string(t.name.clone()))))
+                        .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED),
                     (Some(t), _) => topic_metadata(&t, &brokers),
+                    (None, Some(name)) if !visible(session, name.0.as_str()) => MetadataResponseTopic::default()
+                        .with_name(Some(name))
+                        .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED),
                     (None, Some(name)) => {
                         // Before v4 the request cannot say; Kafka then creates when enabled.
-                        let allowed = version < 4 || r.allow_auto_topic_creation;
+                        // Creating needs the `manage` scope.
+                        let allowed = (version < 4 || r.allow_auto_topic_creation)
+                            && session.grants.allows(Access::Manage, name.0.as_str());
                         let code = if kafka.auto_create_topics && allowed {
                             auto_create(kafka, session, name.0.as_str()).await
                         } else {
@@ -203,6 +215,13 @@ pub fn describe_cluster(kafka: &Kafka) -> DescribeClusterResponse {
                 })
                 .collect(),
         )
+}
+
+/// Whether the session's token may see topic `name` in Metadata: any scope on it.
+fn visible(session: &Session, name: &str) -> bool {
+    [Access::Read, Access::Write, Access::Manage]
+        .into_iter()
+        .any(|a| session.grants.allows(a, name))
 }
 
 #[cfg(test)]

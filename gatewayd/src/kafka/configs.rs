@@ -10,6 +10,7 @@ use kafka_protocol::messages::describe_configs_response::DescribeConfigsResource
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use weir_meta::model::command::ConfigTarget;
+use weir_meta::model::scopes::Access;
 use weir_meta::model::{Command, StreamConfig};
 
 /// Resource types.
@@ -163,6 +164,12 @@ async fn alter_one(
     change: impl FnOnce(&mut StreamConfig) -> Result<(), String>,
 ) -> Result<(), (i16, String)> {
     match resource_type {
+        TOPIC if !session.grants.allows(Access::Manage, name) => {
+            return Err((
+                errors::TOPIC_AUTHORIZATION_FAILED,
+                format!("the token has no 'manage' scope for topic '{name}'"),
+            ))
+        }
         TOPIC => {}
         BROKER => {
             return Err((

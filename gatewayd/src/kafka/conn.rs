@@ -4,7 +4,7 @@
 //! are stored in the order it sent them.
 
 use super::frame::{self, DecodeError, FrameError};
-use super::{admin, brokers, fetch, groups, produce, sasl, versions, Kafka};
+use super::{admin, brokers, groups, produce, sasl, versions, Kafka};
 use crate::ordered_appends::OrderedAppends;
 use bytes::{BufMut, BytesMut};
 use futures::future::BoxFuture;
@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use weir_meta::model::scopes::Grants;
 use weir_shared::listener::Guarded;
 use weir_shared::tls::MaybeTls;
 
@@ -37,11 +38,16 @@ pub struct Session {
     pub token_issued: Option<u64>,
     /// The connection runs under TLS (`SSL` or `SASL_SSL`).
     pub tls: bool,
+    /// What the authenticated token's scopes grant (everything without `--auth`).
+    pub grants: Grants,
+    /// A SCRAM exchange between its two round trips.
+    pub scram: Option<super::scram::Started>,
 }
 
 impl Session {
     fn authenticated(&mut self, who: sasl::Authenticated) {
         self.principal = Some(who.name);
+        self.grants = who.grants;
         self.token_issued = Some(who.issued_index);
         self.principal_slot = Some(who.slot);
     }
@@ -117,6 +123,12 @@ pub async fn run(
         principal_slot: None,
         token_issued: None,
         tls,
+        scram: None,
+        grants: if kafka.gw.auth {
+            Grants::nothing()
+        } else {
+            Grants::everything()
+        },
     };
     let refused = |reason: &str| {
         crate::metrics::metrics()
@@ -240,7 +252,7 @@ pub async fn run(
         // Pipelined: admitted now, answered in order later.
         match req.kind {
             RequestKind::Produce(r) => {
-                let produced = produce::start(&kafka, &appends, r);
+                let produced = produce::start(&kafka, &appends, &session.grants, r);
                 in_flight.push_back(Box::pin(async move {
                     done(match produced.await {
                         Some(resp) => Answer::Respond(ResponseKind::Produce(resp)),
@@ -251,9 +263,11 @@ pub async fn run(
                 continue;
             }
             RequestKind::Fetch(r) => {
-                let kafka = &kafka;
+                let (kafka, grants) = (&kafka, session.grants.clone());
                 in_flight.push_back(Box::pin(async move {
-                    done(Answer::Respond(ResponseKind::Fetch(fetch::fetch(kafka, r).await)))
+                    done(Answer::Respond(ResponseKind::Fetch(
+                        super::scopes::fetch(kafka, &grants, r).await,
+                    )))
                 }));
                 reading = next_frame(rd, &session);
                 continue;
@@ -277,6 +291,7 @@ pub async fn run(
                 Ok(who) => {
                     session.authenticated(who);
                     wr.write_all(&0i32.to_be_bytes()).await?;
+                    wr.flush().await?;
                 }
                 Err(why) => {
                     tracing::warn!(%peer, reason = %why, "kafka SASL authentication failed");
@@ -345,7 +360,9 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
         RequestKind::Produce(_) | RequestKind::Fetch(_) => {
             Answer::Close("a pipelined request reached the barrier path".into())
         }
-        RequestKind::ListOffsets(r) => Respond(ResponseKind::ListOffsets(fetch::list_offsets(kafka, r).await)),
+        RequestKind::ListOffsets(r) => Respond(ResponseKind::ListOffsets(
+            super::scopes::list_offsets(kafka, &session.grants, r).await,
+        )),
         RequestKind::CreateTopics(r) => Respond(ResponseKind::CreateTopics(
             admin::create_topics(kafka, session, r).await,
         )),
@@ -355,7 +372,9 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
         RequestKind::CreatePartitions(r) => Respond(ResponseKind::CreatePartitions(
             admin::create_partitions(kafka, session, r).await,
         )),
-        RequestKind::DescribeConfigs(r) => Respond(ResponseKind::DescribeConfigs(admin::describe_configs(kafka, r))),
+        RequestKind::DescribeConfigs(r) => Respond(ResponseKind::DescribeConfigs(admin::describe_configs(
+            kafka, session, r,
+        ))),
         RequestKind::AlterConfigs(r) => Respond(ResponseKind::AlterConfigs(
             super::configs::alter_configs(kafka, session, r).await,
         )),
@@ -363,7 +382,7 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             super::configs::incremental_alter_configs(kafka, session, r).await,
         )),
         RequestKind::DeleteRecords(r) => Respond(ResponseKind::DeleteRecords(
-            super::delete_records::delete_records(kafka, r).await,
+            super::scopes::delete_records(kafka, &session.grants, r).await,
         )),
         RequestKind::InitProducerId(r) => Respond(ResponseKind::InitProducerId(
             admin::init_producer_id(kafka, session, r).await,
@@ -373,13 +392,14 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
         )),
         RequestKind::SaslHandshake(r) => {
             let plain_allowed = session.tls || kafka.allow_plaintext_sasl;
-            let (resp, ok) = sasl::handshake(r, plain_allowed);
-            if !ok && !plain_allowed {
+            let asked = r.mechanism.to_string();
+            let (resp, agreed) = sasl::handshake(r, plain_allowed, version);
+            if agreed.is_none() && asked == "PLAIN" && !plain_allowed {
                 tracing::debug!(peer = %session.peer, "SASL/PLAIN refused on a plaintext connection (--kafka-allow-plaintext-sasl)");
             }
-            if ok {
-                session.mechanism = Some("PLAIN".into());
-            }
+            let ok = agreed.is_some();
+            session.mechanism = agreed;
+            session.scram = None;
             if ok && version == 0 {
                 Answer::RespondThenRawSasl(ResponseKind::SaslHandshake(resp))
             } else {
@@ -387,10 +407,14 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             }
         }
         RequestKind::SaslAuthenticate(r) => {
-            if session.mechanism.is_none() {
-                return Answer::Close("SaslAuthenticate before SaslHandshake".into());
-            }
-            let (resp, principal) = sasl::authenticate_request(kafka, r);
+            let scram = match session.mechanism.as_deref() {
+                None => return Answer::Close("SaslAuthenticate before SaslHandshake".into()),
+                Some(m) => weir_meta::scram::Mechanism::parse(m),
+            };
+            let (resp, principal) = match scram {
+                Some(m) => sasl::scram_step(kafka, m, &mut session.scram, r),
+                None => sasl::authenticate_request(kafka, r),
+            };
             if let Some(who) = principal {
                 session.authenticated(who);
             }
@@ -420,5 +444,79 @@ async fn write<W: AsyncWriteExt + Unpin>(
     let size = (buf.len() - 4) as i32;
     buf[..4].copy_from_slice(&size.to_be_bytes());
     w.write_all(&buf).await?;
+    // Under TLS, write_all may leave the last records in the session when the socket
+    // is full; without a flush they wait for the next response, and a client waiting
+    // for this one stalls.
+    w.flush().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::ApiVersionsResponse;
+    use std::sync::Arc;
+    use tokio::io::AsyncReadExt;
+    use tokio_rustls::rustls;
+
+    // A response larger than the socket's buffer arrives whole under TLS, with no
+    // further write on the connection after it.
+    #[tokio::test]
+    async fn a_response_under_tls_arrives_whole_through_a_full_socket() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let der = cert.der().clone();
+        let server = weir_shared::tls::ServerTls::new(
+            vec![der.clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            &[],
+        )
+        .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(weir_shared::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        // 512 bytes of pipe: a 64 KiB response fills it many times over.
+        let (a, b) = tokio::io::duplex(512);
+        let tasks = tokio_util::task::TaskTracker::new();
+        let writer = tasks.spawn(async move {
+            let mut s = weir_shared::tls::start(Some(&server), b, Duration::from_secs(5), "test")
+                .await
+                .unwrap();
+            let big = ApiVersionsResponse::default().with_api_keys(
+                (0..8000)
+                    .map(|k| {
+                        kafka_protocol::messages::api_versions_response::ApiVersion::default().with_api_key(k as i16)
+                    })
+                    .collect(),
+            );
+            write(&mut s, 7, ApiKey::ApiVersions, 0, &ResponseKind::ApiVersions(big))
+                .await
+                .unwrap();
+            // Held open, writing nothing more: the response must already be out.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        });
+        let mut c = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect(rustls::pki_types::ServerName::try_from("localhost").unwrap(), a)
+            .await
+            .unwrap();
+        let mut size = [0u8; 4];
+        let read = async {
+            c.read_exact(&mut size).await.unwrap();
+            let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
+            c.read_exact(&mut body).await.unwrap();
+            body.len()
+        };
+        let got = tokio::time::timeout(Duration::from_secs(5), read)
+            .await
+            .expect("the whole response within 5 s");
+        assert!(got > 40_000, "{got}");
+        writer.abort();
+    }
 }

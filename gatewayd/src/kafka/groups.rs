@@ -16,6 +16,7 @@ use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponseParti
 use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponsePartition, OffsetFetchResponseTopic};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use weir_meta::model::scopes::Access;
 use weir_meta::model::{Command, Proposer, StreamConfig};
 use weir_proto::streamd::GroupRequest;
 use weir_shared::error_code::KafkaApi;
@@ -68,7 +69,7 @@ async fn ensure_offsets_topic(kafka: &Kafka) {
 
 pub async fn find_coordinator(
     kafka: &Kafka,
-    _session: &Session,
+    session: &Session,
     r: FindCoordinatorRequest,
     version: i16,
 ) -> FindCoordinatorResponse {
@@ -89,6 +90,12 @@ pub async fn find_coordinator(
                 return c
                     .with_error_code(errors::INVALID_REQUEST)
                     .with_error_message(Some(s("transactions are not supported")))
+                    .with_node_id((-1).into());
+            }
+            if !session.grants.allows(Access::Read, &key) {
+                return c
+                    .with_error_code(errors::GROUP_AUTHORIZATION_FAILED)
+                    .with_error_message(Some(s("the token has no 'read' scope for this group")))
                     .with_node_id((-1).into());
             }
             let stream = offsets_stream(&key);
@@ -116,14 +123,26 @@ pub async fn find_coordinator(
 }
 
 /// Sends one group request to the owner of `stream`: the response body, or an error code.
+/// Sends a group request for `group` (empty: none, as ListGroups) to the coordinator
+/// that owns `stream`. The token must have `read` on the group (`manage` to delete it),
+/// or the answer is GROUP_AUTHORIZATION_FAILED.
 async fn call(
     kafka: &Kafka,
     session: &Session,
+    group: &str,
     stream: &str,
     key: ApiKey,
     version: i16,
     body: Bytes,
 ) -> Result<Bytes, i16> {
+    let access = if key == ApiKey::DeleteGroups {
+        Access::Manage
+    } else {
+        Access::Read
+    };
+    if !group.is_empty() && !session.grants.allows(access, group) {
+        return Err(errors::GROUP_AUTHORIZATION_FAILED);
+    }
     // JoinGroup and SyncGroup wait at the coordinator for the rest of the group by
     // design; they are long polls, bounded by the rebalance, not by the node timeout.
     let wait = match key {
@@ -176,7 +195,7 @@ pub async fn forward(
     Some(match kind {
         RequestKind::JoinGroup(r) => {
             let stream = offsets_stream(&r.group_id.0);
-            match call(kafka, session, &stream, ApiKey::JoinGroup, version, body)
+            match call(kafka, session, &r.group_id.0, &stream, ApiKey::JoinGroup, version, body)
                 .await
                 .and_then(|b| decode(b, version))
             {
@@ -191,7 +210,7 @@ pub async fn forward(
         }
         RequestKind::SyncGroup(r) => {
             let stream = offsets_stream(&r.group_id.0);
-            match call(kafka, session, &stream, ApiKey::SyncGroup, version, body)
+            match call(kafka, session, &r.group_id.0, &stream, ApiKey::SyncGroup, version, body)
                 .await
                 .and_then(|b| decode(b, version))
             {
@@ -201,7 +220,7 @@ pub async fn forward(
         }
         RequestKind::Heartbeat(r) => {
             let stream = offsets_stream(&r.group_id.0);
-            match call(kafka, session, &stream, ApiKey::Heartbeat, version, body)
+            match call(kafka, session, &r.group_id.0, &stream, ApiKey::Heartbeat, version, body)
                 .await
                 .and_then(|b| decode(b, version))
             {
@@ -211,9 +230,17 @@ pub async fn forward(
         }
         RequestKind::LeaveGroup(r) => {
             let stream = offsets_stream(&r.group_id.0);
-            match call(kafka, session, &stream, ApiKey::LeaveGroup, version, body)
-                .await
-                .and_then(|b| decode(b, version))
+            match call(
+                kafka,
+                session,
+                &r.group_id.0,
+                &stream,
+                ApiKey::LeaveGroup,
+                version,
+                body,
+            )
+            .await
+            .and_then(|b| decode(b, version))
             {
                 Ok(resp) => ResponseKind::LeaveGroup(resp),
                 Err(code) => ResponseKind::LeaveGroup(
@@ -233,9 +260,17 @@ pub async fn forward(
         }
         RequestKind::OffsetCommit(r) => {
             let stream = offsets_stream(&r.group_id.0);
-            match call(kafka, session, &stream, ApiKey::OffsetCommit, version, body)
-                .await
-                .and_then(|b| decode(b, version))
+            match call(
+                kafka,
+                session,
+                &r.group_id.0,
+                &stream,
+                ApiKey::OffsetCommit,
+                version,
+                body,
+            )
+            .await
+            .and_then(|b| decode(b, version))
             {
                 Ok(resp) => ResponseKind::OffsetCommit(resp),
                 Err(code) => ResponseKind::OffsetCommit(
@@ -263,9 +298,17 @@ pub async fn forward(
         }
         RequestKind::OffsetFetch(r) => {
             let stream = offsets_stream(&r.group_id.0);
-            match call(kafka, session, &stream, ApiKey::OffsetFetch, version, body)
-                .await
-                .and_then(|b| decode(b, version))
+            match call(
+                kafka,
+                session,
+                &r.group_id.0,
+                &stream,
+                ApiKey::OffsetFetch,
+                version,
+                body,
+            )
+            .await
+            .and_then(|b| decode(b, version))
             {
                 Ok(resp) => ResponseKind::OffsetFetch(resp),
                 Err(code) => ResponseKind::OffsetFetch(
@@ -300,6 +343,7 @@ pub async fn forward(
                 let answer = call(
                     kafka,
                     session,
+                    &g.0,
                     &offsets_stream(&g.0),
                     ApiKey::DescribeGroups,
                     version,
@@ -321,6 +365,7 @@ pub async fn forward(
                 let answer = call(
                     kafka,
                     session,
+                    &g.0,
                     &offsets_stream(&g.0),
                     ApiKey::DeleteGroups,
                     version,
@@ -346,11 +391,16 @@ pub async fn forward(
             if exists {
                 for p in 0..OFFSETS_PARTITIONS {
                     let stream = format!("{OFFSETS_TOPIC}/{p}");
-                    match call(kafka, session, &stream, ApiKey::ListGroups, version, body.clone())
+                    match call(kafka, session, "", &stream, ApiKey::ListGroups, version, body.clone())
                         .await
                         .and_then(|b| decode::<ListGroupsResponse>(b, version))
                     {
-                        Ok(resp) => groups.extend(resp.groups),
+                        // A token lists the groups it may read.
+                        Ok(resp) => groups.extend(
+                            resp.groups
+                                .into_iter()
+                                .filter(|g| session.grants.allows(Access::Read, &g.group_id.0)),
+                        ),
                         Err(code) => error = code,
                     }
                 }

@@ -15,6 +15,8 @@ pub mod groups;
 pub mod principals;
 pub mod produce;
 pub mod sasl;
+pub mod scopes;
+pub mod scram;
 pub mod versions;
 
 use crate::api::Gateway;

@@ -10,6 +10,7 @@ use futures::future::join_all;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
+use weir_meta::model::scopes::{Access, Grants};
 
 /// One partition's outcome: (error code, base offset, message).
 type Outcome = (i16, i64, Option<String>);
@@ -20,6 +21,7 @@ type Outcome = (i16, i64, Option<String>);
 pub fn start<'k>(
     kafka: &'k Kafka,
     appends: &OrderedAppends,
+    grants: &Grants,
     r: ProduceRequest,
 ) -> impl std::future::Future<Output = Option<ProduceResponse>> + use<'k> {
     let acks = r.acks;
@@ -29,6 +31,7 @@ pub fn start<'k>(
         .into_iter()
         .map(|t| {
             let name = t.name.0.to_string();
+            let writable = grants.allows(Access::Write, &name);
             let partitions: Vec<_> = t
                 .partition_data
                 .into_iter()
@@ -38,6 +41,12 @@ pub fn start<'k>(
                             errors::INVALID_REQUIRED_ACKS,
                             -1,
                             Some("acks must be -1, 0 or 1".to_string()),
+                        ))
+                    } else if !writable {
+                        Err((
+                            errors::TOPIC_AUTHORIZATION_FAILED,
+                            -1,
+                            Some(format!("the token has no 'write' scope for topic '{name}'")),
                         ))
                     } else if transactional {
                         Err((

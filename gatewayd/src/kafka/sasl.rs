@@ -1,5 +1,6 @@
-//! SASL/PLAIN over the HTTP API's tokens: the username is the token's name and the
-//! password its secret. Only the secret's SHA-256 is stored and compared.
+//! SASL over the HTTP API's tokens: the username is the token's name and the password
+//! its secret. PLAIN compares the secret's SHA-256 with the stored one; SCRAM
+//! (`scram.rs`) proves the secret against salted keys without sending it.
 
 use super::principals::PrincipalSlot;
 use super::Kafka;
@@ -8,20 +9,88 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError as KafkaError;
+use weir_meta::scram::Mechanism;
 
 const UNSUPPORTED_SASL_MECHANISM: i16 = KafkaError::UnsupportedSaslMechanism.code();
 const SASL_AUTHENTICATION_FAILED: i16 = KafkaError::SaslAuthenticationFailed.code();
 
-/// Agrees on a mechanism. PLAIN sends the secret itself, so it is offered only under
-/// TLS or where `--kafka-allow-plaintext-sasl` allows it (issue 18); otherwise the
-/// connection is offered no mechanism, and the client reports it as unsupported.
-pub fn handshake(r: SaslHandshakeRequest, plain_allowed: bool) -> (SaslHandshakeResponse, bool) {
-    let offered: &[&'static str] = if plain_allowed { &["PLAIN"] } else { &[] };
-    let ok = offered.contains(&r.mechanism.as_str());
+/// Agrees on a mechanism; the one agreed, if any. SCRAM-SHA-256 and SCRAM-SHA-512
+/// never send the secret, so they are offered on every connection that frames SASL in
+/// SaslAuthenticate requests (handshake v1 and later). PLAIN sends the secret itself,
+/// so it is offered only under TLS or where `--kafka-allow-plaintext-sasl` allows it
+/// (issue 18).
+pub fn handshake(
+    r: SaslHandshakeRequest,
+    plain_allowed: bool,
+    version: i16,
+) -> (SaslHandshakeResponse, Option<String>) {
+    let mut offered: Vec<&'static str> = vec![];
+    if version >= 1 {
+        offered.extend(["SCRAM-SHA-256", "SCRAM-SHA-512"]);
+    }
+    if plain_allowed {
+        offered.push("PLAIN");
+    }
+    let agreed = offered
+        .iter()
+        .find(|m| **m == r.mechanism.as_str())
+        .map(|m| m.to_string());
     let resp = SaslHandshakeResponse::default()
-        .with_error_code(if ok { 0 } else { UNSUPPORTED_SASL_MECHANISM })
+        .with_error_code(if agreed.is_some() {
+            0
+        } else {
+            UNSUPPORTED_SASL_MECHANISM
+        })
         .with_mechanisms(offered.iter().map(|m| StrBytes::from_static_str(m)).collect());
-    (resp, ok)
+    (resp, agreed)
+}
+
+/// One step of a SCRAM exchange: the client-first message starts it (`exchange` holds
+/// it until the client-final message), the client-final message ends it with the
+/// principal on success.
+pub fn scram_step(
+    kafka: &Kafka,
+    mechanism: Mechanism,
+    exchange: &mut Option<super::scram::Started>,
+    r: SaslAuthenticateRequest,
+) -> (SaslAuthenticateResponse, Option<Authenticated>) {
+    let now = crate::api::auth::now_ms();
+    let step = match exchange.take() {
+        None => super::scram::start(mechanism, &r.auth_bytes, |name| {
+            kafka
+                .gw
+                .routes
+                .view()
+                .with(|s| s.tokens.get(name).cloned())
+                .filter(|t| t.refusal(now).is_none())
+        })
+        .map(|(started, server_first)| {
+            *exchange = Some(started);
+            (server_first, None)
+        }),
+        Some(started) => started.finish(&r.auth_bytes).and_then(|(token, server_final)| {
+            let slot = kafka.principals.take(&token.name)?;
+            let who = Authenticated {
+                grants: token.grants(),
+                name: token.name,
+                issued_index: token.issued_index,
+                slot,
+            };
+            Ok((server_final, Some(who)))
+        }),
+    };
+    match step {
+        Ok((bytes, who)) => (SaslAuthenticateResponse::default().with_auth_bytes(bytes.into()), who),
+        Err(why) => {
+            tracing::warn!(mechanism = mechanism.name(), reason = %why, "kafka SASL authentication failed");
+            (
+                SaslAuthenticateResponse::default()
+                    .with_error_code(SASL_AUTHENTICATION_FAILED)
+                    .with_error_message(Some(StrBytes::from_string(format!("authentication failed: {why}")))),
+                None,
+            )
+        }
+    }
 }
 
 /// Splits a PLAIN token (`authzid NUL username NUL password`, RFC 4616) into the
@@ -45,27 +114,30 @@ pub struct Authenticated {
     pub issued_index: u64,
     /// The principal's connection slot, held while the connection lives.
     pub slot: PrincipalSlot,
+    /// What the token's scopes grant.
+    pub grants: weir_meta::model::scopes::Grants,
 }
 
 /// Checks a PLAIN token; the principal, and its connection slot, on success.
 pub fn authenticate(kafka: &Kafka, token: &[u8]) -> Result<Authenticated, String> {
-    let (name, issued_index) = check_plain(kafka, token)?;
+    let (name, issued_index, grants) = check_plain(kafka, token)?;
     let slot = kafka.principals.take(&name)?;
     Ok(Authenticated {
         name,
         issued_index,
         slot,
+        grants,
     })
 }
 
-fn check_plain(kafka: &Kafka, token: &[u8]) -> Result<(String, u64), String> {
+fn check_plain(kafka: &Kafka, token: &[u8]) -> Result<(String, u64, weir_meta::model::scopes::Grants), String> {
     let (user, pass) = parse_plain(token)?;
     let hash = crate::api::auth::secret_hash(pass);
     let token = kafka.gw.routes.view().with(|s| s.tokens.get(user).cloned());
     match token {
         Some(t) if t.secret_sha256 == hash => match t.refusal(crate::api::auth::now_ms()) {
             Some(why) => Err(why),
-            None => Ok((t.name, t.issued_index)),
+            None => Ok((t.name.clone(), t.issued_index, t.grants())),
         },
         _ => Err("unknown token name or wrong secret".into()),
     }

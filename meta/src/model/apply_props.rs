@@ -286,6 +286,7 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
             secret_sha256: if good { "AB".repeat(32) } else { "xyz".into() },
             scopes: vec!["admin".into()],
             expires_at_ms: (n % 2 == 0).then_some(n as u64 * 1_000),
+            scram: None,
         },
         Op::RevokeToken(n) => Command::RevokeToken {
             name: format!("tok{n}"),

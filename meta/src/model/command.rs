@@ -237,6 +237,10 @@ pub enum Command {
         /// the gateway's clock at each request, never when the entry is applied.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expires_at_ms: Option<u64>,
+        /// The secret's SCRAM credentials (SASL/SCRAM-SHA-256 and -512); tokens
+        /// issued before SCRAM existed have none and authenticate with PLAIN only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scram: Option<crate::scram::ScramCredentials>,
     },
     RevokeToken {
         name: String,

@@ -8,6 +8,7 @@ pub mod index;
 pub mod metadata;
 pub mod names;
 pub mod rows;
+pub mod scopes;
 pub mod state;
 
 pub use apply::{check_destination, Effects};

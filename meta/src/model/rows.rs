@@ -242,9 +242,18 @@ pub struct TokenRow {
     /// When the token stops authenticating (Unix ms); never without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at_ms: Option<u64>,
+    /// Salted SCRAM keys of the secret, when issued with them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scram: Option<crate::scram::ScramCredentials>,
 }
 
 impl TokenRow {
+    /// What the token may do. Scopes were checked when it was issued; a row that
+    /// still fails to parse grants nothing.
+    pub fn grants(&self) -> crate::model::scopes::Grants {
+        crate::model::scopes::Grants::parse(&self.scopes).unwrap_or_else(|_| crate::model::scopes::Grants::nothing())
+    }
+
     /// Why the token may not authenticate at `now_ms` (Unix ms), if it may not.
     pub fn refusal(&self, now_ms: u64) -> Option<String> {
         if self.revoked {
@@ -303,6 +312,7 @@ mod tests {
             revoked,
             issued_index: 1,
             expires_at_ms,
+            scram: None,
         };
         assert_eq!(token(false, None).refusal(u64::MAX), None, "no expiry: never");
         assert_eq!(token(false, Some(1_000)).refusal(999), None);

@@ -13,11 +13,16 @@ impl Txn<'_> {
         secret_sha256: &str,
         scopes: &[String],
         expires_at_ms: Option<u64>,
+        scram: Option<&crate::scram::ScramCredentials>,
     ) -> Outcome {
         if !matches!(proposer, Proposer::Operator { .. }) {
             return Err(reject(RejectCode::InvalidArgument, "only an operator issues tokens"));
         }
         validate_name("token", name)?;
+        crate::model::scopes::Grants::parse(scopes).map_err(|why| reject(RejectCode::InvalidArgument, why))?;
+        if let Some(c) = scram {
+            crate::scram::validate(c).map_err(|why| reject(RejectCode::InvalidArgument, why))?;
+        }
         if secret_sha256.len() != 64 || !secret_sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(reject(
                 RejectCode::InvalidArgument,
@@ -39,6 +44,7 @@ impl Txn<'_> {
                 revoked: false,
                 issued_index: self.index,
                 expires_at_ms,
+                scram: scram.cloned(),
             },
         );
         self.touch(RowKey::Token(name.to_string()));

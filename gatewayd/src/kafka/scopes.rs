@@ -1,0 +1,91 @@
+//! Token scopes on the Kafka data APIs that name topics (issue 18): the topics a token
+//! may not touch are taken out of the request and answered TOPIC_AUTHORIZATION_FAILED
+//! per partition, as a Kafka broker's authorizer does; the rest are served as usual.
+
+use super::errors::TOPIC_AUTHORIZATION_FAILED;
+use super::Kafka;
+use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
+use kafka_protocol::messages::{
+    DeleteRecordsRequest, DeleteRecordsResponse, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
+};
+use weir_meta::model::scopes::{Access, Grants};
+
+/// Fetch needs `read` on each topic.
+pub async fn fetch(kafka: &Kafka, grants: &Grants, mut r: FetchRequest) -> FetchResponse {
+    let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
+        .into_iter()
+        .partition(|t| grants.allows(Access::Read, t.topic.0.as_str()));
+    let mut resp = if allowed.is_empty() {
+        FetchResponse::default()
+    } else {
+        super::fetch::fetch(kafka, r.with_topics(allowed)).await
+    };
+    resp.responses.extend(denied.into_iter().map(|t| {
+        FetchableTopicResponse::default()
+            .with_topic(t.topic)
+            .with_topic_id(t.topic_id)
+            .with_partitions(
+                t.partitions
+                    .iter()
+                    .map(|p| {
+                        PartitionData::default()
+                            .with_partition_index(p.partition)
+                            .with_error_code(TOPIC_AUTHORIZATION_FAILED)
+                            .with_high_watermark(-1)
+                            .with_last_stable_offset(-1)
+                            .with_log_start_offset(-1)
+                            .with_preferred_read_replica((-1).into())
+                    })
+                    .collect(),
+            )
+    }));
+    resp
+}
+
+/// ListOffsets needs `read` on each topic.
+pub async fn list_offsets(kafka: &Kafka, grants: &Grants, mut r: ListOffsetsRequest) -> ListOffsetsResponse {
+    let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
+        .into_iter()
+        .partition(|t| grants.allows(Access::Read, t.name.0.as_str()));
+    let mut resp = super::fetch::list_offsets(kafka, r.with_topics(allowed)).await;
+    resp.topics.extend(denied.into_iter().map(|t| {
+        ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(
+            t.partitions
+                .iter()
+                .map(|p| {
+                    ListOffsetsPartitionResponse::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(TOPIC_AUTHORIZATION_FAILED)
+                        .with_offset(-1)
+                        .with_timestamp(-1)
+                        .with_leader_epoch(-1)
+                })
+                .collect(),
+        )
+    }));
+    resp
+}
+
+/// DeleteRecords needs `manage` on each topic.
+pub async fn delete_records(kafka: &Kafka, grants: &Grants, mut r: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
+        .into_iter()
+        .partition(|t| grants.allows(Access::Manage, t.name.0.as_str()));
+    let mut resp = super::delete_records::delete_records(kafka, r.with_topics(allowed)).await;
+    resp.topics.extend(denied.into_iter().map(|t| {
+        DeleteRecordsTopicResult::default().with_name(t.name).with_partitions(
+            t.partitions
+                .iter()
+                .map(|p| {
+                    DeleteRecordsPartitionResult::default()
+                        .with_partition_index(p.partition_index)
+                        .with_low_watermark(-1)
+                        .with_error_code(TOPIC_AUTHORIZATION_FAILED)
+                })
+                .collect(),
+        )
+    }));
+    resp
+}
