@@ -190,6 +190,9 @@ impl Admin for AdminService {
     }
 
     async fn transfer(&self, req: Request<TransferRequest>) -> Result<Response<AdminReply>, Status> {
+        // An operator's or a user's (through a gateway) move of any stream: not a node's.
+        use weir_shared::peer::Role;
+        weir_shared::peer::require(&req, &[Role::Operator, Role::Gatewayd, Role::Metad], "Transfer")?;
         let was_forwarded = forwarded(&req);
         let inner = req.into_inner();
         if !self.runner.leading() {

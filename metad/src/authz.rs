@@ -15,20 +15,63 @@ use weir_shared::peer::{Identity, Role};
 /// Whether `caller` may propose `p`.
 pub fn proposal(caller: Option<&Identity>, p: &Proposal) -> Result<(), Status> {
     let Some(who) = caller else { return Ok(()) };
-    match (who.role, &p.proposer) {
-        (Role::Metad | Role::Operator, _) => Ok(()),
-        (Role::Streamd | Role::Gatewayd, Proposer::Node(inc)) if inc.node.as_str() == who.id => Ok(()),
-        (Role::Streamd | Role::Gatewayd, Proposer::Node(inc)) => {
+    if matches!(who.role, Role::Metad | Role::Operator) {
+        return Ok(());
+    }
+    // Registration names the node in the command, whoever proposes it.
+    if let Command::RegisterNode { node, kind, .. } = &p.command {
+        if node.as_str() == who.id && kind_of(who.role) == Some(*kind) {
+            return Ok(());
+        }
+        return Err(denied(format!("{who} may not register node '{node}'")));
+    }
+    match &p.proposer {
+        Proposer::Node(inc) if inc.node.as_str() != who.id => {
             Err(denied(format!("{who} may not propose as node '{}'", inc.node)))
         }
-        (role, Proposer::Operator { .. }) => match &p.command {
-            Command::RegisterNode { node, kind, .. } if node.as_str() == who.id && kind_of(role) == Some(*kind) => {
-                Ok(())
-            }
-            Command::RegisterNode { node, .. } => Err(denied(format!("{who} may not register node '{node}'"))),
-            c if role == Role::Gatewayd && on_users_behalf(c) => Ok(()),
-            c => Err(denied(format!("{who} may not propose {} as an operator", c.kind()))),
-        },
+        // The state machine lets any live node propose privileged commands (fencing,
+        // placement, takeovers); a node's certificate allows only what its role does.
+        Proposer::Node(_) if node_command_of(who.role, &p.command) => Ok(()),
+        Proposer::Operator { .. } if who.role == Role::Gatewayd && on_users_behalf(&p.command) => Ok(()),
+        Proposer::Node(_) => Err(denied(format!("{who} may not propose {} as a node", p.command.kind()))),
+        Proposer::Operator { .. } => Err(denied(format!(
+            "{who} may not propose {} as an operator",
+            p.command.kind()
+        ))),
+    }
+}
+
+/// What a node of `role` proposes as itself: its liveness, and for a streamd what it
+/// does with the streams it owns (opening, commits, compaction, retention, takeovers of
+/// a failed node's WAL, damage reports, a drain's cordon).
+fn node_command_of(role: Role, c: &Command) -> bool {
+    let liveness = matches!(c, Command::Heartbeat | Command::FenceSelf | Command::MarkTerminating);
+    match role {
+        Role::Gatewayd => liveness,
+        Role::Streamd => {
+            liveness
+                || matches!(
+                    c,
+                    Command::OpenStream { .. }
+                        | Command::CloseStream { .. }
+                        | Command::CommitObjects { .. }
+                        | Command::CompactObjects { .. }
+                        | Command::CompactStreams { .. }
+                        | Command::TrimStream { .. }
+                        | Command::DestroyStream { .. }
+                        | Command::CompleteTakeover { .. }
+                        | Command::ReportDamage { .. }
+                        | Command::Cordon {
+                            by: CordonBy::Drain,
+                            ..
+                        }
+                        | Command::Uncordon {
+                            by: CordonBy::Drain,
+                            ..
+                        }
+                )
+        }
+        Role::Metad | Role::Operator => true,
     }
 }
 
@@ -118,6 +161,28 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
         assert_eq!(err.message(), "streamd 's1' may not propose as node 's2'");
         assert!(proposal(Some(&gw), &as_node("s1", Command::FenceSelf)).is_err());
+        assert!(proposal(Some(&gw), &as_node("gw", Command::FenceSelf)).is_ok());
+        // A live node's privileges in the state machine are not its certificate's.
+        let fence_s2 = Command::FenceNode {
+            node: NodeId::new("s2"),
+            epoch: Epoch(1),
+            seen_heartbeats: 3,
+        };
+        let err = proposal(Some(&gw), &as_node("gw", fence_s2.clone())).unwrap_err();
+        assert_eq!(err.message(), "gatewayd 'gw' may not propose fence_node as a node");
+        assert!(proposal(Some(&s1), &as_node("s1", fence_s2)).is_err());
+        // Registration is checked whoever the proposer claims to be.
+        let register = |node: &str, kind| Command::RegisterNode {
+            node: NodeId::new(node),
+            kind,
+            addrs: Default::default(),
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        assert!(proposal(Some(&s1), &as_node("s1", register("s2", NodeKind::Streamd))).is_err());
+        assert!(proposal(Some(&s1), &as_operator(register("s2", NodeKind::Streamd))).is_err());
+        assert!(proposal(Some(&s1), &as_operator(register("s1", NodeKind::Gatewayd))).is_err());
+        assert!(proposal(Some(&s1), &as_operator(register("s1", NodeKind::Streamd))).is_ok());
         let fence = Command::FenceNode {
             node: NodeId::new("s2"),
             epoch: Epoch(1),

@@ -116,9 +116,10 @@ async fn an_mtls_cluster_serves_fails_over_and_drains() {
 }
 
 // D-21: who may call what. A caller without a certificate, or with one from another CA,
-// is refused at the handshake; a streamd certificate proposing as another node, and a
-// gatewayd certificate proposing a node command as an operator, are refused and leave
-// nothing in the metadata log; a gatewayd certificate can neither speak Raft nor close
+// is refused at the handshake; a streamd certificate proposing as another node, a
+// gatewayd certificate proposing a node command as an operator or as itself, and a
+// streamd certificate asking for a transfer are refused and leave nothing in the
+// metadata log; a gatewayd certificate can neither speak Raft nor close
 // a stream; a proposal at a stale epoch is not applied.
 #[tokio::test(flavor = "multi_thread")]
 async fn grpc_callers_are_who_their_certificates_say() {
@@ -180,6 +181,37 @@ async fn grpc_callers_are_who_their_certificates_say() {
             .contains("gatewayd 'gw-1' may not propose fence_node as an operator"),
         "{err}"
     );
+    // ... nor as a node: a live node's privileges in the state machine are not a
+    // gateway certificate's.
+    let err = g
+        .propose(
+            &node("gw-1", epoch_of("gw-1")),
+            Command::FenceNode {
+                node: NodeId::new("streamd-1"),
+                epoch: Epoch(epoch_of("streamd-1")),
+                seen_heartbeats: 0,
+            },
+        )
+        .await
+        .expect_err("a gateway fenced a node as itself");
+    assert!(
+        err.to_string()
+            .contains("gatewayd 'gw-1' may not propose fence_node as a node"),
+        "{err}"
+    );
+    // A streamd certificate cannot move streams.
+    let err = s1
+        .transfer(
+            weir_proto::metad::TransferRequest {
+                stream: "kept".into(),
+                target: "streamd-2".into(),
+                ..Default::default()
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .expect_err("a streamd moved a stream");
+    assert!(err.to_string().contains("may not call Transfer"), "{err}");
     let log = log_kinds(&stack).await;
     assert!(!log.contains("fence_self") && !log.contains("fence_node"), "{log}");
     // streamd-1 as itself, at an epoch it does not hold: answered, not applied.

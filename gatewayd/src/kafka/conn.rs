@@ -326,6 +326,11 @@ async fn respond(wr: &mut Writer, peer: &SocketAddr, done: Done) -> anyhow::Resu
             return Ok(false);
         }
         Answer::RespondThenRawSasl(_) => unreachable!("SaslHandshake is never pipelined"),
+        Answer::RespondThenClose(body, why) => {
+            write(wr, done.correlation_id, done.key, done.version, &body).await?;
+            tracing::debug!(%peer, api = ?done.key, reason = %why, "closing the kafka connection");
+            return Ok(false);
+        }
     }
     Ok(true)
 }
@@ -347,6 +352,9 @@ pub enum Answer {
     Close(String),
     /// SaslHandshake v0 accepted: respond, then read a raw token.
     RespondThenRawSasl(ResponseKind),
+    /// A failed authentication: respond, then close, as Kafka does (no guessing on
+    /// one connection, and no principal kept from before).
+    RespondThenClose(ResponseKind, String),
 }
 
 async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body: bytes::Bytes, version: i16) -> Answer {
@@ -415,10 +423,20 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
                 Some(m) => sasl::scram_step(kafka, m, &mut session.scram, r),
                 None => sasl::authenticate_request(kafka, r),
             };
-            if let Some(who) = principal {
-                session.authenticated(who);
+            match principal {
+                Some(who) => {
+                    session.authenticated(who);
+                    Respond(ResponseKind::SaslAuthenticate(resp))
+                }
+                // Between SCRAM's two round trips there is no principal yet.
+                None if session.scram.is_some() && resp.error_code == 0 => {
+                    Respond(ResponseKind::SaslAuthenticate(resp))
+                }
+                None => Answer::RespondThenClose(
+                    ResponseKind::SaslAuthenticate(resp),
+                    "SASL authentication failed".into(),
+                ),
             }
-            Respond(ResponseKind::SaslAuthenticate(resp))
         }
         // Group requests; anything else was refused by the version check already.
         kind => match groups::forward(kafka, session, kind, body, version).await {

@@ -123,13 +123,13 @@ pub async fn find_coordinator(
 }
 
 /// Sends one group request to the owner of `stream`: the response body, or an error code.
-/// Sends a group request for `group` (empty: none, as ListGroups) to the coordinator
-/// that owns `stream`. The token must have `read` on the group (`manage` to delete it),
-/// or the answer is GROUP_AUTHORIZATION_FAILED.
+/// Sends a group request for `group` (`None` for ListGroups, which names none) to the
+/// coordinator that owns `stream`. The token must have `read` on the group (`manage`
+/// to delete it), or the answer is GROUP_AUTHORIZATION_FAILED.
 async fn call(
     kafka: &Kafka,
     session: &Session,
-    group: &str,
+    group: Option<&str>,
     stream: &str,
     key: ApiKey,
     version: i16,
@@ -140,7 +140,7 @@ async fn call(
     } else {
         Access::Read
     };
-    if !group.is_empty() && !session.grants.allows(access, group) {
+    if group.is_some_and(|g| !session.grants.allows(access, g)) {
         return Err(errors::GROUP_AUTHORIZATION_FAILED);
     }
     // JoinGroup and SyncGroup wait at the coordinator for the rest of the group by
@@ -195,9 +195,17 @@ pub async fn forward(
     Some(match kind {
         RequestKind::JoinGroup(r) => {
             let stream = offsets_stream(&r.group_id.0);
-            match call(kafka, session, &r.group_id.0, &stream, ApiKey::JoinGroup, version, body)
-                .await
-                .and_then(|b| decode(b, version))
+            match call(
+                kafka,
+                session,
+                Some(&r.group_id.0),
+                &stream,
+                ApiKey::JoinGroup,
+                version,
+                body,
+            )
+            .await
+            .and_then(|b| decode(b, version))
             {
                 Ok(resp) => ResponseKind::JoinGroup(resp),
                 Err(code) => ResponseKind::JoinGroup(
@@ -210,9 +218,17 @@ pub async fn forward(
         }
         RequestKind::SyncGroup(r) => {
             let stream = offsets_stream(&r.group_id.0);
-            match call(kafka, session, &r.group_id.0, &stream, ApiKey::SyncGroup, version, body)
-                .await
-                .and_then(|b| decode(b, version))
+            match call(
+                kafka,
+                session,
+                Some(&r.group_id.0),
+                &stream,
+                ApiKey::SyncGroup,
+                version,
+                body,
+            )
+            .await
+            .and_then(|b| decode(b, version))
             {
                 Ok(resp) => ResponseKind::SyncGroup(resp),
                 Err(code) => ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(code)),
@@ -220,9 +236,17 @@ pub async fn forward(
         }
         RequestKind::Heartbeat(r) => {
             let stream = offsets_stream(&r.group_id.0);
-            match call(kafka, session, &r.group_id.0, &stream, ApiKey::Heartbeat, version, body)
-                .await
-                .and_then(|b| decode(b, version))
+            match call(
+                kafka,
+                session,
+                Some(&r.group_id.0),
+                &stream,
+                ApiKey::Heartbeat,
+                version,
+                body,
+            )
+            .await
+            .and_then(|b| decode(b, version))
             {
                 Ok(resp) => ResponseKind::Heartbeat(resp),
                 Err(code) => ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(code)),
@@ -233,7 +257,7 @@ pub async fn forward(
             match call(
                 kafka,
                 session,
-                &r.group_id.0,
+                Some(&r.group_id.0),
                 &stream,
                 ApiKey::LeaveGroup,
                 version,
@@ -263,7 +287,7 @@ pub async fn forward(
             match call(
                 kafka,
                 session,
-                &r.group_id.0,
+                Some(&r.group_id.0),
                 &stream,
                 ApiKey::OffsetCommit,
                 version,
@@ -301,7 +325,7 @@ pub async fn forward(
             match call(
                 kafka,
                 session,
-                &r.group_id.0,
+                Some(&r.group_id.0),
                 &stream,
                 ApiKey::OffsetFetch,
                 version,
@@ -343,7 +367,7 @@ pub async fn forward(
                 let answer = call(
                     kafka,
                     session,
-                    &g.0,
+                    Some(&g.0),
                     &offsets_stream(&g.0),
                     ApiKey::DescribeGroups,
                     version,
@@ -365,7 +389,7 @@ pub async fn forward(
                 let answer = call(
                     kafka,
                     session,
-                    &g.0,
+                    Some(&g.0),
                     &offsets_stream(&g.0),
                     ApiKey::DeleteGroups,
                     version,
@@ -391,7 +415,7 @@ pub async fn forward(
             if exists {
                 for p in 0..OFFSETS_PARTITIONS {
                     let stream = format!("{OFFSETS_TOPIC}/{p}");
-                    match call(kafka, session, "", &stream, ApiKey::ListGroups, version, body.clone())
+                    match call(kafka, session, None, &stream, ApiKey::ListGroups, version, body.clone())
                         .await
                         .and_then(|b| decode::<ListGroupsResponse>(b, version))
                     {

@@ -12,7 +12,9 @@ use weir_meta::scram::{Mechanism, ScramCredential};
 /// An exchange after the server-first message: what the client-final must prove.
 pub struct Started {
     mechanism: Mechanism,
-    token: TokenRow,
+    /// `None` for a name with no usable token: the exchange goes on with made-up keys
+    /// and fails at its end, so the answers do not tell which names exist.
+    token: Option<TokenRow>,
     credential: ScramCredential,
     /// `client-first-message-bare`, `server-first-message` and the combined nonce.
     client_first_bare: String,
@@ -21,8 +23,7 @@ pub struct Started {
 }
 
 /// Answers a client-first message: the exchange so far and the server-first message.
-/// `token` finds a live token by name. Unknown names fail here, before anything about
-/// them is revealed beyond the failure.
+/// `token` finds a live token by name.
 pub fn start(
     mechanism: Mechanism,
     client_first: &[u8],
@@ -52,12 +53,16 @@ pub fn start(
     let client_nonce = client_nonce
         .filter(|n| !n.is_empty())
         .ok_or("client-first message has no nonce")?;
-    let token = token(&user).ok_or("unknown token name or wrong secret")?;
-    let credential = token
-        .scram
-        .as_ref()
-        .map(|c| c.get(mechanism).clone())
-        .ok_or("this token was issued without SCRAM credentials; issue it again")?;
+    let token = token(&user).filter(|t| {
+        if t.scram.is_none() {
+            tracing::info!(token = %t.name, "SCRAM refused: the token was issued without SCRAM credentials; issue it again");
+        }
+        t.scram.is_some()
+    });
+    let credential = match token.as_ref().and_then(|t| t.scram.as_ref()) {
+        Some(c) => c.get(mechanism).clone(),
+        None => decoy(mechanism, &user),
+    };
     let mut server_nonce = [0u8; 18];
     rand::RngCore::fill_bytes(&mut rand::rng(), &mut server_nonce);
     let nonce = format!("{client_nonce}{}", B64.encode(server_nonce));
@@ -79,6 +84,9 @@ pub fn start(
 impl Started {
     /// Checks a client-final message's proof: the token, and the server-final message.
     pub fn finish(self, client_final: &[u8]) -> Result<(TokenRow, Vec<u8>), String> {
+        let Some(token) = self.token.clone() else {
+            return Err("unknown token name or wrong secret".into());
+        };
         let msg = std::str::from_utf8(client_final).map_err(|_| "client-final message is not UTF-8")?;
         let (without_proof, proof) = msg.rsplit_once(",p=").ok_or("client-final message has no proof")?;
         let nonce = without_proof
@@ -109,7 +117,26 @@ impl Started {
             return Err("unknown token name or wrong secret".into());
         }
         let server_signature = m.hmac(&server_key, auth_message.as_bytes());
-        Ok((self.token, format!("v={}", B64.encode(server_signature)).into_bytes()))
+        Ok((token, format!("v={}", B64.encode(server_signature)).into_bytes()))
+    }
+}
+
+/// Made-up keys for a name without a usable token: the salt is the same for the same
+/// name within a process (as a real token's would be), and nothing can prove them.
+fn decoy(mechanism: Mechanism, name: &str) -> ScramCredential {
+    static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        let mut k = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut k);
+        k
+    });
+    let salt = &mechanism.hmac(key, name.as_bytes())[..16];
+    let garbage = B64.encode(mechanism.hmac(key, b"no such token"));
+    ScramCredential {
+        salt: B64.encode(salt),
+        iterations: weir_meta::scram::ITERATIONS,
+        stored_key: garbage.clone(),
+        server_key: garbage,
     }
 }
 
@@ -207,7 +234,15 @@ mod tests {
             let other = client_final(m, "s3cret", bare, &server_first);
             assert!(started.finish(other.as_bytes()).is_err());
         }
-        assert!(start(Mechanism::Sha256, b"n,,n=nobody,r=abc", |_| None).is_err());
+        // An unknown name gets a server-first like a real one, and fails at the end.
+        let (started, decoy_first) = start(Mechanism::Sha256, b"n,,n=nobody,r=abc", |_| None).unwrap();
+        let decoy_first = String::from_utf8(decoy_first).unwrap();
+        assert!(
+            decoy_first.starts_with("r=abc") && decoy_first.ends_with(",i=4096"),
+            "{decoy_first}"
+        );
+        let attempt = client_final(Mechanism::Sha256, "guess", "n=nobody,r=abc", &decoy_first);
+        assert!(started.finish(attempt.as_bytes()).is_err());
         assert!(start(Mechanism::Sha256, b"p=tls-unique,,n=user,r=abc", |_| None).is_err());
         assert_eq!(unescape("a=2Cb=3Dc").unwrap(), "a,b=c");
         assert!(unescape("a=2").is_err());
