@@ -1297,8 +1297,8 @@ async fn list_offsets_finds_records_by_timestamp() {
 // Issue 18: a token's scopes limit its Kafka requests as Kafka's authorizer would:
 // `write:orders` produces to `orders` only (TOPIC_AUTHORIZATION_FAILED elsewhere),
 // `read:orders` consumes it in groups whose ids start `orders` (GROUP_AUTHORIZATION_FAILED
-// for another group), Metadata shows only the topics it has a scope on, and creating a
-// topic needs `manage`.
+// for another group) and commits and fetches offsets of `orders` only, Metadata shows
+// only the topics it has a scope on, and creating a topic needs `manage`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tokens_scopes_limit_its_kafka_requests() {
     let (stack, mut gw) = kafka_stack(1, &["--auth", "--kafka-allow-plaintext-sasl"]).await;
@@ -1400,6 +1400,30 @@ async fn a_tokens_scopes_limit_its_kafka_requests() {
         .expect("a record within 30 s")
         .expect("record");
     assert_eq!(m.payload(), Some(&b"o1"[..]));
+    // Committing or fetching offsets of a topic the token cannot read is refused per
+    // partition; its own topic's commit goes through.
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("payments", 0, Offset::Offset(1)).expect("tpl");
+    let refused = allowed.commit(&tpl, CommitMode::Sync).expect_err("committed payments");
+    assert_eq!(
+        refused.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed),
+        "{refused:?}"
+    );
+    let fetched = allowed
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("offset fetch answered");
+    let err = fetched.elements()[0].error().expect_err("payments' offset fetched");
+    assert_eq!(
+        err.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed),
+        "{err:?}"
+    );
+    let mut own = TopicPartitionList::new();
+    own.add_partition_offset("orders", 0, Offset::Offset(1)).expect("tpl");
+    allowed
+        .commit(&own, CommitMode::Sync)
+        .expect("orders' offset committed");
     let other = consume("billing");
     let err = tokio::time::timeout(T, other.recv())
         .await

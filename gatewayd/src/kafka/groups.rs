@@ -282,9 +282,16 @@ pub async fn forward(
                 ),
             }
         }
-        RequestKind::OffsetCommit(r) => {
+        RequestKind::OffsetCommit(mut r) => {
+            // Committing needs `read` on each topic too, as Kafka's authorizer asks:
+            // the others are answered TOPIC_AUTHORIZATION_FAILED and not sent on.
+            let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
+                .into_iter()
+                .partition(|t| session.grants.allows(Access::Read, t.name.0.as_str()));
+            r.topics = allowed;
+            let body = if denied.is_empty() { body } else { encode(&r, version) };
             let stream = offsets_stream(&r.group_id.0);
-            match call(
+            let resp = match call(
                 kafka,
                 session,
                 Some(&r.group_id.0),
@@ -296,33 +303,57 @@ pub async fn forward(
             .await
             .and_then(|b| decode(b, version))
             {
-                Ok(resp) => ResponseKind::OffsetCommit(resp),
-                Err(code) => ResponseKind::OffsetCommit(
-                    OffsetCommitResponse::default().with_topics(
-                        r.topics
-                            .iter()
-                            .map(|t| {
-                                OffsetCommitResponseTopic::default()
-                                    .with_name(t.name.clone())
-                                    .with_partitions(
-                                        t.partitions
-                                            .iter()
-                                            .map(|p| {
-                                                OffsetCommitResponsePartition::default()
-                                                    .with_partition_index(p.partition_index)
-                                                    .with_error_code(code)
-                                            })
-                                            .collect(),
-                                    )
-                            })
-                            .collect(),
-                    ),
+                Ok(resp) => resp,
+                Err(code) => OffsetCommitResponse::default().with_topics(
+                    r.topics
+                        .iter()
+                        .map(|t| {
+                            OffsetCommitResponseTopic::default()
+                                .with_name(t.name.clone())
+                                .with_partitions(
+                                    t.partitions
+                                        .iter()
+                                        .map(|p| {
+                                            OffsetCommitResponsePartition::default()
+                                                .with_partition_index(p.partition_index)
+                                                .with_error_code(code)
+                                        })
+                                        .collect(),
+                                )
+                        })
+                        .collect(),
                 ),
-            }
+            };
+            let mut resp = resp;
+            resp.topics.extend(denied.into_iter().map(|t| {
+                OffsetCommitResponseTopic::default().with_name(t.name).with_partitions(
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            OffsetCommitResponsePartition::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
+                        })
+                        .collect(),
+                )
+            }));
+            ResponseKind::OffsetCommit(resp)
         }
-        RequestKind::OffsetFetch(r) => {
+        RequestKind::OffsetFetch(mut r) => {
+            // Fetching offsets needs `read` on each topic: named topics outside the
+            // token's scopes are answered TOPIC_AUTHORIZATION_FAILED, and a request for
+            // all of them gets only the readable ones.
+            let mut denied = vec![];
+            if let Some(topics) = r.topics.as_mut() {
+                let (allowed, refused): (Vec<_>, Vec<_>) = std::mem::take(topics)
+                    .into_iter()
+                    .partition(|t| session.grants.allows(Access::Read, t.name.0.as_str()));
+                *topics = allowed;
+                denied = refused;
+            }
+            let body = if denied.is_empty() { body } else { encode(&r, version) };
             let stream = offsets_stream(&r.group_id.0);
-            match call(
+            let resp = match call(
                 kafka,
                 session,
                 Some(&r.group_id.0),
@@ -334,31 +365,46 @@ pub async fn forward(
             .await
             .and_then(|b| decode(b, version))
             {
-                Ok(resp) => ResponseKind::OffsetFetch(resp),
-                Err(code) => ResponseKind::OffsetFetch(
-                    OffsetFetchResponse::default().with_error_code(code).with_topics(
-                        r.topics
-                            .iter()
-                            .flatten()
-                            .map(|t| {
-                                OffsetFetchResponseTopic::default()
-                                    .with_name(t.name.clone())
-                                    .with_partitions(
-                                        t.partition_indexes
-                                            .iter()
-                                            .map(|p| {
-                                                OffsetFetchResponsePartition::default()
-                                                    .with_partition_index(*p)
-                                                    .with_committed_offset(-1)
-                                                    .with_error_code(code)
-                                            })
-                                            .collect(),
-                                    )
-                            })
-                            .collect(),
-                    ),
+                Ok(resp) => resp,
+                Err(code) => OffsetFetchResponse::default().with_error_code(code).with_topics(
+                    r.topics
+                        .iter()
+                        .flatten()
+                        .map(|t| {
+                            OffsetFetchResponseTopic::default()
+                                .with_name(t.name.clone())
+                                .with_partitions(
+                                    t.partition_indexes
+                                        .iter()
+                                        .map(|p| {
+                                            OffsetFetchResponsePartition::default()
+                                                .with_partition_index(*p)
+                                                .with_committed_offset(-1)
+                                                .with_error_code(code)
+                                        })
+                                        .collect(),
+                                )
+                        })
+                        .collect(),
                 ),
-            }
+            };
+            let mut resp = resp;
+            resp.topics
+                .retain(|t| session.grants.allows(Access::Read, t.name.0.as_str()));
+            resp.topics.extend(denied.into_iter().map(|t| {
+                OffsetFetchResponseTopic::default().with_name(t.name).with_partitions(
+                    t.partition_indexes
+                        .iter()
+                        .map(|p| {
+                            OffsetFetchResponsePartition::default()
+                                .with_partition_index(*p)
+                                .with_committed_offset(-1)
+                                .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
+                        })
+                        .collect(),
+                )
+            }));
+            ResponseKind::OffsetFetch(resp)
         }
         RequestKind::DescribeGroups(r) => {
             let mut groups = vec![];
