@@ -104,16 +104,11 @@ impl MetadArgs {
         }
         self.telemetry.validate()?;
         self.shutdown.validate()?;
-        self.cluster_tls
-            .check_names(weir_shared::peer::Role::Metad, &self.id.to_string())?;
-        let no_mtls = self.cluster_tls.cluster_cert.is_none().then_some(
-            "metad has no mTLS (--cluster-ca, --cluster-cert, --cluster-key): anyone who reaches it could write the metadata log",
-        );
-        weir_shared::config::refuse_exposed("--listen", self.listen, no_mtls, self.insecure)?;
-        weir_shared::config::refuse_exposed(
-            "--http-listen",
+        self.cluster_tls.check_node(
+            weir_shared::peer::Role::Metad,
+            &self.id.to_string(),
+            self.listen,
             self.http_listen,
-            Some("admin HTTP (/admin, /metrics) has no TLS or auth"),
             self.insecure,
         )?;
         if self.propose_timeout_ms == 0 {

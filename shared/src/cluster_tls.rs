@@ -68,6 +68,32 @@ impl ClusterTlsArgs {
         Ok(())
     }
 
+    /// The checks every node's flags pass (issue 18): `--cluster-cert`, if given, names
+    /// `role` `id`; gRPC beyond loopback needs mTLS; admin HTTP beyond loopback is
+    /// refused (it has no TLS or auth); `--insecure` lifts the last two.
+    pub fn check_node(
+        &self,
+        role: crate::peer::Role,
+        id: &str,
+        listen: std::net::SocketAddr,
+        http_listen: std::net::SocketAddr,
+        insecure: bool,
+    ) -> Result<(), ConfigError> {
+        self.check_names(role, id)?;
+        let no_mtls = format!(
+            "{} has no mTLS (--cluster-ca, --cluster-cert, --cluster-key): anyone who reaches it could call its gRPC services",
+            role.as_str()
+        );
+        let missing = self.cluster_cert.is_none().then_some(no_mtls.as_str());
+        crate::config::refuse_exposed("--listen", listen, missing, insecure)?;
+        crate::config::refuse_exposed(
+            "--http-listen",
+            http_listen,
+            Some("admin HTTP (/admin, /metrics) has no TLS or auth"),
+            insecure,
+        )
+    }
+
     /// Loads and installs the configuration for this process's gRPC.
     pub fn install(&self) -> Result<Option<&'static ClusterTls>, ConfigError> {
         match self.load()? {

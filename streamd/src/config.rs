@@ -135,16 +135,11 @@ impl StreamdArgs {
     /// Validates once at startup; errors name the flag.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.node.validate()?;
-        self.cluster_tls
-            .check_names(weir_shared::peer::Role::Streamd, &self.node.id)?;
-        let no_mtls = self.cluster_tls.cluster_cert.is_none().then_some(
-            "streamd has no mTLS (--cluster-ca, --cluster-cert, --cluster-key): anyone who reaches it could read and write its streams",
-        );
-        weir_shared::config::refuse_exposed("--listen", self.listen, no_mtls, self.insecure)?;
-        weir_shared::config::refuse_exposed(
-            "--http-listen",
+        self.cluster_tls.check_node(
+            weir_shared::peer::Role::Streamd,
+            &self.node.id,
+            self.listen,
             self.http_listen,
-            Some("admin HTTP (/admin, /metrics) has no TLS or auth"),
             self.insecure,
         )?;
         self.listeners.limits()?;

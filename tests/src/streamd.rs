@@ -153,29 +153,27 @@ impl Stack {
         metad_env: &[(&str, &str)],
     ) -> Stack {
         let metad = Cluster::start_with_env(replicas, metad_extra, metad_env).await;
-        let s3 = S3Server::start().await;
-        let dir = tempfile::tempdir().expect("temp dir");
-        let wal_root = dir.path().join("wal");
-        let mut stack = Stack {
-            metad,
-            s3,
-            nodes: Vec::new(),
-            wal_root,
-            dir,
-        };
-        for i in 0..nodes {
-            stack.add_node(&format!("streamd-{}", i + 1), backend, extra);
-        }
-        for n in &stack.nodes {
-            n.wait_ready().await;
-        }
-        stack
+        Self::with_nodes(metad, nodes, backend, |_, _| {
+            extra.iter().map(|s| s.to_string()).collect()
+        })
+        .await
     }
 
     /// A stack whose metad replicas, streamd nodes (and the gateways a test adds with
     /// [`Stack::cluster_flags`]) talk mTLS (D-21); streams are placed by metad.
     pub async fn start_mtls(replicas: u64, nodes: usize, backend: Backend) -> Stack {
         let metad = Cluster::start_mtls(replicas, &[]).await;
+        Self::with_nodes(metad, nodes, backend, |stack, id| stack.cluster_flags("streamd", id)).await
+    }
+
+    /// S3 and `nodes` streamd nodes `streamd-N` around `metad`, node `id` with
+    /// `flags(stack, id)`; waits until every node is ready.
+    async fn with_nodes(
+        metad: Cluster,
+        nodes: usize,
+        backend: Backend,
+        flags: impl Fn(&Stack, &str) -> Vec<String>,
+    ) -> Stack {
         let s3 = S3Server::start().await;
         let dir = tempfile::tempdir().expect("temp dir");
         let wal_root = dir.path().join("wal");
@@ -188,7 +186,7 @@ impl Stack {
         };
         for i in 0..nodes {
             let id = format!("streamd-{}", i + 1);
-            let flags = stack.cluster_flags("streamd", &id);
+            let flags = flags(&stack, &id);
             let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
             stack.add_node(&id, backend, &flags);
         }

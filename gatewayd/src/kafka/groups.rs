@@ -12,7 +12,9 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::offset_commit_request::OffsetCommitRequestTopic;
 use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponsePartition, OffsetFetchResponseTopic};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
@@ -304,39 +306,11 @@ pub async fn forward(
             .and_then(|b| decode(b, version))
             {
                 Ok(resp) => resp,
-                Err(code) => OffsetCommitResponse::default().with_topics(
-                    r.topics
-                        .iter()
-                        .map(|t| {
-                            OffsetCommitResponseTopic::default()
-                                .with_name(t.name.clone())
-                                .with_partitions(
-                                    t.partitions
-                                        .iter()
-                                        .map(|p| {
-                                            OffsetCommitResponsePartition::default()
-                                                .with_partition_index(p.partition_index)
-                                                .with_error_code(code)
-                                        })
-                                        .collect(),
-                                )
-                        })
-                        .collect(),
-                ),
+                Err(code) => OffsetCommitResponse::default().with_topics(commit_failed(&r.topics, code)),
             };
             let mut resp = resp;
-            resp.topics.extend(denied.into_iter().map(|t| {
-                OffsetCommitResponseTopic::default().with_name(t.name).with_partitions(
-                    t.partitions
-                        .iter()
-                        .map(|p| {
-                            OffsetCommitResponsePartition::default()
-                                .with_partition_index(p.partition_index)
-                                .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
-                        })
-                        .collect(),
-                )
-            }));
+            resp.topics
+                .extend(commit_failed(&denied, errors::TOPIC_AUTHORIZATION_FAILED));
             ResponseKind::OffsetCommit(resp)
         }
         RequestKind::OffsetFetch(mut r) => {
@@ -366,44 +340,15 @@ pub async fn forward(
             .and_then(|b| decode(b, version))
             {
                 Ok(resp) => resp,
-                Err(code) => OffsetFetchResponse::default().with_error_code(code).with_topics(
-                    r.topics
-                        .iter()
-                        .flatten()
-                        .map(|t| {
-                            OffsetFetchResponseTopic::default()
-                                .with_name(t.name.clone())
-                                .with_partitions(
-                                    t.partition_indexes
-                                        .iter()
-                                        .map(|p| {
-                                            OffsetFetchResponsePartition::default()
-                                                .with_partition_index(*p)
-                                                .with_committed_offset(-1)
-                                                .with_error_code(code)
-                                        })
-                                        .collect(),
-                                )
-                        })
-                        .collect(),
-                ),
+                Err(code) => OffsetFetchResponse::default()
+                    .with_error_code(code)
+                    .with_topics(fetch_failed(r.topics.iter().flatten(), code)),
             };
             let mut resp = resp;
             resp.topics
                 .retain(|t| session.grants.allows(Access::Read, t.name.0.as_str()));
-            resp.topics.extend(denied.into_iter().map(|t| {
-                OffsetFetchResponseTopic::default().with_name(t.name).with_partitions(
-                    t.partition_indexes
-                        .iter()
-                        .map(|p| {
-                            OffsetFetchResponsePartition::default()
-                                .with_partition_index(*p)
-                                .with_committed_offset(-1)
-                                .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
-                        })
-                        .collect(),
-                )
-            }));
+            resp.topics
+                .extend(fetch_failed(&denied, errors::TOPIC_AUTHORIZATION_FAILED));
             ResponseKind::OffsetFetch(resp)
         }
         RequestKind::DescribeGroups(r) => {
@@ -479,4 +424,50 @@ pub async fn forward(
         }
         _ => return None,
     })
+}
+
+/// Every partition of `topics` failed with `code`, as an OffsetCommit answer.
+fn commit_failed(topics: &[OffsetCommitRequestTopic], code: i16) -> Vec<OffsetCommitResponseTopic> {
+    topics
+        .iter()
+        .map(|t| {
+            OffsetCommitResponseTopic::default()
+                .with_name(t.name.clone())
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            OffsetCommitResponsePartition::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(code)
+                        })
+                        .collect(),
+                )
+        })
+        .collect()
+}
+
+/// Every partition of `topics` failed with `code`, as an OffsetFetch answer.
+fn fetch_failed<'a>(
+    topics: impl IntoIterator<Item = &'a OffsetFetchRequestTopic>,
+    code: i16,
+) -> Vec<OffsetFetchResponseTopic> {
+    topics
+        .into_iter()
+        .map(|t| {
+            OffsetFetchResponseTopic::default()
+                .with_name(t.name.clone())
+                .with_partitions(
+                    t.partition_indexes
+                        .iter()
+                        .map(|p| {
+                            OffsetFetchResponsePartition::default()
+                                .with_partition_index(*p)
+                                .with_committed_offset(-1)
+                                .with_error_code(code)
+                        })
+                        .collect(),
+                )
+        })
+        .collect()
 }
