@@ -83,6 +83,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         shutdown: args.shutdown.clone(),
         bootstrap_admin_token_file: None,
         cluster_tls: Default::default(),
+        // One process, no cluster TLS: there is no gateway certificate to check.
+        allow_anonymous_gateways: false,
         insecure: args.insecure,
     }
     .validate()?;

@@ -24,6 +24,12 @@ struct Cli {
     #[command(flatten)]
     cluster_tls: weir_shared::cluster_tls::ClusterTlsArgs,
 
+    /// An admin token to authenticate to metad with, instead of an operator
+    /// certificate: sent over TLS, trusting `--cluster-ca`. Prefer the environment
+    /// variable to the flag, which other users can see in the process list.
+    #[arg(long, env = "WEIR_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+
     /// Seconds to wait for an answer.
     #[arg(long, env = "WEIR_TIMEOUT_SEC", default_value_t = 10, global = true)]
     timeout_sec: u64,
@@ -189,17 +195,42 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// A client of metad: over mTLS with an operator certificate, over TLS with an admin
+/// token (`--token` and `--cluster-ca`), or plaintext.
+fn metad_client(cli: &Cli) -> anyhow::Result<MetadClient> {
+    let addrs = weir_shared::config::addr_list(&cli.metad);
+    let timeout = Duration::from_secs(cli.timeout_sec);
+    let tls = &cli.cluster_tls;
+    let Some(token) = &cli.token else {
+        cli.cluster_tls.install()?;
+        return Ok(MetadClient::new(&addrs, timeout)?);
+    };
+    if tls.cluster_cert.is_some() || tls.cluster_key.is_some() {
+        anyhow::bail!("--token and --cluster-cert/--cluster-key are two ways to authenticate; give one");
+    }
+    let Some(ca) = &tls.cluster_ca else {
+        anyhow::bail!(
+            "--token needs --cluster-ca: a token is sent only over TLS, to a metad the cluster's CA vouches for"
+        );
+    };
+    let trust = weir_shared::cluster_tls::trust_only(ca)?;
+    Ok(MetadClient::with_credentials(
+        &addrs,
+        timeout,
+        Some(trust),
+        Some(token),
+    )?)
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let cli = match cli.command {
         Cmd::Dev(args) => return dev::run(*args).await,
         Cmd::Certs { action } => return certs::run(action),
         command => Cli { command, ..cli },
     };
-    // With an operator certificate, metad is reached over mTLS.
-    cli.cluster_tls.install()?;
-    let addrs = weir_shared::config::addr_list(&cli.metad);
-    let client = MetadClient::new(&addrs, Duration::from_secs(cli.timeout_sec))?;
-    // An operator certificate names the operator; otherwise the login name does.
+    let client = metad_client(&cli)?;
+    // On a secure cluster metad logs the operator its certificate or token names; on a
+    // plaintext one, the login name.
     let principal = match weir_shared::cluster_tls::installed() {
         Some(tls) => tls.me.id.clone(),
         None => std::env::var("USER").unwrap_or_else(|_| "cli".into()),
@@ -236,6 +267,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 node: node.clone(),
                 budget_ms: budget.as_millis() as u64,
                 requester: Vec::new(),
+                principal: String::new(),
             };
             let report = client.drain(request, budget + CALL_MARGIN).await?;
             out.value(&report);
@@ -289,6 +321,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 target: to,
                 dry_run,
                 budget_ms: budget.as_millis() as u64,
+                principal: String::new(),
             };
             let moved = client.transfer(request, budget + CALL_MARGIN).await?;
             out.value(&moved);

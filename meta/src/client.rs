@@ -7,7 +7,9 @@ use crate::model::rows::ObjectRange;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tonic::transport::Channel;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, ClientTlsConfig};
 use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::metad_client::MetadClient as GrpcMetadClient;
 use weir_proto::metad::{
@@ -64,14 +66,31 @@ pub fn range_from_proto(r: Range) -> ObjectRange {
     }
 }
 
+/// A channel whose calls carry the client's bearer token, if it has one.
+type Authed = InterceptedService<Channel, Bearer>;
+
+/// Adds `authorization: Bearer <token>` to every call: how `weir` authenticates to
+/// metad with an admin token instead of a certificate (issue 18).
+#[derive(Clone)]
+struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
 /// The client API's stub on `ch`, with the message limits of this API.
-fn metad_stub(ch: Channel) -> GrpcMetadClient<Channel> {
+fn metad_stub(ch: Authed) -> GrpcMetadClient<Authed> {
     GrpcMetadClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
 }
 
-fn admin_stub(ch: Channel) -> AdminClient<Channel> {
+fn admin_stub(ch: Authed) -> AdminClient<Authed> {
     AdminClient::new(ch)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
@@ -149,6 +168,7 @@ pub struct MetadClient {
     channels: Vec<(String, Channel)>,
     preferred: AtomicUsize,
     timeout: Duration,
+    bearer: Bearer,
 }
 
 impl MetadClient {
@@ -163,13 +183,31 @@ impl MetadClient {
         timeout: Duration,
         tls: Option<&weir_shared::cluster_tls::ClusterTls>,
     ) -> Result<Self, ClientError> {
+        Self::with_credentials(addrs, timeout, tls.map(|t| t.client()), None)
+    }
+
+    /// As [`MetadClient::new`], over `tls` (trusting the cluster's CA, with or without
+    /// a certificate of its own), every call carrying `token` when given: an admin
+    /// token, for a caller without a certificate.
+    pub fn with_credentials(
+        addrs: &[String],
+        timeout: Duration,
+        tls: Option<ClientTlsConfig>,
+        token: Option<&str>,
+    ) -> Result<Self, ClientError> {
         if addrs.is_empty() {
             return Err(ClientError::Invalid("no metad address given".into()));
         }
+        let bearer = token
+            .map(|t| {
+                MetadataValue::try_from(format!("Bearer {t}"))
+                    .map_err(|_| ClientError::Invalid("the token has characters a header cannot carry".into()))
+            })
+            .transpose()?;
         let channels = addrs
             .iter()
             .map(|a| {
-                weir_shared::grpc::channel_with(a, tls)
+                weir_shared::grpc::channel_with(a, tls.clone())
                     .map(|c| (a.clone(), c))
                     .map_err(|e| ClientError::Invalid(format!("metad address '{a}': {e}")))
             })
@@ -178,13 +216,14 @@ impl MetadClient {
             channels,
             preferred: AtomicUsize::new(0),
             timeout,
+            bearer: Bearer(bearer),
         })
     }
 
     /// Tries each replica once, from the preferred one, until one answers other than `unavailable`.
     async fn each<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
     where
-        F: FnMut(Channel) -> Fut,
+        F: FnMut(Authed) -> Fut,
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
     {
         self.each_within(self.timeout, true, call).await
@@ -200,7 +239,7 @@ impl MetadClient {
         mut call: F,
     ) -> Result<T, ClientError>
     where
-        F: FnMut(Channel) -> Fut,
+        F: FnMut(Authed) -> Fut,
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
     {
         let start = self.preferred.load(Ordering::Relaxed);
@@ -208,7 +247,8 @@ impl MetadClient {
         for i in 0..self.channels.len() {
             let idx = (start + i) % self.channels.len();
             let (addr, ch) = &self.channels[idx];
-            match tokio::time::timeout(timeout, call(ch.clone())).await {
+            let ch = InterceptedService::new(ch.clone(), self.bearer.clone());
+            match tokio::time::timeout(timeout, call(ch)).await {
                 Ok(Ok(v)) => {
                     self.preferred.store(idx, Ordering::Relaxed);
                     return Ok(v);

@@ -83,12 +83,22 @@ pub struct AdminService {
     /// Drains and transfers run in tasks of their own (SD-DRN-12); Raft stops only once
     /// they have ended (they propose through it).
     moves: TaskTracker,
+    /// The users gateways ask for drains and transfers for (D-21).
+    users: crate::authz::Directory,
 }
 
 impl AdminService {
-    pub fn new(raft: Raft, sm: StateMachineStore, id: u64, peers: Arc<PeerChannels>, moves: TaskTracker) -> Self {
+    pub fn new(
+        raft: Raft,
+        sm: StateMachineStore,
+        id: u64,
+        peers: Arc<PeerChannels>,
+        moves: TaskTracker,
+        users: crate::authz::Directory,
+    ) -> Self {
         let runner = TransferRunner::new(raft.clone(), sm.hub(), id);
         Self {
+            users,
             raft,
             sm,
             runner,
@@ -158,7 +168,15 @@ impl Admin for AdminService {
                     .map_err(|e| Status::invalid_argument(format!("malformed requester: {e}")))?,
             )
         };
-        crate::authz::drain(caller.as_ref(), &inner.node, requester.as_ref())?;
+        self.users.with(|users| {
+            crate::authz::drain(
+                caller.as_ref(),
+                &inner.node,
+                requester.as_ref(),
+                &inner.principal,
+                users,
+            )
+        })?;
         if !self.runner.leading() {
             return self.leader(was_forwarded)?.drain(mark_forwarded(inner, None)).await;
         }
@@ -191,10 +209,11 @@ impl Admin for AdminService {
 
     async fn transfer(&self, req: Request<TransferRequest>) -> Result<Response<AdminReply>, Status> {
         // An operator's or a user's (through a gateway) move of any stream: not a node's.
-        use weir_shared::peer::Role;
-        weir_shared::peer::require(&req, &[Role::Operator, Role::Gatewayd, Role::Metad], "Transfer")?;
+        let caller = weir_shared::peer::caller(&req)?;
         let was_forwarded = forwarded(&req);
         let inner = req.into_inner();
+        self.users
+            .with(|users| crate::authz::transfer(caller.as_ref(), &inner.stream, &inner.principal, users))?;
         if !self.runner.leading() {
             return self.leader(was_forwarded)?.transfer(mark_forwarded(inner, None)).await;
         }

@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
 use weir_meta::client::{range_to_proto, MAX_PAGE};
 use weir_meta::model::codec;
-use weir_meta::model::command::{Command, Outcome, Proposal, RejectCode, Rejection};
+use weir_meta::model::command::{Command, Outcome, Proposal, Proposer, RejectCode, Rejection};
 use weir_meta::model::index::page;
 use weir_meta::model::CordonBy;
 use weir_meta::model::{IndexRead, Row};
@@ -46,6 +46,16 @@ pub struct ClientService {
     cancel: CancellationToken,
     /// One per open Watch stream (`--max-watch-streams`).
     watch_slots: Arc<tokio::sync::Semaphore>,
+    /// The users gateways propose for (D-21).
+    users: crate::authz::Directory,
+}
+
+/// How long a proposal or read may take (`--propose-timeout-ms`), and how many Watch
+/// streams are served at once (`--max-watch-streams`).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub timeout: Duration,
+    pub max_watch_streams: usize,
 }
 
 impl ClientService {
@@ -53,20 +63,21 @@ impl ClientService {
         raft: Raft,
         sm: StateMachineStore,
         peers: Arc<PeerChannels>,
-        timeout: Duration,
+        limits: Limits,
         tasks: TaskTracker,
         cancel: CancellationToken,
-        max_watch_streams: usize,
+        users: crate::authz::Directory,
     ) -> Self {
         Self {
+            users,
             raft,
             hub: sm.hub(),
             sm,
             peers,
-            timeout,
+            timeout: limits.timeout,
             tasks,
             cancel,
-            watch_slots: Arc::new(tokio::sync::Semaphore::new(max_watch_streams)),
+            watch_slots: Arc::new(tokio::sync::Semaphore::new(limits.max_watch_streams)),
         }
     }
 
@@ -136,12 +147,15 @@ impl Metad for ClientService {
     async fn propose(&self, req: Request<ProposeRequest>) -> Result<Response<ProposeReply>, Status> {
         let was_forwarded = forwarded(&req);
         let caller = weir_shared::peer::caller(&req)?;
-        let inner = req.into_inner();
-        let proposal: Proposal =
+        let mut inner = req.into_inner();
+        let mut proposal: Proposal =
             codec::decode(&inner.command).map_err(|e| Status::invalid_argument(format!("malformed command: {e}")))?;
         // D-21: checked where the call arrives, before it is forwarded to the leader
         // (which sees this replica's certificate).
-        if let Err(refused) = crate::authz::proposal(caller.as_ref(), &proposal) {
+        let checked = self
+            .users
+            .with(|users| crate::authz::proposal(caller.as_ref(), &proposal, users));
+        if let Err(refused) = checked {
             metrics().proposals.with_label_values(&["denied"]).inc();
             tracing::warn!(
                 kind = proposal.command.kind(),
@@ -149,6 +163,14 @@ impl Metad for ClientService {
                 "proposal refused"
             );
             return Err(refused);
+        }
+        // An operator is logged as who authenticated it (its certificate or token),
+        // never as who the request says.
+        if let (Some(who), Proposer::Operator { principal }) = (&caller, &mut proposal.proposer) {
+            if who.role == weir_shared::peer::Role::Operator && *principal != who.id {
+                *principal = who.id.clone();
+                inner.command = codec::encode(&proposal);
+            }
         }
         let release = is_drain_release(&proposal);
         if release {

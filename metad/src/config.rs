@@ -49,6 +49,13 @@ pub struct MetadArgs {
     #[arg(long, env = "WEIR_INSECURE", default_value_t = false)]
     pub insecure: bool,
 
+    /// On an mTLS cluster, accept user-level changes (streams, topics, configs, tokens,
+    /// cordons, drains, transfers) that gateways running without `--auth` propose for
+    /// their anonymous users. Without it only a user whose token grants the change may
+    /// have a gateway propose it (issue 18).
+    #[arg(long, env = "WEIR_ALLOW_ANONYMOUS_GATEWAYS", default_value_t = false)]
+    pub allow_anonymous_gateways: bool,
+
     /// Most Watch streams (nodes' and gateways' views) this replica serves at once; one
     /// more is refused with RESOURCE_EXHAUSTED naming this flag.
     #[arg(long, env = "WEIR_MAX_WATCH_STREAMS", default_value_t = 10_000)]

@@ -19,6 +19,7 @@ mod raft_service;
 mod raft_types;
 mod server;
 mod store;
+mod token_callers;
 mod transfer_runner;
 
 pub use config::{MetadArgs, MetadConfig};

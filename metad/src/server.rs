@@ -72,7 +72,12 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
     let peers = Arc::new(PeerChannels::default());
     let timeout = Duration::from_millis(args.propose_timeout_ms);
     let limits = args.listeners.limits()?;
-    let grpc = weir_shared::grpc::server(&limits)?
+    let users = crate::authz::Directory::new(hub.clone(), args.allow_anonymous_gateways);
+    // Operators may come with an admin token instead of a certificate (`weir --token`).
+    let grpc = weir_shared::grpc::server_with(&limits, true)?
+        .layer(tonic::service::InterceptorLayer::new(
+            crate::token_callers::TokenCallers::new(hub.clone()),
+        ))
         .add_service(
             RaftServer::new(RaftService::new(raft.clone()))
                 .max_decoding_message_size(MAX_RAFT_MESSAGE)
@@ -83,10 +88,13 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
                 raft.clone(),
                 sm.clone(),
                 peers.clone(),
-                timeout,
+                crate::client_service::Limits {
+                    timeout,
+                    max_watch_streams: args.max_watch_streams,
+                },
                 tasks.clone(),
                 shutdown.child_token(),
-                args.max_watch_streams,
+                users.clone(),
             ))
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE),
@@ -98,6 +106,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
                 args.id,
                 peers,
                 moves.clone(),
+                users,
             ))
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE),

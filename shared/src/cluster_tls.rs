@@ -19,8 +19,9 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 pub struct ClusterTlsArgs {
     /// PEM certificate of the cluster's CA (`weir certs ca`): gRPC peers must present a
     /// certificate it signed. With `--cluster-cert` and `--cluster-key`, turns on mTLS
-    /// for all gRPC this process serves and calls.
-    #[arg(long, env = "WEIR_CLUSTER_CA", requires_all = ["cluster_cert", "cluster_key"])]
+    /// for all gRPC this process serves and calls (`weir` also takes it alone, with
+    /// `--token`).
+    #[arg(long, env = "WEIR_CLUSTER_CA")]
     pub cluster_ca: Option<PathBuf>,
 
     /// PEM certificate naming this process (`weir certs issue --role ROLE --id ID`).
@@ -134,13 +135,23 @@ impl ClusterTls {
     }
 
     /// What a gRPC server of this process presents and asks of callers; a handshake
-    /// must finish within `handshake` (the listener's header-read timeout).
-    pub fn server(&self, handshake: Duration) -> ServerTlsConfig {
+    /// must finish within `handshake` (the listener's header-read timeout). With
+    /// `certless_callers`, a caller may connect without a certificate, and the server
+    /// must then authenticate each of its calls another way (metad's admin tokens).
+    pub fn server(&self, handshake: Duration, certless_callers: bool) -> ServerTlsConfig {
         ServerTlsConfig::new()
             .identity(self.identity.clone())
             .client_ca_root(self.ca.clone())
+            .client_auth_optional(certless_callers)
             .timeout(handshake)
     }
+}
+
+/// What a client without a certificate of its own trusts: the cluster's CA, read from
+/// `--cluster-ca` (`weir --token`).
+pub fn trust_only(ca: &Path) -> Result<ClientTlsConfig, ConfigError> {
+    let pem = std::fs::read(ca).map_err(|e| ConfigError::new(format!("--cluster-ca {}: {e}", ca.display())))?;
+    Ok(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
 }
 
 static INSTALLED: OnceLock<ClusterTls> = OnceLock::new();

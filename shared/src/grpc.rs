@@ -2,20 +2,17 @@
 //! bounded connect time, TCP_NODELAY and HTTP/2 keep-alives that notice a dead peer.
 
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// Builds a lazily connecting channel to `addr` (`host:port`), with this process's
 /// cluster mTLS when installed ([`crate::cluster_tls`]).
 pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    channel_with(addr, crate::cluster_tls::installed())
+    channel_with(addr, crate::cluster_tls::installed().map(|t| t.client()))
 }
 
-/// As [`channel`], with `tls` (mTLS: `https`, the server checked against the cluster's
-/// CA by the host of `addr`) or plaintext without it.
-pub fn channel_with(
-    addr: &str,
-    tls: Option<&crate::cluster_tls::ClusterTls>,
-) -> Result<Channel, tonic::transport::Error> {
+/// As [`channel`], with `tls` (`https`, the server checked against the cluster's CA by
+/// the host of `addr`, and the client's certificate if it has one) or plaintext without.
+pub fn channel_with(addr: &str, tls: Option<ClientTlsConfig>) -> Result<Channel, tonic::transport::Error> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
         .connect_timeout(Duration::from_secs(2))
@@ -23,7 +20,7 @@ pub fn channel_with(
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(5));
     if let Some(tls) = tls {
-        endpoint = endpoint.tls_config(tls.client())?;
+        endpoint = endpoint.tls_config(tls)?;
     }
     Ok(endpoint.connect_lazy())
 }
@@ -46,6 +43,16 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// cluster mTLS installed, every connection's handshake asks for a client certificate
 /// the cluster's CA signed.
 pub fn server(limits: &crate::listener::Limits) -> Result<tonic::transport::Server, tonic::transport::Error> {
+    server_with(limits, false)
+}
+
+/// As [`server`]; with `certless_callers`, a TLS caller may come without a certificate
+/// and every service must authenticate its calls another way ([`crate::peer::caller`]
+/// refuses such a caller unless an interceptor named it).
+pub fn server_with(
+    limits: &crate::listener::Limits,
+    certless_callers: bool,
+) -> Result<tonic::transport::Server, tonic::transport::Error> {
     let builder = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(
@@ -54,7 +61,7 @@ pub fn server(limits: &crate::listener::Limits) -> Result<tonic::transport::Serv
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS));
     match crate::cluster_tls::installed() {
-        Some(tls) => builder.tls_config(tls.server(limits.header_read_timeout)),
+        Some(tls) => builder.tls_config(tls.server(limits.header_read_timeout, certless_callers)),
         None => Ok(builder),
     }
 }

@@ -5,6 +5,7 @@
 use std::fmt;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::CertificateDer;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::{Request, Status};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
@@ -83,11 +84,18 @@ pub fn identity_of_pem(pem: &[u8]) -> Result<Identity, String> {
 }
 
 /// The caller of `req`: `None` on a plaintext connection (a cluster without mTLS).
-/// A certificate the CA signed that names no Weir identity is refused.
+/// On a TLS connection the caller is who its certificate names, or who a server's
+/// interceptor authenticated otherwise and put in the request's extensions (metad's
+/// admin tokens); a caller with neither, or with a certificate the CA signed that names
+/// no Weir identity, is refused.
 pub fn caller<T>(req: &Request<T>) -> Result<Option<Identity>, Status> {
-    let Some(certs) = req.peer_certs() else {
+    if let Some(who) = req.extensions().get::<Identity>() {
+        return Ok(Some(who.clone()));
+    }
+    let Some(tls) = req.extensions().get::<TlsConnectInfo<TcpConnectInfo>>() else {
         return Ok(None);
     };
+    let certs = tls.peer_certs().unwrap_or_default();
     let leaf = certs
         .first()
         .ok_or_else(|| Status::unauthenticated("no client certificate"))?;

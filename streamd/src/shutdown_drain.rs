@@ -154,6 +154,7 @@ async fn request_own_drain(node: &Arc<Node>, shutdown: &Shutdown) -> Requested {
             node: String::new(),
             budget_ms: left.as_millis().max(1) as u64,
             requester: serde_json::to_vec(&node.me).expect("an incarnation serializes"),
+            principal: String::new(),
         };
         tracing::info!(node_id = %node.me.node, leader, budget = ?left, "requesting a graceful shutdown drain from the metadata leader");
         match node.metad.drain(request, left).await {

@@ -52,6 +52,7 @@ async fn main() {
                 node: a.clone(),
                 budget_ms: 600_000,
                 requester: Vec::new(),
+                principal: String::new(),
             },
             Duration::from_secs(610),
         )

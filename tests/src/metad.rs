@@ -101,6 +101,10 @@ impl Replica {
     }
 }
 
+/// The secret of the `admin` token an mTLS cluster's first replica issues at bootstrap
+/// (`--bootstrap-admin-token-file`), as the compose stack does.
+pub const ADMIN_SECRET: &str = "weir_test-admin-secret";
+
 /// Several replicas bootstrapped together.
 pub struct Cluster {
     pub replicas: Vec<Replica>,
@@ -130,6 +134,12 @@ impl Cluster {
     async fn start_inner(n: u64, extra: &[&str], env: &[(&str, &str)], mtls: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let certs = mtls.then(|| crate::tls::ClusterCerts::make(&dir.path().join("certs")));
+        let admin_token = dir.path().join("admin-token");
+        std::fs::write(&admin_token, ADMIN_SECRET).expect("write the admin token file");
+        let bootstrap_token = [
+            "--bootstrap-admin-token-file".to_string(),
+            admin_token.display().to_string(),
+        ];
         let grpc: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let peers = grpc
             .iter()
@@ -148,6 +158,7 @@ impl Cluster {
                     .iter()
                     .map(|s| s.to_string())
                     .chain(certs.iter().flat_map(|c| c.flags("metad", &(i + 1).to_string())))
+                    .chain(bootstrap_token.iter().filter(|_| mtls && i == 0).cloned())
                     .collect(),
                 env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
                 proc: Proc::new(
@@ -180,6 +191,14 @@ impl Cluster {
                             .filter(|v| !v["settings"].is_null())
                     },
                 )
+                .await;
+        }
+        if mtls {
+            cluster
+                .wait_or_dump("the bootstrap admin token", Duration::from_secs(20), || async {
+                    let tokens = cluster.client().admin("tokens", 0, 0).await.ok()?;
+                    tokens.to_string().contains("\"admin\"").then_some(())
+                })
                 .await;
         }
         cluster

@@ -28,6 +28,10 @@ pub struct Streamd {
     args: Vec<String>,
     env: Vec<(String, String)>,
     proc: Proc,
+    /// On an mTLS stack, what the test's own calls to the node present: a metad
+    /// certificate, as tests play both a gateway's part (appends, reads) and metad's
+    /// (`CloseStream`), and the node accepts both from metad.
+    tls: Option<weir_shared::cluster_tls::ClusterTls>,
 }
 
 impl Streamd {
@@ -84,7 +88,8 @@ impl Streamd {
     }
 
     pub async fn client(&self) -> StreamdClient<Channel> {
-        let ch = weir_shared::grpc::channel(&self.grpc).expect("channel");
+        let tls = self.tls.as_ref().map(|t| t.client());
+        let ch = weir_shared::grpc::channel_with(&self.grpc, tls).expect("channel");
         StreamdClient::new(ch).max_decoding_message_size(64 << 20)
     }
 
@@ -162,8 +167,18 @@ impl Stack {
     /// A stack whose metad replicas, streamd nodes (and the gateways a test adds with
     /// [`Stack::cluster_flags`]) talk mTLS (D-21); streams are placed by metad.
     pub async fn start_mtls(replicas: u64, nodes: usize, backend: Backend) -> Stack {
-        let metad = Cluster::start_mtls(replicas, &[]).await;
-        Self::with_nodes(metad, nodes, backend, |stack, id| stack.cluster_flags("streamd", id)).await
+        Self::secure(replicas, nodes, backend, &[], &[]).await
+    }
+
+    /// As [`Stack::start_replicas`], over mTLS: the test's own calls present real
+    /// certificates (an operator's to metad, metad's to streamd), not forged
+    /// identities a plaintext cluster would take on trust (issue 18).
+    pub async fn secure(replicas: u64, nodes: usize, backend: Backend, extra: &[&str], metad_extra: &[&str]) -> Stack {
+        let metad = Cluster::start_mtls(replicas, metad_extra).await;
+        Self::with_nodes(metad, nodes, backend, |_, _| {
+            extra.iter().map(|s| s.to_string()).collect()
+        })
+        .await
     }
 
     /// S3 and `nodes` streamd nodes `streamd-N` around `metad`, node `id` with
@@ -194,6 +209,24 @@ impl Stack {
             n.wait_ready().await;
         }
         stack
+    }
+
+    /// A gateway of this stack with `extra` flags, once ready. On an mTLS stack it has
+    /// its certificate and `--auth`, and its requests carry the bootstrap admin token,
+    /// so metad checks a real user's scopes for every change it proposes.
+    pub async fn gateway(&self, id: &str, extra: &[&str]) -> crate::gateway::Gatewayd {
+        let mut flags: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if let Some(certs) = &self.metad.certs {
+            flags.extend(certs.flags("gatewayd", id));
+            flags.push("--auth".into());
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let mut gw = crate::gateway::Gatewayd::start(id, &self.metad_addrs(), self.dir.path(), &flags);
+        if self.metad.certs.is_some() {
+            gw.token = Some(crate::metad::ADMIN_SECRET.into());
+        }
+        gw.wait_ready().await;
+        gw
     }
 
     /// The `--cluster-*` flags of `role` `id` in an mTLS stack.
@@ -248,6 +281,8 @@ impl Stack {
         if backend == Backend::ObjectWal {
             args.extend(["--wal-backend".into(), "object".into()]);
         }
+        let certs = self.metad.certs.as_ref();
+        args.extend(certs.into_iter().flat_map(|c| c.flags("streamd", id)));
         crate::override_flags(&mut args, extra);
         let mut node = Streamd {
             id: id.into(),
@@ -261,6 +296,7 @@ impl Stack {
                 .chain(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
                 .collect(),
             proc: Proc::new(id, self.dir.path().join(format!("{id}.log"))),
+            tls: certs.map(|c| c.tls("metad", "test")),
         };
         node.start();
         self.nodes.push(node);

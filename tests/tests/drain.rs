@@ -718,6 +718,7 @@ async fn a_drain_goes_on_after_its_requester_stops_waiting() {
         node: a.clone(),
         budget_ms: 60_000,
         requester: Vec::new(),
+        principal: String::new(),
     };
     let gave_up = stack.metad.client().drain(request, Duration::from_secs(1)).await;
     assert!(gave_up.is_err(), "the requester stopped waiting: {gave_up:?}");
@@ -764,6 +765,7 @@ async fn a_source_restarted_mid_drain_invalidates_the_plan() {
         node: a.clone(),
         budget_ms: 60_000,
         requester: Vec::new(),
+        principal: String::new(),
     };
     let drain = tokio::spawn(async move { client.drain(request, Duration::from_secs(70)).await });
     wait_for("the first transfer begun", Duration::from_secs(20), || async {
@@ -825,6 +827,7 @@ async fn a_stopping_metad_finishes_the_drain_it_runs_before_stopping_raft() {
         node: a.clone(),
         budget_ms: 60_000,
         requester: Vec::new(),
+        principal: String::new(),
     };
     let drain = tokio::spawn(async move { client.drain(request, Duration::from_secs(70)).await });
     wait_for("the first transfer begun", Duration::from_secs(20), || async {

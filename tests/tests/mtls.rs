@@ -2,6 +2,9 @@
 //! certificate from `weir certs` naming its role and id; servers take the caller's
 //! identity from it, never from a request's body.
 
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::{Offset, TopicPartitionList};
 use reqwest::{Method, StatusCode};
 use std::time::Duration;
 use weir_meta::client::MetadClient;
@@ -13,17 +16,14 @@ use weir_proto::streamd::CloseStreamRequest;
 use weir_shared::cluster_tls::ClusterTls;
 use weir_shared::ids::{Epoch, Incarnation, NodeId};
 use weir_tests::gateway::Gatewayd;
+use weir_tests::metad::ADMIN_SECRET;
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
 const T: Duration = Duration::from_secs(60);
 
 async fn gateway(stack: &Stack, id: &str) -> Gatewayd {
-    let flags = stack.cluster_flags("gatewayd", id);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let gw = Gatewayd::start(id, &stack.metad_addrs(), stack.dir.path(), &flags);
-    gw.wait_ready().await;
-    gw
+    stack.gateway(id, &[]).await
 }
 
 fn metad_as(stack: &Stack, tls: Option<&ClusterTls>) -> MetadClient {
@@ -223,7 +223,7 @@ async fn grpc_callers_are_who_their_certificates_say() {
 
     // A gateway certificate cannot speak Raft or close a stream.
     let gw_tls = certs.tls("gatewayd", "gw-1");
-    let ch = weir_shared::grpc::channel_with(&metad_addr, Some(&gw_tls)).expect("channel");
+    let ch = weir_shared::grpc::channel_with(&metad_addr, Some(gw_tls.client())).expect("channel");
     let denied = RaftClient::new(ch)
         .vote(RaftRequest {
             payload: b"{}".to_vec(),
@@ -234,7 +234,7 @@ async fn grpc_callers_are_who_their_certificates_say() {
     let (_, info) = gw.send(gw.request(Method::GET, "/v1/streams/kept")).await;
     let owner = info["owner"]["node"].as_str().expect("owner");
     let owner_addr = &stack.nodes.iter().find(|n| n.id == owner).expect("owner").grpc;
-    let ch = weir_shared::grpc::channel_with(owner_addr, Some(&gw_tls)).expect("channel");
+    let ch = weir_shared::grpc::channel_with(owner_addr, Some(gw_tls.client())).expect("channel");
     let denied = StreamdClient::new(ch)
         .close_stream(CloseStreamRequest {
             stream: "kept".into(),
@@ -249,4 +249,212 @@ async fn grpc_callers_are_who_their_certificates_say() {
     for n in nodes["nodes"].as_array().expect("nodes") {
         assert_eq!(n["fenced"], false, "{n}");
     }
+}
+
+/// A client of metad with `tls` and, on every call, the bearer `token`.
+fn metad_with(stack: &Stack, tls: Option<tonic::transport::ClientTlsConfig>, token: Option<&str>) -> MetadClient {
+    let addrs: Vec<String> = stack.metad.replicas.iter().map(|r| r.grpc.clone()).collect();
+    MetadClient::with_credentials(&addrs, Duration::from_secs(5), tls, token).expect("client")
+}
+
+fn create(name: &str) -> Command {
+    Command::CreateStream {
+        name: name.into(),
+        config: Default::default(),
+    }
+}
+
+fn user(principal: &str) -> Proposer {
+    Proposer::Operator {
+        principal: principal.into(),
+    }
+}
+
+// Issue 18, D-21: a gateway proposes user-level changes in its user's name, and metad
+// checks that user's token, so a gateway certificate alone grants nothing its users
+// could not do: a change outside the token's scope or prefix, for a revoked or unknown
+// token, or for the anonymous users of a gateway without --auth is refused and not
+// applied; within the scope it is. A drain a gateway asks for needs an admin user.
+// The gateway's own consumer offsets topic needs no user's scope.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_certificate_grants_only_what_its_users_tokens_do() {
+    let stack = Stack::start_mtls(1, 1, Backend::FileWal).await;
+    let gw = stack.gateway("gw-1", &["--kafka-allow-plaintext-sasl"]).await;
+    gw.create_stream("by-admin").await;
+    stack
+        .metad
+        .issue_token("orders", "weir_orders-secret", &["manage:orders-", "write:orders-"])
+        .await;
+    stack.metad.issue_token("reader", "weir_reader-secret", &["read"]).await;
+    let certs = stack.metad.certs.as_ref().expect("certs");
+    let as_gw = metad_as(&stack, Some(&certs.tls("gatewayd", "gw-1")));
+
+    for (principal, stream, why) in [
+        (
+            "orders",
+            "payments",
+            "token 'orders' has no 'manage' scope for 'payments'",
+        ),
+        (
+            "reader",
+            "orders-r",
+            "token 'reader' has no 'manage' scope for 'orders-r'",
+        ),
+        ("nobody", "orders-n", "no token 'nobody'"),
+        ("anonymous", "orders-a", "--allow-anonymous-gateways"),
+    ] {
+        let err = as_gw
+            .propose(&user(principal), create(stream))
+            .await
+            .expect_err("a change outside the user's scope was proposed");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!(
+                "gatewayd 'gw-1' may not propose create_stream for user '{principal}'"
+            )) && message.contains(why),
+            "{message}"
+        );
+    }
+    let (_, outcome) = as_gw
+        .propose(&user("orders"), create("orders-1"))
+        .await
+        .expect("within the token's scope");
+    outcome.expect("created");
+    stack.metad.revoke_token("orders").await;
+    let err = as_gw
+        .propose(&user("orders"), create("orders-2"))
+        .await
+        .expect_err("a revoked token's change");
+    assert!(err.to_string().contains("token 'orders' is revoked"), "{err}");
+    let drain = |principal: &str| weir_proto::metad::DrainRequest {
+        node: "streamd-1".into(),
+        budget_ms: 5_000,
+        principal: principal.into(),
+        ..Default::default()
+    };
+    let err = as_gw
+        .drain(drain("reader"), Duration::from_secs(10))
+        .await
+        .expect_err("a reader drained a node");
+    assert!(err.to_string().contains("token 'reader' has no 'admin' scope"), "{err}");
+
+    let streams = stack
+        .metad
+        .client()
+        .admin("streams", 0, 0)
+        .await
+        .expect("streams")
+        .to_string();
+    for refused in ["payments", "orders-r", "orders-n", "orders-a", "orders-2"] {
+        assert!(
+            !streams.contains(&format!("\"{refused}\"")),
+            "{refused} created: {streams}"
+        );
+    }
+    assert!(
+        streams.contains("\"orders-1\"") && streams.contains("\"by-admin\""),
+        "{streams}"
+    );
+    let log = log_kinds(&stack).await;
+    assert!(!log.contains("\"cordon\""), "the refused drain cordoned: {log}");
+
+    // The consumer offsets topic is the gateway's own need, proposed as itself: a
+    // group commit works for a user who may only read.
+    stack.metad.create_topic("events", 1).await;
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &gw.kafka)
+        .set("broker.address.family", "v4")
+        .set("group.id", "readers")
+        .set("security.protocol", "SASL_PLAINTEXT")
+        .set("sasl.mechanism", "PLAIN")
+        .set("sasl.username", "reader")
+        .set("sasl.password", "weir_reader-secret")
+        .create()
+        .expect("consumer");
+    let mut commit = TopicPartitionList::new();
+    commit
+        .add_partition_offset("events", 0, Offset::Offset(0))
+        .expect("partition");
+    wait_for("a group commit", T, || async {
+        consumer.commit(&commit, CommitMode::Sync).ok()
+    })
+    .await;
+    let committed = consumer
+        .committed_offsets(commit.clone(), T)
+        .expect("committed offsets");
+    let events = committed.find_partition("events", 0).expect("events/0");
+    assert_eq!(events.offset(), Offset::Offset(0));
+}
+
+/// The `weir` command with an admin token in `WEIR_TOKEN`; its output and success.
+fn weir_with_token(token: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(weir_tests::bin_path("weir"))
+        .args(args)
+        .env("WEIR_TOKEN", token)
+        .output()
+        .expect("weir runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+// Issue 18: an operator without a certificate uses `weir` with an admin token over TLS
+// (trusting the cluster's CA); metad logs the change in the token's name, whatever
+// the request says. A token without the admin scope, a token without --cluster-ca, and
+// a call with neither certificate nor token are refused; an admin token does not make
+// its holder a Raft peer.
+#[tokio::test(flavor = "multi_thread")]
+async fn weir_authenticates_with_an_admin_token_over_tls() {
+    let stack = Stack::start_mtls(1, 1, Backend::FileWal).await;
+    stack.metad.issue_token("reader", "weir_reader-secret", &["read"]).await;
+    let ca = stack.metad.certs.as_ref().expect("certs").dir.join("ca.pem");
+    let ca = ca.display().to_string();
+    let metad = stack.metad_addrs();
+    let base = ["--cluster-ca", ca.as_str(), "--metad", metad.as_str(), "--json"];
+    let with = |more: &[&str]| -> Vec<String> { base.iter().chain(more).map(|s| s.to_string()).collect() };
+
+    let listed = with(&["nodes", "list"]);
+    let listed: Vec<&str> = listed.iter().map(String::as_str).collect();
+    let (ok, out) = weir_with_token(ADMIN_SECRET, &listed);
+    assert!(ok && out.contains("streamd-1"), "{out}");
+    let cordon = with(&["nodes", "cordon", "streamd-1"]);
+    let cordon: Vec<&str> = cordon.iter().map(String::as_str).collect();
+    let (ok, out) = weir_with_token(ADMIN_SECRET, &cordon);
+    assert!(ok, "{out}");
+    let log = stack.metad.client().admin("log", 0, 100_000).await.expect("log");
+    let entry = log["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|e| e.to_string().contains("\"cordon\""))
+        .unwrap_or_else(|| panic!("no cordon in {log}"))
+        .to_string();
+    assert!(entry.contains("\"principal\":\"admin\""), "{entry}");
+
+    let (ok, out) = weir_with_token("weir_reader-secret", &listed);
+    assert!(!ok && out.contains("token 'reader' lacks the 'admin' scope"), "{out}");
+    let (ok, out) = weir_with_token("weir_wrong", &listed);
+    assert!(!ok && out.contains("unknown token"), "{out}");
+    let (ok, out) = weir_with_token(ADMIN_SECRET, &["--metad", metad.as_str(), "nodes", "list"]);
+    assert!(!ok && out.contains("--token needs --cluster-ca"), "{out}");
+
+    let trust = || weir_shared::cluster_tls::trust_only(std::path::Path::new(&ca)).expect("ca");
+    let err = metad_with(&stack, Some(trust()), None)
+        .admin("nodes", 0, 0)
+        .await
+        .expect_err("a caller without certificate or token was answered");
+    assert!(err.to_string().contains("or an admin token"), "{err}");
+    // The admin token is an operator's, not a metad peer's.
+    let ch = weir_shared::grpc::channel_with(&stack.metad.replicas[0].grpc, Some(trust())).expect("channel");
+    let mut vote = tonic::Request::new(RaftRequest {
+        payload: b"{}".to_vec(),
+    });
+    let bearer = format!("Bearer {ADMIN_SECRET}").parse().expect("header");
+    vote.metadata_mut().insert("authorization", bearer);
+    let denied = RaftClient::new(ch).vote(vote).await.expect_err("a token voted");
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    assert!(denied.message().contains("operator 'admin'"), "{denied:?}");
 }

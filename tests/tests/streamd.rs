@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use weir_proto::streamd::{AppendRequest, CloseStreamRequest, ReadRequest, StatusRequest};
 use weir_shared::ids::{Epoch, NodeId};
 use weir_tests::batches::{batch, values};
-use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
@@ -16,6 +15,18 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(180);
 
 async fn with_timeout(f: impl std::future::Future<Output = ()>) {
     tokio::time::timeout(TEST_TIMEOUT, f).await.expect("test timed out");
+}
+
+/// One metad replica, S3 and `nodes` streamd nodes over mTLS, streams placed by the
+/// tests (issue 18): the tests' proposals carry an operator certificate and their
+/// data-plane calls a gateway's, rather than identities a plaintext cluster believes.
+async fn secure_stack(nodes: usize, backend: Backend, extra: &[&str]) -> Stack {
+    secure_stack_with(nodes, backend, extra, &["--auto-place", "false"]).await
+}
+
+/// As [`secure_stack`], metad with `metad_extra` flags.
+async fn secure_stack_with(nodes: usize, backend: Backend, extra: &[&str], metad_extra: &[&str]) -> Stack {
+    Stack::secure(1, nodes, backend, extra, metad_extra).await
 }
 
 /// Reads every record of `stream` from `offset` on through node `on`.
@@ -81,7 +92,7 @@ fn expect_sequence(got: &[(u64, Vec<u8>)], n: usize, prefix: &str) {
 /// RR-WAL-2, RR-WAL-4: acknowledged appends read back from the tail, are uploaded to S3
 /// and committed; after a close and a move, the new owner serves them by ranged GETs.
 async fn append_upload_and_read_back(backend: Backend) {
-    let stack = Stack::start(2, backend, &["--upload-interval-ms", "100"]).await;
+    let stack = secure_stack(2, backend, &["--upload-interval-ms", "100"]).await;
     stack.create_stream("orders", 0).await;
     let mut a = stack.nodes[0].client().await;
     for i in 0..200 {
@@ -168,7 +179,7 @@ async fn object_wal_appends_upload_to_s3_and_read_back_after_a_move() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
     with_timeout(async {
-        let stack = Stack::start(1, Backend::FileWal, &[]).await;
+        let stack = secure_stack(1, Backend::FileWal, &[]).await;
         stack.create_stream("tail", 0).await;
         let mut reader = stack.nodes[0].client().await;
         let waiting = tokio::spawn(async move {
@@ -239,7 +250,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
 /// acknowledged record, in order, exactly once (both backends).
 async fn sigkill_then_replay(backend: Backend) {
     // A long upload interval keeps records in the WAL only.
-    let mut stack = Stack::start(
+    let mut stack = secure_stack(
         1,
         backend,
         &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
@@ -341,7 +352,7 @@ async fn object_wal_replay_after_sigkill_returns_every_acknowledged_record_once(
 /// is check-then-write, so against it the object WAL is fenced between appends.
 async fn takeover_races_appends(backend: Backend) {
     let racing = backend == Backend::FileWal;
-    let mut stack = Stack::start(
+    let mut stack = secure_stack(
         1,
         backend,
         &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
@@ -504,7 +515,7 @@ async fn reclaimed_object_wal_still_fences_the_writer_on_s3() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
     with_timeout(async {
-        let mut stack = Stack::start(2, Backend::FileWal, &["--upload-interval-ms", "100"]).await;
+        let mut stack = secure_stack(2, Backend::FileWal, &["--upload-interval-ms", "100"]).await;
         let id = stack.create_stream("c", 0).await;
         let mut a = stack.nodes[0].client().await;
         for i in 0..10 {
@@ -603,7 +614,7 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
 async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
     use weir_streamd::wal::record::{decode_segment, SEGMENT_HEADER_LEN};
     with_timeout(async {
-        let mut stack = Stack::start(
+        let mut stack = secure_stack(
             2,
             Backend::FileWal,
             &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
@@ -683,7 +694,9 @@ async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
             .await
             .expect_err("a stream that lost acknowledged records reopened");
         // The operator trims past the loss: it reopens at 20, and appends go on from there.
+        let operator = stack.cluster_flags("operator", "test");
         let out = std::process::Command::new(weir_tests::bin_path("weir"))
+            .args(&operator)
             .args([
                 "--metad",
                 &stack.metad.replicas[0].grpc,
@@ -716,7 +729,7 @@ async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
 async fn fenced_or_replaced_node_exits_75() {
     use weir_meta::model::{Command, NodeAddrs, NodeKind, Proposer};
     with_timeout(async {
-        let mut stack = Stack::start(2, Backend::FileWal, &[]).await;
+        let mut stack = secure_stack(2, Backend::FileWal, &[]).await;
         let client = stack.metad.client();
         let op = Proposer::Operator {
             principal: "test".into(),
@@ -765,7 +778,7 @@ async fn fenced_or_replaced_node_exits_75() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamd_with_another_heartbeat_timing_is_refused() {
     with_timeout(async {
-        let mut stack = Stack::start(0, Backend::FileWal, &[]).await;
+        let mut stack = secure_stack(0, Backend::FileWal, &[]).await;
         stack.add_node(
             "odd",
             Backend::FileWal,
@@ -806,7 +819,7 @@ async fn wal_growth_is_bounded_and_reclaimed_after_commits() {
             "--upload-bytes",
             "1000000000",
         ];
-        let stack = Stack::start(1, Backend::FileWal, &flags).await;
+        let stack = secure_stack(1, Backend::FileWal, &flags).await;
         stack.create_stream("full", 0).await;
         let mut c = stack.nodes[0].client().await;
         let value = vec![b'f'; 1000];
@@ -859,7 +872,7 @@ async fn wal_growth_is_bounded_and_reclaimed_after_commits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() {
     with_timeout(async {
-        let mut stack = Stack::start(1, Backend::FileWal, &["--upload-interval-ms", "100"]).await;
+        let mut stack = secure_stack(1, Backend::FileWal, &["--upload-interval-ms", "100"]).await;
         stack.create_stream("outage", 0).await;
         let mut c = stack.nodes[0].client().await;
         stack.metad.replicas[0].kill();
@@ -898,7 +911,7 @@ async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() 
 async fn uncommitted_objects_are_collected_after_the_safety_delay() {
     use object_store::{ObjectStoreExt, PutPayload};
     with_timeout(async {
-        let stack = Stack::start(
+        let stack = secure_stack(
             1,
             Backend::FileWal,
             &[
@@ -957,7 +970,7 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_streams_with_every_record_committed_then_fences_itself() {
     with_timeout(async {
-        let mut stack = Stack::start(
+        let mut stack = secure_stack(
             1,
             Backend::FileWal,
             &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"],
@@ -1022,7 +1035,7 @@ fn max_append_bytes_over_the_wal_record_limit_is_refused_at_startup() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_do_not_wait_on_an_uploads_copy_of_their_stream() {
     with_timeout(async {
-        let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+        let mut stack = secure_stack_with(0, Backend::FileWal, &[], &[]).await;
         stack.add_node_with_env(
             "streamd-1",
             Backend::FileWal,
@@ -1030,8 +1043,7 @@ async fn appends_do_not_wait_on_an_uploads_copy_of_their_stream() {
             &[("WEIR_FAILPOINT_UPLOAD_COPY", "sleep(3000)")],
         );
         stack.nodes[0].wait_ready().await;
-        let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
-        gw.wait_ready().await;
+        let gw = stack.gateway("gw-1", &[]).await;
         gw.create_stream("copied").await;
         gw.wait_open("copied").await;
         let started = Instant::now();
@@ -1061,7 +1073,7 @@ async fn appends_do_not_wait_on_an_uploads_copy_of_their_stream() {
 async fn a_burst_is_uploaded_in_objects_of_at_most_the_target() {
     with_timeout(async {
         const TARGET: u64 = 64 * 1024;
-        let stack = Stack::start_with(
+        let stack = secure_stack_with(
             1,
             Backend::FileWal,
             &[
@@ -1077,8 +1089,7 @@ async fn a_burst_is_uploaded_in_objects_of_at_most_the_target() {
             &[],
         )
         .await;
-        let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
-        gw.wait_ready().await;
+        let gw = stack.gateway("gw-1", &[]).await;
         gw.create_stream("burst").await;
         gw.wait_open("burst").await;
         let filler = "x".repeat(8 * 1024);

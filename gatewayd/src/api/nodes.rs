@@ -76,6 +76,7 @@ pub async fn uncordon(
 /// SD-DRN-1: cordons the node and moves its streams one at a time; the leader's report.
 pub async fn drain(
     State(gw): State<Arc<Gateway>>,
+    Extension(who): Extension<Principal>,
     Path(node): Path<String>,
     query: Result<Query<BudgetQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
@@ -85,6 +86,7 @@ pub async fn drain(
         node,
         budget_ms: budget.as_millis() as u64,
         requester: Vec::new(),
+        principal: who.name,
     };
     Ok(Json(gw.metad.drain(request, budget + CALL_MARGIN).await?))
 }
@@ -102,6 +104,7 @@ pub struct TransferBody {
 /// names the first failing check.
 pub async fn transfer(
     State(gw): State<Arc<Gateway>>,
+    Extension(who): Extension<Principal>,
     Path(stream): Path<String>,
     body: Result<Json<TransferBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
@@ -112,6 +115,7 @@ pub async fn transfer(
         target: body.to,
         dry_run: body.dry_run,
         budget_ms: budget.as_millis() as u64,
+        principal: who.name,
     };
     Ok(Json(gw.metad.transfer(request, budget + CALL_MARGIN).await?))
 }

@@ -17,8 +17,7 @@ use kafka_protocol::protocol::StrBytes;
 use weir_meta::model::scopes::Access;
 use weir_meta::model::{Command, NodeKind, StreamConfig, TopicRow};
 
-/// The internal topic holding consumer groups' committed offsets.
-pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+pub use weir_meta::model::names::OFFSETS_TOPIC;
 pub const CLUSTER_ID: &str = "weir";
 
 /// One gateway as a broker.

@@ -60,9 +60,8 @@ async fn ensure_offsets_topic(kafka: &Kafka) {
             config: StreamConfig::default(),
         },
     };
-    let proposer = Proposer::Operator {
-        principal: format!("gatewayd {}", kafka.gw.me.node),
-    };
+    // The gateway's own need, not a user's: proposed as the gateway node (D-21).
+    let proposer = Proposer::Node(kafka.gw.me.clone());
     if let Ok((index, _)) = kafka.gw.metad.propose(&proposer, cmd).await {
         tracing::info!(topic = OFFSETS_TOPIC, "created the consumer offsets topic");
         kafka.gw.settle(index).await;

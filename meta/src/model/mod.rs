@@ -10,6 +10,7 @@ pub mod names;
 pub mod rows;
 pub mod scopes;
 pub mod state;
+pub mod user_commands;
 
 pub use apply::{check_destination, Effects};
 pub use command::{

@@ -3,6 +3,10 @@
 
 use super::command::{RejectCode, Rejection};
 
+/// The internal topic holding consumer groups' committed offsets. Gateways create it
+/// (as nodes, not for a user) when a group first needs it.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
 /// Longest accepted name (Kafka allows 249 for topics).
 pub const MAX_NAME_LEN: usize = 249;
 
