@@ -115,6 +115,9 @@ pub enum ClientError {
     /// A reply could not be decoded.
     #[error("malformed reply: {0}")]
     Malformed(String),
+    /// metad refused the caller: who it is may not ask this (D-21).
+    #[error("{0}")]
+    Denied(String),
 }
 
 impl ClientError {
@@ -126,6 +129,7 @@ impl ClientError {
             ClientError::NotFound(_) => ErrorCode::NotFound,
             ClientError::Conflict(_) => ErrorCode::Conflict,
             ClientError::Malformed(_) => ErrorCode::Internal,
+            ClientError::Denied(_) => ErrorCode::Forbidden,
         }
     }
 }
@@ -136,6 +140,7 @@ impl From<tonic::Status> for ClientError {
         match s.code() {
             tonic::Code::NotFound => ClientError::NotFound(message),
             tonic::Code::FailedPrecondition | tonic::Code::AlreadyExists => ClientError::Conflict(message),
+            tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => ClientError::Denied(message),
             _ if refused(&s) => ClientError::Invalid(message),
             _ => ClientError::Unavailable(format!("{}: {}", s.code(), message)),
         }

@@ -13,15 +13,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tonic::Status;
 use weir_meta::model::command::{Command, Proposal, Proposer};
-use weir_meta::model::names::OFFSETS_TOPIC;
+use weir_meta::model::names::{ANONYMOUS, OFFSETS_TOPIC};
 use weir_meta::model::rows::{CordonBy, NodeKind, TokenRow};
-use weir_meta::model::scopes::Access;
+use weir_meta::model::scopes::{Access, Grants};
 use weir_meta::model::user_commands::{needed, Need};
 use weir_shared::ids::Incarnation;
 use weir_shared::peer::{Identity, Role};
-
-/// The principal a gateway without `--auth` acts for.
-pub const ANONYMOUS: &str = "anonymous";
 
 /// What metad knows of the users a gateway acts for: their tokens, the time their
 /// expiry is judged at, and whether gateways without `--auth` may change metadata.
@@ -37,7 +34,8 @@ impl Users<'_> {
         if principal == ANONYMOUS {
             return match self.allow_anonymous {
                 true => Ok(()),
-                false => Err("the gateway's users are anonymous (it runs without --auth);                      run it with --auth, or metad with --allow-anonymous-gateways"
+                false => Err("the gateway's users are anonymous (it runs without --auth); \
+                     run it with --auth, or metad with --allow-anonymous-gateways"
                     .into()),
             };
         }
@@ -51,6 +49,23 @@ impl Users<'_> {
         match need.met_by(&token.grants()) {
             true => Ok(()),
             false => Err(need.refusal(principal)),
+        }
+    }
+
+    /// Why a gateway may not propose `c` for any user: an admin token reaches metad
+    /// directly (`weir --token`) as an operator, so only operators issue or revoke
+    /// one. A gateway that could would turn the name of an admin user it knows into
+    /// operator rights.
+    fn operators_only(&self, c: &Command) -> Option<String> {
+        let admin = |scopes: &[String]| Grants::parse(scopes).is_ok_and(|g| g.allows_some(Access::Admin));
+        match c {
+            Command::IssueToken { scopes, .. } if admin(scopes) => {
+                Some("an admin token is issued by an operator (weir tokens issue), not through a gateway".into())
+            }
+            Command::RevokeToken { name } if self.tokens.get(name).is_some_and(|t| admin(&t.scopes)) => {
+                Some("an admin token is revoked by an operator (weir tokens revoke), not through a gateway".into())
+            }
+            _ => None,
         }
     }
 }
@@ -91,8 +106,15 @@ pub fn now_ms() -> u64 {
 /// Whether `caller` may propose `p`.
 pub fn proposal(caller: Option<&Identity>, p: &Proposal, users: &Users<'_>) -> Result<(), Status> {
     let Some(who) = caller else { return Ok(()) };
-    if matches!(who.role, Role::Metad | Role::Operator) {
-        return Ok(());
+    match (who.role, &p.proposer) {
+        (Role::Metad, _) => return Ok(()),
+        // An operator (a certificate, or an admin token) acts as itself, never as a
+        // node: a node's commits, takeovers and liveness are its own.
+        (Role::Operator, Proposer::Node(inc)) => {
+            return Err(denied(format!("{who} may not propose as node '{}'", inc.node)));
+        }
+        (Role::Operator, Proposer::Operator { .. }) => return Ok(()),
+        _ => {}
     }
     // Registration names the node in the command, whoever proposes it.
     if let Command::RegisterNode { node, kind, .. } = &p.command {
@@ -109,12 +131,18 @@ pub fn proposal(caller: Option<&Identity>, p: &Proposal, users: &Users<'_>) -> R
         // placement, takeovers); a node's certificate allows only what its role does.
         Proposer::Node(_) if node_command_of(who.role, &p.command) => Ok(()),
         Proposer::Operator { principal } if who.role == Role::Gatewayd => match needed(&p.command) {
-            Some(need) => users.may(principal, &need).map_err(|why| {
-                denied(format!(
-                    "{who} may not propose {} for user '{principal}': {why}",
-                    p.command.kind()
-                ))
-            }),
+            Some(need) => users
+                .may(principal, &need)
+                .and_then(|()| match users.operators_only(&p.command) {
+                    Some(why) => Err(why),
+                    None => Ok(()),
+                })
+                .map_err(|why| {
+                    denied(format!(
+                        "{who} may not propose {} for user '{principal}': {why}",
+                        p.command.kind()
+                    ))
+                }),
             None => Err(denied(format!(
                 "{who} may not propose {} as an operator",
                 p.command.kind()
@@ -421,5 +449,24 @@ mod tests {
         assert!(transfer(Some(&who(Role::Streamd, "s1")), "t/0", "ops", &strict).is_err());
         assert!(drain(Some(&gw), "s1", None, "reader", &strict).is_err());
         assert!(drain(Some(&gw), "s1", None, ANONYMOUS, &lax).is_ok());
+        // Only operators issue or revoke admin tokens: an admin token reaches metad
+        // directly, so a gateway naming an admin user must not mint one.
+        let issue = |scopes: &[&str]| Command::IssueToken {
+            name: "new".into(),
+            secret_sha256: String::new(),
+            scopes: scopes.iter().map(|s| s.to_string()).collect(),
+            expires_at_ms: None,
+            scram: None,
+        };
+        assert!(may("ops", issue(&["read", "manage:x"])).is_ok());
+        let err = may("ops", issue(&["read", "admin"])).unwrap_err();
+        assert!(err.message().contains("issued by an operator"), "{}", err.message());
+        let err = may("ops", Command::RevokeToken { name: "ops".into() }).unwrap_err();
+        assert!(err.message().contains("revoked by an operator"), "{}", err.message());
+        let ops = who(Role::Operator, "alice");
+        assert!(proposal(Some(&ops), &as_operator(issue(&["admin"])), &strict).is_ok());
+        // An operator acts as itself, never as a node.
+        let err = proposal(Some(&ops), &as_node("s1", Command::Heartbeat), &strict).unwrap_err();
+        assert_eq!(err.message(), "operator 'alice' may not propose as node 's1'");
     }
 }

@@ -320,6 +320,20 @@ async fn a_gateway_certificate_grants_only_what_its_users_tokens_do() {
         .await
         .expect("within the token's scope");
     outcome.expect("created");
+    // Naming an admin user does not let a gateway mint an admin token, which would
+    // reach metad directly as an operator.
+    let mint = Command::IssueToken {
+        name: "minted".into(),
+        secret_sha256: weir_gatewayd::api::auth::secret_hash("weir_minted"),
+        scopes: vec!["admin".into()],
+        expires_at_ms: None,
+        scram: None,
+    };
+    let err = as_gw
+        .propose(&user("admin"), mint)
+        .await
+        .expect_err("a gateway minted an admin token");
+    assert!(err.to_string().contains("issued by an operator"), "{err}");
     stack.metad.revoke_token("orders").await;
     let err = as_gw
         .propose(&user("orders"), create("orders-2"))
@@ -387,10 +401,12 @@ async fn a_gateway_certificate_grants_only_what_its_users_tokens_do() {
 }
 
 /// The `weir` command with an admin token in `WEIR_TOKEN`; its output and success.
+/// The login name it would otherwise log changes in is one metad must not believe.
 fn weir_with_token(token: &str, args: &[&str]) -> (bool, String) {
     let out = std::process::Command::new(weir_tests::bin_path("weir"))
         .args(args)
         .env("WEIR_TOKEN", token)
+        .env("USER", "mallory")
         .output()
         .expect("weir runs");
     let text = format!(
@@ -402,17 +418,19 @@ fn weir_with_token(token: &str, args: &[&str]) -> (bool, String) {
 }
 
 // Issue 18: an operator without a certificate uses `weir` with an admin token over TLS
-// (trusting the cluster's CA); metad logs the change in the token's name, whatever
-// the request says. A token without the admin scope, a token without --cluster-ca, and
-// a call with neither certificate nor token are refused; an admin token does not make
-// its holder a Raft peer.
+// (trusting the cluster's CA), through a follower that forwards to the leader; metad
+// logs the change in the token's name, whatever the request says. A token without the
+// admin scope, a token without --cluster-ca, and a call with neither certificate nor
+// token are refused; an admin token does not make its holder a Raft peer or a node.
 #[tokio::test(flavor = "multi_thread")]
 async fn weir_authenticates_with_an_admin_token_over_tls() {
-    let stack = Stack::start_mtls(1, 1, Backend::FileWal).await;
+    let stack = Stack::start_mtls(3, 1, Backend::FileWal).await;
     stack.metad.issue_token("reader", "weir_reader-secret", &["read"]).await;
     let ca = stack.metad.certs.as_ref().expect("certs").dir.join("ca.pem");
     let ca = ca.display().to_string();
-    let metad = stack.metad_addrs();
+    let leader = stack.metad.wait_leader(&[]).await;
+    let follower = (leader + 1) % stack.metad.replicas.len();
+    let metad = stack.metad.replicas[follower].grpc.clone();
     let base = ["--cluster-ca", ca.as_str(), "--metad", metad.as_str(), "--json"];
     let with = |more: &[&str]| -> Vec<String> { base.iter().chain(more).map(|s| s.to_string()).collect() };
 
@@ -457,4 +475,20 @@ async fn weir_authenticates_with_an_admin_token_over_tls() {
     let denied = RaftClient::new(ch).vote(vote).await.expect_err("a token voted");
     assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
     assert!(denied.message().contains("operator 'admin'"), "{denied:?}");
+    let as_admin = metad_with(&stack, Some(trust()), Some(ADMIN_SECRET));
+    let nodes = as_admin.admin("nodes", 0, 0).await.expect("nodes");
+    let epoch = nodes["nodes"]
+        .as_array()
+        .and_then(|ns| ns.iter().find(|n| n["node_id"] == "streamd-1"))
+        .and_then(|n| n["epoch"].as_u64())
+        .expect("streamd-1's epoch");
+    let err = as_admin
+        .propose(&node("streamd-1", epoch), Command::FenceSelf)
+        .await
+        .expect_err("an admin token proposed as a node");
+    assert!(
+        err.to_string()
+            .contains("operator 'admin' may not propose as node 'streamd-1'"),
+        "{err}"
+    );
 }

@@ -102,7 +102,8 @@ impl From<ClientError> for ApiError {
             ClientError::Invalid(m)
             | ClientError::NotFound(m)
             | ClientError::Conflict(m)
-            | ClientError::Malformed(m) => ApiError::new(code, m),
+            | ClientError::Malformed(m)
+            | ClientError::Denied(m) => ApiError::new(code, m),
         }
     }
 }

@@ -77,7 +77,7 @@ pub struct Principal {
 impl Principal {
     pub fn anonymous() -> Self {
         Principal {
-            name: "anonymous".into(),
+            name: weir_meta::model::names::ANONYMOUS.into(),
             grants: Grants::everything(),
         }
     }

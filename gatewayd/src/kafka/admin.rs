@@ -328,6 +328,11 @@ pub async fn init_producer_id(kafka: &Kafka, session: &Session, r: InitProducerI
         Ok(Applied::ProducerIds { first, .. }) => InitProducerIdResponse::default()
             .with_producer_id(first.into())
             .with_producer_epoch(0),
+        // metad refused this user (D-21): retrying would not help.
+        Err((code, _)) if code == errors::TOPIC_AUTHORIZATION_FAILED => InitProducerIdResponse::default()
+            .with_error_code(errors::CLUSTER_AUTHORIZATION_FAILED)
+            .with_producer_id((-1).into())
+            .with_producer_epoch(-1),
         _ => InitProducerIdResponse::default()
             .with_error_code(errors::COORDINATOR_NOT_AVAILABLE)
             .with_producer_id((-1).into())

@@ -195,6 +195,8 @@ async fn auto_create(kafka: &Kafka, session: &Session, name: &str) -> i16 {
             kafka.gw.settle(index).await;
             errors::LEADER_NOT_AVAILABLE
         }
+        // metad refused this user (D-21): retrying would not help.
+        Err(e) if e.code() == weir_shared::error_code::ErrorCode::Forbidden => errors::TOPIC_AUTHORIZATION_FAILED,
         Err(_) => errors::LEADER_NOT_AVAILABLE,
     }
 }

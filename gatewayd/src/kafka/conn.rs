@@ -118,7 +118,7 @@ pub async fn run(
     let mut session = Session {
         peer,
         client_id: String::new(),
-        principal: (!kafka.gw.auth).then(|| "anonymous".to_string()),
+        principal: (!kafka.gw.auth).then(|| weir_meta::model::names::ANONYMOUS.to_string()),
         mechanism: None,
         principal_slot: None,
         token_issued: None,

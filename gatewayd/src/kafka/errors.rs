@@ -54,7 +54,10 @@ pub fn admin(e: &Result<Rejection, ClientError>) -> (i16, String) {
 /// Metadata changes are proposed in the authenticated principal's name.
 pub fn proposer(session: &Session) -> Proposer {
     Proposer::Operator {
-        principal: session.principal.clone().unwrap_or_else(|| "anonymous".into()),
+        principal: session
+            .principal
+            .clone()
+            .unwrap_or_else(|| weir_meta::model::names::ANONYMOUS.into()),
     }
 }
 

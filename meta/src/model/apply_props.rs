@@ -896,3 +896,23 @@ fn registration_with_another_heartbeat_timing_is_refused() {
     assert!(err.message.contains("--heartbeat-interval-sec 1"), "{}", err.message);
     assert!(state.state.nodes.is_empty());
 }
+
+// Issue 18: `anonymous` is who a gateway without --auth acts for; no token takes it.
+#[test]
+fn the_anonymous_token_name_is_reserved() {
+    let mut state = initialized();
+    let issue = |name: &str| Proposal {
+        proposer: Proposer::Operator { principal: "op".into() },
+        command: Command::IssueToken {
+            name: name.into(),
+            secret_sha256: "AB".repeat(32),
+            scopes: vec!["read".into()],
+            expires_at_ms: None,
+            scram: None,
+        },
+    };
+    let err = state.apply(2, &issue("anonymous")).0.unwrap_err();
+    assert!(err.message.contains("reserved"), "{}", err.message);
+    assert!(state.state.tokens.is_empty());
+    assert!(state.apply(3, &issue("app")).0.is_ok());
+}

@@ -7,6 +7,9 @@ use super::command::{RejectCode, Rejection};
 /// (as nodes, not for a user) when a group first needs it.
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 
+/// Who a gateway without `--auth` acts for; no token may take this name.
+pub const ANONYMOUS: &str = "anonymous";
+
 /// Longest accepted name (Kafka allows 249 for topics).
 pub const MAX_NAME_LEN: usize = 249;
 

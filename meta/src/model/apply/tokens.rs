@@ -19,6 +19,14 @@ impl Txn<'_> {
             return Err(reject(RejectCode::InvalidArgument, "only an operator issues tokens"));
         }
         validate_name("token", name)?;
+        // A gateway without --auth acts for `anonymous`; a token of that name would
+        // be taken for its users, or they for it (issue 18).
+        if name == crate::model::names::ANONYMOUS {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                format!("token name '{name}' is reserved for the users of a gateway without --auth"),
+            ));
+        }
         crate::model::scopes::Grants::parse(scopes).map_err(|why| reject(RejectCode::InvalidArgument, why))?;
         if let Some(c) = scram {
             crate::scram::validate(c).map_err(|why| reject(RejectCode::InvalidArgument, why))?;
