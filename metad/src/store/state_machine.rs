@@ -276,8 +276,9 @@ impl StateMachineStore {
     }
 
     /// Writes a snapshot of the store as it stands, makes it the current one and drops
-    /// older files.
-    fn write_snapshot(&self) -> anyhow::Result<(SnapshotRecord, PathBuf)> {
+    /// older files; the new file is returned open, so a build that another replaces at
+    /// once still has the file it built.
+    fn write_snapshot(&self) -> anyhow::Result<(SnapshotRecord, std::fs::File)> {
         let building = self
             .snapshots
             .join(format!("building-{:08x}.tmp", rand::random::<u32>()));
@@ -300,10 +301,18 @@ impl StateMachineStore {
         let cf = self.db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
         self.db
             .put_cf_opt(cf, KEY_CURRENT, codec::encode(&record), &sync_write())?;
+        let file = std::fs::File::open(&path)?;
         remove_other_snapshots(&self.snapshots, &record.file);
-        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
         tracing::info!(snapshot_id = %record.meta.snapshot_id, bytes, "built metadata snapshot");
-        Ok((record, path))
+        Ok((record, file))
+    }
+
+    /// The current snapshot, opened. A build running in the background may make a new
+    /// snapshot current and delete this one's file between reading the record and
+    /// opening it; the record then names the newer file, which is opened instead.
+    fn open_current(&self) -> anyhow::Result<Option<(SnapshotRecord, std::fs::File)>> {
+        open_current_of(&self.snapshots, || self.current_record())
     }
 }
 
@@ -311,6 +320,30 @@ fn file_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+/// Opens the file of the snapshot `current` names, reading the record again when a
+/// newer snapshot replaced the file in between (a background build). Gives up after a
+/// few replacements in a row, which a build taking seconds makes impossible in practice.
+fn open_current_of(
+    snapshots: &Path,
+    mut current: impl FnMut() -> anyhow::Result<Option<SnapshotRecord>>,
+) -> anyhow::Result<Option<(SnapshotRecord, std::fs::File)>> {
+    let mut attempts = 0;
+    loop {
+        let Some(record) = current()? else { return Ok(None) };
+        match std::fs::File::open(snapshots.join(&record.file)) {
+            Ok(file) => return Ok(Some((record, file))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => attempts += 1,
+            Err(e) => {
+                return Err(anyhow::anyhow!(
+                    "snapshot {} ({}): {e}",
+                    record.meta.snapshot_id,
+                    record.file
+                ))
+            }
+        }
+    }
 }
 
 /// Deletes snapshot files other than `keep` and the one being received.
@@ -369,17 +402,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             .await
             .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, e))?
             .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Write, format!("{e:#}")))?;
-        let (record, path) = built;
-        let file = tokio::fs::File::open(&path).await.map_err(|e| {
-            io_err(
-                ErrorSubject::Snapshot(Some(record.meta.signature())),
-                ErrorVerb::Read,
-                e,
-            )
-        })?;
+        let (record, file) = built;
         Ok(Snapshot {
             meta: record.meta,
-            snapshot: Box::new(file),
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
         })
     }
 }
@@ -560,24 +586,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let record = self
-            .current_record()
+        let store = self.clone();
+        let opened = tokio::task::spawn_blocking(move || store.open_current())
+            .await
+            .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?
             .map_err(|e| io_err(ErrorSubject::Snapshot(None), ErrorVerb::Read, format!("{e:#}")))?;
-        let Some(record) = record else {
-            return Ok(None);
-        };
-        let path = self.snapshots.join(&record.file);
-        match tokio::fs::File::open(&path).await {
-            Ok(file) => Ok(Some(Snapshot {
-                meta: record.meta,
-                snapshot: Box::new(file),
-            })),
-            Err(e) => Err(io_err(
-                ErrorSubject::Snapshot(Some(record.meta.signature())),
-                ErrorVerb::Read,
-                e,
-            )),
-        }
+        Ok(opened.map(|(record, file)| Snapshot {
+            meta: record.meta,
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
+        }))
     }
 }
 
@@ -586,6 +603,39 @@ mod tests {
     use super::*;
     use weir_meta::model::{Change, RowKey};
     use weir_shared::ids::StreamId;
+
+    fn record(file: &str) -> SnapshotRecord {
+        SnapshotRecord {
+            meta: SnapshotMeta {
+                last_log_id: None,
+                last_membership: Default::default(),
+                snapshot_id: file.into(),
+            },
+            file: file.into(),
+        }
+    }
+
+    // A snapshot a background build replaced between reading its record and opening
+    // its file is served from the newer file. It used to be a storage error, which
+    // stops Raft (a CI run's leader lost its metadata log this way).
+    #[test]
+    fn a_snapshot_replaced_while_it_is_opened_is_read_from_the_newer_file() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("new.snap"), b"new").expect("write");
+        let mut reads = vec![record("new.snap"), record("old.snap")];
+        let (got, mut file) = open_current_of(dir.path(), || Ok(reads.pop()))
+            .expect("opened")
+            .expect("a snapshot");
+        assert_eq!(got.file, "new.snap");
+        let mut text = String::new();
+        file.read_to_string(&mut text).expect("read");
+        assert_eq!(text, "new");
+        // A file missing for good is still an error, naming it.
+        let err = open_current_of(dir.path(), || Ok(Some(record("gone.snap")))).unwrap_err();
+        assert!(err.to_string().contains("gone.snap"), "{err}");
+        assert!(open_current_of(dir.path(), || Ok(None)).expect("no snapshot").is_none());
+    }
 
     fn delta(index: u64, changes: usize) -> Delta {
         Delta {
