@@ -84,7 +84,7 @@ impl Directory {
     }
 
     pub fn with<R>(&self, f: impl FnOnce(&Users<'_>) -> R) -> R {
-        let now_ms = now_ms();
+        let now_ms = weir_meta::model::rows::now_ms();
         self.hub.with_state(|s| {
             f(&Users {
                 tokens: &s.tokens,
@@ -93,14 +93,6 @@ impl Directory {
             })
         })
     }
-}
-
-/// The wall clock in Unix ms, which token expiry is judged against.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Whether `caller` may propose `p`.
@@ -133,10 +125,7 @@ pub fn proposal(caller: Option<&Identity>, p: &Proposal, users: &Users<'_>) -> R
         Proposer::Operator { principal } if who.role == Role::Gatewayd => match needed(&p.command) {
             Some(need) => users
                 .may(principal, &need)
-                .and_then(|()| match users.operators_only(&p.command) {
-                    Some(why) => Err(why),
-                    None => Ok(()),
-                })
+                .and_then(|()| users.operators_only(&p.command).map_or(Ok(()), Err))
                 .map_err(|why| {
                     denied(format!(
                         "{who} may not propose {} for user '{principal}': {why}",

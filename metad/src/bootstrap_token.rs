@@ -3,7 +3,6 @@
 //! through the metadata log once, unless one exists; replicas without the file, and
 //! restarts after the token exists, do nothing. Only its SHA-256 is stored.
 
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -38,7 +37,7 @@ pub async fn issue(advertise: String, hub: Arc<crate::store::ViewHub>, secret: S
         }
         let cmd = Command::IssueToken {
             name: ADMIN_TOKEN.into(),
-            secret_sha256: hex::encode(Sha256::digest(secret.as_bytes())),
+            secret_sha256: weir_meta::model::rows::secret_sha256(&secret),
             scopes: vec!["admin".into()],
             expires_at_ms: None,
             scram: Some(weir_meta::scram::credentials(&secret)),

@@ -8,10 +8,10 @@
 //! certificate; Raft, which wants a metad certificate, still refuses it.
 
 use crate::store::ViewHub;
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::{Request, Status};
+use weir_meta::model::rows::now_ms;
 use weir_meta::model::scopes::Access;
 use weir_shared::peer::{Identity, Role};
 
@@ -38,12 +38,11 @@ impl TokenCallers {
                      ('authorization: Bearer <token>', weir --token)",
                 )
             })?;
-        let digest = hex::encode(Sha256::digest(secret.as_bytes()));
         let token = self
             .hub
-            .with_state(|s| s.tokens.values().find(|t| t.secret_sha256 == digest).cloned())
+            .with_state(|s| s.token_by_secret(secret).cloned())
             .ok_or_else(|| Status::unauthenticated("unknown token"))?;
-        if let Some(why) = token.refusal(crate::authz::now_ms()) {
+        if let Some(why) = token.refusal(now_ms()) {
             return Err(Status::unauthenticated(why));
         }
         if !token.grants().allows(Access::Admin, "") {

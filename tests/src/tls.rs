@@ -127,6 +127,22 @@ pub fn weir(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
+/// Runs `weir ARGS` with environment `env`, which may fail; whether it succeeded, and
+/// its stdout and stderr together.
+pub fn weir_outcome(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let out = Command::new(crate::bin_path("weir"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("weir runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// A client config trusting only the CA at `ca`.
 pub fn client_config(ca: &Path) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();

@@ -952,17 +952,9 @@ async fn sse_over_damaged_data_ends_with_an_error_event() {
 
 /// Runs the `weir` CLI against the stack's metad; its exit status and output.
 fn weir(stack: &Stack, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(weir_tests::bin_path("weir"))
-        .args(["--metad", &stack.metad.replicas[0].grpc])
-        .args(args)
-        .output()
-        .expect("run weir");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let mut all = vec!["--metad", stack.metad.replicas[0].grpc.as_str()];
+    all.extend(args);
+    weir_tests::tls::weir_outcome(&all, &[])
 }
 
 /// Issue 20, defect 5: damage found on read is reported to the metadata log, marked on

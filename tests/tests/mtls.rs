@@ -403,18 +403,7 @@ async fn a_gateway_certificate_grants_only_what_its_users_tokens_do() {
 /// The `weir` command with an admin token in `WEIR_TOKEN`; its output and success.
 /// The login name it would otherwise log changes in is one metad must not believe.
 fn weir_with_token(token: &str, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(weir_tests::bin_path("weir"))
-        .args(args)
-        .env("WEIR_TOKEN", token)
-        .env("USER", "mallory")
-        .output()
-        .expect("weir runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    weir_tests::tls::weir_outcome(args, &[("WEIR_TOKEN", token), ("USER", "mallory")])
 }
 
 // Issue 18: an operator without a certificate uses `weir` with an admin token over TLS

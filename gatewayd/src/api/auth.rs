@@ -7,24 +7,13 @@ use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use weir_meta::model::scopes::Access;
 use weir_shared::error_code::ErrorCode;
 
-/// Hex SHA-256 of a token secret, as stored in the token row.
-pub fn secret_hash(secret: &str) -> String {
-    hex::encode(Sha256::digest(secret.as_bytes()))
-}
-
-/// The gateway's wall clock in Unix ms: token expiry is judged against it at every
-/// request (and every second on a Kafka connection).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+/// Hex SHA-256 of a token secret, as stored in the token row; and the clock token
+/// expiry is judged against at every request (every second on a Kafka connection).
+pub use weir_meta::model::rows::{now_ms, secret_sha256 as secret_hash};
 
 fn unauthorized(message: impl Into<String>) -> Response {
     ApiError::new(ErrorCode::Unauthorized, message).into_response()
@@ -46,11 +35,7 @@ pub async fn require_token(State(gw): State<Arc<Gateway>>, mut req: Request, nex
     else {
         return unauthorized("the Authorization header must be 'Bearer <token>'");
     };
-    let hash = secret_hash(secret);
-    let token = gw
-        .routes
-        .view()
-        .with(|s| s.tokens.values().find(|t| t.secret_sha256 == hash).cloned());
+    let token = gw.routes.view().with(|s| s.token_by_secret(secret).cloned());
     let Some(token) = token else {
         return unauthorized("unknown token");
     };

@@ -266,6 +266,20 @@ impl TokenRow {
     }
 }
 
+/// Hex SHA-256 of a token secret: what a token row stores and every check compares.
+pub fn secret_sha256(secret: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// The wall clock in Unix ms, which token expiry is judged against.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// Settings fixed at bootstrap and shared by the whole cluster (D-18).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterSettings {

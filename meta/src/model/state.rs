@@ -86,6 +86,12 @@ pub struct Delta {
 }
 
 impl State {
+    /// The token whose secret is `secret` (a bearer token, or `weir --token`).
+    pub fn token_by_secret(&self, secret: &str) -> Option<&TokenRow> {
+        let digest = secret_sha256(secret);
+        self.tokens.values().find(|t| t.secret_sha256 == digest)
+    }
+
     /// The current value of a row.
     pub fn row(&self, key: &RowKey) -> Option<Row> {
         match key {
