@@ -20,8 +20,16 @@ python3 -c "import confluent_kafka, kafka, yaml" 2>/dev/null ||
   python3 -m pip install --quiet --disable-pip-version-check confluent-kafka==2.12.1 kafka-python==2.2.15 PyYAML==6.0.2
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy 2>/dev/null || true
 
-# The S3-protocol server the tests run against (real SigV4, ready in 0.1 s).
 tools="${WEIR_TOOLS_DIR:-/var/cache/weir/tools}"
+# The newest kafka-python, beside the pinned one: static membership (KIP-345) needs 2.3+.
+# Tests put it first on PYTHONPATH where they use it.
+if [ ! -f "$tools/py/kafka-python-3/kafka/version.py" ]; then
+  mkdir -p "$tools/py"
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$tools/py/kafka-python-3" kafka-python==3.0.12
+fi
+
+# The S3-protocol server the tests run against (real SigV4, ready in 0.1 s).
 if [ ! -x "$tools/bin/s3s-fs" ] && ! command -v s3s-fs >/dev/null 2>&1; then
   mkdir -p "$tools"
   CARGO_TARGET_DIR="$tools/target" cargo install --locked s3s-fs@0.14.1 --features binary --root "$tools"

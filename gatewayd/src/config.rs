@@ -105,6 +105,13 @@ pub struct GatewaydArgs {
     #[arg(long, env = "WEIR_KAFKA_FETCH_MAX_BYTES", default_value_t = 55 << 20)]
     pub kafka_fetch_max_bytes: usize,
 
+    /// Incremental fetch sessions (KIP-227) this gateway keeps (Kafka's
+    /// `max.incremental.fetch.session.cache.slots`); when full, a new one evicts the
+    /// least recently used session idle for 2 minutes or smaller than itself. 0: none,
+    /// every Fetch is answered whole.
+    #[arg(long, env = "WEIR_KAFKA_FETCH_SESSIONS", default_value_t = 1_000)]
+    pub kafka_fetch_sessions: usize,
+
     /// Most Kafka connections one authenticated token holds at once on this gateway
     /// (with `--auth`); one more fails SASL authentication, naming this flag.
     #[arg(long, env = "WEIR_KAFKA_MAX_CONNECTIONS_PER_PRINCIPAL", default_value_t = 1_000)]

@@ -19,6 +19,12 @@ pub struct GatewayMetrics {
     /// Kafka connections closed for a bad frame (too large, malformed, unsupported).
     pub kafka_refused_frames: IntCounterVec,
     pub kafka_connections: IntGauge,
+    /// Fetches by session handling (`sessionless`, `full`, `incremental`,
+    /// `session_not_found`, `invalid_epoch`).
+    pub kafka_fetches: IntCounterVec,
+    /// Incremental fetch sessions held now, and evicted for new ones.
+    pub kafka_fetch_sessions: IntGauge,
+    pub kafka_fetch_sessions_evicted: IntCounter,
     /// Live reads refused at a cap, by kind (`sse`, `long_poll`).
     pub live_reads_refused: IntCounterVec,
     /// Live reads open now, by kind.
@@ -90,6 +96,27 @@ pub fn metrics() -> &'static GatewayMetrics {
                         "Kafka connections closed for a bad frame, by reason",
                     ),
                     &["reason"],
+                )
+                .expect("valid metric"),
+            ),
+            kafka_fetches: register(
+                IntCounterVec::new(
+                    Opts::new(
+                        "gatewayd_kafka_fetches_total",
+                        "Kafka fetches, by fetch session handling",
+                    ),
+                    &["session"],
+                )
+                .expect("valid metric"),
+            ),
+            kafka_fetch_sessions: register(
+                IntGauge::new("gatewayd_kafka_fetch_sessions", "Incremental fetch sessions held")
+                    .expect("valid metric"),
+            ),
+            kafka_fetch_sessions_evicted: register(
+                IntCounter::new(
+                    "gatewayd_kafka_fetch_sessions_evicted_total",
+                    "Fetch sessions evicted to make room for new ones",
                 )
                 .expect("valid metric"),
             ),

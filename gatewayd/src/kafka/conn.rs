@@ -264,9 +264,10 @@ pub async fn run(
             }
             RequestKind::Fetch(r) => {
                 let (kafka, grants) = (&kafka, session.grants.clone());
+                let owner = session.principal.clone().unwrap_or_default();
                 in_flight.push_back(Box::pin(async move {
                     done(Answer::Respond(ResponseKind::Fetch(
-                        super::scopes::fetch(kafka, &grants, r).await,
+                        super::fetch_sessions::fetch(kafka, &owner, &grants, r, version).await,
                     )))
                 }));
                 reading = next_frame(rd, &session);

@@ -289,8 +289,13 @@ pub async fn forward(
             let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
                 .into_iter()
                 .partition(|t| session.grants.allows(Access::Read, t.name.0.as_str()));
-            r.topics = allowed;
-            let body = if denied.is_empty() { body } else { encode(&r, version) };
+            let (known, unknown) = split_unknown(kafka, allowed);
+            r.topics = known;
+            let body = if denied.is_empty() && unknown.is_empty() {
+                body
+            } else {
+                encode(&r, version)
+            };
             let stream = offsets_stream(&r.group_id.0);
             let resp = match call(
                 kafka,
@@ -310,6 +315,8 @@ pub async fn forward(
             let mut resp = resp;
             resp.topics
                 .extend(commit_failed(&denied, errors::TOPIC_AUTHORIZATION_FAILED));
+            resp.topics
+                .extend(commit_failed(&unknown, errors::UNKNOWN_TOPIC_OR_PARTITION));
             ResponseKind::OffsetCommit(resp)
         }
         RequestKind::OffsetFetch(mut r) => {
@@ -423,6 +430,30 @@ pub async fn forward(
         }
         _ => return None,
     })
+}
+
+/// Splits an OffsetCommit's partitions into those of existing topics and those that do
+/// not exist: as in Kafka, commits for the latter are answered UNKNOWN_TOPIC_OR_PARTITION
+/// and never stored, so a typo in a topic name does not pass for a commit.
+fn split_unknown(
+    kafka: &Kafka,
+    topics: Vec<OffsetCommitRequestTopic>,
+) -> (Vec<OffsetCommitRequestTopic>, Vec<OffsetCommitRequestTopic>) {
+    let view = kafka.gw.routes.view();
+    let (mut known, mut unknown) = (vec![], vec![]);
+    for mut t in topics {
+        let count = view.with(|s| s.topics.get(t.name.0.as_str()).map_or(0, |row| row.partitions.len()));
+        let (ok, missing): (Vec<_>, Vec<_>) = std::mem::take(&mut t.partitions)
+            .into_iter()
+            .partition(|p| usize::try_from(p.partition_index).is_ok_and(|i| i < count));
+        if !missing.is_empty() {
+            unknown.push(t.clone().with_partitions(missing));
+        }
+        if !ok.is_empty() {
+            known.push(t.with_partitions(ok));
+        }
+    }
+    (known, unknown)
 }
 
 /// Every partition of `topics` failed with `code`, as an OffsetCommit answer.

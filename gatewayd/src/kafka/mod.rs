@@ -10,6 +10,7 @@ pub mod conn;
 pub mod delete_records;
 pub mod errors;
 pub mod fetch;
+pub mod fetch_sessions;
 pub mod frame;
 pub mod groups;
 pub mod principals;
@@ -36,6 +37,8 @@ pub struct Kafka {
     pub max_message_bytes: usize,
     /// The most one Fetch response holds (Kafka's broker `fetch.max.bytes`).
     pub fetch_max_bytes: usize,
+    /// Incremental fetch sessions (KIP-227), soft state of this gateway.
+    pub fetch_sessions: fetch_sessions::FetchSessions,
     pub auto_create_topics: bool,
     /// Authenticated connections per token.
     pub principals: principals::Principals,

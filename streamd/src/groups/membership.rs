@@ -4,6 +4,13 @@
 //!
 //! A rebalance completes as soon as every member has rejoined: there is no initial
 //! delay (Kafka's `group.initial.rebalance.delay.ms`), so a first join answers at once.
+//!
+//! Static members (KIP-345, `group.instance.id`) keep their place across restarts: one
+//! that rejoins without a member id takes over its instance's member and assignment, in
+//! a stable group without a rebalance, and the member it replaced is fenced
+//! (FENCED_INSTANCE_ID). A static member leaves only by LeaveGroup or by its session
+//! running out; a rebalance does not wait for one past the rebalance timeout, and does
+//! not drop it either.
 
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -22,6 +29,7 @@ pub mod code {
     pub const REBALANCE_IN_PROGRESS: i16 = Kafka::RebalanceInProgress.code();
     pub const MEMBER_ID_REQUIRED: i16 = Kafka::MemberIdRequired.code();
     pub const GROUP_MAX_SIZE_REACHED: i16 = Kafka::GroupMaxSizeReached.code();
+    pub const FENCED_INSTANCE_ID: i16 = Kafka::FencedInstanceId.code();
 }
 
 /// Session timeouts a member may ask for (Kafka's broker defaults).
@@ -85,7 +93,8 @@ pub struct JoinArgs {
     pub rebalance_timeout: Duration,
     pub protocol_type: String,
     pub protocols: Vec<(String, Bytes)>,
-    /// JoinGroup v4+: a new member first gets an id and joins again with it (KIP-394).
+    /// JoinGroup v4+: a new dynamic member first gets an id and joins again with it
+    /// (KIP-394). Static members are known by their instance id and skip that round.
     pub require_known_member_id: bool,
     /// Most members (and ids handed out to join) the group holds: Kafka's
     /// `group.max.size`, streamd's `--max-group-members` (issue 19).
@@ -128,14 +137,14 @@ pub struct Group {
     /// Ids handed out by MEMBER_ID_REQUIRED that have not joined yet, until when they
     /// may (the session timeout of the join that got them).
     pending: BTreeMap<String, Instant>,
+    /// Static members: group instance id → its current member id.
+    statics: BTreeMap<String, String>,
 }
 
-fn new_member_id(client_id: &str) -> String {
-    format!(
-        "{client_id}-{:016x}{:016x}",
-        rand::random::<u64>(),
-        rand::random::<u64>()
-    )
+/// A fresh member id, prefixed as Kafka's are: by the instance id for a static member,
+/// else by the client id.
+fn new_member_id(prefix: &str) -> String {
+    format!("{prefix}-{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>())
 }
 
 impl Group {
@@ -149,7 +158,16 @@ impl Group {
             leader: None,
             members: BTreeMap::new(),
             pending: BTreeMap::new(),
+            statics: BTreeMap::new(),
         }
+    }
+
+    /// KIP-345: a request naming `instance` whose member is not `member_id` comes from
+    /// a replaced (or duplicate) instance.
+    fn fenced(&self, member_id: &str, instance: Option<&str>) -> bool {
+        instance
+            .and_then(|i| self.statics.get(i))
+            .is_some_and(|current| current != member_id)
     }
 
     fn join_error(error: i16, member_id: &str) -> Answer<JoinOutcome> {
@@ -175,13 +193,22 @@ impl Group {
         {
             return Self::join_error(code::INCONSISTENT_GROUP_PROTOCOL, &args.member_id);
         }
+        if let Some(instance) = args.group_instance_id.clone() {
+            if self.fenced(&args.member_id, Some(&instance)) {
+                if args.member_id.is_empty() {
+                    let old = self.statics[&instance].clone();
+                    return self.rejoin_static(old, instance, args, now);
+                }
+                return Self::join_error(code::FENCED_INSTANCE_ID, &args.member_id);
+            }
+        }
         let member_id = if args.member_id.is_empty() {
             if self.members.len() + self.pending.len() >= args.max_size {
                 crate::metrics::metrics().group_members_refused.inc();
                 return Self::join_error(code::GROUP_MAX_SIZE_REACHED, "");
             }
-            let id = new_member_id(&args.client_id);
-            if args.require_known_member_id {
+            let id = new_member_id(args.group_instance_id.as_deref().unwrap_or(&args.client_id));
+            if args.require_known_member_id && args.group_instance_id.is_none() {
                 self.pending.insert(id.clone(), now + args.session_timeout);
                 return Self::join_error(code::MEMBER_ID_REQUIRED, &id);
             }
@@ -196,6 +223,9 @@ impl Group {
         let existing = self.members.remove(&member_id);
         let unchanged = existing.as_ref().is_some_and(|m| m.protocols == args.protocols);
         let assignment = existing.as_ref().map(|m| m.assignment.clone()).unwrap_or_default();
+        if let Some(instance) = &args.group_instance_id {
+            self.statics.insert(instance.clone(), member_id.clone());
+        }
         self.members.insert(
             member_id.clone(),
             Member {
@@ -225,13 +255,83 @@ impl Group {
             return Answer::Now(outcome);
         }
         self.prepare_rebalance(now);
-        self.try_complete_join(now);
+        self.try_complete_join(now, false);
         Answer::Later(rx)
+    }
+
+    /// A static member rejoining without its member id (a restarted process) takes over
+    /// `old`'s place under a new id; whatever `old` still waits on is fenced. In a
+    /// stable group whose protocol stays the same, it gets the current generation and
+    /// its old assignment at once: no rebalance. As Kafka's coordinator does before
+    /// JoinGroup v9, the answer names the previous leader id, so a restarted leader does
+    /// not run an assignment a stable group would not hand out.
+    fn rejoin_static(&mut self, old: String, instance: String, args: JoinArgs, now: Instant) -> Answer<JoinOutcome> {
+        let Some(mut previous) = self.members.remove(&old) else {
+            self.statics.remove(&instance);
+            return Self::join_error(code::UNKNOWN_MEMBER_ID, "");
+        };
+        if let Some(tx) = previous.join.take() {
+            let _ = tx.send(JoinOutcome {
+                error: code::FENCED_INSTANCE_ID,
+                generation: -1,
+                member_id: old.clone(),
+                ..Default::default()
+            });
+        }
+        if let Some(tx) = previous.sync.take() {
+            let _ = tx.send(SyncOutcome {
+                error: code::FENCED_INSTANCE_ID,
+                ..Default::default()
+            });
+        }
+        let member_id = new_member_id(&instance);
+        tracing::info!(group = %self.id, instance = %instance, old_member = %old, member = %member_id, "static member rejoined and replaces its previous member id");
+        let previous_leader = self.leader.clone().unwrap_or_default();
+        if self.leader.as_deref() == Some(old.as_str()) {
+            self.leader = Some(member_id.clone());
+        }
+        self.statics.insert(instance, member_id.clone());
+        let (tx, rx) = oneshot::channel();
+        self.members.insert(
+            member_id.clone(),
+            Member {
+                id: member_id.clone(),
+                group_instance_id: args.group_instance_id,
+                client_id: args.client_id,
+                client_host: args.client_host,
+                session_timeout: args.session_timeout,
+                rebalance_timeout: args.rebalance_timeout,
+                protocols: args.protocols,
+                assignment: previous.assignment,
+                last_seen: now,
+                join: Some(tx),
+                sync: None,
+            },
+        );
+        match self.phase {
+            GroupState::Stable if self.common_protocols().first() == self.protocol.as_ref() => {
+                if let Some(m) = self.members.get_mut(&member_id) {
+                    m.join = None;
+                }
+                let mut outcome = self.join_outcome(&member_id);
+                outcome.leader = previous_leader;
+                outcome.members.clear();
+                Answer::Now(outcome)
+            }
+            // A new protocol, or a leader that may already be assigning to the old
+            // member id: rebalance. A rebalance under way takes the new id as joined.
+            _ => {
+                self.prepare_rebalance(now);
+                self.try_complete_join(now, false);
+                Answer::Later(rx)
+            }
+        }
     }
 
     pub fn sync(
         &mut self,
         member_id: &str,
+        instance: Option<&str>,
         generation: i32,
         assignments: Vec<(String, Bytes)>,
         now: Instant,
@@ -242,6 +342,9 @@ impl Group {
                 ..Default::default()
             })
         };
+        if self.fenced(member_id, instance) {
+            return error(code::FENCED_INSTANCE_ID);
+        }
         if !self.members.contains_key(member_id) {
             return error(code::UNKNOWN_MEMBER_ID);
         }
@@ -296,7 +399,10 @@ impl Group {
         }
     }
 
-    pub fn heartbeat(&mut self, member_id: &str, generation: i32, now: Instant) -> i16 {
+    pub fn heartbeat(&mut self, member_id: &str, instance: Option<&str>, generation: i32, now: Instant) -> i16 {
+        if self.fenced(member_id, instance) {
+            return code::FENCED_INSTANCE_ID;
+        }
         let Some(m) = self.members.get_mut(member_id) else {
             return code::UNKNOWN_MEMBER_ID;
         };
@@ -311,9 +417,18 @@ impl Group {
         }
     }
 
-    /// Removes a member; the rest rebalance.
-    pub fn leave(&mut self, member_id: &str, now: Instant) -> i16 {
-        if !self.remove(member_id) {
+    /// Removes a member, named by its member id or (LeaveGroup v3+, a static member)
+    /// its instance id; the rest rebalance.
+    pub fn leave(&mut self, member_id: &str, instance: Option<&str>, now: Instant) -> i16 {
+        let member_id = match instance {
+            Some(i) => match self.statics.get(i) {
+                None => return code::UNKNOWN_MEMBER_ID,
+                Some(current) if !member_id.is_empty() && current != member_id => return code::FENCED_INSTANCE_ID,
+                Some(current) => current.clone(),
+            },
+            None => member_id.to_string(),
+        };
+        if !self.remove(&member_id) {
             return code::UNKNOWN_MEMBER_ID;
         }
         self.after_removal(now);
@@ -324,7 +439,10 @@ impl Group {
     /// for an empty group only (a standalone consumer or an admin tool). As in Kafka,
     /// members commit while a rebalance is being prepared (clients commit on revoke,
     /// before they rejoin), but not between the join and the assignment.
-    pub fn check_commit(&mut self, member_id: &str, generation: i32, now: Instant) -> i16 {
+    pub fn check_commit(&mut self, member_id: &str, instance: Option<&str>, generation: i32, now: Instant) -> i16 {
+        if self.fenced(member_id, instance) {
+            return code::FENCED_INSTANCE_ID;
+        }
         if generation < 0 && member_id.is_empty() {
             return if self.members.is_empty() {
                 code::NONE
@@ -371,18 +489,24 @@ impl Group {
                 .max()
                 .unwrap_or_default();
             if now.duration_since(since) >= timeout {
+                // Late dynamic members are dropped; late static members stay, with the
+                // metadata they last gave, until their sessions run out.
                 let late: Vec<String> = self
                     .members
                     .values()
-                    .filter(|m| m.join.is_none())
+                    .filter(|m| m.join.is_none() && m.group_instance_id.is_none())
                     .map(|m| m.id.clone())
                     .collect();
                 for id in &late {
                     self.remove(id);
                 }
-                self.try_complete_join(now);
                 if self.members.is_empty() {
                     self.become_empty();
+                } else if self.members.values().any(|m| m.join.is_some()) {
+                    self.try_complete_join(now, true);
+                } else {
+                    // Nobody rejoined: wait another round for sessions to decide.
+                    self.phase = GroupState::PreparingRebalance { since: now };
                 }
             }
         }
@@ -397,6 +521,11 @@ impl Group {
         let Some(mut m) = self.members.remove(member_id) else {
             return false;
         };
+        if let Some(i) = &m.group_instance_id {
+            if self.statics.get(i).is_some_and(|current| current == member_id) {
+                self.statics.remove(i);
+            }
+        }
         if let Some(tx) = m.join.take() {
             let _ = tx.send(JoinOutcome {
                 error: code::UNKNOWN_MEMBER_ID,
@@ -419,7 +548,7 @@ impl Group {
             self.become_empty();
         } else {
             self.prepare_rebalance(now);
-            self.try_complete_join(now);
+            self.try_complete_join(now, false);
         }
     }
 
@@ -464,22 +593,30 @@ impl Group {
             .collect()
     }
 
-    fn try_complete_join(&mut self, now: Instant) {
+    /// Completes the join phase once every member rejoined, or, when `forced` (the
+    /// rebalance timed out), with those that did: the leader is one that rejoined.
+    fn try_complete_join(&mut self, now: Instant, forced: bool) {
+        let joined = |m: &Member| m.join.is_some();
         if !matches!(self.phase, GroupState::PreparingRebalance { .. })
-            || self.members.is_empty()
-            || self.members.values().any(|m| m.join.is_none())
+            || !self.members.values().any(joined)
+            || (!forced && !self.members.values().all(joined))
         {
             return;
         }
         self.generation += 1;
         self.protocol = self.common_protocols().into_iter().next();
-        if !self.leader.as_ref().is_some_and(|l| self.members.contains_key(l)) {
-            self.leader = self.members.keys().next().cloned();
+        if !self
+            .leader
+            .as_ref()
+            .and_then(|l| self.members.get(l))
+            .is_some_and(joined)
+        {
+            self.leader = self.members.values().find(|m| joined(m)).map(|m| m.id.clone());
         }
         self.phase = GroupState::CompletingRebalance;
         // A member's session restarts when its join completes: waiting for slower
-        // members does not count against it.
-        for m in self.members.values_mut() {
+        // members does not count against it. An absent static member's does not.
+        for m in self.members.values_mut().filter(|m| m.join.is_some()) {
             m.last_seen = now;
         }
         let ids: Vec<String> = self.members.keys().cloned().collect();
@@ -564,7 +701,7 @@ mod tests {
     fn stable_then_second_joins(t: Instant) -> (Group, JoinOutcome, oneshot::Receiver<JoinOutcome>) {
         let mut g = Group::new("g");
         let a = now_or_wait(g.join(direct(""), t)).try_recv().expect("joined");
-        now(g.sync(&a.member_id, a.generation, vec![], t));
+        now(g.sync(&a.member_id, None, a.generation, vec![], t));
         let b_rx = now_or_wait(g.join(direct(""), t));
         (g, a, b_rx)
     }
@@ -595,7 +732,13 @@ mod tests {
         assert_eq!(joined.generation, 1);
         assert_eq!(joined.leader, first.member_id);
         assert_eq!(joined.members.len(), 1);
-        let synced = now(g.sync(&first.member_id, 1, vec![(first.member_id.clone(), "a".into())], t));
+        let synced = now(g.sync(
+            &first.member_id,
+            None,
+            1,
+            vec![(first.member_id.clone(), "a".into())],
+            t,
+        ));
         assert_eq!(synced.assignment, Bytes::from("a"));
         assert_eq!(g.phase, GroupState::Stable);
     }
@@ -608,29 +751,33 @@ mod tests {
         a_args.require_known_member_id = false;
         let mut rx = now_or_wait(g.join(a_args, t));
         let a = rx.try_recv().expect("joined");
-        now(g.sync(&a.member_id, a.generation, vec![], t));
+        now(g.sync(&a.member_id, None, a.generation, vec![], t));
         let mut b_args = args("");
         b_args.require_known_member_id = false;
         let mut b_rx = now_or_wait(g.join(b_args, t));
         assert!(b_rx.try_recv().is_err(), "waits for the leader to rejoin");
-        assert_eq!(g.heartbeat(&a.member_id, a.generation, t), code::REBALANCE_IN_PROGRESS);
+        assert_eq!(
+            g.heartbeat(&a.member_id, None, a.generation, t),
+            code::REBALANCE_IN_PROGRESS
+        );
         let mut a_rx = now_or_wait(g.join(args(&a.member_id), t));
         let a2 = a_rx.try_recv().expect("rebalance completed");
         let b = b_rx.try_recv().expect("rebalance completed");
         assert_eq!((a2.generation, b.generation), (2, 2));
         assert_eq!(a2.members.len(), 2, "the leader sees every member");
         assert!(b.members.is_empty());
-        let mut b_sync = now_or_wait(g.sync(&b.member_id, 2, vec![], t));
+        let mut b_sync = now_or_wait(g.sync(&b.member_id, None, 2, vec![], t));
         let a_sync = now(g.sync(
             &a.member_id,
+            None,
             2,
             vec![(a.member_id.clone(), "pa".into()), (b.member_id.clone(), "pb".into())],
             t,
         ));
         assert_eq!(a_sync.assignment, Bytes::from("pa"));
         assert_eq!(b_sync.try_recv().expect("assigned").assignment, Bytes::from("pb"));
-        assert_eq!(g.check_commit(&b.member_id, 2, t), code::NONE);
-        assert_eq!(g.check_commit(&b.member_id, 1, t), code::ILLEGAL_GENERATION);
+        assert_eq!(g.check_commit(&b.member_id, None, 2, t), code::NONE);
+        assert_eq!(g.check_commit(&b.member_id, None, 1, t), code::ILLEGAL_GENERATION);
     }
 
     #[test]
@@ -640,13 +787,16 @@ mod tests {
         let mut a_args = args("");
         a_args.require_known_member_id = false;
         let a = now_or_wait(g.join(a_args, t)).try_recv().expect("joined");
-        now(g.sync(&a.member_id, a.generation, vec![], t));
+        now(g.sync(&a.member_id, None, a.generation, vec![], t));
         g.tick(t + Duration::from_secs(11));
         assert!(g.is_empty());
         assert_eq!(g.phase, GroupState::Empty);
-        assert_eq!(g.heartbeat(&a.member_id, a.generation, t), code::UNKNOWN_MEMBER_ID);
         assert_eq!(
-            g.check_commit("", -1, t),
+            g.heartbeat(&a.member_id, None, a.generation, t),
+            code::UNKNOWN_MEMBER_ID
+        );
+        assert_eq!(
+            g.check_commit("", None, -1, t),
             code::NONE,
             "an empty group takes simple commits"
         );
@@ -660,7 +810,7 @@ mod tests {
         let mut a = args("");
         a.session_timeout = Duration::from_millis(10);
         assert_eq!(now(g.join(a, t)).error, code::INVALID_SESSION_TIMEOUT);
-        assert_eq!(g.leave("nobody", t), code::UNKNOWN_MEMBER_ID);
+        assert_eq!(g.leave("nobody", None, t), code::UNKNOWN_MEMBER_ID);
     }
 
     #[test]
@@ -668,7 +818,7 @@ mod tests {
         let t = Instant::now();
         let (mut g, a, mut b_rx) = stable_then_second_joins(t);
         // a learns of the rebalance and commits on revoke before rejoining.
-        assert_eq!(g.check_commit(&a.member_id, a.generation, t), code::NONE);
+        assert_eq!(g.check_commit(&a.member_id, None, a.generation, t), code::NONE);
         // a rejoins late, after b waited longer than its session: b is not expired.
         let late = t + Duration::from_secs(9);
         let _a_rx = now_or_wait(g.join(args(&a.member_id), late));
@@ -680,7 +830,7 @@ mod tests {
         );
         // Between the join and the assignment, commits wait for the new generation.
         assert_eq!(
-            g.check_commit(&b.member_id, b.generation, late),
+            g.check_commit(&b.member_id, None, b.generation, late),
             code::REBALANCE_IN_PROGRESS
         );
     }
@@ -691,7 +841,135 @@ mod tests {
         let (mut g, a, mut b_rx) = stable_then_second_joins(t);
         assert!(b_rx.try_recv().is_err(), "waits for a to rejoin");
         let b_id = g.members.keys().find(|k| **k != a.member_id).cloned().expect("b");
-        assert_eq!(g.leave(&b_id, t), code::NONE);
+        assert_eq!(g.leave(&b_id, None, t), code::NONE);
         assert_eq!(b_rx.try_recv().expect("answered").error, code::UNKNOWN_MEMBER_ID);
+    }
+    fn static_args(member: &str, instance: &str) -> JoinArgs {
+        JoinArgs {
+            group_instance_id: Some(instance.into()),
+            ..args(member)
+        }
+    }
+
+    /// A stable group of static `a` (instance "i-a", the leader) and dynamic `b`,
+    /// assigned "pa" and "pb".
+    fn stable_static_and_dynamic(t: Instant) -> (Group, String, String) {
+        let mut g = Group::new("g");
+        let a = now_or_wait(g.join(static_args("", "i-a"), t))
+            .try_recv()
+            .expect("static members skip MEMBER_ID_REQUIRED");
+        assert!(a.member_id.starts_with("i-a-"), "{}", a.member_id);
+        now(g.sync(&a.member_id, Some("i-a"), a.generation, vec![], t));
+        let mut b_rx = now_or_wait(g.join(direct(""), t));
+        let mut a_rx = now_or_wait(g.join(static_args(&a.member_id, "i-a"), t));
+        let (a, b) = (a_rx.try_recv().expect("a joined"), b_rx.try_recv().expect("b joined"));
+        assert_eq!(a.leader, a.member_id);
+        let mut b_sync = now_or_wait(g.sync(&b.member_id, None, b.generation, vec![], t));
+        let plan = vec![(a.member_id.clone(), "pa".into()), (b.member_id.clone(), "pb".into())];
+        now(g.sync(&a.member_id, Some("i-a"), a.generation, plan, t));
+        assert_eq!(b_sync.try_recv().expect("assigned").assignment, Bytes::from("pb"));
+        (g, a.member_id, b.member_id)
+    }
+
+    // Issue 22 (KIP-345): a restarted static member gets its assignment back with no
+    // rebalance, and the member id it replaced is fenced everywhere.
+    #[test]
+    fn a_restarted_static_member_keeps_its_assignment_without_a_rebalance() {
+        let t = Instant::now();
+        let (mut g, old_a, b) = stable_static_and_dynamic(t);
+        let generation = g.generation;
+        let back = now(g.join(static_args("", "i-a"), t));
+        assert_eq!(back.error, code::NONE);
+        assert_ne!(back.member_id, old_a, "a new member id");
+        assert_eq!(back.generation, generation, "no new generation");
+        assert_eq!(
+            back.leader, old_a,
+            "the old leader id: the restarted leader runs no assignment"
+        );
+        assert!(back.members.is_empty());
+        assert_eq!(g.phase, GroupState::Stable);
+        assert_eq!(g.heartbeat(&b, None, generation, t), code::NONE, "b sees no rebalance");
+        let synced = now(g.sync(&back.member_id, Some("i-a"), generation, vec![], t));
+        assert_eq!(synced.assignment, Bytes::from("pa"));
+        assert_eq!(g.leader.as_deref(), Some(back.member_id.as_str()));
+        // The replaced process (or a duplicate) is fenced.
+        assert_eq!(
+            g.heartbeat(&old_a, Some("i-a"), generation, t),
+            code::FENCED_INSTANCE_ID
+        );
+        assert_eq!(
+            g.check_commit(&old_a, Some("i-a"), generation, t),
+            code::FENCED_INSTANCE_ID
+        );
+        let fenced = now(g.sync(&old_a, Some("i-a"), generation, vec![], t));
+        assert_eq!(fenced.error, code::FENCED_INSTANCE_ID);
+        assert_eq!(
+            now(g.join(static_args(&old_a, "i-a"), t)).error,
+            code::FENCED_INSTANCE_ID
+        );
+        assert_eq!(g.leave(&old_a, Some("i-a"), t), code::FENCED_INSTANCE_ID);
+        assert_eq!(g.members.len(), 2);
+        // LeaveGroup by instance id alone (an admin removing the member) rebalances.
+        assert_eq!(g.leave("", Some("i-a"), t), code::NONE);
+        assert_eq!(g.leave("", Some("i-a"), t), code::UNKNOWN_MEMBER_ID);
+        assert!(matches!(g.phase, GroupState::PreparingRebalance { .. }));
+    }
+
+    // Issue 22 (KIP-345): a rebalance does not wait for an absent static member past its
+    // timeout, nor drop it; its session does.
+    #[test]
+    fn an_absent_static_member_stays_through_a_rebalance_until_its_session_ends() {
+        let t = Instant::now();
+        let (mut g, a, b) = stable_static_and_dynamic(t);
+        let mut c_rx = now_or_wait(g.join(direct(""), t));
+        let mut b_rx = now_or_wait(g.join(direct(&b), t));
+        // a (the leader) is down and does not rejoin. Its session (60 s here) outlasts
+        // the rebalance timeout (30 s), so the rebalance ends first.
+        g.members.get_mut(&a).expect("a").session_timeout = Duration::from_secs(60);
+        g.tick(t + Duration::from_secs(31));
+        let (b2, c) = (b_rx.try_recv().expect("b joined"), c_rx.try_recv().expect("c joined"));
+        assert_eq!(g.phase, GroupState::CompletingRebalance);
+        assert!(g.members.contains_key(&a), "the static member stays");
+        let leader = if b2.leader == b2.member_id { &b2 } else { &c };
+        assert_eq!(leader.members.len(), 3, "the leader assigns to all three");
+        assert_ne!(b2.leader, a, "a leader that rejoined");
+        for m in [&b2, &c] {
+            assert_eq!(
+                g.heartbeat(&m.member_id, None, m.generation, t + Duration::from_secs(55)),
+                code::NONE
+            );
+        }
+        g.tick(t + Duration::from_secs(61));
+        assert!(
+            !g.members.contains_key(&a),
+            "its session ran out, not restarted by a join it missed"
+        );
+        assert!(matches!(g.phase, GroupState::PreparingRebalance { .. }));
+        assert_eq!(
+            g.leave("", Some("i-a"), t),
+            code::UNKNOWN_MEMBER_ID,
+            "its instance is forgotten"
+        );
+    }
+
+    // Issue 22 (KIP-345): an instance that rejoins while its old member id waits on a
+    // rebalance fences that wait and takes its place in the rebalance.
+    #[test]
+    fn a_duplicate_instance_fences_the_member_waiting_in_a_rebalance() {
+        let t = Instant::now();
+        let (mut g, a, b) = stable_static_and_dynamic(t);
+        let mut old_join = now_or_wait(g.join(static_args(&a, "i-a"), t));
+        // A second process with the same instance id.
+        let mut new_join = now_or_wait(g.join(static_args("", "i-a"), t));
+        assert_eq!(old_join.try_recv().expect("answered").error, code::FENCED_INSTANCE_ID);
+        let mut b_rx = now_or_wait(g.join(direct(&b), t));
+        let joined = new_join.try_recv().expect("the rebalance completed");
+        assert_eq!(joined.error, code::NONE);
+        assert_eq!(
+            joined.leader, joined.member_id,
+            "the leader's place passed to the new member id"
+        );
+        assert_eq!(joined.members.len(), 2);
+        assert_eq!(b_rx.try_recv().expect("b joined").generation, joined.generation);
     }
 }

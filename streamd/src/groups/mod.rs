@@ -84,6 +84,11 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
+/// A request's group instance id (KIP-345); an empty one names none.
+fn instance(id: &Option<StrBytes>) -> Option<&str> {
+    id.as_deref().filter(|i| !i.is_empty())
+}
+
 impl GroupCoordinator {
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         f(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()))
@@ -119,7 +124,12 @@ impl Groups {
             RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(sync(&c, r).await),
             RequestKind::Heartbeat(r) => {
                 let e = c.with(|st| match st.groups.get_mut(r.group_id.0.as_str()) {
-                    Some(g) => g.heartbeat(&r.member_id, r.generation_id, Instant::now()),
+                    Some(g) => g.heartbeat(
+                        &r.member_id,
+                        instance(&r.group_instance_id),
+                        r.generation_id,
+                        Instant::now(),
+                    ),
                     None => code::UNKNOWN_MEMBER_ID,
                 });
                 ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(e))
@@ -262,7 +272,7 @@ impl Groups {
     async fn join(&self, c: &GroupCoordinator, r: JoinGroupRequest, version: i16, client: Client) -> JoinGroupResponse {
         let args = JoinArgs {
             member_id: r.member_id.to_string(),
-            group_instance_id: r.group_instance_id.as_ref().map(|i| i.to_string()),
+            group_instance_id: instance(&r.group_instance_id).map(str::to_string),
             client_id: client.id,
             client_host: client.host,
             session_timeout: Duration::from_millis(r.session_timeout_ms.max(0) as u64),
@@ -325,7 +335,12 @@ impl Groups {
     async fn commit(&self, c: &GroupCoordinator, r: OffsetCommitRequest) -> OffsetCommitResponse {
         let group = r.group_id.0.to_string();
         let check = c.with(|st| match st.groups.get_mut(&group) {
-            Some(g) => g.check_commit(&r.member_id, r.generation_id_or_member_epoch, Instant::now()),
+            Some(g) => g.check_commit(
+                &r.member_id,
+                instance(&r.group_instance_id),
+                r.generation_id_or_member_epoch,
+                Instant::now(),
+            ),
             None if r.generation_id_or_member_epoch < 0 => code::NONE,
             None => code::UNKNOWN_MEMBER_ID,
         });
@@ -441,7 +456,13 @@ async fn sync(c: &GroupCoordinator, r: SyncGroupRequest) -> SyncGroupResponse {
         .map(|a| (a.member_id.to_string(), a.assignment.clone()))
         .collect();
     let answer = c.with(|st| match st.groups.get_mut(r.group_id.0.as_str()) {
-        Some(g) => g.sync(&r.member_id, r.generation_id, assignments, Instant::now()),
+        Some(g) => g.sync(
+            &r.member_id,
+            instance(&r.group_instance_id),
+            r.generation_id,
+            assignments,
+            Instant::now(),
+        ),
         None => Answer::Now(SyncOutcome {
             error: code::UNKNOWN_MEMBER_ID,
             ..Default::default()
@@ -466,7 +487,7 @@ fn leave(c: &GroupCoordinator, r: LeaveGroupRequest, version: i16) -> LeaveGroup
     c.with(|st| {
         let group = st.groups.get_mut(r.group_id.0.as_str());
         if version < 3 {
-            let e = group.map_or(code::UNKNOWN_MEMBER_ID, |g| g.leave(&r.member_id, now));
+            let e = group.map_or(code::UNKNOWN_MEMBER_ID, |g| g.leave(&r.member_id, None, now));
             return LeaveGroupResponse::default().with_error_code(e);
         }
         let Some(g) = group else {
@@ -479,7 +500,7 @@ fn leave(c: &GroupCoordinator, r: LeaveGroupRequest, version: i16) -> LeaveGroup
                 MemberResponse::default()
                     .with_member_id(m.member_id.clone())
                     .with_group_instance_id(m.group_instance_id.clone())
-                    .with_error_code(g.leave(&m.member_id, now))
+                    .with_error_code(g.leave(&m.member_id, instance(&m.group_instance_id), now))
             })
             .collect();
         LeaveGroupResponse::default().with_members(members)

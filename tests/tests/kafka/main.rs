@@ -23,6 +23,8 @@ use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
+mod consumer_side;
+
 const T: Duration = Duration::from_secs(30);
 
 async fn kafka_stack(nodes: usize, gateway_extra: &[&str]) -> (Stack, Gatewayd) {
