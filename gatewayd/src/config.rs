@@ -106,11 +106,16 @@ pub struct GatewaydArgs {
     pub kafka_fetch_max_bytes: usize,
 
     /// Incremental fetch sessions (KIP-227) this gateway keeps (Kafka's
-    /// `max.incremental.fetch.session.cache.slots`); when full, a new one evicts the
-    /// least recently used session idle for 2 minutes or smaller than itself. 0: none,
-    /// every Fetch is answered whole.
+    /// `max.incremental.fetch.session.cache.slots`). 0: none, every Fetch is answered
+    /// whole.
     #[arg(long, env = "WEIR_KAFKA_FETCH_SESSIONS", default_value_t = 1_000)]
     pub kafka_fetch_sessions: usize,
+
+    /// When the fetch sessions are full, a new one evicts the least recently used
+    /// session idle this long, or else one at least this old with fewer partitions
+    /// (Kafka's `min.incremental.fetch.session.eviction.ms`).
+    #[arg(long, env = "WEIR_KAFKA_FETCH_SESSION_EVICTION_MS", default_value_t = 120_000)]
+    pub kafka_fetch_session_eviction_ms: u64,
 
     /// Most Kafka connections one authenticated token holds at once on this gateway
     /// (with `--auth`); one more fails SASL authentication, naming this flag.

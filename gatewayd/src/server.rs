@@ -92,7 +92,10 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
             .min(args.kafka_max_frame_bytes),
         max_message_bytes: args.kafka_max_message_bytes,
         fetch_max_bytes: args.kafka_fetch_max_bytes,
-        fetch_sessions: crate::kafka::fetch_sessions::FetchSessions::new(args.kafka_fetch_sessions),
+        fetch_sessions: crate::kafka::fetch_sessions::FetchSessions::new(
+            args.kafka_fetch_sessions,
+            std::time::Duration::from_millis(args.kafka_fetch_session_eviction_ms),
+        ),
         auto_create_topics: args.kafka_auto_create_topics,
         header_read_timeout: limits.header_read_timeout,
         principals: crate::kafka::principals::Principals::new(args.kafka_max_connections_per_principal),

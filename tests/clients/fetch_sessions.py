@@ -1,11 +1,12 @@
 """Incremental fetch sessions (KIP-227) with kafka-python (issue 22).
 
-Consumer A reads partition 0 through a fetch session. Consumer B then opens a session
-over partitions 1..N-1 on a gateway that keeps one session: B's evicts A's. A's next
+Consumer A reads partition 0 through a fetch session for a while. Consumer B then
+opens a session over partitions 1..N-1 on a gateway that keeps one session and lets an
+older, smaller session be evicted after <eviction s>: B's evicts A's. A's next
 incremental fetch is answered FETCH_SESSION_ID_NOT_FOUND; A starts over and reads on.
 Both read every record exactly once. The caller checks the gateway's fetch counters.
 
-Usage: fetch_sessions.py <bootstrap> <topic> <partitions> <records per partition>
+Usage: fetch_sessions.py <bootstrap> <topic> <partitions> <records per partition> <eviction s>
 """
 import sys
 import time
@@ -15,6 +16,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 BOOT, TOPIC = sys.argv[1], sys.argv[2]
 PARTITIONS, PER_PARTITION = int(sys.argv[3]), int(sys.argv[4])
+EVICTION = float(sys.argv[5])
 
 
 def consumer(partitions):
@@ -46,10 +48,11 @@ def main():
     print(f"kafka-python {kafka.__version__}", flush=True)
     a_seen, b_seen = set(), set()
     a = consumer([0])
-    deadline = time.time() + 60
-    while len(a_seen) < PER_PARTITION // 4:
+    started = time.time()
+    # A fetches (through its session) until that session is old enough to be evicted.
+    while len(a_seen) < PER_PARTITION // 4 or time.time() < started + EVICTION * 1.5:
         read(a, a_seen, PER_PARTITION)
-        if time.time() > deadline:
+        if time.time() > started + 60:
             sys.exit("FAIL: A read too little before B started")
     b = consumer(list(range(1, PARTITIONS)))
     deadline = time.time() + 120

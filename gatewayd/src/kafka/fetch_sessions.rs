@@ -4,23 +4,26 @@
 //! partitions with something new: records, a moved high watermark or log start, or an
 //! error.
 //!
-//! Sessions are soft state of this gateway, bounded by `--kafka-fetch-sessions`: nothing
-//! durable lives here (DESIGN.md's stateless gateway). A client whose session is gone
-//! (evicted, or this gateway restarted) gets FETCH_SESSION_ID_NOT_FOUND and starts a new
-//! one with a full fetch, as Kafka clients do. A session answers only the principal that
-//! made it, and every fetch through it is authorized again (`scopes::fetch`).
+//! Sessions are soft state of this gateway, bounded in count (`--kafka-fetch-sessions`)
+//! and in partitions, per session and in all: nothing durable lives here (DESIGN.md's
+//! stateless gateway). A client whose session is gone (evicted, or this gateway
+//! restarted) gets FETCH_SESSION_ID_NOT_FOUND and starts a new one with a full fetch, as
+//! Kafka clients do. A session answers only the principal that made it, holds only
+//! partitions that principal may read, and every fetch through it is authorized again.
 
 use super::errors;
 use super::Kafka;
 use crate::metrics::metrics;
+use indexmap::IndexMap;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::fetch_response::PartitionData;
 use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError as KafkaError;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use weir_meta::model::scopes::Grants;
+use weir_meta::model::scopes::{Access, Grants};
 
 pub const FETCH_SESSION_ID_NOT_FOUND: i16 = KafkaError::FetchSessionIdNotFound.code();
 pub const INVALID_FETCH_SESSION_EPOCH: i16 = KafkaError::InvalidFetchSessionEpoch.code();
@@ -30,10 +33,10 @@ const FIRST_VERSION: i16 = 7;
 /// Epoch 0 opens a session; −1 asks for none (and closes the one named).
 const INITIAL_EPOCH: i32 = 0;
 const FINAL_EPOCH: i32 = -1;
-/// A session idle this long may be evicted for any new one (Kafka's eviction rule).
-const IDLE_EVICTABLE: Duration = Duration::from_secs(120);
 /// Most partitions one session holds; a client with more fetches without a session.
 pub const MAX_SESSION_PARTITIONS: usize = 10_000;
+/// Most partitions all of a gateway's sessions hold together (about 200 MB at most).
+pub const MAX_CACHED_PARTITIONS: usize = 1_000_000;
 
 type Key = (String, i32);
 
@@ -45,18 +48,54 @@ struct Cached {
     answered: Option<(i64, i64, i64)>,
 }
 
+impl Cached {
+    /// Copies what it keeps out of the request: a decoded request's strings and tagged
+    /// fields share its frame, which must not live on in the cache.
+    fn new(topic: &TopicName, request: &FetchPartition) -> Self {
+        let mut request = request.clone();
+        request.unknown_tagged_fields = Default::default();
+        Self {
+            topic: TopicName(StrBytes::from_string(topic.0.to_string())),
+            request,
+            answered: None,
+        }
+    }
+}
+
 struct Session {
     owner: String,
     /// The epoch the next incremental fetch must carry.
     next_epoch: i32,
-    partitions: BTreeMap<Key, Cached>,
+    /// In fetch order: a partition that returned records goes to the back, so partitions
+    /// further along get the byte budget in turn (as Kafka's sessions rotate).
+    partitions: IndexMap<Key, Cached>,
+    created: Instant,
     last_used: Instant,
+}
+
+#[derive(Default)]
+struct Cache {
+    sessions: HashMap<i32, Session>,
+    /// Partitions held by all sessions.
+    partitions: usize,
+}
+
+impl Cache {
+    fn remove(&mut self, id: i32) {
+        if let Some(s) = self.sessions.remove(&id) {
+            self.partitions -= s.partitions.len();
+        }
+        metrics().kafka_fetch_sessions.set(self.sessions.len() as i64);
+    }
 }
 
 /// This gateway's fetch sessions.
 pub struct FetchSessions {
     max: usize,
-    sessions: Mutex<HashMap<i32, Session>>,
+    /// A session idle this long may be evicted for any new one; one this old may be
+    /// evicted for a larger one (Kafka's `min.incremental.fetch.session.eviction.ms`).
+    eviction: Duration,
+    cache: Mutex<Cache>,
 }
 
 /// How one Fetch is served.
@@ -78,65 +117,62 @@ fn next_epoch(e: i32) -> i32 {
 }
 
 impl FetchSessions {
-    pub fn new(max: usize) -> Self {
+    pub fn new(max: usize, eviction: Duration) -> Self {
         Self {
             max,
-            sessions: Mutex::new(HashMap::new()),
+            eviction,
+            cache: Mutex::new(Cache::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Session>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Decides how `r` is served, updating its session; an error code ends the fetch.
     fn plan(&self, owner: &str, r: &FetchRequest, now: Instant) -> Result<Plan, i16> {
-        let mut sessions = self.lock();
+        let mut cache = self.lock();
         let mine = |s: &Session| s.owner == owner;
         if r.session_epoch == INITIAL_EPOCH || r.session_epoch == FINAL_EPOCH {
-            if r.session_id != 0 && sessions.get(&r.session_id).is_some_and(mine) {
-                sessions.remove(&r.session_id);
+            if r.session_id != 0 && cache.sessions.get(&r.session_id).is_some_and(mine) {
+                cache.remove(r.session_id);
             }
             if r.session_epoch == FINAL_EPOCH {
                 metrics().kafka_fetches.with_label_values(&["sessionless"]).inc();
                 return Ok(Plan::Sessionless);
             }
-            let partitions: BTreeMap<Key, Cached> = r
+            let partitions: IndexMap<Key, Cached> = r
                 .topics
                 .iter()
                 .flat_map(|t| t.partitions.iter().map(move |p| (t, p)))
-                .map(|(t, p)| {
-                    let cached = Cached {
-                        topic: t.topic.clone(),
-                        request: p.clone(),
-                        answered: None,
-                    };
-                    ((t.topic.0.to_string(), p.partition), cached)
-                })
+                .map(|(t, p)| ((t.topic.0.to_string(), p.partition), Cached::new(&t.topic, p)))
                 .collect();
             metrics().kafka_fetches.with_label_values(&["full"]).inc();
-            let id = self.make_room(&mut sessions, partitions.len(), now).then(|| {
+            let id = self.make_room(&mut cache, partitions.len(), now).then(|| {
                 let id = loop {
                     let id = rand::random::<i32>() & i32::MAX;
-                    if id != 0 && !sessions.contains_key(&id) {
+                    if id != 0 && !cache.sessions.contains_key(&id) {
                         break id;
                     }
                 };
-                sessions.insert(
+                cache.partitions += partitions.len();
+                cache.sessions.insert(
                     id,
                     Session {
                         owner: owner.to_string(),
                         next_epoch: next_epoch(INITIAL_EPOCH),
                         partitions,
+                        created: now,
                         last_used: now,
                     },
                 );
                 id
             });
-            metrics().kafka_fetch_sessions.set(sessions.len() as i64);
+            metrics().kafka_fetch_sessions.set(cache.sessions.len() as i64);
             return Ok(Plan::Full(id));
         }
-        let Some(session) = sessions.get_mut(&r.session_id).filter(|s| mine(s)) else {
+        let total = cache.partitions;
+        let Some(session) = cache.sessions.get_mut(&r.session_id).filter(|s| mine(s)) else {
             metrics().kafka_fetches.with_label_values(&["session_not_found"]).inc();
             return Err(FETCH_SESSION_ID_NOT_FOUND);
         };
@@ -144,119 +180,161 @@ impl FetchSessions {
             metrics().kafka_fetches.with_label_values(&["invalid_epoch"]).inc();
             return Err(INVALID_FETCH_SESSION_EPOCH);
         }
+        let before = session.partitions.len();
         for t in &r.topics {
             for p in &t.partitions {
                 let key = (t.topic.0.to_string(), p.partition);
-                let cached = session.partitions.entry(key).or_insert_with(|| Cached {
-                    topic: t.topic.clone(),
-                    request: p.clone(),
-                    answered: None,
-                });
-                cached.request = p.clone();
+                match session.partitions.get_mut(&key) {
+                    Some(cached) => {
+                        cached.request = p.clone();
+                        cached.request.unknown_tagged_fields = Default::default();
+                    }
+                    None => {
+                        session.partitions.insert(key, Cached::new(&t.topic, p));
+                    }
+                }
             }
         }
         for t in &r.forgotten_topics_data {
             for p in &t.partitions {
-                session.partitions.remove(&(t.topic.0.to_string(), *p));
+                session.partitions.shift_remove(&(t.topic.0.to_string(), *p));
             }
         }
-        if session.partitions.len() > MAX_SESSION_PARTITIONS {
-            sessions.remove(&r.session_id);
-            metrics().kafka_fetch_sessions.set(sessions.len() as i64);
+        let after = session.partitions.len();
+        session.next_epoch = next_epoch(session.next_epoch);
+        session.last_used = now;
+        let whole = session_request(r, &session.partitions);
+        cache.partitions = total - before + after;
+        if after > MAX_SESSION_PARTITIONS || cache.partitions > MAX_CACHED_PARTITIONS {
+            cache.remove(r.session_id);
             metrics().kafka_fetches.with_label_values(&["session_not_found"]).inc();
             return Err(FETCH_SESSION_ID_NOT_FOUND);
         }
-        session.next_epoch = next_epoch(session.next_epoch);
-        session.last_used = now;
         metrics().kafka_fetches.with_label_values(&["incremental"]).inc();
-        let mut topics: Vec<FetchTopic> = vec![];
-        for ((topic, _), cached) in &session.partitions {
-            if topics.last().is_none_or(|t| t.topic.0.as_str() != topic) {
-                topics.push(FetchTopic::default().with_topic(cached.topic.clone()));
-            }
-            if let Some(t) = topics.last_mut() {
-                t.partitions.push(cached.request.clone());
-            }
-        }
-        let whole = r.clone().with_topics(topics).with_forgotten_topics_data(vec![]);
         Ok(Plan::Incremental(r.session_id, Box::new(whole)))
     }
 
     /// Whether a new session of `size` partitions fits, evicting one if it must: the
-    /// least recently used, when it has been idle a while or is smaller than the new one
-    /// (so busy consumers of few partitions are not pushed out by each other).
-    fn make_room(&self, sessions: &mut HashMap<i32, Session>, size: usize, now: Instant) -> bool {
+    /// least recently used of those idle for the eviction time, or else of those older
+    /// than it and smaller than the new one (so a burst of new sessions cannot push out
+    /// busy ones, and consumers of few partitions do not push out each other).
+    fn make_room(&self, cache: &mut Cache, size: usize, now: Instant) -> bool {
         if size == 0 || size > MAX_SESSION_PARTITIONS || self.max == 0 {
             return false;
         }
-        if sessions.len() < self.max {
-            return true;
+        let fits = |c: &Cache| c.sessions.len() < self.max && c.partitions + size <= MAX_CACHED_PARTITIONS;
+        while !fits(cache) {
+            let idle = |s: &Session| now.duration_since(s.last_used) >= self.eviction;
+            let smaller = |s: &Session| now.duration_since(s.created) >= self.eviction && s.partitions.len() < size;
+            let lru = |pick: &dyn Fn(&Session) -> bool| {
+                cache
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| pick(s))
+                    .min_by_key(|(_, s)| s.last_used)
+                    .map(|(id, _)| *id)
+            };
+            let Some(victim) = lru(&idle).or_else(|| lru(&smaller)) else {
+                return false;
+            };
+            cache.remove(victim);
+            metrics().kafka_fetch_sessions_evicted.inc();
         }
-        let victim = sessions
-            .iter()
-            .filter(|(_, s)| now.duration_since(s.last_used) >= IDLE_EVICTABLE || s.partitions.len() < size)
-            .min_by_key(|(_, s)| s.last_used)
-            .map(|(id, _)| *id);
-        match victim {
-            Some(id) => {
-                sessions.remove(&id);
-                metrics().kafka_fetch_sessions_evicted.inc();
-                true
-            }
-            None => false,
-        }
+        true
     }
 
     /// Keeps what changed for the client since its last answer (all of it on a new
-    /// session), remembering what it was told.
+    /// session), remembering what it was told; partitions that returned records move
+    /// to the back of the session's order.
     fn answered(&self, id: i32, resp: &mut FetchResponse, incremental: bool) {
-        let mut sessions = self.lock();
-        let Some(session) = sessions.get_mut(&id) else {
+        let mut cache = self.lock();
+        let Some(session) = cache.sessions.get_mut(&id) else {
             return;
         };
+        let mut served = vec![];
         for t in &mut resp.responses {
             let topic = t.topic.0.to_string();
             t.partitions.retain(|p| {
-                let Some(cached) = session.partitions.get_mut(&(topic.clone(), p.partition_index)) else {
+                let key = (topic.clone(), p.partition_index);
+                let Some(cached) = session.partitions.get_mut(&key) else {
                     return true;
                 };
                 let now = (p.high_watermark, p.last_stable_offset, p.log_start_offset);
                 let news = has_news(p) || cached.answered != Some(now);
                 // After an error the partition is answered again once it clears.
                 cached.answered = (p.error_code == errors::NONE).then_some(now);
+                if p.records.as_ref().is_some_and(|r| !r.is_empty()) {
+                    served.push(key);
+                }
                 news || !incremental
             });
         }
+        for key in served {
+            if let Some((k, v)) = session.partitions.shift_remove_entry(&key) {
+                session.partitions.insert(k, v);
+            }
+        }
         resp.responses.retain(|t| !t.partitions.is_empty());
     }
+}
+
+/// The fetch an incremental request stands for: every partition of its session, in
+/// the session's order, grouped into topics as they come.
+fn session_request(r: &FetchRequest, partitions: &IndexMap<Key, Cached>) -> FetchRequest {
+    let mut topics: Vec<FetchTopic> = vec![];
+    for ((topic, _), cached) in partitions {
+        if topics.last().is_none_or(|t| t.topic.0.as_str() != topic) {
+            topics.push(FetchTopic::default().with_topic(cached.topic.clone()));
+        }
+        if let Some(t) = topics.last_mut() {
+            t.partitions.push(cached.request.clone());
+        }
+    }
+    r.clone().with_topics(topics).with_forgotten_topics_data(vec![])
 }
 
 fn has_news(p: &PartitionData) -> bool {
     p.error_code != errors::NONE || p.records.as_ref().is_some_and(|r| !r.is_empty())
 }
 
-/// Serves a Fetch through its session (v7+), authorizing it as `scopes::fetch` does.
-pub async fn fetch(kafka: &Kafka, owner: &str, grants: &Grants, r: FetchRequest, version: i16) -> FetchResponse {
-    if version < FIRST_VERSION {
-        return super::scopes::fetch(kafka, grants, r).await;
-    }
+/// Serves a Fetch (through its session from v7). Topics the token may not read are
+/// answered TOPIC_AUTHORIZATION_FAILED and never enter a session.
+pub async fn fetch(kafka: &Kafka, owner: &str, grants: &Grants, mut r: FetchRequest, version: i16) -> FetchResponse {
+    let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
+        .into_iter()
+        .partition(|t| grants.allows(Access::Read, t.topic.0.as_str()));
+    r.topics = allowed;
+    let served = |r: FetchRequest| async move {
+        if r.topics.is_empty() {
+            FetchResponse::default()
+        } else {
+            super::fetch::fetch(kafka, r).await
+        }
+    };
     let sessions = &kafka.fetch_sessions;
-    match sessions.plan(owner, &r, Instant::now()) {
-        Err(code) => FetchResponse::default().with_error_code(code).with_session_id(0),
-        Ok(Plan::Sessionless) => super::scopes::fetch(kafka, grants, r).await.with_session_id(0),
+    let plan = if version < FIRST_VERSION {
+        Ok(Plan::Sessionless)
+    } else {
+        sessions.plan(owner, &r, Instant::now())
+    };
+    let mut resp = match plan {
+        Err(code) => FetchResponse::default().with_error_code(code),
+        Ok(Plan::Sessionless) => served(r).await,
         Ok(Plan::Full(id)) => {
-            let mut resp = super::scopes::fetch(kafka, grants, r).await;
+            let mut resp = served(r).await;
             if let Some(id) = id {
                 sessions.answered(id, &mut resp, false);
             }
             resp.with_session_id(id.unwrap_or(0))
         }
         Ok(Plan::Incremental(id, whole)) => {
-            let mut resp = super::scopes::fetch(kafka, grants, *whole).await;
+            let mut resp = served(*whole).await;
             sessions.answered(id, &mut resp, true);
             resp.with_session_id(id)
         }
-    }
+    };
+    resp.responses.extend(super::scopes::fetch_denied(denied));
+    resp
 }
 
 #[cfg(test)]
@@ -265,6 +343,8 @@ mod tests {
     use kafka_protocol::messages::fetch_request::ForgottenTopic;
     use kafka_protocol::messages::fetch_response::FetchableTopicResponse;
     use kafka_protocol::protocol::StrBytes;
+
+    const EVICTION: Duration = Duration::from_secs(120);
 
     fn name(t: &str) -> TopicName {
         TopicName(StrBytes::from_string(t.to_string()))
@@ -334,7 +414,7 @@ mod tests {
     // incremental fetch updates and forgets some, and the answer holds what changed.
     #[test]
     fn an_incremental_fetch_merges_into_its_session_and_is_answered_with_changes_only() {
-        let s = FetchSessions::new(10);
+        let s = FetchSessions::new(10, EVICTION);
         let t = Instant::now();
         let id = opened(&s, "u", &[("a", 0, 0), ("a", 1, 0), ("b", 0, 0)], t);
         let mut full = response(&[("a", 0, 5, b"x"), ("a", 1, 0, b""), ("b", 0, 0, b"")]);
@@ -347,7 +427,8 @@ mod tests {
         let Ok(Plan::Incremental(_, whole)) = s.plan("u", &r, t) else {
             panic!("incremental")
         };
-        assert_eq!(offsets(&whole), vec![("a".into(), 0, 5), ("a".into(), 1, 0)]);
+        // a/0 returned records, so it went to the back.
+        assert_eq!(offsets(&whole), vec![("a".into(), 1, 0), ("a".into(), 0, 5)]);
         // Nothing new on a/0; a/1's high watermark moved.
         let mut resp = response(&[("a", 0, 5, b""), ("a", 1, 3, b"")]);
         s.answered(id, &mut resp, true);
@@ -366,7 +447,7 @@ mod tests {
     // refused as Kafka refuses them; epoch −1 closes the session.
     #[test]
     fn sessions_check_their_epoch_and_owner_and_close_at_the_final_epoch() {
-        let s = FetchSessions::new(10);
+        let s = FetchSessions::new(10, EVICTION);
         let t = Instant::now();
         let id = opened(&s, "u", &[("a", 0, 0)], t);
         assert!(matches!(
@@ -395,32 +476,69 @@ mod tests {
         ));
     }
 
-    // Issue 22 (KIP-227): the cache is bounded. A full cache evicts an idle or smaller
-    // session, never a busy one as large; a client left without one is served whole.
+    // Issue 22 (KIP-227): the cache is bounded. A full cache evicts a session idle for
+    // the eviction time, or one older than that and smaller than the new one; never a
+    // young or busy one as large. A client left without one is served whole.
     #[test]
-    fn a_full_cache_evicts_idle_or_smaller_sessions_only() {
-        let s = FetchSessions::new(1);
+    fn a_full_cache_evicts_idle_or_old_smaller_sessions_only() {
+        let s = FetchSessions::new(1, EVICTION);
         let t = Instant::now();
+        let at = |secs| t + Duration::from_secs(secs);
         let small = opened(&s, "u", &[("a", 0, 0)], t);
-        let big = opened(&s, "u", &[("a", 0, 0), ("a", 1, 0)], t);
+        let big = request(0, 0, &[("a", 0, 0), ("a", 1, 0)]);
+        assert!(
+            matches!(s.plan("u", &big, at(1)), Ok(Plan::Full(None))),
+            "a young session stays"
+        );
         assert!(matches!(
-            s.plan("u", &request(small, 1, &[]), t),
+            s.plan("u", &request(small, 1, &[]), at(60)),
+            Ok(Plan::Incremental(..))
+        ));
+        let Ok(Plan::Full(Some(big_id))) = s.plan("u", &big, at(121)) else {
+            panic!("an old smaller session makes room, busy or not")
+        };
+        assert!(matches!(
+            s.plan("u", &request(small, 2, &[]), at(121)),
             Err(FETCH_SESSION_ID_NOT_FOUND)
         ));
         assert!(
-            matches!(s.plan("u", &request(0, 0, &[("a", 0, 0)]), t), Ok(Plan::Full(None))),
-            "a smaller one does not push a busy larger one out"
+            matches!(
+                s.plan("u", &request(0, 0, &[("a", 0, 0)]), at(200)),
+                Ok(Plan::Full(None))
+            ),
+            "a smaller one does not push a larger one out"
         );
-        let later = t + IDLE_EVICTABLE;
-        let again = opened(&s, "u", &[("a", 0, 0)], later);
-        assert_ne!(again, big);
         assert!(matches!(
-            s.plan("u", &request(big, 1, &[]), later),
+            s.plan("u", &request(0, 0, &[("a", 0, 0)]), at(241)),
+            Ok(Plan::Full(Some(_)))
+        ));
+        assert!(matches!(
+            s.plan("u", &request(big_id, 1, &[]), at(241)),
             Err(FETCH_SESSION_ID_NOT_FOUND)
         ));
+        let none = FetchSessions::new(0, EVICTION);
         assert!(matches!(
-            FetchSessions::new(0).plan("u", &request(0, 0, &[("a", 0, 0)]), t),
+            none.plan("u", &request(0, 0, &[("a", 0, 0)]), t),
             Ok(Plan::Full(None))
         ));
+    }
+
+    // Issue 22 (KIP-227): a partition that returned records goes to the back of its
+    // session, so the partitions after it get the byte budget next (no starvation).
+    #[test]
+    fn partitions_that_returned_records_move_to_the_back() {
+        let s = FetchSessions::new(10, EVICTION);
+        let t = Instant::now();
+        let id = opened(&s, "u", &[("a", 0, 0), ("a", 1, 0), ("b", 0, 0)], t);
+        let mut full = response(&[("a", 0, 9, b"x"), ("a", 1, 9, b""), ("b", 0, 9, b"")]);
+        s.answered(id, &mut full, false);
+        let Ok(Plan::Incremental(_, whole)) = s.plan("u", &request(id, 1, &[("a", 0, 1)]), t) else {
+            panic!("incremental")
+        };
+        assert_eq!(
+            offsets(&whole),
+            vec![("a".into(), 1, 0), ("b".into(), 0, 0), ("a".into(), 0, 1)]
+        );
+        assert_eq!(whole.topics.len(), 3, "a/0 is its own topic entry after b");
     }
 }

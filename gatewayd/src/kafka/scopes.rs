@@ -5,24 +5,16 @@
 use super::errors::TOPIC_AUTHORIZATION_FAILED;
 use super::Kafka;
 use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
+use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
-use kafka_protocol::messages::{
-    DeleteRecordsRequest, DeleteRecordsResponse, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
-};
+use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse, ListOffsetsRequest, ListOffsetsResponse};
 use weir_meta::model::scopes::{Access, Grants};
 
-/// Fetch needs `read` on each topic.
-pub async fn fetch(kafka: &Kafka, grants: &Grants, mut r: FetchRequest) -> FetchResponse {
-    let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
-        .into_iter()
-        .partition(|t| grants.allows(Access::Read, t.topic.0.as_str()));
-    let mut resp = if allowed.is_empty() {
-        FetchResponse::default()
-    } else {
-        super::fetch::fetch(kafka, r.with_topics(allowed)).await
-    };
-    resp.responses.extend(denied.into_iter().map(|t| {
+/// Fetch needs `read` on each topic: what a Fetch answers for the topics it may not
+/// read (`fetch_sessions::fetch` takes them out first).
+pub fn fetch_denied(denied: Vec<FetchTopic>) -> impl Iterator<Item = FetchableTopicResponse> {
+    denied.into_iter().map(|t| {
         FetchableTopicResponse::default()
             .with_topic(t.topic)
             .with_topic_id(t.topic_id)
@@ -40,8 +32,7 @@ pub async fn fetch(kafka: &Kafka, grants: &Grants, mut r: FetchRequest) -> Fetch
                     })
                     .collect(),
             )
-    }));
-    resp
+    })
 }
 
 /// ListOffsets needs `read` on each topic.

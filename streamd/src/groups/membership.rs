@@ -13,7 +13,7 @@
 //! not drop it either.
 
 use bytes::Bytes;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -139,6 +139,10 @@ pub struct Group {
     pending: BTreeMap<String, Instant>,
     /// Static members: group instance id → its current member id.
     statics: BTreeMap<String, String>,
+    /// Members answered by the last join that have not sent SyncGroup yet, and until
+    /// when they may: a member (a leader above all) that dies between the two would
+    /// otherwise hold the group until its session ends (Kafka's pending-sync check).
+    awaiting_sync: Option<(Instant, BTreeSet<String>)>,
 }
 
 /// A fresh member id, prefixed as Kafka's are: by the instance id for a static member,
@@ -159,6 +163,7 @@ impl Group {
             members: BTreeMap::new(),
             pending: BTreeMap::new(),
             statics: BTreeMap::new(),
+            awaiting_sync: None,
         }
     }
 
@@ -223,6 +228,12 @@ impl Group {
         let existing = self.members.remove(&member_id);
         let unchanged = existing.as_ref().is_some_and(|m| m.protocols == args.protocols);
         let assignment = existing.as_ref().map(|m| m.assignment.clone()).unwrap_or_default();
+        // A member that changed (or dropped) its instance id no longer holds the old one.
+        if let Some(old) = existing.as_ref().and_then(|m| m.group_instance_id.as_ref()) {
+            if args.group_instance_id.as_ref() != Some(old) && self.statics.get(old) == Some(&member_id) {
+                self.statics.remove(old);
+            }
+        }
         if let Some(instance) = &args.group_instance_id {
             self.statics.insert(instance.clone(), member_id.clone());
         }
@@ -283,6 +294,9 @@ impl Group {
                 error: code::FENCED_INSTANCE_ID,
                 ..Default::default()
             });
+        }
+        if let Some((_, waiting)) = &mut self.awaiting_sync {
+            waiting.remove(&old);
         }
         let member_id = new_member_id(&instance);
         tracing::info!(group = %self.id, instance = %instance, old_member = %old, member = %member_id, "static member rejoined and replaces its previous member id");
@@ -350,6 +364,9 @@ impl Group {
         }
         if generation != self.generation {
             return error(code::ILLEGAL_GENERATION);
+        }
+        if let Some((_, waiting)) = &mut self.awaiting_sync {
+            waiting.remove(member_id);
         }
         let ok = |assignment: Bytes, g: &Group| SyncOutcome {
             error: code::NONE,
@@ -481,6 +498,22 @@ impl Group {
         if !expired.is_empty() {
             self.after_removal(now);
         }
+        let unsynced = match &self.awaiting_sync {
+            Some((until, waiting))
+                if now >= *until && matches!(self.phase, GroupState::CompletingRebalance | GroupState::Stable) =>
+            {
+                waiting.iter().cloned().collect()
+            }
+            _ => vec![],
+        };
+        if !unsynced.is_empty() {
+            self.awaiting_sync = None;
+            for id in &unsynced {
+                tracing::info!(group = %self.id, member = %id, "group member did not sync within the rebalance timeout");
+                self.remove(id);
+            }
+            self.after_removal(now);
+        }
         if let GroupState::PreparingRebalance { since } = self.phase {
             let timeout = self
                 .members
@@ -553,6 +586,7 @@ impl Group {
     }
 
     fn become_empty(&mut self) {
+        self.awaiting_sync = None;
         if self.phase != GroupState::Empty {
             self.generation += 1;
         }
@@ -574,6 +608,7 @@ impl Group {
                 });
             }
         }
+        self.awaiting_sync = None;
         self.phase = GroupState::PreparingRebalance { since: now };
     }
 
@@ -619,6 +654,19 @@ impl Group {
         for m in self.members.values_mut().filter(|m| m.join.is_some()) {
             m.last_seen = now;
         }
+        let joined_ids: BTreeSet<String> = self
+            .members
+            .values()
+            .filter(|m| joined(m))
+            .map(|m| m.id.clone())
+            .collect();
+        let timeout = self
+            .members
+            .values()
+            .map(|m| m.rebalance_timeout)
+            .max()
+            .unwrap_or_default();
+        self.awaiting_sync = Some((now + timeout, joined_ids));
         let ids: Vec<String> = self.members.keys().cloned().collect();
         for id in ids {
             let outcome = self.join_outcome(&id);
@@ -971,5 +1019,37 @@ mod tests {
         );
         assert_eq!(joined.members.len(), 2);
         assert_eq!(b_rx.try_recv().expect("b joined").generation, joined.generation);
+    }
+
+    // Issue 22: a leader that joined but dies before SyncGroup does not hold the group
+    // for its whole session: members that have not synced within the rebalance timeout
+    // are removed and the rest rebalance (Kafka's pending-sync expiry).
+    #[test]
+    fn members_that_do_not_sync_within_the_rebalance_timeout_are_removed() {
+        let t = Instant::now();
+        let mut g = Group::new("g");
+        // Sessions far longer than the rebalance timeout (30 s), as static members' are.
+        let long = |member: &str, instance: &str| JoinArgs {
+            session_timeout: Duration::from_secs(600),
+            ..static_args(member, instance)
+        };
+        let a = now_or_wait(g.join(long("", "i-a"), t)).try_recv().expect("a joined");
+        now(g.sync(&a.member_id, Some("i-a"), a.generation, vec![], t));
+        let mut b_rx = now_or_wait(g.join(long("", "i-b"), t));
+        let _a2 = now_or_wait(g.join(long(&a.member_id, "i-a"), t));
+        let b = b_rx.try_recv().expect("b joined");
+        assert_eq!(b.leader, a.member_id);
+        assert_eq!(g.phase, GroupState::CompletingRebalance);
+        // b waits for its assignment; the leader a never sends SyncGroup.
+        let mut b_sync = now_or_wait(g.sync(&b.member_id, Some("i-b"), b.generation, vec![], t));
+        g.tick(t + Duration::from_secs(29));
+        assert!(b_sync.try_recv().is_err(), "still within the rebalance timeout");
+        g.tick(t + Duration::from_secs(31));
+        assert!(
+            !g.members.contains_key(&a.member_id),
+            "the leader that never synced is removed"
+        );
+        assert!(g.members.contains_key(&b.member_id), "b synced: it stays");
+        assert_eq!(b_sync.try_recv().expect("answered").error, code::REBALANCE_IN_PROGRESS);
     }
 }

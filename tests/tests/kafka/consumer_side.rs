@@ -287,14 +287,20 @@ async fn fetches(gw: &Gatewayd, session: &str) -> f64 {
 }
 
 // Issue 22 (KIP-227): kafka-python (pinned 2.2, and 3) fetches through incremental
-// sessions; on a gateway that keeps one session, a second consumer's evicts the
-// first's, which is answered FETCH_SESSION_ID_NOT_FOUND and recovers, and both read
+// sessions; on a gateway that keeps one session, a second consumer's (larger) evicts
+// the first's once that is older than the eviction time, which is answered FETCH_SESSION_ID_NOT_FOUND and recovers, and both read
 // every record once. (librdkafka does not implement KIP-227: it always fetches whole.)
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_python_fetches_incrementally_and_recovers_an_evicted_session() {
     for version in ["pinned", "3"] {
         // A gateway of its own per client: sessions left by one would hold the room.
-        let (_stack, gw) = kafka_stack(1, &["--kafka-fetch-sessions", "1"]).await;
+        let flags = [
+            "--kafka-fetch-sessions",
+            "1",
+            "--kafka-fetch-session-eviction-ms",
+            "1000",
+        ];
+        let (_stack, gw) = kafka_stack(1, &flags).await;
         create_topic(&gw, "sess", 3).await;
         // One batch per record (each partition's sends one at a time), so reading them
         // with small fetches takes many round trips.
@@ -317,7 +323,7 @@ async fn kafka_python_fetches_incrementally_and_recovers_an_evicted_session() {
             }
         });
         futures::future::join_all(sends).await;
-        let out = python(&gw, "fetch_sessions.py", &[&gw.kafka, "sess", "3", "200"], version).await;
+        let out = python(&gw, "fetch_sessions.py", &[&gw.kafka, "sess", "3", "200", "1"], version).await;
         assert!(out.contains("OK"), "{out}");
         let counts = futures::future::join_all(
             [
