@@ -59,8 +59,11 @@ impl RouteError {
             RouteError::Unknown(_) => ErrorCode::OutcomeUnknown,
             RouteError::Damaged(_) => ErrorCode::Corrupt,
             RouteError::Streamd(status) => ErrorCode::of_status(status).unwrap_or(match status.code() {
-                // The transport refused a message over its limit.
-                tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => ErrorCode::TooLarge,
+                // tonic refused a message over its size limit.
+                tonic::Code::OutOfRange => ErrorCode::TooLarge,
+                // Anything else untagged is the transport failing, such as HTTP/2's
+                // GOAWAY(ENHANCE_YOUR_CALM), which tonic reports as ResourceExhausted:
+                // transient, never a client's message being too large.
                 _ => ErrorCode::Unavailable,
             }),
         }
@@ -89,6 +92,7 @@ fn classify(status: &tonic::Status) -> Retry {
             tonic::Code::Unavailable
             | tonic::Code::Cancelled
             | tonic::Code::DeadlineExceeded
+            | tonic::Code::ResourceExhausted
             | tonic::Code::Unknown => Retry::IfSafe,
             _ => Retry::No,
         },

@@ -18,7 +18,13 @@ pub fn channel_with(addr: &str, tls: Option<ClientTlsConfig>) -> Result<Channel,
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5));
+        .keep_alive_timeout(Duration::from_secs(5))
+        // Calls are cancelled by design (a long poll ends when another partition has
+        // data). HTTP/2 remembers only 10 reset streams by default, and a late frame of
+        // a forgotten one counts toward the 1,024 errors after which the connection is
+        // closed with GOAWAY(ENHANCE_YOUR_CALM), failing every call on it. Remember as
+        // many as may be open at once.
+        .http2_max_concurrent_reset_streams(MAX_CONCURRENT_STREAMS as usize);
     if let Some(tls) = tls {
         endpoint = endpoint.tls_config(tls)?;
     }

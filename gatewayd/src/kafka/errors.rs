@@ -89,6 +89,18 @@ mod tests {
         assert_eq!(route(&status("offset_out_of_range")), OFFSET_OUT_OF_RANGE);
     }
 
+    // Issue 22: a connection the transport closed with GOAWAY(ENHANCE_YOUR_CALM) (tonic's
+    // untagged ResourceExhausted) is a retryable NOT_LEADER_OR_FOLLOWER, not
+    // MESSAGE_TOO_LARGE, which kafka-python treats as fatal for a fetch. Only tonic's
+    // size refusal (OutOfRange) is MESSAGE_TOO_LARGE.
+    #[test]
+    fn a_transport_push_back_is_retryable_and_only_a_size_refusal_is_too_large() {
+        let calm = RouteError::Streamd(tonic::Status::resource_exhausted("h2 protocol error: GOAWAY"));
+        assert_eq!(route(&calm), NOT_LEADER_OR_FOLLOWER);
+        let size = RouteError::Streamd(tonic::Status::out_of_range("decoded message length too large"));
+        assert_eq!(route(&size), MESSAGE_TOO_LARGE);
+    }
+
     // D-9: topic admin during a metadata outage.
     #[test]
     fn topic_admin_during_an_outage_is_not_leader_or_follower() {
