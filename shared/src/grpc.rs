@@ -23,8 +23,10 @@ pub fn channel_with(addr: &str, tls: Option<ClientTlsConfig>) -> Result<Channel,
         // data). HTTP/2 remembers only 10 reset streams by default, and a late frame of
         // a forgotten one counts toward the 1,024 errors after which the connection is
         // closed with GOAWAY(ENHANCE_YOUR_CALM), failing every call on it. Remember as
-        // many as may be open at once.
-        .http2_max_concurrent_reset_streams(MAX_CONCURRENT_STREAMS as usize);
+        // many as may be open at once, and do not count the rest against a peer of our
+        // own cluster.
+        .http2_max_concurrent_reset_streams(MAX_CONCURRENT_STREAMS as usize)
+        .http2_max_local_error_reset_streams(None);
     if let Some(tls) = tls {
         endpoint = endpoint.tls_config(tls)?;
     }
