@@ -150,10 +150,10 @@ pub async fn follow(view: Arc<View>, metad: Arc<MetadClient>, cancel: Cancellati
                         }
                         Ok(None) => break,
                         Err(status) => {
-                            // A frame over the message limit is a defect to report, not a broken link.
-                            if status.code() == tonic::Code::OutOfRange
-                                || status.code() == tonic::Code::ResourceExhausted
-                            {
+                            // A frame over the message limit (tonic's OutOfRange) is a defect
+                            // to report, not a broken link. A transport push-back such as
+                            // GOAWAY(ENHANCE_YOUR_CALM), an untagged ResourceExhausted, is one.
+                            if status.code() == tonic::Code::OutOfRange {
                                 let why = format!("a metadata watch frame was refused: {}", status.message());
                                 tracing::error!(error = %why, "cannot follow the metadata log");
                                 view.set_error(Some(why));
