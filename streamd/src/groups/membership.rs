@@ -116,6 +116,24 @@ pub struct Member {
 }
 
 impl Member {
+    /// Answers a join or sync this member still waits on with `error`.
+    fn answer_waits(&mut self, error: i16) {
+        if let Some(tx) = self.join.take() {
+            let _ = tx.send(JoinOutcome {
+                error,
+                generation: -1,
+                member_id: self.id.clone(),
+                ..Default::default()
+            });
+        }
+        if let Some(tx) = self.sync.take() {
+            let _ = tx.send(SyncOutcome {
+                error,
+                ..Default::default()
+            });
+        }
+    }
+
     /// The metadata this member gave for `protocol`.
     pub fn metadata(&self, protocol: Option<&str>) -> Bytes {
         protocol
@@ -281,20 +299,7 @@ impl Group {
             self.statics.remove(&instance);
             return Self::join_error(code::UNKNOWN_MEMBER_ID, "");
         };
-        if let Some(tx) = previous.join.take() {
-            let _ = tx.send(JoinOutcome {
-                error: code::FENCED_INSTANCE_ID,
-                generation: -1,
-                member_id: old.clone(),
-                ..Default::default()
-            });
-        }
-        if let Some(tx) = previous.sync.take() {
-            let _ = tx.send(SyncOutcome {
-                error: code::FENCED_INSTANCE_ID,
-                ..Default::default()
-            });
-        }
+        previous.answer_waits(code::FENCED_INSTANCE_ID);
         if let Some((_, waiting)) = &mut self.awaiting_sync {
             waiting.remove(&old);
         }
@@ -559,20 +564,7 @@ impl Group {
                 self.statics.remove(i);
             }
         }
-        if let Some(tx) = m.join.take() {
-            let _ = tx.send(JoinOutcome {
-                error: code::UNKNOWN_MEMBER_ID,
-                generation: -1,
-                member_id: member_id.to_string(),
-                ..Default::default()
-            });
-        }
-        if let Some(tx) = m.sync.take() {
-            let _ = tx.send(SyncOutcome {
-                error: code::UNKNOWN_MEMBER_ID,
-                ..Default::default()
-            });
-        }
+        m.answer_waits(code::UNKNOWN_MEMBER_ID);
         true
     }
 
