@@ -4,9 +4,11 @@
 # and with curl through HTTPS, both with the bootstrap admin token, SIGKILL a streamd (`docker kill`) and read every acknowledged
 # message back, stop another with `docker-compose stop` (exit 0, three phase records),
 # and `docker-compose down`. Bounded in time; cleans up after itself even on failure.
-# Checks DEP-1..3 (grace periods above deadlines, statically, with a negative case),
-# DEP-7 (the binary as PID 1 gets SIGTERM: exit 0 with three phase records), DEP-8
-# (only the bootstrap metad gets the admin secret) and INV-2 after `docker kill`.
+# Checks DEP-1, DEP-2 and DEP-3 (grace periods set and above deadlines, statically, with
+# a negative case; a SIGKILLed node recovered by takeover), DEP-6 and DEP-7 (one
+# `docker-compose stop`: the binary as PID 1 gets SIGTERM, exits 0 with three phase
+# records), DEP-8 (only the bootstrap metad gets the admin secret) and INV-2 after
+# `docker kill`.
 set -euo pipefail
 cd "$(dirname "$0")"
 

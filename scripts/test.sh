@@ -21,6 +21,9 @@ step() {
 }
 
 step fmt cargo fmt --all -- --check
+# docs/requirements.md is generated from the tests' names and comments and must be
+# current; every requirement ID is tested or has a status saying why not (issue 21).
+step requirements python3 scripts/requirements.py --check
 # The workspace's layering: gatewayd and streamd follow the metadata log through
 # weir-meta and never link Raft or RocksDB.
 step layering scripts/check-layering.sh

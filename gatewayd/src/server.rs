@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use weir_meta::model::{NodeAddrs, NodeKind};
 use weir_meta::registration::{self, Registered};
-use weir_shared::listener::Listener;
+use weir_shared::listener::{self, Listener};
 use weir_shared::service::Exit;
 use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
 
@@ -148,6 +148,31 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
     Ok(exit)
 }
 
+/// Client connections attached to each listener when it stopped.
+struct Attached {
+    kafka: i64,
+    http: i64,
+}
+
+impl Attached {
+    /// OBS-16: one record per listener whose clients the stop ended, with the requests it
+    /// dropped unadmitted (SD-INT-12); the connection gauges fall as they close.
+    fn log_ended(&self) {
+        let dropped = &crate::metrics::metrics().requests_dropped;
+        for (name, count) in [("kafka", self.kafka), ("http", self.http)] {
+            if count > 0 {
+                tracing::info!(
+                    listener = name,
+                    count,
+                    dropped_requests = dropped.with_label_values(&[name]).get(),
+                    reason = "shutting down",
+                    "ended the clients of a listener"
+                );
+            }
+        }
+    }
+}
+
 /// A gateway's stop (SD-CS-9: steps 1–4 of a clean stop; it owns no streams and never
 /// fences itself).
 struct GatewaydStop {
@@ -161,11 +186,16 @@ struct GatewaydStop {
 
 impl GatewaydStop {
     /// Live reads end (long polls and SSE answer 503, Kafka fetches stop waiting), then
-    /// the listeners stop.
-    fn stop_serving(&self) {
+    /// the listeners stop. Returns the client connections still attached then.
+    fn stop_serving(&self) -> Attached {
+        let attached = Attached {
+            kafka: listener::open_connections("kafka"),
+            http: listener::open_connections("http"),
+        };
         self.gw.stopping.cancel();
         self.servers_stop.cancel();
         self.servers.close();
+        attached
     }
 
     async fn stop_background(&self) {
@@ -184,15 +214,24 @@ impl StopSteps for GatewaydStop {
     /// Keeps serving for the readiness drain, then in-flight requests get a bounded time.
     async fn drain_support(&mut self) -> PhaseOutcome {
         tokio::time::sleep(self.shutdown.step(self.shutdown.drain_window)).await;
-        self.stop_serving();
+        let attached = self.stop_serving();
         let inflight = self.shutdown.step(self.shutdown.inflight_timeout);
-        match tokio::time::timeout(inflight, self.servers.wait()).await {
+        let outcome = match tokio::time::timeout(inflight, self.servers.wait()).await {
             Ok(()) => PhaseOutcome::Completed,
             Err(_) => {
                 tracing::warn!(timeout = ?inflight, "in-flight requests did not finish; stopping anyway");
+                // HTTP requests still open now (bodies still arriving, or waiting) end
+                // with the process, unanswered (SD-INT-12).
+                let open = crate::metrics::metrics().http_in_flight.get().max(0) as u64;
+                crate::metrics::metrics()
+                    .requests_dropped
+                    .with_label_values(&["http"])
+                    .inc_by(open);
                 PhaseOutcome::Abandoned
             }
-        }
+        };
+        attached.log_ended();
+        outcome
     }
 
     async fn terminal_teardown(&mut self) -> PhaseOutcome {

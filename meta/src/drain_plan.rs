@@ -372,6 +372,7 @@ mod tests {
             node: b.node.clone(),
             by: CordonBy::Operator,
         });
+        // FO-TKO-15: a cordoned node is no drain destination.
         assert_eq!(
             next_step(&log.state, &mut plan, &budget, start),
             Step::Stop(Stopped::NoDestination)

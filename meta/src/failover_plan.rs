@@ -57,6 +57,23 @@ fn live(state: &State, inc: &Incarnation) -> bool {
         .is_some_and(|r| r.epoch == inc.epoch && r.is_live())
 }
 
+/// What the failover-lease holder `me` proposes on one tick: nothing at all unless it is
+/// live itself (FO-LIV-11: a fenced holder runs no failover; its proposals would only be
+/// refused), else the fences of silent nodes when `judge` (once a second, FO-LIV-3) and
+/// the next takeover steps.
+pub fn holder_commands(state: &State, me: &Incarnation, clock: &mut Clock, judge: bool) -> Vec<Command> {
+    if !live(state, me) {
+        return Vec::new();
+    }
+    let mut commands = if judge {
+        dead_nodes(state, me, clock)
+    } else {
+        Vec::new()
+    };
+    commands.extend(takeover_steps(state));
+    commands
+}
+
 /// FenceNode commands for every live node (other than `me`) silent for the threshold.
 pub fn dead_nodes(state: &State, me: &Incarnation, clock: &mut Clock) -> Vec<Command> {
     let Some(settings) = state.settings else {
@@ -270,6 +287,7 @@ mod tests {
         w.register("s1", NodeKind::Streamd);
         let mut clock = Clock::default();
         for _ in 0..100 {
+            // FO-LIV-8: a holder cut off from the log lands no heartbeats, so it plans no fence.
             assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         }
     }
@@ -286,6 +304,46 @@ mod tests {
         for _ in 0..10 {
             assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         }
+    }
+
+    /// FO-LIV-11: a fenced holder proposes no takeover step either, though a stream is
+    /// open on a dead node and a live holder would begin its takeover.
+    #[test]
+    fn a_fenced_holder_proposes_no_takeover() {
+        let mut w = World::new(30);
+        let holder = w.register("metad-1", NodeKind::Metad);
+        let a = w.register("a", NodeKind::Streamd);
+        w.register("b", NodeKind::Streamd);
+        let Ok(Applied::StreamCreated { stream }) = w.apply(
+            op(),
+            Command::CreateStream {
+                name: "s".into(),
+                config: Default::default(),
+            },
+        ) else {
+            panic!()
+        };
+        w.apply(
+            op(),
+            Command::PlaceStream {
+                stream,
+                node: a.node.clone(),
+            },
+        )
+        .expect("place");
+        w.apply(Proposer::Node(a.clone()), Command::OpenStream { stream })
+            .expect("open");
+        w.apply(Proposer::Node(a.clone()), Command::FenceSelf).expect("fence");
+        let mut clock = Clock::default();
+        let live = holder_commands(&w.s, &holder, &mut clock, true);
+        assert!(
+            matches!(&live[..], [Command::BeginTakeover { .. }]),
+            "a live holder begins the takeover: {live:?}"
+        );
+        w.apply(Proposer::Node(holder.clone()), Command::FenceSelf)
+            .expect("fence the holder");
+        assert!(holder_commands(&w.s, &holder, &mut clock, true).is_empty());
+        assert!(holder_commands(&w.s, &holder, &mut clock, false).is_empty());
     }
 
     /// FO-LIV-10: a re-registered node's clock restarts.
@@ -391,6 +449,7 @@ mod tests {
             .expect("delete");
         assert!(takeover_steps(&w.s).is_empty(), "its live owner destroys it");
         w.apply(Proposer::Node(a2.clone()), Command::FenceSelf).expect("fence");
+        // FO-TKO-5: a deleted stream of a fenced owner is destroyed, with no takeover or placement.
         assert_eq!(takeover_steps(&w.s), vec![Command::DestroyStream { stream }]);
     }
 

@@ -160,6 +160,7 @@ mod tests {
             prop_assert_eq!(decisions.len(), streams);
             let mut load: BTreeMap<NodeId, usize> = BTreeMap::new();
             for (stream, node) in &decisions {
+                // FO-TKO-15: no placement lands on a cordoned or terminating node.
                 prop_assert!(s.nodes[node].is_schedulable());
                 *load.entry(node.clone()).or_default() += 1;
                 let r = next(&mut s, Command::PlaceStream { stream: *stream, node: node.clone() });

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use weir_meta::client::MetadClient;
-use weir_meta::failover_plan::{dead_nodes, takeover_steps, Clock, FAILOVER_LEASE};
+use weir_meta::failover_plan::{holder_commands, Clock, FAILOVER_LEASE};
 use weir_meta::model::rows::NodeAddrs;
 use weir_meta::model::{Command, NodeKind, Proposer};
 use weir_meta::registration;
@@ -99,15 +99,7 @@ async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, stop: &Canc
         if judge {
             last_judged = Some(tokio::time::Instant::now());
         }
-        let commands = hub.with_state(|s| {
-            let mut c = if judge {
-                dead_nodes(s, me, &mut clock)
-            } else {
-                Vec::new()
-            };
-            c.extend(takeover_steps(s));
-            c
-        });
+        let commands = hub.with_state(|s| holder_commands(s, me, &mut clock, judge));
         for command in commands {
             act(metad, &proposer, command).await;
         }

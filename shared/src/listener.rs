@@ -138,6 +138,11 @@ fn metrics() -> &'static Metrics {
     })
 }
 
+/// Connections open now on the listener named `listener`.
+pub fn open_connections(listener: &str) -> i64 {
+    metrics().open.with_label_values(&[listener]).get()
+}
+
 /// Counts a connection refused by a limit its service applies after accepting it (a
 /// Kafka principal's share).
 pub fn count_refused(listener: &str, reason: &str) {

@@ -363,10 +363,12 @@ mod tests {
         s.request("first");
         let at = s.lock().requested_at;
         s.request("second");
+        // SD-TRG-8: a later request neither restarts nor extends the first one's deadline.
         assert_eq!(s.lock().requested_at, at, "SD-TRG-8: a later request changes nothing");
         s.finish(Phase::DrainSupport, PhaseOutcome::Abandoned);
         assert_eq!(s.exit_code(), 0, "SD-EX-1: Abandoned still exits 0");
         s.finish(Phase::TerminalTeardown, PhaseOutcome::Forced);
+        // SD-EX-2: once any phase is Forced, the exit status is 1.
         assert_eq!(s.exit_code(), 1, "SD-EX-2");
     }
 }

@@ -37,6 +37,10 @@ pub enum StreamdError {
     /// Transient: retry.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The node stopped taking appends: it is shutting down and its streams move
+    /// (SD-INT-1). Retryable like [`StreamdError::Unavailable`]; counted apart (OBS-15).
+    #[error("unavailable: the node is shutting down; its streams are moving")]
+    Draining,
     /// Stored data failed a check (corrupt object or WAL).
     #[error("corrupt data: {0}")]
     Corrupt(String),
@@ -58,7 +62,7 @@ impl StreamdError {
             StreamdError::OffsetMismatch { .. } => ErrorCode::OffsetMismatch,
             StreamdError::InvalidProducerEpoch(_) => ErrorCode::InvalidProducerEpoch,
             StreamdError::OutOfOrderSequence(_) => ErrorCode::OutOfOrderSequence,
-            StreamdError::Unavailable(_) => ErrorCode::Unavailable,
+            StreamdError::Unavailable(_) | StreamdError::Draining => ErrorCode::Unavailable,
             StreamdError::Corrupt(_) => ErrorCode::Corrupt,
             StreamdError::Internal(_) => ErrorCode::Internal,
         }

@@ -56,6 +56,8 @@ pub fn observe_append(
             m.appended_bytes.inc_by(bytes as u64);
             m.append_latency.observe(started.elapsed().as_secs_f64());
         }
+        // OBS-15: refusals while draining under the same metric, as their own outcome.
+        Err(crate::error::StreamdError::Draining) => m.appends.with_label_values(&["draining"]).inc(),
         Err(e) => m.appends.with_label_values(&[e.code().as_str()]).inc(),
     }
 }

@@ -19,6 +19,8 @@ use weir_shared::shutdown::{PhaseOutcome as Outcome, Shutdown};
 
 /// SD-REL-6: the release of the drain's cordon always gets at least this long.
 const RELEASE_GRACE: Duration = Duration::from_secs(1);
+/// SD-ADM-12: the confirming pass always gets at least this long.
+const CONFIRM_GRACE: Duration = Duration::from_secs(1);
 /// How long one look for the metadata leader may take.
 const LEADER_PROBE: Duration = Duration::from_secs(1);
 
@@ -94,18 +96,35 @@ pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
         }
     };
     let (closed, released) = tokio::join!(close_in_place(node, shutdown), release);
-    if closed != Outcome::Completed {
-        report_outstanding(node).await;
-    }
-    if closed != Outcome::Completed || !released {
+    let confirmed = confirm_nothing_moves(node, shutdown).await;
+    if closed != Outcome::Completed || !confirmed || !released {
         outcome = Outcome::Abandoned;
     }
     outcome
 }
 
+/// SD-ADM-12, OBS-11: the confirming pass over every stream. It gets what is left of
+/// the drain timeout, at least [`CONFIRM_GRACE`] (the close may have used all of it),
+/// never past the deadline. True when it saw no admitted work outstanding.
+async fn confirm_nothing_moves(node: &Node, shutdown: &Shutdown) -> bool {
+    let bound = shutdown.drain_left().max(CONFIRM_GRACE).min(shutdown.deadline_left());
+    let pass = async {
+        // Failpoint for OBS-11: a confirming pass that cannot finish in time.
+        weir_shared::failpoint::pause("confirm_pass").await;
+        report_outstanding(node).await
+    };
+    match tokio::time::timeout(bound, pass).await {
+        Ok(outstanding) => !outstanding,
+        Err(_) => {
+            tracing::warn!(timeout = ?bound, "local graph drain timed out before confirming that no admitted work is still moving");
+            false
+        }
+    }
+}
+
 /// SD-ADM-9, SD-ADM-12: what each stream still held when the drain stopped; all of it
-/// is in the WAL, and failover uploads it after the self-fence.
-async fn report_outstanding(node: &Node) {
+/// is in the WAL, and failover uploads it after the self-fence. True when any did.
+async fn report_outstanding(node: &Node) -> bool {
     let mut streams = Vec::new();
     for handle in node.all_streams() {
         let inner = handle.inner.lock().await;
@@ -127,9 +146,11 @@ async fn report_outstanding(node: &Node) {
             "records_in_upload": uploading,
         }));
     }
-    if !streams.is_empty() {
-        tracing::warn!(streams = %serde_json::Value::from(streams), "local graph drain timed out with admitted work outstanding");
+    if streams.is_empty() {
+        return false;
     }
+    tracing::warn!(streams = %serde_json::Value::from(streams), "local graph drain timed out with admitted work outstanding");
+    true
 }
 
 /// SD-DRN-8, SD-DRN-11, SD-REL-3: waits to observe a metadata leader, then asks it to

@@ -109,7 +109,7 @@ impl Streamd {
 }
 
 /// Which WAL backend and object store a stack uses.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// File WAL on a shared directory, data objects in S3.
     FileWal,
@@ -247,11 +247,23 @@ impl Stack {
     /// Adds a node whose data plane gatewayd reaches through a fault-injecting proxy
     /// (the node advertises the proxy's address); the proxy of that link.
     pub async fn add_node_behind_proxy(&mut self, id: &str, backend: Backend, extra: &[&str]) -> crate::proxy::Proxy {
+        self.add_node_behind_proxy_with_env(id, backend, extra, &[]).await
+    }
+
+    /// As [`Stack::add_node_behind_proxy`], with extra environment (`AWS_ENDPOINT` for
+    /// an object-store link through a proxy of its own).
+    pub async fn add_node_behind_proxy_with_env(
+        &mut self,
+        id: &str,
+        backend: Backend,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> crate::proxy::Proxy {
         let grpc = format!("127.0.0.1:{}", free_port());
         let proxy = crate::proxy::Proxy::start(&grpc).await;
         let mut flags = extra.to_vec();
         flags.extend(["--advertise", proxy.addr.as_str()]);
-        self.add_node_at(id, backend, &flags, &[], grpc);
+        self.add_node_at(id, backend, &flags, env, grpc);
         proxy
     }
 

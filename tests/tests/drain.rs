@@ -236,6 +236,7 @@ async fn a_stopping_streamd_drains_itself_by_planned_transfer_and_releases_its_c
     for s in names {
         assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s} on the peer");
     }
+    // SD-ADM-14: appends raced the stop (503s retried); no acked or refused append is applied twice.
     assert_eq!(
         gw.bodies("pt-a").await,
         acked,
@@ -278,6 +279,7 @@ async fn an_operator_cordon_survives_a_graceful_stop_and_a_restart() {
     let stopped = row(&metad.http_json("/admin/nodes").await.expect("nodes"));
     assert_eq!(stopped["cordoned"], true, "{stopped}");
     assert_eq!(stopped["cordoned_by"], "operator");
+    // SD-TRM-2: the stop published `terminating: true` for this epoch in /admin/nodes.
     assert_eq!(stopped["terminating"], true, "SD-TRM-7: both states");
     // SD-CRD-4: the gateway's view says the same.
     let (_, via_gw) = gw.send(gw.request(Method::GET, "/admin/nodes")).await;
@@ -290,7 +292,9 @@ async fn an_operator_cordon_survives_a_graceful_stop_and_a_restart() {
         (r["epoch"] != stopped["epoch"]).then_some(r)
     })
     .await;
+    // INV-16: the operator cordon survives the stop and the restart, seen in /admin/nodes.
     assert_eq!(restarted["cordoned"], true, "SD-CRD-2: {restarted}");
+    // SD-TRM-3: the old epoch was terminating (above); the restarted epoch is not.
     assert_eq!(restarted["terminating"], false, "SD-TRM-3: not inherited");
     for _ in 0..2 {
         let (status, body) = gw
@@ -414,6 +418,7 @@ async fn a_stopping_node_that_cannot_reach_the_leader_cordons_nothing() {
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
     stack.metad.replicas[0].resume();
+    // SD-TRM-2: with metad paused (no terminating mark published) the stop still completes.
     assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "SD-EX-1/2: {log}");
     assert_eq!(
         records(
@@ -463,11 +468,14 @@ async fn an_unanswered_drain_request_still_releases_its_cordon() {
         1,
         "{log}"
     );
+    // SD-DL-9: the drain used its whole budget, yet the cordon's release landed in its 1 s grace.
     assert_eq!(
         records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
         1,
         "{log}"
     );
+    // SD-DL-5: the drain timeout alone ended drain-support (Abandoned), leaving teardown its
+    // time: the exit above is 0, inside the 10 s deadline.
     assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
     let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
     assert_eq!(node_row(&nodes, &a)["cordoned"], false, "SD-REL-4");
@@ -512,6 +520,7 @@ async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
     assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "SD-EX-1/2: {log}");
+    // SD-ADM-7: the drain that hit its timeout reports Abandoned and the stop goes on (acked records recovered below).
     assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
     assert_eq!(
         records(
@@ -532,6 +541,52 @@ async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
     stack.add_node("streamd-2", Backend::FileWal, &[]);
     gw.wait_open("bh").await;
     assert_eq!(gw.bodies("bh").await, acked, "INV-2 after takeover");
+}
+
+// SD-ADM-12, OBS-11: the other way a drain runs out of time. Every stream closed with
+// nothing outstanding, but the confirming pass (held by failpoint `confirm_pass`) did not
+// finish within what was left of the drain timeout: the second record, not the first,
+// and drain-support is Abandoned. Nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_confirming_pass_that_runs_out_of_time_is_told_apart_from_outstanding_work() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let timing = [
+        "--drain-timeout-sec",
+        "2",
+        "--shutdown-deadline-sec",
+        "8",
+        "--shutdown-drain-sec",
+        "0",
+    ];
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        &timing,
+        &[("WEIR_FAILPOINT_CONFIRM_PASS", "sleep(10000)")],
+    );
+    stack.nodes[0].wait_ready().await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    gw.create_stream("cp").await;
+    gw.wait_open("cp").await;
+    gw.append("cp", &["kept"]).await;
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "SD-EX-1/2: {log}");
+    assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
+    let unconfirmed = records(
+        &log,
+        "local graph drain timed out before confirming that no admitted work is still moving",
+    );
+    assert_eq!(unconfirmed.len(), 1, "{log}");
+    assert!(
+        records(&log, "local graph drain timed out with admitted work outstanding").is_empty(),
+        "nothing was outstanding: {log}"
+    );
+    stack.add_node("streamd-2", Backend::FileWal, &[]);
+    gw.wait_open("cp").await;
+    assert_eq!(gw.bodies("cp").await, ["kept"], "INV-2");
 }
 
 // SD-DRN-11, SD-DRN-12: with three metad replicas and each transfer slowed (failpoint
@@ -648,6 +703,7 @@ async fn each_failed_release_of_the_drain_cordon_is_reported() {
         );
         assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned", "{action}");
         let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
+        // INV-16: /admin/nodes shows the drain cordon exactly when its release never committed.
         assert_eq!(node_row(&nodes, &a)["cordoned"], stays_cordoned, "{action}");
     }
 }
@@ -882,6 +938,7 @@ async fn an_append_unresolved_at_teardown_is_answered_504_interrupted() {
         .expect("answered within the shutdown deadline")
         .expect("task")
         .expect("an HTTP answer, not a dropped connection");
+    // SD-ADM-7: the append still unacknowledged at teardown ends as unknown outcome (504).
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
     assert!(response.headers().get("retry-after").is_none(), "not a refusal");
     let body: Value = response.json().await.expect("json");

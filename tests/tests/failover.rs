@@ -70,6 +70,7 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
     stack.nodes[victim].kill();
     let survivor = 1 - victim;
     for (s, acked) in streams.iter().zip(&acked) {
+        // FO-TKO-2: every stream of the killed node is moved on, open on the live survivor.
         wait_for(
             &format!("{s} open on the survivor"),
             Duration::from_secs(60),
@@ -172,7 +173,7 @@ async fn an_append_in_flight_to_a_hung_owner_follows_the_stream_within_the_node_
     assert_all_read_back(&gw, "gap", &acked).await;
 }
 
-/// FO-TKO-3, FO-LIV-10: a streamd restarted before its timeout re-registers at a new
+/// FO-LIV-10: a streamd restarted before its timeout re-registers at a new
 /// epoch and recovers its own WAL; its streams come back.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_streamd_recovers_its_own_wal() {
@@ -217,9 +218,11 @@ async fn a_metadata_outage_fences_nobody() {
             .iter()
             .filter(|n| n["fenced"] == json!(true))
             .collect();
+        // FO-MDO-4: no node (metad or streamd) is fenced for the outage.
         assert!(fenced.is_empty(), "fenced after an outage: {fenced:?}");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // FO-MDO-4: the owner that stayed up keeps the same node and epoch.
     assert_eq!(owner(&stack, &gw, "calm").await, Some(before));
     let (status, _) = gw
         .send(
@@ -230,7 +233,7 @@ async fn a_metadata_outage_fences_nobody() {
     assert_eq!(status, StatusCode::OK);
 }
 
-/// FO-LIV-6, FO-FEN-2: a streamd paused for less than the node timeout is never fenced
+/// FO-LIV-6: a streamd paused for less than the node timeout is never fenced
 /// and keeps its streams at the same epoch.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_streamd_paused_shorter_than_the_timeout_is_never_fenced() {
@@ -250,7 +253,7 @@ async fn a_streamd_paused_shorter_than_the_timeout_is_never_fenced() {
     gw.append("short", &["still here"]).await;
 }
 
-/// FO-TKO-4, FO-TKO-9: a recovery agent that dies in the middle of a takeover (after
+/// FO-TKO-9: a recovery agent that dies in the middle of a takeover (after
 /// fencing and replaying the WAL, before committing) is replaced, and the next agent
 /// recovers every acknowledged record.
 #[tokio::test(flavor = "multi_thread")]
@@ -322,7 +325,7 @@ async fn a_whole_cluster_restart_loses_nothing_and_fences_nobody_for_the_downtim
     assert!(!dump.contains("fence_node"), "nobody is fenced for the downtime");
 }
 
-/// FO-LIV-6, INV-7: a streamd cut off from metad is fenced after the timeout, its WAL is
+/// FO-LIV-6, INV-7, FO-TKO-7: a streamd cut off from metad is fenced after the timeout, its WAL is
 /// taken over, and it can acknowledge nothing more even though it never learns of the
 /// fence; every record it acknowledged before is recovered.
 #[tokio::test(flavor = "multi_thread")]
@@ -374,7 +377,27 @@ async fn a_streamd_cut_off_from_metad_is_fenced_and_can_acknowledge_nothing_more
             match_next_offset: None,
         })
         .await;
-    assert!(late.is_err(), "a cut-off, fenced node acknowledged an append");
+    // SD-TRG-4: the first append after the takeover is never acknowledged; its failed WAL
+    // write stops the node with the D-5 status (asserted below).
+    let late = late.expect_err("a cut-off, fenced node acknowledged an append");
+    // FO-TKO-7: the takeover fenced its WAL writer: the write is refused as fenced, and
+    // the node stops saying so (exit 75), though metad never reached it.
+    assert_eq!(
+        weir_shared::error_code::ErrorCode::of_status(&late).map(|c| c.as_str()),
+        Some("fenced"),
+        "{late:?}"
+    );
+    assert_eq!(stack.nodes[1].wait_exit(Duration::from_secs(20)).await, Some(75));
+    let fenced: Vec<serde_json::Value> = stack.nodes[1]
+        .log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|r: &serde_json::Value| r["message"] == "this incarnation is fenced; stopping")
+        .collect();
+    assert!(
+        fenced.iter().any(|r| r["reason"] == "write-ahead log was taken over"),
+        "{fenced:?}"
+    );
     stack.place(id, 0).await;
     stack.wait_serving("cut", 0).await;
     let mut survivor = stack.nodes[0].client().await;
@@ -390,13 +413,14 @@ async fn a_streamd_cut_off_from_metad_is_fenced_and_can_acknowledge_nothing_more
         .expect("read")
         .into_inner();
     let got = values(&read.batches);
+    // FO-TKO-13: no acked record lost, and nothing added under the dead epoch after the takeover.
     assert_eq!(got.len(), 10);
     for (i, (offset, value)) in got.iter().enumerate() {
         assert_eq!((*offset, value.as_slice()), (i as u64, format!("c-{i}").as_bytes()));
     }
 }
 
-/// FO-LIV-7, FO-LIV-11, INV-9, INV-10: the lease holder paused past the timeout fences
+/// FO-LIV-7, INV-10: the lease holder paused past the timeout fences
 /// no streamd (its clock stopped with it); the other replicas judge it on their own
 /// clocks, fence it and take the lease; it comes back as a new incarnation.
 #[tokio::test(flavor = "multi_thread")]

@@ -1,13 +1,16 @@
 //! A nemesis run: HTTP clients and an idempotent Kafka producer append through a gateway
 //! while streamd nodes are killed and restarted, paused past their timeout and resumed,
 //! stopped with SIGTERM (a drain by planned transfer), have their link to metad cut,
-//! blackholed or slowed, or the gateway's link to them cut or blackholed, by
-//! fault-injecting proxies, at random. After healing, every
+//! blackholed or slowed, their link to the object store or the gateway's links to them
+//! and to metad cut or blackholed, by fault-injecting proxies, at random. After healing, every
 //! stream is read back and the history checker verifies that every acknowledged record
 //! is there, once, in order (INV-1 to INV-3).
 //!
-//! Seeded: the seed is printed, and `WEIR_NEMESIS_SEED=<seed>` replays a run.
-//! `WEIR_NEMESIS_SECS` sets its length (CI runs a short one; 20 s by default).
+//! Seeded: the seed is printed, and `WEIR_NEMESIS_SEED=<seed>` replays a run (the seed
+//! also picks the file or the object WAL). `WEIR_NEMESIS_SECS` sets its length (CI runs
+//! a short one; 20 s by default), and `WEIR_NEMESIS_RUNS` how many runs follow each
+//! other, seeds counting up from the first: the long mode is
+//! `WEIR_NEMESIS_RUNS=50 WEIR_NEMESIS_SECS=120`.
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
@@ -104,39 +107,109 @@ fn kafka_send_order_problems(history: &History, stream: &str) -> Vec<String> {
         .collect()
 }
 
+/// What one run did, for the long mode's summary.
+struct Run {
+    seed: u64,
+    backend: Backend,
+    faults: Vec<String>,
+    attempts: usize,
+    acknowledged: usize,
+    problems: Vec<String>,
+}
+
+// INV-1, INV-2, INV-3: every acknowledged record is read back once, in order, whatever
+// the faults. `WEIR_NEMESIS_RUNS=50 WEIR_NEMESIS_SECS=120` is the long mode: it goes on
+// through a run that finds a violation and reports every run before it fails.
 #[tokio::test(flavor = "multi_thread")]
 async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
-    let seed = env_u64("WEIR_NEMESIS_SEED").unwrap_or_else(rand::random);
+    let first = env_u64("WEIR_NEMESIS_SEED").unwrap_or_else(rand::random);
     let secs = env_u64("WEIR_NEMESIS_SECS").unwrap_or(20);
-    println!("nemesis seed {seed} ({secs} s); replay with WEIR_NEMESIS_SEED={seed}");
-    let mut rng = StdRng::seed_from_u64(seed);
+    let runs = env_u64("WEIR_NEMESIS_RUNS").unwrap_or(1).max(1);
+    let mut done = Vec::new();
+    for i in 0..runs {
+        let seed = first.wrapping_add(i);
+        println!(
+            "nemesis run {}/{runs}: seed {seed} ({secs} s); replay with WEIR_NEMESIS_SEED={seed}",
+            i + 1
+        );
+        let run = run(seed, secs).await;
+        println!(
+            "nemesis run {}/{runs}: seed {seed}, {:?}, {} faults, {} of {} appends acknowledged, {} violations",
+            i + 1,
+            run.backend,
+            run.faults.len(),
+            run.acknowledged,
+            run.attempts,
+            run.problems.len()
+        );
+        done.push(run);
+    }
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    for f in done.iter().flat_map(|r| &r.faults) {
+        let kind: Vec<&str> = f.split(' ').take_while(|w| !w.starts_with("streamd-")).collect();
+        *kinds.entry(kind.join(" ")).or_default() += 1;
+    }
+    println!(
+        "nemesis: {} runs ({} object WAL) of {secs} s, {} faults {kinds:?}, {} acknowledged appends, {} violations",
+        done.len(),
+        done.iter().filter(|r| matches!(r.backend, Backend::ObjectWal)).count(),
+        done.iter().map(|r| r.faults.len()).sum::<usize>(),
+        done.iter().map(|r| r.acknowledged).sum::<usize>(),
+        done.iter().map(|r| r.problems.len()).sum::<usize>()
+    );
+    assert!(
+        done.iter().all(|r| r.acknowledged > 0),
+        "clients made progress in every run"
+    );
+    let failed: Vec<_> = done
+        .iter()
+        .filter(|r| !r.problems.is_empty())
+        .map(|r| (r.seed, &r.problems))
+        .collect();
+    // INV-1: every acked payload is read back at its acked offset (no second writer).
+    // INV-11: no payload whose only attempt was refused (503 before admission) is stored.
+    // INV-13: no payload is stored twice (each is sent once, so no duplicate is allowed).
+    // FO-TKO-13: through the takeovers these faults cause, no acked payload is lost or moved.
+    assert!(failed.is_empty(), "violations by seed: {failed:#?}");
+}
 
-    // Every streamd reaches metad, and gatewayd reaches every streamd, through proxies of
-    // their own, so each link can be faulted.
-    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+/// One seeded run: the backend (file or object WAL) and every fault come from the seed.
+async fn run(seed: u64, secs: u64) -> Run {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let backend = if seed.is_multiple_of(2) {
+        Backend::FileWal
+    } else {
+        Backend::ObjectWal
+    };
+
+    // Every link goes through a proxy of its own, so each can be faulted: each streamd's
+    // to metad and to the object store, gatewayd's to each streamd and to metad.
+    let mut stack = Stack::start_with(0, backend, &[], &[]).await;
+    let s3 = stack.s3.endpoint.trim_start_matches("http://").to_string();
     let mut links = Vec::new();
     let mut data_links = Vec::new();
+    let mut store_links = Vec::new();
     for i in 0..3 {
         let link = Proxy::start(&stack.metad.replicas[0].grpc).await;
+        let store = Proxy::start(&s3).await;
+        let endpoint = format!("http://{}", store.addr);
         let data = stack
-            .add_node_behind_proxy(
+            .add_node_behind_proxy_with_env(
                 &format!("streamd-{}", i + 1),
-                Backend::FileWal,
+                backend,
                 &["--metad", &link.addr],
+                &[("AWS_ENDPOINT", &endpoint)],
             )
             .await;
         links.push(link);
         data_links.push(data);
+        store_links.push(store);
     }
     for n in &stack.nodes {
         n.wait_ready().await;
     }
-    let gw = Arc::new(Gatewayd::start(
-        "gw-1",
-        &stack.metad.replicas[0].grpc,
-        stack.dir.path(),
-        &[],
-    ));
+    let gw_link = Proxy::start(&stack.metad.replicas[0].grpc).await;
+    let gw = Arc::new(Gatewayd::start("gw-1", &gw_link.addr, stack.dir.path(), &[]));
     gw.wait_ready().await;
     for s in STREAMS {
         gw.create_stream(s).await;
@@ -165,7 +238,7 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     let mut faults = Vec::new();
     while started.elapsed() < Duration::from_secs(secs) {
         let victim = rng.random_range(0..stack.nodes.len());
-        let fault = rng.random_range(0..8);
+        let fault = rng.random_range(0..11);
         match fault {
             0 => {
                 stack.nodes[victim].kill();
@@ -204,6 +277,27 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
                 tokio::time::sleep(Duration::from_millis(rng.random_range(500..4000))).await;
                 data_links[victim].set(Mode::Pass);
                 faults.push(format!("{mode:?} gateway link to {}", stack.nodes[victim].id));
+            }
+            8 | 9 => {
+                // The node's link to the object store: uploads (and with the object WAL,
+                // appends) stall or fail while the node stays live.
+                let mode = if fault == 8 { Mode::Cut } else { Mode::Blackhole };
+                store_links[victim].set(mode);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(500..4000))).await;
+                store_links[victim].set(Mode::Pass);
+                faults.push(format!("{mode:?} object store link of {}", stack.nodes[victim].id));
+            }
+            10 => {
+                // The gateway's link to metad: its view stops following the log.
+                let mode = if rng.random_bool(0.5) {
+                    Mode::Cut
+                } else {
+                    Mode::Blackhole
+                };
+                gw_link.set(mode);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(500..4000))).await;
+                gw_link.set(Mode::Pass);
+                faults.push(format!("{mode:?} gateway link to metad"));
             }
             5 => {
                 let delay = Duration::from_millis(rng.random_range(50..400));
@@ -252,10 +346,14 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
         }
     }
     let read_back = weir_tests::writer::read_back(&gw, &all_streams).await;
-    let acknowledged = history.acknowledged();
-    println!("{acknowledged} acknowledged appends of {}", history.attempts().len());
-    assert!(acknowledged > 0, "clients made progress");
     let mut problems = history.check(&read_back);
     problems.extend(kafka_send_order_problems(&history, &kafka_stream));
-    assert!(problems.is_empty(), "seed {seed}: {problems:#?}");
+    Run {
+        seed,
+        backend,
+        faults,
+        attempts: history.attempts().len(),
+        acknowledged: history.acknowledged(),
+        problems,
+    }
 }

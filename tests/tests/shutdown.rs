@@ -1,6 +1,8 @@
 //! The shutdown contract (seed 001, requirements §4.4–4.5) over real processes: the
 //! three phase records, exit statuses, the deadline, repeated signals, a signal held
 //! through startup, readiness during a stop, and a streamd's hand-off under load.
+// Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 use nix::sys::signal::Signal;
 use reqwest::Method;
@@ -50,7 +52,9 @@ fn assert_phases(log: &str, outcomes: [&str; 3]) {
     let mut last = 0;
     for (phase, outcome) in PHASES.iter().zip(outcomes) {
         let found = records(log, phase);
+        // SD-PH-3: one record whose `message` is exactly the phase string, with its `outcome`.
         assert_eq!(found.len(), 1, "one '{phase}' record:\n{log}");
+        // OBS-6: each phase's exact finish message carries its `outcome`.
         assert_eq!(found[0]["outcome"], outcome, "{phase}");
         let at = log.find(phase).expect("present");
         assert!(at > last, "'{phase}' in order");
@@ -96,6 +100,7 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
         .json()
         .await
         .expect("json");
+    // SD-TRM-2: the node's own /ready shows `terminating: true` within 1 s of SIGTERM.
     assert_eq!(ready["terminating"], true);
     assert!(signalled.elapsed() < Duration::from_secs(1), "readiness failed late");
     // Appends keep being acknowledged through the hand-off (the gateway follows it).
@@ -125,6 +130,7 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
         "no live schedulable replacement node remains; admitted work completes in place"
     )
     .is_empty());
+    // SD-PH-5: teardown's first act, the self-fence, comes after drain-support's record.
     assert!(
         log.find("fenced self") > log.find(PHASES[1]),
         "the self-fence comes after drain-support"
@@ -197,6 +203,7 @@ async fn a_repeated_signal_exits_at_once_with_130_or_143() {
         .await;
         let started = Instant::now();
         node.signal(second);
+        // SD-EX-5: the second signal, well before the 60 s deadline, decides the exit: 130/143 at once.
         assert_eq!(node.wait_exit(Duration::from_secs(10)).await, Some(code));
         assert!(started.elapsed() < Duration::from_secs(2), "exits at once");
         let log = node.log_text();
@@ -234,12 +241,15 @@ async fn the_deadline_ends_a_stalled_shutdown_with_status_1() {
     let code = stack.nodes[0].wait_exit(Duration::from_secs(20)).await;
     let elapsed = started.elapsed();
     let log = stack.nodes[0].log_text();
+    // SD-EX-5: with no second signal before it, the deadline decides the exit: 1.
     assert_eq!(code, Some(1), "{log}");
+    // INV-14: the stalled stop ends by its 3 s deadline + 1.5 s (1 s plus harness slack).
     assert!(
         elapsed >= Duration::from_millis(2500) && elapsed < Duration::from_millis(4500),
         "exit at the deadline, took {elapsed:?}"
     );
     let expired = records(&log, "shutdown deadline expired; abandoning graceful shutdown");
+    // SD-DL-4: the expiry is logged with the phase reached; no teardown record, no self-fence.
     assert_eq!(expired.len(), 1, "{log}");
     // The helper other stop tests assert against reads this log as a forced stop.
     assert_eq!(weir_tests::shutdown_exit_code(&log), 1);
@@ -549,6 +559,84 @@ fn fetch_answer(addr: &str, frame: &[u8]) -> (i32, i16, usize, Duration) {
     (throttle, error, records, started.elapsed())
 }
 
+// SD-INT-12, OBS-16: what a stopping gateway never admitted is dropped, counted and never
+// acknowledged: a Kafka frame half received and an HTTP body still arriving. The stop
+// logs, per listener, the clients it ended with their count, the requests it dropped and
+// reason "shutting down".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_gateway_drops_what_it_never_admitted_and_logs_the_clients_it_ended() {
+    use tokio::io::AsyncWriteExt;
+    let stack = Stack::start_with(1, Backend::FileWal, SHORT, &[]).await;
+    let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    gw.create_stream("half").await;
+    gw.wait_open("half").await;
+
+    // Two Kafka connections: one idle, one 10 bytes into a 100-byte frame.
+    let _idle = tokio::net::TcpStream::connect(&gw.kafka).await.expect("connect");
+    let mut half_frame = tokio::net::TcpStream::connect(&gw.kafka).await.expect("connect");
+    half_frame.write_all(&100i32.to_be_bytes()).await.expect("size");
+    half_frame.write_all(&[0u8; 10]).await.expect("part of a frame");
+    // An HTTP append whose body stops 14 bytes into its announced 1,000.
+    let mut half_body = tokio::net::TcpStream::connect(&gw.http).await.expect("connect");
+    let head = format!(
+        "POST /v1/streams/half/records HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"records\": [",
+        gw.http
+    );
+    half_body.write_all(head.as_bytes()).await.expect("head");
+    wait_for("the HTTP request is in flight", Duration::from_secs(10), || async {
+        // The scrape itself is one of them.
+        let text = gw_metrics(&gw).await;
+        text.lines()
+            .any(|l| l.starts_with("weir_gatewayd_http_requests_in_flight ") && !l.ends_with(" 1"))
+            .then_some(())
+    })
+    .await;
+
+    gw.signal(Signal::SIGTERM);
+    let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
+    let log = gw.log_text();
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    let ended = records(&log, "ended the clients of a listener");
+    let of = |listener: &str| {
+        ended
+            .iter()
+            .find(|r| r["listener"] == listener)
+            .unwrap_or_else(|| panic!("no record for the {listener} listener: {ended:?}"))
+            .clone()
+    };
+    let kafka = of("kafka");
+    assert_eq!(
+        (kafka["count"].as_i64(), kafka["dropped_requests"].as_u64()),
+        (Some(2), Some(1)),
+        "{kafka}"
+    );
+    assert_eq!(kafka["reason"], "shutting down");
+    let http = of("http");
+    // The test's own pooled keep-alive connections are attached too.
+    assert!(http["count"].as_i64() >= Some(1), "{http}");
+    assert_eq!(http["dropped_requests"].as_u64(), Some(1), "{http}");
+    assert_eq!(http["reason"], "shutting down");
+    assert_eq!(ended.len(), 2, "one record per listener: {ended:?}");
+    // Never acknowledged, never stored.
+    drop(gw);
+    let mut gw = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    assert!(gw.bodies("half").await.is_empty());
+    gw.signal(Signal::SIGTERM);
+    gw.proc().wait_exit(Duration::from_secs(20)).await;
+}
+
+async fn gw_metrics(gw: &Gatewayd) -> String {
+    gw.request(Method::GET, "/metrics")
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
 // SD-CS-4, SD-CS-9, SD-INT-3, SD-INT-8: a Kafka fetch long poll never holds a stop. When
 // the owning streamd stops, the waiting fetch either follows the stream to its new
 // owner (and gets the next record) or ends with NOT_LEADER_OR_FOLLOWER, well before its
@@ -582,6 +670,10 @@ async fn kafka_fetch_long_polls_end_when_their_owner_or_gateway_stops() {
 
     let addr = gw.kafka.clone();
     let waiting = tokio::task::spawn_blocking(move || fetch_answer(&addr, &fetch_v4("lp", 1, 20_000)));
+    let polling = {
+        let r = gw.request(Method::GET, "/v1/streams/lp%2F0/records?seq_num=1&wait=20");
+        tokio::spawn(async move { r.send().await })
+    };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let stopped = Instant::now();
     gw.signal(Signal::SIGTERM);
@@ -592,5 +684,17 @@ async fn kafka_fetch_long_polls_end_when_their_owner_or_gateway_stops() {
         took < Duration::from_secs(5),
         "ended after the 1 s drain window: {took:?}"
     );
+    // SD-CS-4, SD-INT-8: the HTTP long poll is refused at once with a 503 that offers no
+    // retry delay (no Retry-After): the retry belongs on another gateway.
+    let response = polling.await.expect("task").expect("an HTTP answer");
+    let took = stopped.elapsed();
+    assert_eq!(response.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        response.headers().get("retry-after").is_none(),
+        "SD-INT-8: no retry delay"
+    );
+    let body: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    assert!(took < Duration::from_secs(5), "the long poll held the stop: {took:?}");
     assert_eq!(gw.proc().wait_exit(Duration::from_secs(20)).await, Some(0));
 }

@@ -311,6 +311,7 @@ async fn sigkill_then_replay(backend: Backend) {
         Some("not_owner")
     );
     let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
+    // SD-TRM-1: the restart is a new incarnation, epoch 1 → 2, under the same node ID.
     assert_eq!(weir_tests::node_row(&nodes, "streamd-1")["epoch"], 2);
     // FO-LIV-1, FO-LIV-2: the new incarnation heartbeats every second.
     let first = weir_tests::node_row(&nodes, "streamd-1")["heartbeats"]
@@ -991,6 +992,7 @@ async fn sigterm_closes_streams_with_every_record_committed_then_fences_itself()
         assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(30)).await, Some(0));
         let client = stack.metad.client();
         let row = stream_row(&stack, "bye").await;
+        // SD-ADM-2: the in-place close committed all 25 buffered records despite 600 s / 1 GB thresholds.
         assert_eq!(row["state"], "closed");
         assert_eq!(row["committed_end"], 25);
         let nodes = client.admin("nodes", 0, 0).await.expect("nodes");

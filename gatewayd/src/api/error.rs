@@ -21,6 +21,9 @@ pub struct ApiError {
     pub message: String,
     /// Extra JSON fields (for example the stream's `tail` on a read past it).
     pub details: Option<serde_json::Value>,
+    /// A refusal because this gateway is stopping: immediate, with no retry delay
+    /// (SD-INT-8), since the client's retry belongs on another gateway, not a later one.
+    pub stopping: bool,
 }
 
 impl ApiError {
@@ -29,6 +32,15 @@ impl ApiError {
             code,
             message: message.into(),
             details: None,
+            stopping: false,
+        }
+    }
+
+    /// SD-INT-8: what a request still open when the gateway stops is answered.
+    pub fn stopping(message: impl Into<String>) -> Self {
+        Self {
+            stopping: true,
+            ..Self::new(ErrorCode::Unavailable, message)
         }
     }
 
@@ -62,7 +74,7 @@ impl IntoResponse for ApiError {
             err.extend(extra);
         }
         let mut response = (status, Json(body)).into_response();
-        if self.code.is_retryable() {
+        if self.code.is_retryable() && !self.stopping {
             // Every retryable error is transient: the stream moves, recovers or the quorum returns.
             response
                 .headers_mut()

@@ -146,6 +146,23 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
+/// One HTTP request in `gatewayd_http_requests_in_flight`, however it ends: answered,
+/// or dropped with its connection at a stop (SD-INT-12 counts those).
+struct InFlight;
+
+impl InFlight {
+    fn new() -> Self {
+        crate::metrics::metrics().http_in_flight.inc();
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        crate::metrics::metrics().http_in_flight.dec();
+    }
+}
+
 /// OBS: requests by route, method and status, and their latency.
 async fn count_requests(req: Request, next: Next) -> Response {
     let route = req
@@ -155,6 +172,7 @@ async fn count_requests(req: Request, next: Next) -> Response {
         .unwrap_or_else(|| "unmatched".into());
     let method = req.method().to_string();
     let started = std::time::Instant::now();
+    let _in_flight = InFlight::new();
     let response = next.run(req).await;
     let m = crate::metrics::metrics();
     m.http_requests

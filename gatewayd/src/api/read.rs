@@ -190,12 +190,19 @@ pub async fn read_or_subscribe(
     if gw.routes.stream(&name).is_none() {
         return Err(ApiError::not_found(format!("stream '{name}' does not exist")));
     }
-    let _slot = if limits.wait_ms > 0 {
-        Some(gw.live_reads.long_poll()?)
+    let from = query.seq_num.unwrap_or(0);
+    let page = if limits.wait_ms > 0 {
+        let _slot = gw.live_reads.long_poll()?;
+        // SD-CS-4: a long poll never holds a stop; it ends with the drain window.
+        tokio::select! {
+            page = read_page(&gw, &name, from, limits) => page?,
+            _ = gw.stopping.cancelled() => {
+                return Err(ApiError::stopping("the gateway is stopping; poll again through another gateway"))
+            }
+        }
     } else {
-        None
+        read_page(&gw, &name, from, limits).await?
     };
-    let page = read_page(&gw, &name, query.seq_num.unwrap_or(0), limits).await?;
     Ok(Json(json!({
         "records": page.records,
         "next_seq_num": page.next_seq_num,

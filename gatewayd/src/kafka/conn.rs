@@ -13,6 +13,7 @@ use kafka_protocol::messages::{ApiKey, RequestKind, ResponseHeader, ResponseKind
 use kafka_protocol::protocol::Encodable;
 use kafka_protocol::ResponseError as KafkaError;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
@@ -93,9 +94,10 @@ fn read_next(
     mut rd: Reader,
     max: usize,
     within: Duration,
+    partial: Arc<AtomicBool>,
 ) -> BoxFuture<'static, (Reader, Result<bytes::Bytes, FrameError>)> {
     Box::pin(async move {
-        let frame = frame::read_frame(&mut rd, max, within).await;
+        let frame = frame::read_frame_noting(&mut rd, max, within, &partial).await;
         (rd, frame)
     })
 }
@@ -139,13 +141,14 @@ pub async fn run(
     // Until it authenticates, a peer may send only small frames (issue 19). The next
     // frame is read only once the one before was dispatched, so a SASL exchange that
     // authenticates is over before the limit is chosen again.
+    let partial = Arc::new(AtomicBool::new(false));
     let next_frame = |rd: Reader, session: &Session| {
         let max = if session.principal.is_some() {
             kafka.max_frame_bytes
         } else {
             kafka.max_unauthenticated_frame_bytes
         };
-        read_next(rd, max, kafka.header_read_timeout)
+        read_next(rd, max, kafka.header_read_timeout, partial.clone())
     };
     let appends = OrderedAppends::new(lanes);
     let mut in_flight: InFlight<'_> = FuturesOrdered::new();
@@ -162,7 +165,12 @@ pub async fn run(
                 continue;
             }
             _ = stop.cancelled() => {
-                // Requests already admitted are answered; nothing more is read.
+                // Requests already admitted are answered; nothing more is read, and a
+                // request half received is dropped unanswered (SD-INT-12).
+                if partial.load(Ordering::Relaxed) {
+                    crate::metrics::metrics().requests_dropped.with_label_values(&["kafka"]).inc();
+                    tracing::debug!(%peer, "kafka request dropped mid-frame: the gateway is stopping");
+                }
                 drain(&mut in_flight, &mut wr, &peer).await?;
                 return Ok(());
             }

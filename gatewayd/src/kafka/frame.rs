@@ -4,6 +4,7 @@
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind};
 use kafka_protocol::protocol::Decodable;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -23,15 +24,29 @@ pub enum FrameError {
 /// as the connection may idle; the rest of the frame must follow within `within`, so a
 /// peer trickling bytes cannot hold a connection and its buffer (issue 19).
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize, within: Duration) -> Result<Bytes, FrameError> {
+    read_frame_noting(r, max, within, &AtomicBool::new(false)).await
+}
+
+/// [`read_frame`], setting `partial` from the frame's first byte until it is whole, so
+/// a connection ended meanwhile knows it drops a request it never admitted (SD-INT-12).
+pub async fn read_frame_noting<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+    within: Duration,
+    partial: &AtomicBool,
+) -> Result<Bytes, FrameError> {
     let mut size = [0u8; 4];
     match r.read(&mut size[..1]).await {
         Ok(0) => return Err(FrameError::Closed),
         Ok(_) => {}
         Err(e) => return Err(e.into()),
     }
-    tokio::time::timeout(within, read_rest(r, size, max))
+    partial.store(true, Ordering::Relaxed);
+    let frame = tokio::time::timeout(within, read_rest(r, size, max))
         .await
-        .map_err(|_| FrameError::HeadTimeout(within))?
+        .map_err(|_| FrameError::HeadTimeout(within))?;
+    partial.store(false, Ordering::Relaxed);
+    frame
 }
 
 async fn read_rest<R: AsyncRead + Unpin>(r: &mut R, mut size: [u8; 4], max: usize) -> Result<Bytes, FrameError> {

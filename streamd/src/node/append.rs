@@ -87,9 +87,7 @@ impl Node {
         match_next_offset: Option<u64>,
     ) -> Result<Admitted, StreamdError> {
         if self.intake_closed.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(StreamdError::Unavailable(
-                "the node is shutting down; its streams are moving".into(),
-            ));
+            return Err(StreamdError::Draining);
         }
         if batches.len() > self.tunables.max_append_bytes {
             return Err(StreamdError::TooLarge(format!(
