@@ -248,6 +248,8 @@ impl Registered {
     /// Waits for the catch-up fence (RR-FEN-1); false when the node was fenced or a stop
     /// was requested first, and it must not be admitted.
     pub async fn catch_up(&self, stop_requested: &CancellationToken) -> bool {
+        // Failpoint for RR-FEN-5 tests: a window between registration and catch-up.
+        weir_shared::failpoint::pause("catch_up_start").await;
         let never = CancellationToken::new();
         tokio::select! {
             admitted = crate::catch_up::catch_up(&self.view, &self.metad, &never) => admitted.is_some(),

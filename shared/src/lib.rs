@@ -16,5 +16,6 @@ pub mod metrics;
 pub mod peer;
 pub mod service;
 pub mod shutdown;
+pub mod task_kinds;
 pub mod telemetry;
 pub mod tls;

@@ -16,6 +16,7 @@ use weir_shared::ids::NodeId;
 use weir_shared::listener::{grpc_incoming, Listener};
 use weir_shared::service::Exit;
 use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
+use weir_shared::task_kinds::{KindTasks, TASK_GRACE};
 
 /// Largest gRPC message: an append of `--max-append-bytes` plus framing.
 fn max_message(args: &StreamdArgs) -> usize {
@@ -76,29 +77,51 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     ));
 
     registered.follow(&tasks, args.node.heartbeat, &stop);
-    tasks.spawn(reconcile_loop(node.clone(), stop.clone()));
-    tasks.spawn(upload_loop(node.clone(), stop.clone()));
-    tasks.spawn(crate::node::compaction_loop(
-        node.clone(),
-        Duration::from_millis(args.compaction_interval_ms),
-        stop.clone(),
-    ));
-    tasks.spawn(crate::node::retention_loop(
-        node.clone(),
-        Duration::from_millis(args.retention_check_interval_ms),
-        stop.clone(),
-    ));
+    // The node's loops, each given the same short grace at teardown (SD-TD-3/4).
+    let loops = KindTasks::new();
+    loops.spawn(
+        "reconcile",
+        "reconcile",
+        None,
+        reconcile_loop(node.clone(), stop.clone()),
+    );
+    loops.spawn("uploader", "uploader", None, upload_loop(node.clone(), stop.clone()));
+    loops.spawn(
+        "compaction",
+        "compaction",
+        None,
+        crate::node::compaction_loop(
+            node.clone(),
+            Duration::from_millis(args.compaction_interval_ms),
+            stop.clone(),
+        ),
+    );
+    loops.spawn(
+        "retention",
+        "retention",
+        None,
+        crate::node::retention_loop(
+            node.clone(),
+            Duration::from_millis(args.retention_check_interval_ms),
+            stop.clone(),
+        ),
+    );
     let gc_delay = Duration::from_secs(args.gc_delay_sec);
     let gc_grace = Duration::from_secs(args.gc_grace_sec);
-    tasks.spawn(crate::object::gc::gc_loop(
-        node.store.clone(),
-        node.metad.clone(),
-        gc_delay,
-        gc_grace,
-        (gc_delay.min(gc_grace.max(Duration::from_secs(1))) / 4)
-            .clamp(Duration::from_secs(1), Duration::from_secs(300)),
-        stop.clone(),
-    ));
+    loops.spawn(
+        "gc",
+        "object gc",
+        None,
+        crate::object::gc::gc_loop(
+            node.store.clone(),
+            node.metad.clone(),
+            gc_delay,
+            gc_grace,
+            (gc_delay.min(gc_grace.max(Duration::from_secs(1))) / 4)
+                .clamp(Duration::from_secs(1), Duration::from_secs(300)),
+            stop.clone(),
+        ),
+    );
 
     // Listeners and the calls they carry, tracked apart from background work so the
     // teardown can give in-flight calls their own bound (SD-CS-5).
@@ -139,6 +162,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         http_stop,
         stop,
         tasks,
+        loops,
     };
     let exit = registered.until_stopped(&stop_requested).await;
     match exit {
@@ -161,6 +185,7 @@ struct Teardown {
     http_stop: CancellationToken,
     stop: CancellationToken,
     tasks: TaskTracker,
+    loops: KindTasks,
 }
 
 impl Teardown {
@@ -175,7 +200,12 @@ impl Teardown {
         self.stop.cancel();
         // Tasks the node started for single streams (closes, takeovers, group ticks).
         self.node.tasks.close();
-        weir_shared::shutdown::stop_background(&self.tasks).await;
+        // The loops get one shared grace (SD-TD-3/4) while the WAL writer, heartbeat and
+        // view get the background grace to close their storage and links (SD-DL-8).
+        tokio::join!(
+            self.loops.stop(TASK_GRACE),
+            weir_shared::shutdown::stop_background(&self.tasks)
+        );
         weir_shared::shutdown::stop_background(&self.node.tasks).await;
     }
 }

@@ -541,3 +541,62 @@ async fn an_open_reads_only_the_tail_of_a_large_range() {
     })
     .await;
 }
+
+// SD-TD-3, SD-TD-4, OBS-12: a background task that does not stop in its grace is aborted
+// at teardown and named. The compactor hangs (failpoint `compaction_commit=hang`) between
+// its writes and its commit; the stop gives the node's loops one 2 s grace together,
+// then aborts the compactor with one warn record naming its kind and the grace, and the
+// process exits as its phases call for. Nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
+    within(240, async {
+        let mut stack = Stack::start(0, Backend::FileWal, COMPACTING).await;
+        stack.add_node_with_env(
+            "streamd-1",
+            Backend::FileWal,
+            COMPACTING,
+            &[("WEIR_FAILPOINT_COMPACTION_COMMIT", "hang")],
+        );
+        stack.nodes[0].wait_ready().await;
+        let gw = Arc::new(Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &[],
+        ));
+        gw.wait_ready().await;
+        let streams = ["h-0"];
+        let id = stack.create_stream(streams[0], 0).await;
+        let history = Arc::new(History::default());
+        let (stop, tasks) = writers(&gw, &streams, &history);
+        wait_for(
+            "the compactor hangs before its commit",
+            Duration::from_secs(60),
+            || async { stack.nodes[0].log_text().contains("compaction_commit").then_some(()) },
+        )
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.expect("writer");
+        }
+        stack.nodes[0].term();
+        let code = stack.nodes[0].wait_exit(Duration::from_secs(60)).await;
+        let log = stack.nodes[0].log_text();
+        assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+        let aborted: Vec<serde_json::Value> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|r| r["message"] == "shutdown task exceeded grace period; aborting")
+            .collect();
+        assert_eq!(aborted.len(), 1, "only the hung task: {aborted:?}");
+        assert_eq!(aborted[0]["task_kind"], "compaction", "{aborted:?}");
+        assert_eq!(aborted[0]["task"], "compaction");
+        assert_eq!(aborted[0]["grace_period"], "2s");
+        assert_eq!(aborted[0]["level"], "WARN");
+        stack.add_node("streamd-2", Backend::FileWal, COMPACTING);
+        stack.nodes[1].wait_ready().await;
+        stack.place_once_closed(id, 1).await;
+        check_history(&gw, &streams, &history).await;
+    })
+    .await;
+}

@@ -337,6 +337,63 @@ fn s3_store(stack: &Stack) -> std::sync::Arc<dyn object_store::ObjectStore> {
     std::sync::Arc::new(s3)
 }
 
+/// The JSON log records of `text` whose message is `message`.
+fn log_records(text: &str, message: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["message"] == message)
+        .collect()
+}
+
+// RR-FEN-5: the catch-up boundary in the log. A streamd registers; its catch-up (held
+// 2 s by failpoint `catch_up_start`) then finds metad unreachable through its cut link
+// for several read attempts. It warns exactly once that it waits, however many reads
+// fail, and once the link is back logs its admission at info, exactly once, with a
+// committed_log_index at or past the index of its own registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catch_up_boundary_is_logged_once_each_way() {
+    use weir_tests::proxy::{Mode, Proxy};
+    with_timeout(async {
+        // A node timeout well past the cut, so the node is not fenced meanwhile.
+        let timing = ["--heartbeat-interval-sec", "1", "--node-timeout-sec", "30"];
+        let metad_flags = [&["--auto-place", "false"][..], &timing[..]].concat();
+        let mut stack = secure_stack_with(0, Backend::FileWal, &[], &metad_flags).await;
+        let link = Proxy::start(&stack.metad.replicas[0].grpc).await;
+        let flags = [&["--metad", link.addr.as_str()][..], &timing[..]].concat();
+        stack.add_node_with_env(
+            "streamd-1",
+            Backend::FileWal,
+            &flags,
+            &[("WEIR_FAILPOINT_CATCH_UP_START", "sleep(2000)")],
+        );
+        let registered = wait_for("the node registered", Duration::from_secs(30), || async {
+            log_records(&stack.nodes[0].log_text(), "registered").first().cloned()
+        })
+        .await;
+        link.set(Mode::Cut);
+        let waiting = "runtime execution is waiting for linearizable consensus catch-up";
+        wait_for("the catch-up waits", Duration::from_secs(30), || async {
+            (!log_records(&stack.nodes[0].log_text(), waiting).is_empty()).then_some(())
+        })
+        .await;
+        // Reads are retried every 0.5 s: several more fail while the link stays cut.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        link.set(Mode::Pass);
+        stack.nodes[0].wait_ready().await;
+        let log = stack.nodes[0].log_text();
+        let warned = log_records(&log, waiting);
+        assert_eq!(warned.len(), 1, "warned once: {warned:?}");
+        assert_eq!(warned[0]["level"], "WARN");
+        let admitted = log_records(&log, "runtime execution admitted after linearizable consensus catch-up");
+        assert_eq!(admitted.len(), 1, "{admitted:?}");
+        assert_eq!(admitted[0]["level"], "INFO");
+        let at = admitted[0]["committed_log_index"].as_u64().expect("index");
+        let registered_at = registered["log_index"].as_u64().expect("registration index");
+        assert!(at >= registered_at, "admitted at {at}, registered at {registered_at}");
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_wal_replay_after_sigkill_returns_every_acknowledged_record_once() {
     with_timeout(sigkill_then_replay(Backend::FileWal)).await;
