@@ -536,6 +536,10 @@ async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
     let streams: Value = serde_json::from_str(outstanding[0]["streams"].as_str().expect("streams")).expect("json");
     assert_eq!(streams[0]["stream"], "bh");
     assert_eq!(streams[0]["buffered_records"], 10, "{streams}");
+    // SD-CS-8: the drain ran out, yet the node fenced itself (metad was reachable): its
+    // row is fenced, and its still-open stream goes through WAL takeover below.
+    let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
+    assert_eq!(node_row(&nodes, "streamd-1")["fenced"], true, "{nodes}");
 
     s3.set(Mode::Pass);
     stack.add_node("streamd-2", Backend::FileWal, &[]);

@@ -254,6 +254,10 @@ async fn the_deadline_ends_a_stalled_shutdown_with_status_1() {
     // The helper other stop tests assert against reads this log as a forced stop.
     assert_eq!(weir_tests::shutdown_exit_code(&log), 1);
     assert_eq!(expired[0]["phase"], "drain-support");
+    // SD-PH-2: the phase the deadline cut short is reported Forced (the other stop tests
+    // assert Completed and Abandoned), and it has no phase record of its own.
+    assert_eq!(expired[0]["outcome"], "Forced");
+    assert!(records(&log, PHASES[1]).is_empty(), "{log}");
     assert!(records(&log, PHASES[2]).is_empty());
     assert!(records(&log, "fenced self").is_empty());
 }
