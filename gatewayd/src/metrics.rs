@@ -29,11 +29,12 @@ pub struct GatewayMetrics {
     pub live_reads_refused: IntCounterVec,
     /// Live reads open now, by kind.
     pub live_reads: IntGaugeVec,
-    /// SD-INT-12: requests received in part (a Kafka frame) or whole but never admitted,
+    /// SD-INT-12: requests received in part (a Kafka frame, an HTTP body) and never admitted,
     /// discarded when the gateway stopped, by listener. Nothing of them was acknowledged.
     pub requests_dropped: IntCounterVec,
-    /// HTTP requests being served now (their bodies may still be arriving).
+    /// HTTP requests being served now, and those of them whose bodies are still arriving.
     pub http_in_flight: IntGauge,
+    pub http_receiving: IntGauge,
 }
 
 const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
@@ -142,7 +143,7 @@ pub fn metrics() -> &'static GatewayMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "gatewayd_requests_dropped_total",
-                        "Requests received in part or whole and never admitted, discarded at a stop, by listener",
+                        "Requests received in part and never admitted, discarded at a stop, by listener",
                     ),
                     &["listener"],
                 )
@@ -151,6 +152,13 @@ pub fn metrics() -> &'static GatewayMetrics {
             http_in_flight: register(
                 IntGauge::new("gatewayd_http_requests_in_flight", "HTTP requests being served now")
                     .expect("valid metric"),
+            ),
+            http_receiving: register(
+                IntGauge::new(
+                    "gatewayd_http_requests_receiving",
+                    "HTTP requests being served whose bodies are still arriving",
+                )
+                .expect("valid metric"),
             ),
             live_reads_refused: register(
                 IntCounterVec::new(

@@ -220,9 +220,9 @@ impl StopSteps for GatewaydStop {
             Ok(()) => PhaseOutcome::Completed,
             Err(_) => {
                 tracing::warn!(timeout = ?inflight, "in-flight requests did not finish; stopping anyway");
-                // HTTP requests still open now (bodies still arriving, or waiting) end
-                // with the process, unanswered (SD-INT-12).
-                let open = crate::metrics::metrics().http_in_flight.get().max(0) as u64;
+                // HTTP requests whose bodies are still arriving end with the process,
+                // never admitted (SD-INT-12); others may have been, so are not counted.
+                let open = crate::metrics::metrics().http_receiving.get().max(0) as u64;
                 crate::metrics::metrics()
                     .requests_dropped
                     .with_label_values(&["http"])

@@ -19,8 +19,6 @@ use weir_shared::shutdown::{PhaseOutcome as Outcome, Shutdown};
 
 /// SD-REL-6: the release of the drain's cordon always gets at least this long.
 const RELEASE_GRACE: Duration = Duration::from_secs(1);
-/// SD-ADM-12: the confirming pass always gets at least this long.
-const CONFIRM_GRACE: Duration = Duration::from_secs(1);
 /// How long one look for the metadata leader may take.
 const LEADER_PROBE: Duration = Duration::from_secs(1);
 
@@ -96,22 +94,28 @@ pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
         }
     };
     let (closed, released) = tokio::join!(close_in_place(node, shutdown), release);
-    let confirmed = confirm_nothing_moves(node, shutdown).await;
+    let confirmed = if closed == Outcome::Completed {
+        confirm_nothing_moves(node, shutdown).await
+    } else {
+        // The closes ran out: what is outstanding is reported as it stands now, a
+        // stream busy meanwhile as such, without waiting on it.
+        !report_outstanding(node, false).await
+    };
     if closed != Outcome::Completed || !confirmed || !released {
         outcome = Outcome::Abandoned;
     }
     outcome
 }
 
-/// SD-ADM-12, OBS-11: the confirming pass over every stream. It gets what is left of
-/// the drain timeout, at least [`CONFIRM_GRACE`] (the close may have used all of it),
-/// never past the deadline. True when it saw no admitted work outstanding.
+/// SD-ADM-12, OBS-11: after every close completed, the confirming pass over every
+/// stream, within what is left of the drain timeout (a pass that waits on nothing ends
+/// even when none is left). True when it saw no admitted work outstanding.
 async fn confirm_nothing_moves(node: &Node, shutdown: &Shutdown) -> bool {
-    let bound = shutdown.drain_left().max(CONFIRM_GRACE).min(shutdown.deadline_left());
+    let bound = shutdown.step(Duration::MAX);
     let pass = async {
         // Failpoint for OBS-11: a confirming pass that cannot finish in time.
         weir_shared::failpoint::pause("confirm_pass").await;
-        report_outstanding(node).await
+        report_outstanding(node, true).await
     };
     match tokio::time::timeout(bound, pass).await {
         Ok(outstanding) => !outstanding,
@@ -124,10 +128,21 @@ async fn confirm_nothing_moves(node: &Node, shutdown: &Shutdown) -> bool {
 
 /// SD-ADM-9, SD-ADM-12: what each stream still held when the drain stopped; all of it
 /// is in the WAL, and failover uploads it after the self-fence. True when any did.
-async fn report_outstanding(node: &Node) -> bool {
+/// Without `wait`, a stream whose state is locked meanwhile is reported `busy`.
+async fn report_outstanding(node: &Node, wait: bool) -> bool {
     let mut streams = Vec::new();
     for handle in node.all_streams() {
-        let inner = handle.inner.lock().await;
+        let inner = if wait {
+            handle.inner.lock().await
+        } else {
+            match handle.inner.try_lock() {
+                Ok(inner) => inner,
+                Err(_) => {
+                    streams.push(serde_json::json!({ "stream": handle.name, "busy": true }));
+                    continue;
+                }
+            }
+        };
         let durable = handle.durable_end();
         let in_flight = inner.next_offset.saturating_sub(durable);
         let buffered = durable.saturating_sub(inner.committed_end);

@@ -579,6 +579,13 @@ async fn a_confirming_pass_that_runs_out_of_time_is_told_apart_from_outstanding_
     let log = stack.nodes[0].log_text();
     assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "SD-EX-1/2: {log}");
     assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
+    // The premise: its one stream closed in place, every record committed.
+    assert!(
+        records(&log, "closed stream for shutdown")
+            .iter()
+            .any(|r| r["stream"] == "cp"),
+        "{log}"
+    );
     let unconfirmed = records(
         &log,
         "local graph drain timed out before confirming that no admitted work is still moving",

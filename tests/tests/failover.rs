@@ -32,6 +32,12 @@ async fn owner(stack: &Stack, gw: &Gatewayd, stream: &str) -> Option<(usize, u64
     Some((i, d["owner"]["epoch"].as_u64()?))
 }
 
+/// The stream's epoch, which every new owner opens at a greater value.
+async fn stream_epoch(gw: &Gatewayd, stream: &str) -> u64 {
+    let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{stream}"))).await;
+    d["stream_epoch"].as_u64().expect("stream epoch")
+}
+
 /// Appends `n` records one by one; every one is acknowledged (the owner is healthy).
 async fn append_n(gw: &Gatewayd, stream: &str, prefix: &str, n: usize) -> Vec<String> {
     let mut acked = Vec::new();
@@ -67,6 +73,11 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
         acked.push(append_n(&gw, s, s, 20).await);
     }
     let victim = owner(&stack, &gw, "k-a").await.expect("k-a is open").0;
+    let mut epochs_before = Vec::new();
+    for s in streams {
+        let on_victim = owner(&stack, &gw, s).await.map(|(i, _)| i) == Some(victim);
+        epochs_before.push((on_victim, stream_epoch(&gw, s).await));
+    }
     stack.nodes[victim].kill();
     let survivor = 1 - victim;
     for (s, acked) in streams.iter().zip(&acked) {
@@ -79,6 +90,15 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
         .await;
         assert_all_read_back(&gw, s, acked).await;
     }
+    // FO-TKO-10: every moved stream opened on the live node at a greater stream epoch
+    // than it ever had under the dead one.
+    for (s, (moved, before)) in streams.iter().zip(&epochs_before) {
+        let after = stream_epoch(&gw, s).await;
+        if *moved {
+            assert!(after > *before, "{s}: stream epoch {before} -> {after}");
+        }
+    }
+    assert!(epochs_before[0].0, "k-a was on the victim");
     // The stream takes new appends at its new owner.
     gw.append("k-a", &["after"]).await;
     let log = stack.metad.replicas[0].log_text();
@@ -322,6 +342,8 @@ async fn a_whole_cluster_restart_loses_nothing_and_fences_nobody_for_the_downtim
         .await
         .expect("log dump")
         .to_string();
+    // RR-GRC-4: downtime never counts toward fencing: no FenceNode in the log after a
+    // whole-cluster restart within the node timeout, only re-registrations.
     assert!(!dump.contains("fence_node"), "nobody is fenced for the downtime");
 }
 

@@ -132,7 +132,16 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
             "nemesis run {}/{runs}: seed {seed} ({secs} s); replay with WEIR_NEMESIS_SEED={seed}",
             i + 1
         );
-        let run = run(seed, secs).await;
+        // A run that panics (a heal that times out, an exit status) is reported with
+        // the others, not lost with the loop.
+        let run = tokio::spawn(run(seed, secs)).await.unwrap_or_else(|e| Run {
+            seed,
+            backend: backend_of(seed),
+            faults: Vec::new(),
+            attempts: 0,
+            acknowledged: 0,
+            problems: vec![format!("the run panicked: {}", panic_text(e))],
+        });
         println!(
             "nemesis run {}/{runs}: seed {seed}, {:?}, {} faults, {} of {} appends acknowledged, {} violations",
             i + 1,
@@ -173,14 +182,30 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     assert!(failed.is_empty(), "violations by seed: {failed:#?}");
 }
 
-/// One seeded run: the backend (file or object WAL) and every fault come from the seed.
-async fn run(seed: u64, secs: u64) -> Run {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let backend = if seed.is_multiple_of(2) {
+/// The seed picks the WAL: even seeds the file WAL, odd ones the object WAL.
+fn backend_of(seed: u64) -> Backend {
+    if seed.is_multiple_of(2) {
         Backend::FileWal
     } else {
         Backend::ObjectWal
-    };
+    }
+}
+
+fn panic_text(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// One seeded run: the backend (file or object WAL) and every fault come from the seed.
+async fn run(seed: u64, secs: u64) -> Run {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let backend = backend_of(seed);
 
     // Every link goes through a proxy of its own, so each can be faulted: each streamd's
     // to metad and to the object store, gatewayd's to each streamd and to metad.
@@ -280,11 +305,16 @@ async fn run(seed: u64, secs: u64) -> Run {
             }
             8 | 9 => {
                 // The node's link to the object store: uploads (and with the object WAL,
-                // appends) stall or fail while the node stays live.
+                // appends) stall or fail. A WAL write that fails for good fences the
+                // node (exit 75), as a supervisor would restart it, so does this.
                 let mode = if fault == 8 { Mode::Cut } else { Mode::Blackhole };
                 store_links[victim].set(mode);
                 tokio::time::sleep(Duration::from_millis(rng.random_range(500..4000))).await;
                 store_links[victim].set(Mode::Pass);
+                if let Some(code) = stack.nodes[victim].wait_exit_if_exited(Duration::from_secs(3)).await {
+                    assert_eq!(code, 75, "a fenced node exits 75");
+                    stack.nodes[victim].start();
+                }
                 faults.push(format!("{mode:?} object store link of {}", stack.nodes[victim].id));
             }
             10 => {

@@ -588,11 +588,10 @@ async fn a_stopping_gateway_drops_what_it_never_admitted_and_logs_the_clients_it
         gw.http
     );
     half_body.write_all(head.as_bytes()).await.expect("head");
-    wait_for("the HTTP request is in flight", Duration::from_secs(10), || async {
-        // The scrape itself is one of them.
+    wait_for("the HTTP body is arriving", Duration::from_secs(10), || async {
         let text = gw_metrics(&gw).await;
         text.lines()
-            .any(|l| l.starts_with("weir_gatewayd_http_requests_in_flight ") && !l.ends_with(" 1"))
+            .any(|l| l == "weir_gatewayd_http_requests_receiving 1")
             .then_some(())
     })
     .await;

@@ -4,6 +4,7 @@ pub mod append;
 pub mod auth;
 pub mod error;
 pub mod health;
+mod in_flight;
 pub mod live_reads;
 pub mod nodes;
 pub mod read;
@@ -146,23 +147,6 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .with_state(gw)
 }
 
-/// One HTTP request in `gatewayd_http_requests_in_flight`, however it ends: answered,
-/// or dropped with its connection at a stop (SD-INT-12 counts those).
-struct InFlight;
-
-impl InFlight {
-    fn new() -> Self {
-        crate::metrics::metrics().http_in_flight.inc();
-        InFlight
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        crate::metrics::metrics().http_in_flight.dec();
-    }
-}
-
 /// OBS: requests by route, method and status, and their latency.
 async fn count_requests(req: Request, next: Next) -> Response {
     let route = req
@@ -172,8 +156,8 @@ async fn count_requests(req: Request, next: Next) -> Response {
         .unwrap_or_else(|| "unmatched".into());
     let method = req.method().to_string();
     let started = std::time::Instant::now();
-    let _in_flight = InFlight::new();
-    let response = next.run(req).await;
+    let _in_flight = in_flight::InFlight::new();
+    let response = next.run(in_flight::track_body(req)).await;
     let m = crate::metrics::metrics();
     m.http_requests
         .with_label_values(&[&route, &method, response.status().as_str()])
