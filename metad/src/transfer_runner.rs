@@ -24,7 +24,7 @@ use weir_meta::model::{
 use weir_proto::streamd::streamd_client::StreamdClient;
 use weir_proto::streamd::CloseStreamRequest;
 use weir_shared::error_code::ErrorCode;
-use weir_shared::ids::{Incarnation, NodeId, StreamEpoch, StreamId};
+use weir_shared::ids::{Epoch, Incarnation, NodeId, StreamEpoch, StreamId};
 
 /// Runs transfers on this replica while it leads.
 #[derive(Clone)]
@@ -265,13 +265,15 @@ impl TransferRunner {
             Ok((_, Err(r))) => return Moved::failed(name, format!("transfer refused: {}", r.message)),
             Err(s) => return Moved::failed(name, s.message().to_string()),
         }
+        let begun = self.begun_with(stream);
         let prepare = prepare_bound(unit);
-        let closed = tokio::time::timeout(prepare, self.prepare(name, &addr, prepare)).await;
+        let closed = tokio::time::timeout(prepare, self.prepare(stream, name, target, &addr, prepare)).await;
         let closed_at = match closed {
             Ok(Ok(end)) => end,
             failed => {
                 let why = match failed {
-                    Ok(Err(e)) => format!("prepare failed: {e}"),
+                    Ok(Err(Unprepared::Restarted(why))) => why,
+                    Ok(Err(Unprepared::Failed(e))) => format!("prepare failed: {e}"),
                     _ => format!("prepare did not finish within {prepare:?}"),
                 };
                 self.cancel(stream, epoch).await;
@@ -301,6 +303,19 @@ impl TransferRunner {
                     ..Moved::toward(name, &at, Some(closed_at))
                 };
             }
+            // RR-INT-5: the close did not hand the stream over, as the target restarted
+            // meanwhile; placement takes it from here.
+            if self.hub.with_state(|s| {
+                s.streams
+                    .get(&stream)
+                    .is_some_and(|r| r.state == StreamState::Closed && r.owner.is_none())
+            }) && self.target_restarted(target, &begun)
+            {
+                return Moved {
+                    error: Some(restarted(target)),
+                    ..Moved::toward(name, target, Some(closed_at))
+                };
+            }
             if Instant::now() >= deadline {
                 return Moved {
                     error: Some(format!(
@@ -313,18 +328,44 @@ impl TransferRunner {
         }
     }
 
-    /// Asks the owner to close the stream within `bound`; its committed end.
-    async fn prepare(&self, name: &str, addr: &str, bound: Duration) -> Result<u64, String> {
+    /// Asks the owner to close the stream within `bound`; its committed end. Not when
+    /// the target restarted since the transfer began (RR-INT-5): the stream stays put.
+    async fn prepare(
+        &self,
+        stream: StreamId,
+        name: &str,
+        target: &NodeId,
+        addr: &str,
+        bound: Duration,
+    ) -> Result<u64, Unprepared> {
         weir_shared::failpoint::pause("transfer_prepare").await;
-        let channel = weir_shared::grpc::channel(addr).map_err(|e| format!("owner address '{addr}': {e}"))?;
+        let begun = self.begun_with(stream);
+        if self.target_restarted(target, &begun) {
+            return Err(Unprepared::Restarted(restarted(target)));
+        }
+        let channel =
+            weir_shared::grpc::channel(addr).map_err(|e| Unprepared::Failed(format!("owner address '{addr}': {e}")))?;
         let reply = StreamdClient::new(channel)
             .close_stream(CloseStreamRequest {
                 stream: name.to_string(),
                 timeout_ms: bound.as_millis() as u64,
             })
             .await
-            .map_err(|s| s.message().to_string())?;
+            .map_err(|s| Unprepared::Failed(s.message().to_string()))?;
         Ok(reply.into_inner().end_offset)
+    }
+
+    /// The target incarnation's epoch a begun transfer of `stream` recorded.
+    fn begun_with(&self, stream: StreamId) -> Option<Epoch> {
+        self.hub
+            .with_state(|s| s.streams.get(&stream).and_then(|r| r.transfer_target_epoch))
+    }
+
+    /// Whether `target` is no longer at the epoch the transfer began with.
+    fn target_restarted(&self, target: &NodeId, begun: &Option<Epoch>) -> bool {
+        let Some(begun) = begun else { return false };
+        self.hub
+            .with_state(|s| s.nodes.get(target).is_none_or(|n| n.epoch != *begun))
     }
 
     /// Releases a transfer's mark; best effort (the owner's next close clears it anyway).
@@ -341,4 +382,16 @@ fn owned_by(state: &State, stream: StreamId, owner: &Incarnation) -> bool {
         .streams
         .get(&stream)
         .is_some_and(|r| r.state == StreamState::Open && r.owner.as_ref() == Some(owner))
+}
+
+/// Why a transfer's prepare did not close the stream.
+enum Unprepared {
+    /// RR-INT-5: the target restarted since the transfer began; the exact report.
+    Restarted(String),
+    Failed(String),
+}
+
+/// RR-INT-5: the report of a transfer whose target restarted during it.
+fn restarted(target: &NodeId) -> String {
+    format!("destination node '{target}' changed process incarnation during ownership handoff")
 }

@@ -805,6 +805,66 @@ async fn a_drain_goes_on_after_its_requester_stops_waiting() {
     assert!(marked.is_empty(), "no transfer mark left: {marked:?}");
 }
 
+// RR-INT-5: a destination that restarts between a transfer's start and the hand-off
+// invalidates the transfer. The leader's prepare is slowed (failpoint
+// `transfer_prepare=sleep(3000)`) and the target is killed and restarted meanwhile: the
+// transfer fails with the seed's report, the stream stays open on its owner, and a later
+// transfer onto the restarted node succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_destination_restarted_mid_transfer_invalidates_it() {
+    let stack = Stack::start_replicas_with_env(
+        1,
+        2,
+        Backend::FileWal,
+        SHORT,
+        &[],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(3000)")],
+    )
+    .await;
+    let (mut stack, gw) = with_streams_on_the_first(stack, &["ri"]).await;
+    gw.append("ri", &["before"]).await;
+    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
+    let transfer = {
+        let r = gw
+            .request(Method::POST, "/v1/admin/streams/ri/transfer")
+            .json(&json!({"to": b}));
+        tokio::spawn(async move { r.send().await })
+    };
+    wait_for("the transfer begun", Duration::from_secs(20), || async {
+        let entries = log_entries(&stack).await;
+        entries.iter().any(|(_, k, ..)| k == "begin_transfer").then_some(())
+    })
+    .await;
+    stack.nodes[1].kill();
+    stack.nodes[1].start();
+    stack.nodes[1].wait_ready().await;
+    let response = transfer.await.expect("task").expect("answer");
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["moved"], false, "{body}");
+    assert_eq!(
+        body["error"],
+        format!("destination node '{b}' changed process incarnation during ownership handoff"),
+        "{body}"
+    );
+    assert_eq!(
+        owner_of(&gw, "ri").await.as_deref(),
+        Some(a.as_str()),
+        "ownership unchanged"
+    );
+    // The restarted node takes a transfer normally.
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/admin/streams/ri/transfer")
+                .json(&json!({"to": b})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["moved"], true, "{body}");
+    gw.wait_open("ri").await;
+    assert_eq!(owner_of(&gw, "ri").await.as_deref(), Some(b.as_str()));
+    assert_eq!(gw.bodies("ri").await, ["before"]);
+}
+
 // SD-TRM-8: a drain's plan belongs to the source's incarnation. The source is killed and
 // restarted while the leader prepares its first transfer (failpoint
 // `transfer_prepare=sleep(2000)`): the drain drops the rest of its plan and says why,

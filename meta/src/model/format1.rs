@@ -137,6 +137,7 @@ pub(crate) mod tests {
             owner: None,
             epoch: weir_shared::ids::StreamEpoch(1),
             transfer_target: None,
+            transfer_target_epoch: None,
             start_offset: Offset(0),
             committed_end: Offset(5),
             commits: 2,

@@ -145,6 +145,10 @@ pub struct StreamRow {
     pub epoch: StreamEpoch,
     /// A planned transfer's target node.
     pub transfer_target: Option<NodeId>,
+    /// The target's registration epoch when the transfer began: the hand-off is to
+    /// that incarnation only (RR-INT-5). Absent in rows written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_target_epoch: Option<Epoch>,
     /// First retained offset.
     pub start_offset: Offset,
     /// Offset after the last record committed in data objects.

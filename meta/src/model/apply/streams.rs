@@ -23,6 +23,7 @@ impl Txn<'_> {
             owner: None,
             epoch: StreamEpoch(0),
             transfer_target: None,
+            transfer_target_epoch: None,
             start_offset: Offset(0),
             committed_end: Offset(0),
             commits: 0,
@@ -39,6 +40,7 @@ impl Txn<'_> {
         if let Some(mut row) = self.state.streams.get(&id).cloned() {
             row.state = StreamState::Deleted;
             row.transfer_target = None;
+            row.transfer_target_epoch = None;
             self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
             self.touch(RowKey::Stream(id));
         }
@@ -115,6 +117,7 @@ impl Txn<'_> {
         let row = self.state.streams.get_mut(&id).expect("checked");
         row.owner = Some(owner);
         row.transfer_target = None;
+        row.transfer_target_epoch = None;
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }
@@ -213,16 +216,19 @@ impl Txn<'_> {
             ));
         }
         // A planned transfer (or one a takeover interrupted) completes to its target in
-        // this same entry, if the target can still take it; otherwise placement decides.
+        // this same entry, if the target can still take it and is the incarnation the
+        // transfer began with (RR-INT-5); otherwise placement decides.
         let handed_to = stream
             .transfer_target
             .as_ref()
             .and_then(|t| check_destination(self.state, t).ok())
+            .filter(|t| stream.transfer_target_epoch.is_none_or(|e| e == t.epoch))
             .map(NodeRow::incarnation);
         let row = self.state.streams.get_mut(&id).expect("checked");
         row.state = StreamState::Closed;
         row.owner = handed_to;
         row.transfer_target = None;
+        row.transfer_target_epoch = None;
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }

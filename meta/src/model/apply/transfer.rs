@@ -47,7 +47,7 @@ impl Txn<'_> {
         target: &NodeId,
     ) -> Outcome {
         self.privileged(proposer)?;
-        check_destination(self.state, target)?;
+        let target_epoch = check_destination(self.state, target)?.epoch;
         let stream = self.stream_in(id, StreamState::Open, "only an open stream is transferred")?;
         at_epoch(stream, stream_epoch)?;
         let Some(owner) = stream.owner.clone() else {
@@ -70,6 +70,7 @@ impl Txn<'_> {
         }
         let row = self.state.streams.get_mut(&id).expect("checked");
         row.transfer_target = Some(target.clone());
+        row.transfer_target_epoch = Some(target_epoch);
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }
@@ -79,7 +80,9 @@ impl Txn<'_> {
         self.privileged(proposer)?;
         let stream = self.stream(id)?;
         if stream.epoch == stream_epoch && stream.transfer_target.is_some() {
-            self.state.streams.get_mut(&id).expect("checked").transfer_target = None;
+            let row = self.state.streams.get_mut(&id).expect("checked");
+            row.transfer_target = None;
+            row.transfer_target_epoch = None;
             self.touch(RowKey::Stream(id));
         }
         Ok(Applied::Done)
@@ -273,7 +276,28 @@ mod tests {
         assert_eq!(log.state.streams[&x].owner, None);
     }
 
-    /// Issue 6 (FO-TKO): a transfer interrupted by its source's death completes to its
+    /// RR-INT-5: a destination restarted after the transfer began (a new incarnation)
+    /// does not get the stream from the close: the transfer was with the old one. A
+    /// later transfer onto the new incarnation goes through.
+    #[test]
+    fn a_close_does_not_hand_a_stream_to_a_restarted_destination() {
+        let mut log = Log::new();
+        let a = log.register("a", NodeKind::Streamd);
+        log.register("b", NodeKind::Streamd);
+        let (x, epoch) = log.open_stream("x", &a);
+        log.begin(x, epoch, "b").unwrap();
+        let b2 = log.register("b", NodeKind::Streamd);
+        log.close(Proposer::Node(a.clone()), x, epoch).unwrap();
+        assert_eq!(log.state.streams[&x].owner, None, "not handed to {b2}");
+        assert_eq!(log.state.streams[&x].transfer_target_epoch, None);
+
+        let (y, epoch) = log.open_stream("y", &a);
+        log.begin(y, epoch, "b").unwrap();
+        log.close(Proposer::Node(a), y, epoch).unwrap();
+        assert_eq!(log.state.streams[&y].owner, Some(b2));
+    }
+
+    /// FO-TKO-4, issue 6: a transfer interrupted by its source's death completes to its
     /// target: once the takeover has recovered the stream, the holder's close hands it
     /// to the target, not back to placement.
     #[test]
