@@ -99,6 +99,45 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
         }
     }
     assert!(epochs_before[0].0, "k-a was on the victim");
+    // FO-TKO-1: every failover step went through the metadata log, in order: the
+    // holder's fence, its start of the WAL takeover, the recovery agent's completion,
+    // then the holder's close of each recovered stream.
+    let victim_id = stack.nodes[victim].id.clone();
+    let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
+    let steps: Vec<(u64, String, String)> = dump["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["outcome"].get("Ok").is_some())
+        .filter_map(|e| {
+            let p = &e["proposal"];
+            let kind = p["command"]["type"].as_str()?;
+            let about_victim = p["command"]["node"] == victim_id.as_str();
+            let step = matches!(kind, "fence_node" | "begin_takeover" | "complete_takeover") && about_victim
+                || kind == "close_stream" && p["proposer"]["node"]["node"] != victim_id.as_str();
+            step.then(|| {
+                let by = p["proposer"]["node"]["node"].as_str().unwrap_or("operator").to_string();
+                (e["index"].as_u64().unwrap_or(0), kind.to_string(), by)
+            })
+        })
+        .collect();
+    let first = |kind: &str| steps.iter().find(|(_, k, _)| k == kind).cloned();
+    let (fence, begin, complete, close) = (
+        first("fence_node").expect("fenced"),
+        first("begin_takeover").expect("takeover begun"),
+        first("complete_takeover").expect("takeover completed"),
+        first("close_stream").expect("stream closed"),
+    );
+    assert!(
+        fence.0 < begin.0 && begin.0 < complete.0 && complete.0 < close.0,
+        "{steps:?}"
+    );
+    assert_eq!(
+        (fence.2.as_str(), begin.2.as_str(), close.2.as_str()),
+        ("metad-1", "metad-1", "metad-1"),
+        "{steps:?}"
+    );
+    assert_eq!(complete.2, stack.nodes[survivor].id, "the agent completes its takeover");
     // The stream takes new appends at its new owner.
     gw.append("k-a", &["after"]).await;
     let log = stack.metad.replicas[0].log_text();
@@ -345,6 +384,59 @@ async fn a_whole_cluster_restart_loses_nothing_and_fences_nobody_for_the_downtim
     // RR-GRC-4: downtime never counts toward fencing: no FenceNode in the log after a
     // whole-cluster restart within the node timeout, only re-registrations.
     assert!(!dump.contains("fence_node"), "nobody is fenced for the downtime");
+}
+
+/// RR-GRC-3: after a whole-cluster restart without one streamd, the node that never
+/// returns goes through ordinary failover once the restart grace ends: the holder fences
+/// it at its old epoch and takes its WAL over, and its streams open on the node that came
+/// back, with every acknowledged record.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_that_never_returns_after_a_whole_cluster_restart_is_failed_over() {
+    let (mut stack, gw) = cluster(Backend::FileWal).await;
+    let streams = ["g-a", "g-b", "g-c", "g-d"];
+    let mut acked = Vec::new();
+    for s in streams {
+        gw.create_stream(s).await;
+        gw.wait_open(s).await;
+        acked.push(append_n(&gw, s, s, 8).await);
+    }
+    let gone = stack.nodes[1].id.clone();
+    let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
+    let gone_epoch = weir_tests::node_row(&nodes, &gone)["epoch"].as_u64().expect("epoch");
+    for n in &mut stack.nodes {
+        n.kill();
+    }
+    stack.metad.replicas[0].kill();
+    stack.metad.replicas[0].start();
+    stack.nodes[0].start();
+    for (s, acked) in streams.iter().zip(&acked) {
+        wait_for(
+            &format!("{s} open on the node that returned"),
+            Duration::from_secs(90),
+            || {
+                let s = *s;
+                let gw = &gw;
+                let stack = &stack;
+                async move { owner(stack, gw, s).await.filter(|(i, _)| *i == 0).map(|_| ()) }
+            },
+        )
+        .await;
+        assert_all_read_back(&gw, s, acked).await;
+    }
+    let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
+    let applied = |kind: &str| {
+        dump["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter(|e| e["outcome"].get("Ok").is_some())
+            .filter(|e| e["proposal"]["command"]["type"] == kind)
+            .filter(|e| e["proposal"]["command"]["node"] == gone.as_str())
+            .filter(|e| e["proposal"]["command"]["epoch"] == gone_epoch)
+            .count()
+    };
+    assert_eq!(applied("fence_node"), 1, "fenced once at its old epoch");
+    assert_eq!(applied("begin_takeover"), 1, "its WAL taken over");
 }
 
 /// FO-LIV-6, INV-7, FO-TKO-7: a streamd cut off from metad is fenced after the timeout, its WAL is

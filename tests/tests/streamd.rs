@@ -378,9 +378,19 @@ async fn the_catch_up_boundary_is_logged_once_each_way() {
         .await;
         // Reads are retried every 0.5 s: several more fail while the link stays cut.
         tokio::time::sleep(Duration::from_secs(3)).await;
+        // RR-FEN-1: registered but not caught up, the node is not ready and serves nothing.
+        let ready = weir_tests::http_builder()
+            .build()
+            .expect("client")
+            .get(format!("http://{}/readyz", stack.nodes[0].http))
+            .send()
+            .await
+            .expect("readyz");
+        assert_eq!(ready.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
         link.set(Mode::Pass);
         stack.nodes[0].wait_ready().await;
         let log = stack.nodes[0].log_text();
+        // OBS-13: both catch-up records, exactly as quoted, at their levels.
         let warned = log_records(&log, waiting);
         assert_eq!(warned.len(), 1, "warned once: {warned:?}");
         assert_eq!(warned[0]["level"], "WARN");
