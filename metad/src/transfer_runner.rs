@@ -290,6 +290,14 @@ impl TransferRunner {
         };
         // Activation: the destination opens the stream at the next epoch (SD-DRN-2 step 5).
         loop {
+            // RR-INT-5: a target restarted since the transfer began makes it void,
+            // whatever placement does with the stream next.
+            if self.target_restarted(target, &begun) {
+                return Moved {
+                    error: Some(restarted(target)),
+                    ..Moved::toward(name, target, Some(closed_at))
+                };
+            }
             let opened = self.hub.with_state(|s| {
                 s.streams.get(&stream).and_then(|r| {
                     (r.state == StreamState::Open && r.epoch > epoch)
@@ -301,19 +309,6 @@ impl TransferRunner {
                 return Moved {
                     moved: true,
                     ..Moved::toward(name, &at, Some(closed_at))
-                };
-            }
-            // RR-INT-5: the close did not hand the stream over, as the target restarted
-            // meanwhile; placement takes it from here.
-            if self.hub.with_state(|s| {
-                s.streams
-                    .get(&stream)
-                    .is_some_and(|r| r.state == StreamState::Closed && r.owner.is_none())
-            }) && self.target_restarted(target, &begun)
-            {
-                return Moved {
-                    error: Some(restarted(target)),
-                    ..Moved::toward(name, target, Some(closed_at))
                 };
             }
             if Instant::now() >= deadline {

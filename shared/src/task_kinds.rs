@@ -50,8 +50,8 @@ impl KindTasks {
         });
     }
 
-    /// Takes no more tasks, waits up to `grace` for every running one, then aborts the
-    /// rest, each logged at warn. Returns how many were aborted.
+    /// Waits up to `grace` for every task spawned so far, then aborts the rest, each
+    /// logged at warn, and lets them drop what they hold. Returns how many were aborted.
     pub async fn stop(&self, grace: Duration) -> usize {
         self.tracker.close();
         if tokio::time::timeout(grace, self.tracker.wait()).await.is_ok() {
@@ -74,6 +74,8 @@ impl KindTasks {
             );
             r.abort.abort();
         }
+        // Aborted tasks end at their next poll; their locks and calls go with them.
+        let _ = tokio::time::timeout(Duration::from_millis(100), self.tracker.wait()).await;
         late.len()
     }
 }

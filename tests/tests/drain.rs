@@ -807,7 +807,7 @@ async fn a_drain_goes_on_after_its_requester_stops_waiting() {
 
 // RR-INT-5: a destination that restarts between a transfer's start and the hand-off
 // invalidates the transfer. The leader's prepare is slowed (failpoint
-// `transfer_prepare=sleep(3000)`) and the target is killed and restarted meanwhile: the
+// `transfer_prepare=sleep(10000)`) and the target is killed and restarted meanwhile: the
 // transfer fails with the seed's report, the stream stays open on its owner, and a later
 // transfer onto the restarted node succeeds.
 #[tokio::test(flavor = "multi_thread")]
@@ -818,7 +818,7 @@ async fn a_destination_restarted_mid_transfer_invalidates_it() {
         Backend::FileWal,
         SHORT,
         &[],
-        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(3000)")],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(10000)")],
     )
     .await;
     let (mut stack, gw) = with_streams_on_the_first(stack, &["ri"]).await;
@@ -838,6 +838,17 @@ async fn a_destination_restarted_mid_transfer_invalidates_it() {
     stack.nodes[1].kill();
     stack.nodes[1].start();
     stack.nodes[1].wait_ready().await;
+    // The premise: the target registered again while the prepare was held, before any
+    // close of the stream.
+    let entries = log_entries(&stack).await;
+    let registered = entries
+        .iter()
+        .rposition(|(_, k, c, _)| k == "register_node" && c["node"] == b.as_str());
+    let closed = entries.iter().position(|(_, k, ..)| k == "close_stream");
+    assert!(
+        registered.is_some() && closed.is_none_or(|c| Some(c) > registered),
+        "the restart came too late for the test: {entries:?}"
+    );
     let response = transfer.await.expect("task").expect("answer");
     let body: Value = response.json().await.expect("json");
     assert_eq!(body["moved"], false, "{body}");

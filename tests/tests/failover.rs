@@ -401,6 +401,11 @@ async fn a_node_that_never_returns_after_a_whole_cluster_restart_is_failed_over(
         acked.push(append_n(&gw, s, s, 8).await);
     }
     let gone = stack.nodes[1].id.clone();
+    let mut on_gone = 0;
+    for s in streams {
+        on_gone += usize::from(owner(&stack, &gw, s).await.map(|(i, _)| i) == Some(1));
+    }
+    assert!(on_gone > 0, "the node that will not return owns streams");
     let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
     let gone_epoch = weir_tests::node_row(&nodes, &gone)["epoch"].as_u64().expect("epoch");
     for n in &mut stack.nodes {
