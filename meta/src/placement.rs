@@ -274,4 +274,86 @@ mod tests {
         assert!(!grace.defer(&s, start + RESTART_GRACE));
         assert!(!grace.defer(&s, start), "over for good, whatever the clock says");
     }
+
+    /// FO-TKO-3: closed streams go to the least loaded live node at that moment, ties
+    /// broken by node id: with B, C and D owning 2, 5 and 5 streams, ten orphans go
+    /// B, B, B (to 5 each), then round the three in id order.
+    #[test]
+    fn orphans_go_to_the_least_loaded_node_ties_by_id() {
+        let mut s = State::default();
+        let mut i = 0;
+        let mut next = |s: &mut State, p: Proposer, c: Command| {
+            i += 1;
+            s.apply(
+                i,
+                &Proposal {
+                    proposer: p,
+                    command: c,
+                },
+                &crate::model::MemIndex::default(),
+            )
+            .outcome
+        };
+        let settings = ClusterSettings {
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        next(&mut s, op(), Command::InitCluster { settings }).unwrap();
+        let mut created = 0;
+        for (node, owned) in [("b", 2), ("c", 5), ("d", 5)] {
+            let Ok(Applied::Registered { epoch }) = next(
+                &mut s,
+                op(),
+                Command::RegisterNode {
+                    node: NodeId::new(node),
+                    kind: NodeKind::Streamd,
+                    addrs: NodeAddrs::default(),
+                    heartbeat_interval_sec: 1,
+                    node_timeout_sec: 3,
+                },
+            ) else {
+                panic!("registered")
+            };
+            let me = weir_shared::ids::Incarnation {
+                node: NodeId::new(node),
+                epoch,
+            };
+            for _ in 0..owned {
+                created += 1;
+                let Ok(Applied::StreamCreated { stream }) = next(
+                    &mut s,
+                    op(),
+                    Command::CreateStream {
+                        name: format!("s{created}"),
+                        config: Default::default(),
+                    },
+                ) else {
+                    panic!("created")
+                };
+                next(
+                    &mut s,
+                    op(),
+                    Command::PlaceStream {
+                        stream,
+                        node: NodeId::new(node),
+                    },
+                )
+                .unwrap();
+                next(&mut s, Proposer::Node(me.clone()), Command::OpenStream { stream }).unwrap();
+            }
+        }
+        for k in 0..10 {
+            next(
+                &mut s,
+                op(),
+                Command::CreateStream {
+                    name: format!("orphan{k}"),
+                    config: Default::default(),
+                },
+            )
+            .unwrap();
+        }
+        let targets: Vec<String> = plan(&s).into_iter().map(|(_, n)| n.to_string()).collect();
+        assert_eq!(targets, ["b", "b", "b", "b", "c", "d", "b", "c", "d", "b"]);
+    }
 }
