@@ -563,6 +563,92 @@ fn fetch_answer(addr: &str, frame: &[u8]) -> (i32, i16, usize, Duration) {
     (throttle, error, records, started.elapsed())
 }
 
+/// Seconds into the day of a JSON log record's `timestamp` (`…THH:MM:SS.ffffffZ`).
+fn at(record: &serde_json::Value) -> f64 {
+    let ts = record["timestamp"].as_str().expect("timestamp");
+    let clock = ts.split('T').nth(1).expect("time").trim_end_matches('Z');
+    let mut parts = clock.split(':').map(|p| p.parse::<f64>().expect("number"));
+    let (h, m, s) = (
+        parts.next().unwrap_or(0.0),
+        parts.next().unwrap_or(0.0),
+        parts.next().unwrap_or(0.0),
+    );
+    h * 3600.0 + m * 60.0 + s
+}
+
+/// Seconds from the stop request to intake closing, from one node's own log.
+fn acceptance_window(log: &str) -> f64 {
+    let requested = records(log, "stop requested; shutting down");
+    let closed = records(log, "live reads ended and intake stopped");
+    assert_eq!((requested.len(), closed.len()), (1, 1), "{log}");
+    (at(&closed[0]) - at(&requested[0])).rem_euclid(86_400.0)
+}
+
+// SD-CS-3, SD-DL-7: after SIGTERM a streamd keeps accepting and serving for
+// --shutdown-drain-sec (an append 1 s in lands on the same owner), and only then stops
+// intake; the window is also bounded by the drain timeout: with --shutdown-drain-sec 40
+// and --drain-timeout-sec 2 it lasts 2 s. Measured on each node's own log clock.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_acceptance_window_lasts_the_drain_window_within_the_drain_budget() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack.add_node(
+        "streamd-1",
+        Backend::FileWal,
+        &[
+            "--shutdown-drain-sec",
+            "3",
+            "--drain-timeout-sec",
+            "10",
+            "--shutdown-deadline-sec",
+            "30",
+        ],
+    );
+    stack.add_node(
+        "streamd-2",
+        Backend::FileWal,
+        &[
+            "--shutdown-drain-sec",
+            "40",
+            "--drain-timeout-sec",
+            "2",
+            "--shutdown-deadline-sec",
+            "30",
+        ],
+    );
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    stack.create_stream("window", 0).await;
+    gw.wait_open("window").await;
+    gw.append("window", &["before"]).await;
+    let (_, before) = gw.send(gw.request(Method::GET, "/v1/streams/window")).await;
+    stack.nodes[0].term();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    gw.append("window", &["in the window"]).await;
+    let (_, during) = gw.send(gw.request(Method::GET, "/v1/streams/window")).await;
+    assert_eq!(during["owner"], before["owner"], "served where it was");
+    assert_eq!(during["stream_epoch"], before["stream_epoch"]);
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    let window = acceptance_window(&log);
+    assert!((2.7..3.5).contains(&window), "--shutdown-drain-sec 3: {window} s");
+    gw.wait_open("window").await;
+    assert_eq!(gw.bodies("window").await, ["before", "in the window"]);
+
+    stack.nodes[1].term();
+    let code = stack.nodes[1].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[1].log_text();
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    let window = acceptance_window(&log);
+    assert!(
+        (1.7..2.5).contains(&window),
+        "--drain-timeout-sec 2 bounds it: {window} s"
+    );
+}
+
 // SD-INT-12, OBS-16: what a stopping gateway never admitted is dropped, counted and never
 // acknowledged: a Kafka frame half received and an HTTP body still arriving. The stop
 // logs, per listener, the clients it ended with their count, the requests it dropped and
