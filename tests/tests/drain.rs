@@ -737,7 +737,7 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
         n.wait_ready().await;
     }
     let names = ["df_a", "df_b", "df_c"];
-    let (stack, gw) = with_streams_on_the_first(stack, &names).await;
+    let (mut stack, gw) = with_streams_on_the_first(stack, &names).await;
     let a = stack.nodes[0].id.clone();
     let out = tokio::process::Command::new(weir_tests::bin_path("weir"))
         .args(["--metad", &stack.metad.replicas[0].grpc, "--json", "nodes", "drain", &a])
@@ -761,6 +761,21 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
     assert_eq!(report["finished"], false);
     assert_eq!(owner_of(&gw, "df_b").await.as_deref(), Some(a.as_str()));
     gw.append("df_b", &["after the failed move"]).await;
+    assert_eq!(gw.bodies("df_b").await, ["after the failed move"]);
+
+    // OBS-8: the same failure in the node's own drain at shutdown is logged as such; the
+    // stream that will not close is recovered by failover after the self-fence.
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    assert_eq!(
+        records(&log, "failed to drain local node before graceful shutdown").len(),
+        1,
+        "{log}"
+    );
+    assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
+    gw.wait_open("df_b").await;
     assert_eq!(gw.bodies("df_b").await, ["after the failed move"]);
 }
 
