@@ -779,6 +779,48 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
     assert_eq!(gw.bodies("df_b").await, ["after the failed move"]);
 }
 
+// OBS-8: a stopping node whose own drain outlasts its budget (each transfer's prepare
+// held 2.5 s by failpoint `transfer_prepare`, so eight streams take longer than the 6 s
+// drain timeout and the last are never tried) logs that it timed out moving its work,
+// closes what is left in place, and loses nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_nodes_drain_that_outlasts_its_budget_is_logged_as_timed_out() {
+    let stack = Stack::start_replicas_with_env(
+        1,
+        2,
+        Backend::FileWal,
+        SHORT,
+        &[],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(2500)")],
+    )
+    .await;
+    let names = [
+        "slow_a", "slow_b", "slow_c", "slow_d", "slow_e", "slow_f", "slow_g", "slow_h",
+    ];
+    let (mut stack, gw) = with_streams_on_the_first(stack, &names).await;
+    for s in names {
+        gw.append(s, &["kept"]).await;
+    }
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    assert_eq!(
+        records(
+            &log,
+            "timed out moving scheduled work off the local node before graceful shutdown"
+        )
+        .len(),
+        1,
+        "{log}"
+    );
+    assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
+    for s in names {
+        gw.wait_open(s).await;
+        assert_eq!(gw.bodies(s).await, ["kept"], "{s}");
+    }
+}
+
 // SD-DRN-12: the leader runs a drain in a task of its own, so a requester that stops
 // waiting (here after 1 s, with each transfer slowed to 1 s) does not stop it: every
 // stream still moves, and no transfer mark is left behind.
