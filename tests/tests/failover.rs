@@ -138,6 +138,32 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
         "{steps:?}"
     );
     assert_eq!(complete.2, stack.nodes[survivor].id, "the agent completes its takeover");
+    // OBS-18: each of those actions has its record, with its node and epoch or stream
+    // and its log index, in log order: the holder's fence and takeover start, the
+    // agent's completion, the holder's close, and the placement of the stream.
+    let record_after = |log: &str, message: &str, after: u64| -> (u64, serde_json::Value) {
+        let r: serde_json::Value = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|r| r["message"] == message && r["log_index"].as_u64() > Some(after))
+            .unwrap_or_else(|| panic!("no record {message:?} after index {after}"));
+        (r["log_index"].as_u64().expect("log_index"), r)
+    };
+    let record = |log: &str, message: &str| record_after(log, message, 0);
+    let metad_log = stack.metad.replicas[0].log_text();
+    let agent_log = stack.nodes[survivor].log_text();
+    let fenced = record(&metad_log, "fenced a node that missed the heartbeat threshold");
+    let started = record(&metad_log, "WAL takeover started");
+    let completed = record(&agent_log, "WAL takeover completed");
+    let closed = record(&metad_log, "closed a recovered stream of a dead owner");
+    let placed = record_after(&metad_log, "placed stream", fenced.0);
+    for (i, r) in [&fenced, &started, &completed] {
+        assert_eq!(r["node_id"], victim_id.as_str(), "{i}: {r}");
+        assert!(r["epoch"].is_string() || r["epoch"].is_u64(), "{r}");
+    }
+    assert!(closed.1["stream"].is_string() && placed.1["stream"].is_string());
+    let order = [fenced.0, started.0, completed.0, closed.0];
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
     // The stream takes new appends at its new owner.
     gw.append("k-a", &["after"]).await;
     let log = stack.metad.replicas[0].log_text();
