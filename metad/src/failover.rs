@@ -175,6 +175,10 @@ async fn act(metad: &MetadClient, proposer: &Proposer, command: Command) {
                     stream = %stream, stream_epoch = %stream_epoch, log_index = index,
                     "closed a recovered stream of a dead owner"
                 ),
+                Command::DestroyStream { stream } => tracing::info!(
+                    stream = %stream, log_index = index,
+                    "destroyed a deleted stream of a dead owner"
+                ),
                 other => tracing::info!(action = other.kind(), log_index = index, "failover action applied"),
             }
         }

@@ -412,6 +412,51 @@ async fn a_whole_cluster_restart_loses_nothing_and_fences_nobody_for_the_downtim
     assert!(!dump.contains("fence_node"), "nobody is fenced for the downtime");
 }
 
+/// FO-TKO-5, OBS-18: a stream deleted while its owner is dead is destroyed by the holder
+/// once the owner is fenced, not taken over or placed, and the destruction has its
+/// record with the stream and log index.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_deleted_while_its_owner_is_dead_is_destroyed_not_placed() {
+    let (mut stack, gw) = cluster(Backend::FileWal).await;
+    gw.create_stream("doomed").await;
+    gw.wait_open("doomed").await;
+    gw.append("doomed", &["gone"]).await;
+    let (victim, _) = owner(&stack, &gw, "doomed").await.expect("open");
+    stack.nodes[victim].kill();
+    let (status, body) = gw.send(gw.request(Method::DELETE, "/v1/streams/doomed")).await;
+    assert!(status.is_success(), "{status}: {body}");
+    let destroyed = wait_for("the holder destroys it", Duration::from_secs(60), || async {
+        stack.metad.replicas[0]
+            .log_text()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|r| r["message"] == "destroyed a deleted stream of a dead owner")
+    })
+    .await;
+    assert!(
+        destroyed["stream"].is_string() && destroyed["log_index"].is_u64(),
+        "{destroyed}"
+    );
+    let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
+    let after_delete: Vec<&str> = dump["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["outcome"].get("Ok").is_some())
+        .filter_map(|e| e["proposal"]["command"]["type"].as_str())
+        .skip_while(|k| *k != "delete_stream")
+        .collect();
+    assert!(after_delete.contains(&"destroy_stream"), "{after_delete:?}");
+    assert!(
+        !after_delete
+            .iter()
+            .any(|k| matches!(*k, "place_stream" | "begin_takeover")),
+        "destroyed, not recovered or placed: {after_delete:?}"
+    );
+    let (status, _) = gw.send(gw.request(Method::GET, "/v1/streams/doomed")).await;
+    assert_eq!(status, reqwest::StatusCode::NOT_FOUND);
+}
+
 /// RR-GRC-3: after a whole-cluster restart without one streamd, the node that never
 /// returns goes through ordinary failover once the restart grace ends: the holder fences
 /// it at its old epoch and takes its WAL over, and its streams open on the node that came
