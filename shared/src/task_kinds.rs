@@ -34,9 +34,16 @@ impl KindTasks {
     }
 
     /// Runs `task` as a task of `kind` named `name`, about `stream` when it has one.
-    pub fn spawn<F>(&self, kind: &'static str, name: impl Into<String>, stream: Option<String>, task: F)
+    pub fn spawn<F>(
+        &self,
+        kind: &'static str,
+        name: impl Into<String>,
+        stream: Option<String>,
+        task: F,
+    ) -> tokio::task::JoinHandle<F::Output>
     where
-        F: Future<Output = ()> + Send + 'static,
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
     {
         let handle = self.tracker.spawn(task);
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
@@ -48,6 +55,7 @@ impl KindTasks {
             stream,
             abort: handle.abort_handle(),
         });
+        handle
     }
 
     /// Waits up to `grace` for every task spawned so far, then aborts the rest, each

@@ -40,7 +40,7 @@ type Admission = (BoxFuture<'static, AppendStreamReply>, bool);
 pub fn serve(node: Arc<Node>, inbound: Streaming<AppendStreamRequest>) -> Replies {
     let (replies, rx) = mpsc::channel(MAX_PENDING);
     let tasks = node.tasks.clone();
-    tasks.spawn(drive(node, inbound, replies));
+    tasks.spawn("append_stream", "append stream", None, drive(node, inbound, replies));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok))
 }
 

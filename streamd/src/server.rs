@@ -198,15 +198,15 @@ impl Teardown {
         }
         self.http_stop.cancel();
         self.stop.cancel();
-        // Tasks the node started for single streams (closes, takeovers, group ticks).
-        self.node.tasks.close();
-        // The loops get one shared grace (SD-TD-3/4) while the WAL writer, heartbeat and
-        // view get the background grace to close their storage and links (SD-DL-8).
+        // The loops and the tasks the node started for single streams (closes,
+        // takeovers, group ticks) get one shared grace (SD-TD-3/4), while the WAL
+        // writer, heartbeat and view get the background grace to close their storage
+        // and links (SD-DL-8).
         tokio::join!(
             self.loops.stop(TASK_GRACE),
+            self.node.tasks.stop(TASK_GRACE),
             weir_shared::shutdown::stop_background(&self.tasks)
         );
-        weir_shared::shutdown::stop_background(&self.node.tasks).await;
     }
 }
 

@@ -111,10 +111,13 @@ impl Streamd for DataPlane {
         // The close runs in a task of its own: a caller that stops waiting must not
         // cancel it midway (its own bound reopens intake if it cannot finish).
         let node = self.node.clone();
+        let stream = Some(req.stream.clone());
         let end = self
             .node
             .tasks
-            .spawn(async move { node.close_stream(&req.stream, within).await })
+            .spawn("close", "close for a transfer", stream, async move {
+                node.close_stream(&req.stream, within).await
+            })
             .await
             .map_err(|e| Status::internal(format!("close task failed: {e}")))??;
         Ok(Response::new(CloseStreamReply { end_offset: end }))

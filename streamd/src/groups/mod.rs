@@ -193,7 +193,13 @@ impl Groups {
             snapshotting: Default::default(),
         });
         self.coordinators.lock().await.insert(stream.to_string(), c.clone());
-        self.node.tasks.spawn(tick(Arc::downgrade(self), c.clone()));
+        let about = Some(c.stream.to_string());
+        self.node.tasks.spawn(
+            "group",
+            "group coordinator tick",
+            about,
+            tick(Arc::downgrade(self), c.clone()),
+        );
         // A stream written before snapshots existed (or long since one) gets one now.
         self.maybe_snapshot(&c);
         Ok(c)
@@ -207,7 +213,8 @@ impl Groups {
         });
         if due && !c.snapshotting.swap(true, std::sync::atomic::Ordering::AcqRel) {
             let (groups, c) = (self.clone(), c.clone());
-            self.node.tasks.spawn(async move {
+            let about = Some(c.stream.to_string());
+            self.node.tasks.spawn("group", "offsets snapshot", about, async move {
                 if let Err(e) = groups.snapshot(&c).await {
                     tracing::warn!(stream = %c.stream, error = %e, "offsets snapshot failed; will retry after more commits");
                 }

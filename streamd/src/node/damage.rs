@@ -60,7 +60,8 @@ impl Node {
                     what: why.clone(),
                 };
                 let (metad, proposer) = (self.metad.clone(), self.proposer());
-                self.tasks.spawn(async move {
+                let about = Some(stream.to_string());
+                self.tasks.spawn("damage", "report damage", about, async move {
                     if let Err(e) = metad.propose(&proposer, command).await {
                         tracing::warn!(stream = %stream, error = %e, "cannot report damage yet; the next read of it reports again");
                     }
@@ -87,7 +88,7 @@ impl Node {
             return;
         }
         let (node, id, name) = (self.clone(), handle.id, handle.name.clone());
-        self.tasks.spawn(async move {
+        self.tasks.spawn("damage", "recheck cleared damage", Some(name.clone()), async move {
             tracing::info!(stream = %name, from = %cleared.from, until = %cleared.until, "damage mark cleared; reading the range again");
             let mut at = cleared.from.0;
             while at < cleared.until.0 {

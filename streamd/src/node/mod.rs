@@ -24,7 +24,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use weir_meta::client::MetadClient;
 use weir_meta::model::Proposer;
 use weir_meta::registration::{self, Registered};
@@ -98,7 +97,7 @@ pub struct Node {
     damage_seen: std::sync::Mutex<HashMap<weir_shared::ids::StreamId, weir_meta::model::StreamDamage>>,
     /// Work the node starts for one stream or takeover (closes, takeovers, group
     /// ticks), waited for at teardown.
-    pub tasks: TaskTracker,
+    pub tasks: weir_shared::task_kinds::KindTasks,
 }
 
 impl Node {
@@ -131,7 +130,7 @@ impl Node {
             wal_source,
             takeovers_running: Default::default(),
             damage_seen: Default::default(),
-            tasks: TaskTracker::new(),
+            tasks: weir_shared::task_kinds::KindTasks::new(),
         }
     }
 

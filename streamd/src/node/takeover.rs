@@ -46,7 +46,8 @@ impl Node {
                 continue;
             }
             let node = self.clone();
-            self.tasks.spawn(async move {
+            let name = format!("takeover of {}/{}", dead.node, dead.epoch);
+            self.tasks.spawn("takeover", name, None, async move {
                 match node.take_over(&dead).await {
                     Ok(()) => {}
                     Err(e) => {
