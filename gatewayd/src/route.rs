@@ -27,6 +27,10 @@ pub enum RouteError {
     /// No live owner right now; retry shortly.
     #[error("stream '{stream}' has no live owner right now ({why}); retry shortly")]
     NoOwner { stream: String, why: String },
+    /// Its owner is shutting down and no other took the stream within the route retry
+    /// time: a shutdown refusal, passed on with no retry delay (SD-INT-8).
+    #[error("stream '{stream}' is being moved off its owner, which is shutting down ({why}); retry now")]
+    Draining { stream: String, why: String },
     #[error("the gateway is catching up with the metadata log; retry shortly")]
     CatchingUp,
     /// The owner answered with an error (carrying `x-weir-error`).
@@ -55,7 +59,7 @@ impl RouteError {
     pub fn code(&self) -> ErrorCode {
         match self {
             RouteError::NotFound(_) => ErrorCode::NotFound,
-            RouteError::NoOwner { .. } | RouteError::CatchingUp => ErrorCode::Unavailable,
+            RouteError::NoOwner { .. } | RouteError::Draining { .. } | RouteError::CatchingUp => ErrorCode::Unavailable,
             RouteError::Unknown(_) => ErrorCode::OutcomeUnknown,
             RouteError::Damaged(_) => ErrorCode::Corrupt,
             RouteError::Streamd(status) => ErrorCode::of_status(status).unwrap_or(match status.code() {
@@ -287,6 +291,10 @@ impl Routes {
             };
             if tokio::time::Instant::now() >= deadline {
                 return Err(match err {
+                    RouteError::Streamd(s) if weir_shared::error_code::is_draining(&s) => RouteError::Draining {
+                        stream: stream.to_string(),
+                        why: s.message().to_string(),
+                    },
                     RouteError::Streamd(s) => RouteError::NoOwner {
                         stream: stream.to_string(),
                         why: s.message().to_string(),

@@ -9,6 +9,14 @@ use tonic::metadata::MetadataValue;
 
 /// gRPC metadata key carrying an [`ErrorCode`] between services; must be kept stable.
 pub const ERROR_CODE_KEY: &str = "x-weir-error";
+/// Set (to `true`) on an `unavailable` refusal because the node is shutting down, which
+/// a client-facing service passes on with no retry delay (SD-INT-8); must be kept stable.
+pub const DRAINING_KEY: &str = "x-weir-draining";
+
+/// Whether `status` is a refusal because its sender is shutting down.
+pub fn is_draining(status: &tonic::Status) -> bool {
+    status.metadata().get(DRAINING_KEY).is_some()
+}
 
 /// The Kafka API family an error is answered in: the same fault is a different code
 /// for a producer, a group member and an admin client.

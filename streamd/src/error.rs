@@ -75,6 +75,12 @@ pub const OWNER_KEY: &str = "x-weir-owner";
 impl From<StreamdError> for tonic::Status {
     fn from(e: StreamdError) -> Self {
         let mut status = e.code().status(e.to_string());
+        if let StreamdError::Draining = &e {
+            status.metadata_mut().insert(
+                weir_shared::error_code::DRAINING_KEY,
+                MetadataValue::from_static("true"),
+            );
+        }
         if let StreamdError::NotOwner { owner: Some(owner), .. } = &e {
             if let Ok(v) = MetadataValue::try_from(owner.as_str()) {
                 status.metadata_mut().insert(OWNER_KEY, v);

@@ -649,6 +649,73 @@ async fn the_acceptance_window_lasts_the_drain_window_within_the_drain_budget() 
     );
 }
 
+// SD-INT-8: an owner's shutdown refusal reaches an HTTP client with no retry delay. The
+// stopping node's stream cannot close (failpoint `close_stream_dr`) and the release of
+// its drain cordon is held (metad failpoint `release=sleep(4000)`), so for a while the
+// stream stays on a node whose intake is closed. An append then is refused by the owner
+// as draining; when no other node takes the stream within the gateway's route retry
+// time, the client gets 503 `unavailable` without Retry-After, and nothing was applied.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_owners_shutdown_refusal_reaches_http_clients_without_a_retry_delay() {
+    let mut stack = Stack::start_replicas_with_env(
+        1,
+        0,
+        Backend::FileWal,
+        SHORT,
+        &[],
+        &[("WEIR_FAILPOINT_RELEASE", "sleep(4000)")],
+    )
+    .await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_CLOSE_STREAM_DR", "return(err)")],
+    );
+    stack.nodes[0].wait_ready().await;
+    stack.create_stream("dr", 0).await;
+    stack.add_node("streamd-2", Backend::FileWal, SHORT);
+    stack.nodes[1].wait_ready().await;
+    let gw = Gatewayd::start(
+        "gw-1",
+        &stack.metad.replicas[0].grpc,
+        stack.dir.path(),
+        &["--route-retry-ms", "1000"],
+    );
+    gw.wait_ready().await;
+    gw.wait_open("dr").await;
+    gw.append("dr", &["before"]).await;
+    stack.nodes[0].term();
+    wait_for("intake stopped", Duration::from_secs(20), || async {
+        (!records(&stack.nodes[0].log_text(), "live reads ended and intake stopped").is_empty()).then_some(())
+    })
+    .await;
+    let response = gw
+        .request(Method::POST, "/v1/streams/dr/records")
+        .json(&serde_json::json!({"records": [{"body": "refused"}]}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        response.headers().get("retry-after").is_none(),
+        "SD-INT-8: no retry delay"
+    );
+    let body: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("shutting down"), "{body}");
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&stack.nodes[0].log_text())));
+    gw.wait_open("dr").await;
+    gw.append("dr", &["after"]).await;
+    assert_eq!(
+        gw.bodies("dr").await,
+        ["before", "after"],
+        "the refused append was never applied"
+    );
+}
+
 // SD-INT-12, OBS-16: what a stopping gateway never admitted is dropped, counted and never
 // acknowledged: a Kafka frame half received and an HTTP body still arriving. The stop
 // logs, per listener, the clients it ended with their count, the requests it dropped and

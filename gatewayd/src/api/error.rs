@@ -21,8 +21,8 @@ pub struct ApiError {
     pub message: String,
     /// Extra JSON fields (for example the stream's `tail` on a read past it).
     pub details: Option<serde_json::Value>,
-    /// A refusal because this gateway is stopping: immediate, with no retry delay
-    /// (SD-INT-8), since the client's retry belongs on another gateway, not a later one.
+    /// A shutdown refusal (this gateway, or the stream's owner, is stopping): no retry
+    /// delay (SD-INT-8), since the retry belongs elsewhere at once, not here later.
     pub stopping: bool,
 }
 
@@ -89,10 +89,14 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Routing failures and streamd's refusals.
+/// Routing failures and streamd's refusals; an owner's shutdown refusal is passed on
+/// with no retry delay (SD-INT-8).
 impl From<RouteError> for ApiError {
     fn from(e: RouteError) -> Self {
-        ApiError::new(e.code(), e.to_string())
+        match e {
+            RouteError::Draining { .. } => ApiError::stopping(e.to_string()),
+            e => ApiError::new(e.code(), e.to_string()),
+        }
     }
 }
 
