@@ -32,6 +32,9 @@ pub struct GatewayMetrics {
     /// SD-INT-12: requests received in part (a Kafka frame, an HTTP body) and never admitted,
     /// discarded when the gateway stopped, by listener. Nothing of them was acknowledged.
     pub requests_dropped: IntCounterVec,
+    /// Calls to a stream's owner refused or reset by its shutdown (`reason="shutdown"`)
+    /// or failed in transport otherwise (`reason="transport"`) (OBS-15, SD-TD-7).
+    pub peer_call_failures: IntCounterVec,
     /// HTTP requests being served now, and those of them whose bodies are still arriving.
     pub http_in_flight: IntGauge,
     pub http_receiving: IntGauge,
@@ -136,6 +139,16 @@ pub fn metrics() -> &'static GatewayMetrics {
                         "SSE subscriptions and long polls open now, by kind",
                     ),
                     &["kind"],
+                )
+                .expect("valid metric"),
+            ),
+            peer_call_failures: register(
+                IntCounterVec::new(
+                    Opts::new(
+                        "gatewayd_peer_call_failures_total",
+                        "Calls to a stream's owner refused or reset by its shutdown (reason shutdown) or failed in transport (reason transport)",
+                    ),
+                    &["reason"],
                 )
                 .expect("valid metric"),
             ),

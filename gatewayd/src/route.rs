@@ -155,6 +155,28 @@ impl Routes {
     }
 
     /// The stream's live owner incarnation, and a client of it.
+    /// OBS-15, SD-TD-7: a call to `owner` that its shutdown refused or reset is counted
+    /// with `reason="shutdown"`; another transport failure with `reason="transport"`.
+    fn count_failure(&self, owner: &Incarnation, status: &tonic::Status) {
+        let reason = if weir_shared::error_code::is_draining(status) {
+            "shutdown"
+        } else if ErrorCode::of_status(status).is_some() {
+            return;
+        } else if self.view.with(|s| {
+            s.nodes
+                .get(&owner.node)
+                .is_some_and(|n| n.epoch == owner.epoch && n.terminating)
+        }) {
+            "shutdown"
+        } else {
+            "transport"
+        };
+        crate::metrics::metrics()
+            .peer_call_failures
+            .with_label_values(&[reason])
+            .inc();
+    }
+
     pub fn owner_client(&self, name: &str) -> Result<(Incarnation, StreamdClient<Channel>), RouteError> {
         if !self.is_admitted() {
             return Err(RouteError::CatchingUp);
@@ -283,7 +305,10 @@ impl Routes {
                     };
                     match outcome {
                         Ok(reply) => return Ok(reply.into_inner()),
-                        Err(status) => retry_or_fail(status, safe_to_retry)?,
+                        Err(status) => {
+                            self.count_failure(&owner, &status);
+                            retry_or_fail(status, safe_to_retry)?
+                        }
                     }
                 }
                 Err(e @ (RouteError::NoOwner { .. } | RouteError::CatchingUp)) => e,

@@ -655,6 +655,7 @@ async fn the_acceptance_window_lasts_the_drain_window_within_the_drain_budget() 
 // stream stays on a node whose intake is closed. An append then is refused by the owner
 // as draining; when no other node takes the stream within the gateway's route retry
 // time, the client gets 503 `unavailable` without Retry-After, and nothing was applied.
+// The gateway counts those refusals with reason "shutdown" (OBS-15).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_owners_shutdown_refusal_reaches_http_clients_without_a_retry_delay() {
     let mut stack = Stack::start_replicas_with_env(
@@ -705,6 +706,13 @@ async fn an_owners_shutdown_refusal_reaches_http_clients_without_a_retry_delay()
     assert_eq!(body["error"]["code"], "unavailable", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("shutting down"), "{body}");
+    // OBS-15: the gateway counted the owner's shutdown refusals as such.
+    let metrics = gw_metrics(&gw).await;
+    let counted = metrics
+        .lines()
+        .find(|l| l.starts_with("weir_gatewayd_peer_call_failures_total{reason=\"shutdown\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(counted.is_some_and(|n| n >= 1.0), "{metrics}");
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     assert_eq!(code, Some(weir_tests::shutdown_exit_code(&stack.nodes[0].log_text())));
     gw.wait_open("dr").await;
