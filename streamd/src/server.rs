@@ -190,11 +190,21 @@ struct Teardown {
 
 impl Teardown {
     async fn run(&mut self) {
+        // OBS-16: the peers (gateways, metad) still attached when the listener stops.
+        let attached = weir_shared::listener::open_connections("grpc");
         self.grpc_stop.cancel();
         self.servers.close();
         let inflight = self.shutdown.inflight_timeout.min(self.shutdown.deadline_left());
         if tokio::time::timeout(inflight, self.servers.wait()).await.is_err() {
             tracing::warn!(timeout = ?inflight, "in-flight requests did not finish; stopping anyway");
+        }
+        if attached > 0 {
+            tracing::info!(
+                listener = "grpc",
+                count = attached,
+                reason = "shutting down",
+                "ended the clients of a listener"
+            );
         }
         self.http_stop.cancel();
         self.stop.cancel();

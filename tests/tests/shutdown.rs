@@ -130,6 +130,12 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
         "no live schedulable replacement node remains; admitted work completes in place"
     )
     .is_empty());
+    // OBS-16: teardown ended the gateway's connection still attached, and says so once.
+    let ended = records(&log, "ended the clients of a listener");
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert_eq!(ended[0]["listener"], "grpc");
+    assert_eq!(ended[0]["reason"], "shutting down");
+    assert!(ended[0]["count"].as_i64() >= Some(1), "{ended:?}");
     // SD-PH-5: teardown's first act, the self-fence, comes after drain-support's record.
     assert!(
         log.find("fenced self") > log.find(PHASES[1]),
