@@ -25,7 +25,16 @@ struct Running {
 #[derive(Clone, Default)]
 pub struct KindTasks {
     tracker: TaskTracker,
-    running: Arc<Mutex<Vec<Running>>>,
+    running: Arc<Mutex<Registry>>,
+}
+
+/// The tasks that may still run, and when to drop the finished ones from the list.
+#[derive(Default)]
+struct Registry {
+    tasks: Vec<Running>,
+    prune_at: usize,
+    /// Set by [`KindTasks::stop`]: a task spawned later is aborted at once.
+    stopped: bool,
 }
 
 impl KindTasks {
@@ -47,9 +56,18 @@ impl KindTasks {
     {
         let handle = self.tracker.spawn(task);
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        // Finished tasks leave the list here, so it holds only what may still run.
-        running.retain(|r| !r.abort.is_finished());
-        running.push(Running {
+        if running.stopped {
+            // Too late: the teardown has given every task its grace already.
+            handle.abort();
+            return handle;
+        }
+        // Finished tasks leave the list once it doubled since the last pass, so it
+        // holds about what may still run, at a constant cost per spawn.
+        if running.tasks.len() >= running.prune_at {
+            running.tasks.retain(|r| !r.abort.is_finished());
+            running.prune_at = (2 * running.tasks.len()).max(64);
+        }
+        running.tasks.push(Running {
             kind,
             name: name.into(),
             stream,
@@ -62,16 +80,15 @@ impl KindTasks {
     /// logged at warn, and lets them drop what they hold. Returns how many were aborted.
     pub async fn stop(&self, grace: Duration) -> usize {
         self.tracker.close();
-        if tokio::time::timeout(grace, self.tracker.wait()).await.is_ok() {
+        let ended = tokio::time::timeout(grace, self.tracker.wait()).await.is_ok();
+        let late: Vec<Running> = {
+            let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+            running.stopped = true;
+            running.tasks.drain(..).filter(|r| !r.abort.is_finished()).collect()
+        };
+        if ended {
             return 0;
         }
-        let late: Vec<Running> = self
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .filter(|r| !r.abort.is_finished())
-            .collect();
         for r in &late {
             tracing::warn!(
                 stream = r.stream.as_deref().unwrap_or(""),
@@ -82,7 +99,8 @@ impl KindTasks {
             );
             r.abort.abort();
         }
-        // Aborted tasks end at their next poll; their locks and calls go with them.
+        // Aborted tasks end at their next poll and drop what they hold (blocking work
+        // they started, such as a file read, runs to its end regardless).
         let _ = tokio::time::timeout(Duration::from_millis(100), self.tracker.wait()).await;
         late.len()
     }
@@ -126,6 +144,15 @@ mod tests {
         assert_eq!(Arc::strong_count(&stalled), 1);
     }
 
+    /// A task spawned after the stop never runs on past it: it is aborted at once.
+    #[tokio::test]
+    async fn a_task_spawned_after_the_stop_is_aborted() {
+        let tasks = KindTasks::new();
+        assert_eq!(tasks.stop(Duration::from_millis(10)).await, 0);
+        let late = tasks.spawn("takeover", "late", None, std::future::pending::<()>());
+        assert!(late.await.expect_err("aborted").is_cancelled());
+    }
+
     /// Finished tasks do not pile up in the list.
     #[tokio::test]
     async fn finished_tasks_leave_the_list() {
@@ -134,7 +161,7 @@ mod tests {
             tasks.spawn("takeover", format!("t-{i}"), None, async {});
             tokio::task::yield_now().await;
         }
-        assert!(tasks.running.lock().expect("lock").len() <= 2);
+        assert!(tasks.running.lock().expect("lock").tasks.len() <= 64);
         assert_eq!(tasks.stop(Duration::from_secs(1)).await, 0);
     }
 }

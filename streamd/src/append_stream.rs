@@ -39,8 +39,8 @@ type Admission = (BoxFuture<'static, AppendStreamReply>, bool);
 /// the stream ends cleanly was never admitted.
 pub fn serve(node: Arc<Node>, inbound: Streaming<AppendStreamRequest>) -> Replies {
     let (replies, rx) = mpsc::channel(MAX_PENDING);
-    let tasks = node.tasks.clone();
-    tasks.spawn("append_stream", "append stream", None, drive(node, inbound, replies));
+    let calls = node.calls.clone();
+    calls.spawn(drive(node, inbound, replies));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok))
 }
 

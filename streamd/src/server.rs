@@ -215,7 +215,8 @@ impl Teardown {
         tokio::join!(
             self.loops.stop(TASK_GRACE),
             self.node.tasks.stop(TASK_GRACE),
-            weir_shared::shutdown::stop_background(&self.tasks)
+            weir_shared::shutdown::stop_background(&self.tasks),
+            weir_shared::shutdown::stop_background(&self.node.calls)
         );
     }
 }

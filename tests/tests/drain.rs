@@ -779,10 +779,11 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
     assert_eq!(gw.bodies("df_b").await, ["after the failed move"]);
 }
 
-// OBS-8: a stopping node whose own drain outlasts its budget (each transfer's prepare
-// held 2.5 s by failpoint `transfer_prepare`, so eight streams take longer than the 6 s
-// drain timeout and the last are never tried) logs that it timed out moving its work,
-// closes what is left in place, and loses nothing.
+// OBS-8: a stopping node whose own drain outlasts its budget logs that it timed out
+// moving its work, closes what is left in place, and loses nothing. Each transfer's
+// prepare is held 2.5 s (failpoint `transfer_prepare`) and each later unit gets a
+// shrinking share of what is left, so with twelve streams the 6 s drain timeout runs
+// out before the last are tried.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopping_nodes_drain_that_outlasts_its_budget_is_logged_as_timed_out() {
     let stack = Stack::start_replicas_with_env(
@@ -795,7 +796,8 @@ async fn a_stopping_nodes_drain_that_outlasts_its_budget_is_logged_as_timed_out(
     )
     .await;
     let names = [
-        "slow_a", "slow_b", "slow_c", "slow_d", "slow_e", "slow_f", "slow_g", "slow_h",
+        "slow_a", "slow_b", "slow_c", "slow_d", "slow_e", "slow_f", "slow_g", "slow_h", "slow_i", "slow_j", "slow_k",
+        "slow_l",
     ];
     let (mut stack, gw) = with_streams_on_the_first(stack, &names).await;
     for s in names {

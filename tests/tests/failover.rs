@@ -156,13 +156,22 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
     let started = record(&metad_log, "WAL takeover started");
     let completed = record(&agent_log, "WAL takeover completed");
     let closed = record(&metad_log, "closed a recovered stream of a dead owner");
-    let placed = record_after(&metad_log, "placed stream", fenced.0);
+    let placed = metad_log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| {
+            r["message"] == "placed stream"
+                && r["stream"] == closed.1["stream"]
+                && r["log_index"].as_u64() > Some(closed.0)
+        })
+        .map(|r| (r["log_index"].as_u64().expect("log_index"), r))
+        .expect("the closed stream placed after its close");
     for (i, r) in [&fenced, &started, &completed] {
         assert_eq!(r["node_id"], victim_id.as_str(), "{i}: {r}");
         assert!(r["epoch"].is_string() || r["epoch"].is_u64(), "{r}");
     }
     assert!(closed.1["stream"].is_string() && placed.1["stream"].is_string());
-    let order = [fenced.0, started.0, completed.0, closed.0];
+    let order = [fenced.0, started.0, completed.0, closed.0, placed.0];
     assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
     // The stream takes new appends at its new owner.
     gw.append("k-a", &["after"]).await;

@@ -98,6 +98,9 @@ pub struct Node {
     /// Work the node starts for one stream or takeover (closes, takeovers, group
     /// ticks), waited for at teardown.
     pub tasks: weir_shared::task_kinds::KindTasks,
+    /// The tasks serving append streams: they end with their calls, and are never
+    /// aborted, since an aborted one would end its call as if every append were answered.
+    pub calls: tokio_util::task::TaskTracker,
 }
 
 impl Node {
@@ -131,6 +134,7 @@ impl Node {
             takeovers_running: Default::default(),
             damage_seen: Default::default(),
             tasks: weir_shared::task_kinds::KindTasks::new(),
+            calls: tokio_util::task::TaskTracker::new(),
         }
     }
 

@@ -29,6 +29,11 @@ pub enum WalSource {
 impl Node {
     /// Starts every pending takeover this incarnation is the agent of and is not running yet.
     pub fn start_takeovers(self: &Arc<Self>) {
+        // A fenced incarnation takes nothing over: its proposals would be refused, and
+        // its claim on a dead node's WAL would only stand in the next agent's way.
+        if self.fenced.is_cancelled() {
+            return;
+        }
         let mine: Vec<Incarnation> = self.view.with(|s| {
             s.takeovers
                 .values()
