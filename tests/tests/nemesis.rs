@@ -371,8 +371,25 @@ async fn run(seed: u64, secs: u64) -> Run {
             let log = stack.metad.replicas[0].log_text();
             let panic_at = log.find("panicked at").unwrap_or(log.len().saturating_sub(6000));
             let tail = &log[panic_at.saturating_sub(3000)..(panic_at + 1500).min(log.len())];
+            // Each streamd's last warnings and errors, and what it did about takeovers.
+            let nodes: String = stack
+                .nodes
+                .iter()
+                .map(|n| {
+                    let text = n.log_text();
+                    let lines: Vec<&str> = text
+                        .lines()
+                        .filter(|l| l.contains("\"WARN\"") || l.contains("\"ERROR\"") || l.contains("takeover"))
+                        .collect();
+                    format!(
+                        "--- {}:\n{}\n",
+                        n.id,
+                        lines[lines.len().saturating_sub(25)..].join("\n")
+                    )
+                })
+                .collect();
             panic!(
-                "seed {seed}: {s} not open again; metadata state: {}\nmetad log tail:\n{tail}",
+                "seed {seed}: {s} not open again; metadata state: {}\nmetad log tail:\n{tail}\nstreamd logs:\n{nodes}",
                 serde_json::to_string_pretty(&state).unwrap_or_default()
             );
         }
