@@ -91,12 +91,11 @@ impl AdminService {
     pub fn new(
         raft: Raft,
         sm: StateMachineStore,
-        id: u64,
+        runner: TransferRunner,
         peers: Arc<PeerChannels>,
         moves: TaskTracker,
         users: crate::authz::Directory,
     ) -> Self {
-        let runner = TransferRunner::new(raft.clone(), sm.hub(), id);
         Self {
             users,
             raft,

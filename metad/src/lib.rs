@@ -20,6 +20,7 @@ mod raft_types;
 mod server;
 mod store;
 mod token_callers;
+mod transfer_marks;
 mod transfer_runner;
 
 pub use config::{MetadArgs, MetadConfig};

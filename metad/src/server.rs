@@ -73,6 +73,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
     let timeout = Duration::from_millis(args.propose_timeout_ms);
     let limits = args.listeners.limits()?;
     let users = crate::authz::Directory::new(hub.clone(), args.allow_anonymous_gateways);
+    let runner = crate::transfer_runner::TransferRunner::new(raft.clone(), hub.clone(), args.id);
     // Operators may come with an admin token instead of a certificate (`weir --token`).
     let grpc = weir_shared::grpc::server_with(&limits, true)?
         .layer(tonic::service::InterceptorLayer::new(
@@ -103,7 +104,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
             AdminServer::new(AdminService::new(
                 raft.clone(),
                 sm.clone(),
-                args.id,
+                runner.clone(),
                 peers,
                 moves.clone(),
                 users,
@@ -145,6 +146,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
             shutdown.child_token(),
         ));
     }
+    tasks.spawn(runner.reconcile_marks(shutdown.child_token()));
     tasks.spawn(crate::failover::run(
         config.advertise.clone(),
         hub.clone(),

@@ -11,6 +11,7 @@ use crate::leader::current_leader;
 use crate::metrics::metrics;
 use crate::raft_types::Raft;
 use crate::store::ViewHub;
+use crate::transfer_marks::Running;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -32,11 +33,23 @@ pub struct TransferRunner {
     raft: Raft,
     hub: Arc<ViewHub>,
     id: u64,
+    /// The streams it is moving: their marks are its own (RR-INT-4).
+    running: Running,
 }
 
 impl TransferRunner {
     pub fn new(raft: Raft, hub: Arc<ViewHub>, id: u64) -> Self {
-        Self { raft, hub, id }
+        Self {
+            raft,
+            hub,
+            id,
+            running: Running::default(),
+        }
+    }
+
+    /// Discards, while this replica leads, the marks no transfer of it holds (RR-INT-4).
+    pub async fn reconcile_marks(self, cancel: tokio_util::sync::CancellationToken) {
+        crate::transfer_marks::reconcile_loop(self.raft, self.hub, self.id, self.running, cancel).await
     }
 
     pub fn leading(&self) -> bool {
@@ -255,19 +268,22 @@ impl TransferRunner {
         }) else {
             return Moved::failed(name, format!("stream '{name}' is no longer open on {owner}"));
         };
+        // The mark this transfer sets is its own until it ends (RR-INT-4).
+        let _holding = self.running.hold(stream);
         let begin = Command::BeginTransfer {
             stream,
             stream_epoch: epoch,
             target: target.clone(),
         };
-        match self.propose(self.operator(), begin).await {
-            Ok((_, Ok(_))) => {}
+        let op = match self.propose(self.operator(), begin).await {
+            Ok((index, Ok(_))) => index,
             Ok((_, Err(r))) => return Moved::failed(name, format!("transfer refused: {}", r.message)),
             Err(s) => return Moved::failed(name, s.message().to_string()),
-        }
+        };
         let begun = self.begun_with(stream);
         let prepare = prepare_bound(unit);
-        let closed = tokio::time::timeout(prepare, self.prepare(stream, name, target, &addr, prepare)).await;
+        let gate = Gate { stream, op, begun };
+        let closed = tokio::time::timeout(prepare, self.prepare(&gate, name, target, &addr, prepare)).await;
         let closed_at = match closed {
             Ok(Ok(end)) => end,
             failed => {
@@ -324,19 +340,30 @@ impl TransferRunner {
     }
 
     /// Asks the owner to close the stream within `bound`; its committed end. Not when
-    /// the target restarted since the transfer began (RR-INT-5): the stream stays put.
+    /// the target restarted since the transfer began (RR-INT-5), nor when the mark is no
+    /// longer this transfer's (RR-INT-4): the stream stays put.
     async fn prepare(
         &self,
-        stream: StreamId,
+        gate: &Gate,
         name: &str,
         target: &NodeId,
         addr: &str,
         bound: Duration,
     ) -> Result<u64, Unprepared> {
         weir_shared::failpoint::pause("transfer_prepare").await;
-        let begun = self.begun_with(stream);
-        if self.target_restarted(target, &begun) {
+        if self.target_restarted(target, &gate.begun) {
             return Err(Unprepared::Restarted(restarted(target)));
+        }
+        let held = self.hub.with_state(|s| {
+            s.streams
+                .get(&gate.stream)
+                .is_some_and(|r| r.transfer_target.is_some() && r.transfer_op == Some(gate.op))
+        });
+        if !held {
+            return Err(Unprepared::Failed(format!(
+                "the transfer's mark (operation {}) is no longer in the log",
+                gate.op
+            )));
         }
         let channel =
             weir_shared::grpc::channel(addr).map_err(|e| Unprepared::Failed(format!("owner address '{addr}': {e}")))?;
@@ -367,7 +394,7 @@ impl TransferRunner {
     async fn cancel(&self, stream: StreamId, stream_epoch: StreamEpoch) {
         let cancel = Command::CancelTransfer { stream, stream_epoch };
         if let Err(e) = self.propose(self.operator(), cancel).await {
-            tracing::warn!(stream = %stream, error = %e.message(), "transfer mark not released; the owner's next close clears it");
+            tracing::warn!(stream = %stream, error = %e.message(), "transfer mark not released; the owner's next close or the leader's reconciliation clears it");
         }
     }
 }
@@ -377,6 +404,14 @@ fn owned_by(state: &State, stream: StreamId, owner: &Incarnation) -> bool {
         .streams
         .get(&stream)
         .is_some_and(|r| r.state == StreamState::Open && r.owner.as_ref() == Some(owner))
+}
+
+/// A begun transfer's gate in the log: its stream, its operation id (the
+/// `BeginTransfer`'s log index) and the destination epoch it recorded.
+struct Gate {
+    stream: StreamId,
+    op: u64,
+    begun: Option<Epoch>,
 }
 
 /// Why a transfer's prepare did not close the stream.

@@ -20,6 +20,9 @@ pub enum Action {
     Drop,
     /// Fail instead of doing the work.
     Error,
+    /// Fail while this file exists (`return(err) while exists(<path>)`): a test lifts
+    /// the fault by removing the file, without restarting the process.
+    ErrorWhile(std::path::PathBuf),
 }
 
 /// The action set for failpoint `name` (`drain_reply` reads `WEIR_FAILPOINT_DRAIN_REPLY`;
@@ -68,11 +71,25 @@ fn parse(value: &str) -> Option<Action> {
         "hang" => Some(Action::Hang),
         "drop" => Some(Action::Drop),
         "return(err)" => Some(Action::Error),
+        v if v.starts_with("return(err) while exists(") => v
+            .strip_prefix("return(err) while exists(")
+            .and_then(|r| r.strip_suffix(')'))
+            .map(|path| Action::ErrorWhile(path.into())),
         v => v
             .strip_prefix("sleep(")
             .and_then(|r| r.strip_suffix(')'))
             .and_then(|ms| ms.parse().ok())
             .map(|ms| Action::Sleep(Duration::from_millis(ms))),
+    }
+}
+
+/// Whether failpoint `name` asks the work to fail now: `return(err)`, or
+/// `return(err) while exists(<path>)` while that file exists.
+pub fn fails(name: &str) -> bool {
+    match action(name) {
+        Some(Action::Error) => true,
+        Some(Action::ErrorWhile(path)) => path.exists(),
+        _ => false,
     }
 }
 
@@ -102,6 +119,10 @@ mod tests {
         assert_eq!(parse("hang"), Some(Action::Hang));
         assert_eq!(parse("drop"), Some(Action::Drop));
         assert_eq!(parse("return(err)"), Some(Action::Error));
+        assert_eq!(
+            parse("return(err) while exists(/tmp/x)"),
+            Some(Action::ErrorWhile("/tmp/x".into()))
+        );
         assert_eq!(parse("sleep(x)"), None);
         assert_eq!(parse("panic"), None);
     }

@@ -85,6 +85,12 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         None,
         reconcile_loop(node.clone(), stop.clone()),
     );
+    loops.spawn(
+        "takeover",
+        "takeover",
+        None,
+        crate::node::takeover_loop(node.clone(), stop.clone()),
+    );
     loops.spawn("uploader", "uploader", None, upload_loop(node.clone(), stop.clone()));
     loops.spawn(
         "compaction",

@@ -178,18 +178,25 @@ pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// Every JSON record of a process's log, in order (lines that are not JSON skipped).
+pub fn log_records(log: &str) -> impl Iterator<Item = serde_json::Value> + '_ {
+    log.lines().filter_map(|l| serde_json::from_str(l).ok())
+}
+
+/// The JSON log records whose message is `message`.
+pub fn records(log: &str, message: &str) -> Vec<serde_json::Value> {
+    log_records(log).filter(|r| r["message"] == message).collect()
+}
+
 /// The exit status a clean shutdown's log calls for (SD-EX-1/2, SD-DL-3/4): 1 when the
 /// deadline expired or any phase finished `Forced`, else 0, whatever else was
 /// `Abandoned`. A test of a stop asserts the status equals this, so a process that
 /// exits 1 after a graceful stop, or 0 after a forced one, fails it.
 pub fn shutdown_exit_code(log: &str) -> i32 {
-    let forced = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .any(|r| {
-            let message = r["message"].as_str().unwrap_or_default();
-            message == "shutdown deadline expired; abandoning graceful shutdown"
-                || (message.ends_with("phase finished") && r["outcome"] == "Forced")
-        });
+    let forced = log_records(log).any(|r| {
+        let message = r["message"].as_str().unwrap_or_default();
+        message == "shutdown deadline expired; abandoning graceful shutdown"
+            || (message.ends_with("phase finished") && r["outcome"] == "Forced")
+    });
     i32::from(forced)
 }

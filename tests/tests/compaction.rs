@@ -583,11 +583,7 @@ async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
         let code = stack.nodes[0].wait_exit(Duration::from_secs(60)).await;
         let log = stack.nodes[0].log_text();
         assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
-        let aborted: Vec<serde_json::Value> = log
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|r| r["message"] == "shutdown task exceeded grace period; aborting")
-            .collect();
+        let aborted = weir_tests::records(&log, "shutdown task exceeded grace period; aborting");
         assert_eq!(aborted.len(), 1, "only the hung task: {aborted:?}");
         assert_eq!(aborted[0]["task_kind"], "compaction", "{aborted:?}");
         assert_eq!(aborted[0]["task"], "compaction");

@@ -14,7 +14,7 @@ use std::time::Duration;
 use weir_tests::gateway::Gatewayd;
 use weir_tests::proxy::{Mode, Proxy};
 use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
-use weir_tests::{node_row, wait_for};
+use weir_tests::{node_row, records, wait_for};
 
 /// Short shutdown timing for tests.
 const SHORT: &[&str] = &[
@@ -27,14 +27,6 @@ const SHORT: &[&str] = &[
     "--shutdown-timeout-sec",
     "2",
 ];
-
-/// The JSON log records whose message is `message`.
-fn records(log: &str, message: &str) -> Vec<Value> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["message"] == message)
-        .collect()
-}
 
 fn phase_outcome(log: &str, phase: &str) -> String {
     let found = records(log, &format!("shutdown {phase} phase finished"));
@@ -933,6 +925,183 @@ async fn a_destination_restarted_mid_transfer_invalidates_it() {
     gw.wait_open("ri").await;
     assert_eq!(owner_of(&gw, "ri").await.as_deref(), Some(b.as_str()));
     assert_eq!(gw.bodies("ri").await, ["before"]);
+}
+
+// RR-INT-4, RR-INT-3: a transfer's preparation (its mark in the log, naming the
+// destination incarnation before the owner is asked to close) outlives the coordinator
+// that wrote it. The leader's prepare is held (failpoint `transfer_prepare=sleep(30000)`)
+// and the leader is SIGKILLed: the next leader, after its barrier, discards exactly that
+// mark by its operation id (the `BeginTransfer`'s log index) and says why, and the stream
+// stays open and writable on its owner.
+#[tokio::test(flavor = "multi_thread")]
+async fn rr_int_4_a_dead_coordinators_transfer_mark_is_discarded_by_the_next_leader() {
+    let stack = Stack::start_replicas_with_env(
+        3,
+        2,
+        Backend::FileWal,
+        SHORT,
+        &[],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(30000)")],
+    )
+    .await;
+    let (mut stack, gw) = with_streams_on_the_first(stack, &["rc"]).await;
+    gw.append("rc", &["before"]).await;
+    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
+    // Asked of the leader alone: a client that tried the next replica after the leader
+    // died would begin a second transfer there.
+    let leader = stack.metad.wait_leader(&[]).await;
+    let transfer = {
+        let client = stack.metad.replicas[leader].client();
+        let request = weir_proto::metad::TransferRequest {
+            stream: "rc".into(),
+            target: b.clone(),
+            budget_ms: 60_000,
+            ..Default::default()
+        };
+        tokio::spawn(async move { client.transfer(request, Duration::from_secs(60)).await })
+    };
+    let (op, begin) = wait_for("the transfer begun", Duration::from_secs(20), || async {
+        let entries = log_entries(&stack).await;
+        entries
+            .into_iter()
+            .find(|(_, k, ..)| k == "begin_transfer")
+            .map(|(index, _, command, _)| (index, command))
+    })
+    .await;
+    // RR-INT-3: the participants are recorded before any side effect: the destination
+    // in the entry, the source as the stream's owner at that epoch.
+    assert_eq!(begin["target"], b.as_str(), "{begin}");
+    let row = stream_row(&stack, "rc").await;
+    assert_eq!(row["transfer_op"], op, "{row}");
+    assert_eq!(row["owner"]["node"], a.as_str(), "{row}");
+    stack.metad.replicas[leader].kill();
+    transfer.abort();
+    let discard = wait_for("the mark discarded", Duration::from_secs(30), || async {
+        let entries = log_entries(&stack).await;
+        entries
+            .into_iter()
+            .find(|(_, k, c, _)| k == "discard_transfer" && c["op"] == op)
+    })
+    .await;
+    assert!(discard.0 > op, "{discard:?}");
+    assert_eq!(discard.2["reason"], "its coordinator is gone", "{discard:?}");
+    let next = stack.metad.wait_leader(&[leader]).await;
+    let log = stack.metad.replicas[next].log_text();
+    let said = records(&log, "discarded a transfer preparation no coordinator holds");
+    assert!(said.iter().any(|r| r["op"] == op && r["stream"] == "rc"), "{log}");
+    let row = stream_row(&stack, "rc").await;
+    assert!(
+        row["transfer_target"].is_null() && row["transfer_op"].is_null(),
+        "{row}"
+    );
+    let entries = log_entries(&stack).await;
+    assert!(
+        !entries.iter().any(|(i, k, ..)| k == "close_stream" && *i < discard.0),
+        "the owner never closed the stream: {entries:?}"
+    );
+    assert_eq!(
+        owner_of(&gw, "rc").await.as_deref(),
+        Some(a.as_str()),
+        "ownership unchanged"
+    );
+    gw.append("rc", &["after"]).await;
+    assert_eq!(gw.bodies("rc").await, ["before", "after"]);
+}
+
+/// The stream row named `name` from a metad's state.
+async fn stream_row(stack: &Stack, name: &str) -> Value {
+    let state = stack.metad.client().admin("streams", 0, 0).await.expect("streams");
+    state["streams"]
+        .as_object()
+        .expect("streams")
+        .values()
+        .find(|r| r["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no stream '{name}' in {state}"))
+}
+
+// RR-WAL-7: a new owner that cannot open a stream (the read of its producer-state tail
+// fails, as with an unreachable object store: failpoint `open_read` while a file
+// exists) logs a warn on each attempt, the attempts spaced by a backoff that starts at
+// 0.25 s and doubles; meanwhile the stream takes no appends (503). Once the fault is
+// lifted the stream opens and serves what it held.
+#[tokio::test(flavor = "multi_thread")]
+async fn rr_wal_7_a_failed_open_is_retried_on_a_doubling_backoff() {
+    let mut stack = Stack::start_with(1, Backend::FileWal, SHORT, &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    gw.create_stream("ro").await;
+    gw.wait_open("ro").await;
+    gw.append("ro", &["before"]).await;
+    let fault = stack.dir.path().join("open-read-fault");
+    std::fs::write(&fault, b"").expect("fault file");
+    let failpoint = format!("return(err) while exists({})", fault.display());
+    stack.add_node_with_env(
+        "streamd-2",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_OPEN_READ", failpoint.as_str())],
+    );
+    stack.nodes[1].wait_ready().await;
+    let b = stack.nodes[1].id.clone();
+    // The transfer hands the stream over; the destination cannot open it.
+    gw.send(
+        gw.request(Method::POST, "/v1/admin/streams/ro/transfer")
+            .json(&json!({"to": b, "budget_sec": 2})),
+    )
+    .await;
+    let warned = |log: String| {
+        records(&log, "cannot open stream yet; will retry")
+            .into_iter()
+            .filter(|r| r["stream"] == "ro")
+            .collect::<Vec<_>>()
+    };
+    let attempts = wait_for("five failed opens", Duration::from_secs(30), || async {
+        let found = warned(stack.nodes[1].log_text());
+        (found.len() >= 5).then_some(found)
+    })
+    .await;
+    let waits: Vec<&str> = attempts[..5]
+        .iter()
+        .map(|r| r["retry_in"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(waits, ["250ms", "500ms", "1s", "2s", "4s"], "{attempts:?}");
+    // The attempts are spaced by those waits, not by whatever else changes the view.
+    let at: Vec<f64> = attempts[..5].iter().map(|r| seconds_of_day(&r["timestamp"])).collect();
+    for (i, pair) in at.windows(2).enumerate() {
+        let gap = (pair[1] - pair[0]).rem_euclid(86_400.0);
+        let wait = 0.25 * f64::from(1u32 << i);
+        assert!(
+            gap >= wait * 0.9,
+            "attempt {} came {gap:.3} s after the one before, not {wait} s: {attempts:?}",
+            i + 1
+        );
+    }
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/streams/ro/records")
+                .json(&json!({"records": [{"body": "refused"}]})),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no appends before the open: {body}"
+    );
+    std::fs::remove_file(&fault).expect("lift the fault");
+    gw.wait_open("ro").await;
+    assert_eq!(owner_of(&gw, "ro").await.as_deref(), Some(b.as_str()));
+    gw.append("ro", &["after"]).await;
+    assert_eq!(gw.bodies("ro").await, ["before", "after"]);
+}
+
+/// Seconds since midnight of a log record's RFC 3339 `timestamp`.
+fn seconds_of_day(timestamp: &Value) -> f64 {
+    let ts = timestamp.as_str().expect("a timestamp");
+    let time = ts.split('T').nth(1).expect("a time").trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let mut next = || parts.next().and_then(|p| p.parse::<f64>().ok()).expect("h:m:s");
+    next() * 3600.0 + next() * 60.0 + next()
 }
 
 // SD-TRM-8: a drain's plan belongs to the source's incarnation. The source is killed and

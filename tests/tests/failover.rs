@@ -142,9 +142,7 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
     // and its log index, in log order: the holder's fence and takeover start, the
     // agent's completion, the holder's close, and the placement of the stream.
     let record_after = |log: &str, message: &str, after: u64| -> (u64, serde_json::Value) {
-        let r: serde_json::Value = log
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        let r: serde_json::Value = weir_tests::log_records(log)
             .find(|r| r["message"] == message && r["log_index"].as_u64() > Some(after))
             .unwrap_or_else(|| panic!("no record {message:?} after index {after}"));
         (r["log_index"].as_u64().expect("log_index"), r)
@@ -156,9 +154,7 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
     let started = record(&metad_log, "WAL takeover started");
     let completed = record(&agent_log, "WAL takeover completed");
     let closed = record(&metad_log, "closed a recovered stream of a dead owner");
-    let placed = metad_log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let placed = weir_tests::log_records(&metad_log)
         .find(|r| {
             r["message"] == "placed stream"
                 && r["stream"] == closed.1["stream"]
@@ -435,11 +431,12 @@ async fn a_stream_deleted_while_its_owner_is_dead_is_destroyed_not_placed() {
     let (status, body) = gw.send(gw.request(Method::DELETE, "/v1/streams/doomed")).await;
     assert!(status.is_success(), "{status}: {body}");
     let destroyed = wait_for("the holder destroys it", Duration::from_secs(60), || async {
-        stack.metad.replicas[0]
-            .log_text()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|r| r["message"] == "destroyed a deleted stream of a dead owner")
+        weir_tests::records(
+            &stack.metad.replicas[0].log_text(),
+            "destroyed a deleted stream of a dead owner",
+        )
+        .into_iter()
+        .next()
     })
     .await;
     assert!(
@@ -526,17 +523,28 @@ async fn a_node_that_never_returns_after_a_whole_cluster_restart_is_failed_over(
 
 /// FO-LIV-6, INV-7, FO-TKO-7: a streamd cut off from metad is fenced after the timeout, its WAL is
 /// taken over, and it can acknowledge nothing more even though it never learns of the
-/// fence; every record it acknowledged before is recovered.
+/// fence; every record it acknowledged before is recovered. With the file WAL.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_streamd_cut_off_from_metad_is_fenced_and_can_acknowledge_nothing_more() {
+    cut_off_streamd_is_fenced_and_acknowledges_nothing_more(Backend::FileWal).await;
+}
+
+/// FO-TKO-7, INV-7: as above with the object WAL, whose takeover fences the writer by
+/// a fence marker at its next sequence number instead of a directory rename.
+#[tokio::test(flavor = "multi_thread")]
+async fn fo_tko_7_an_object_wal_cut_off_from_metad_is_fenced_by_its_takeover() {
+    cut_off_streamd_is_fenced_and_acknowledges_nothing_more(Backend::ObjectWal).await;
+}
+
+async fn cut_off_streamd_is_fenced_and_acknowledges_nothing_more(backend: Backend) {
     use weir_proto::streamd::{AppendRequest, ReadRequest};
     use weir_tests::batches::{batch, values};
     use weir_tests::proxy::{Mode, Proxy};
-    let mut stack = Stack::start(1, Backend::FileWal, WAL_ONLY).await;
+    let mut stack = Stack::start(1, backend, WAL_ONLY).await;
     let proxy = Proxy::start(&stack.metad.replicas[0].grpc).await;
     let mut flags = WAL_ONLY.to_vec();
     flags.extend(["--metad", proxy.addr.as_str()]);
-    stack.add_node("streamd-2", Backend::FileWal, &flags);
+    stack.add_node("streamd-2", backend, &flags);
     stack.nodes[1].wait_ready().await;
     let id = stack.create_stream("cut", 1).await;
     let mut cut_node = stack.nodes[1].client().await;
@@ -587,12 +595,7 @@ async fn a_streamd_cut_off_from_metad_is_fenced_and_can_acknowledge_nothing_more
         "{late:?}"
     );
     assert_eq!(stack.nodes[1].wait_exit(Duration::from_secs(20)).await, Some(75));
-    let fenced: Vec<serde_json::Value> = stack.nodes[1]
-        .log_text()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|r: &serde_json::Value| r["message"] == "this incarnation is fenced; stopping")
-        .collect();
+    let fenced = weir_tests::records(&stack.nodes[1].log_text(), "this incarnation is fenced; stopping");
     assert!(
         fenced.iter().any(|r| r["reason"] == "write-ahead log was taken over"),
         "{fenced:?}"

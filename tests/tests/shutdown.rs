@@ -9,7 +9,7 @@ use reqwest::Method;
 use std::time::{Duration, Instant};
 use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
-use weir_tests::wait_for;
+use weir_tests::{records, wait_for};
 
 /// H2 of requirements.md: short shutdown timing for tests.
 const SHORT: &[&str] = &[
@@ -38,14 +38,6 @@ const PHASES: [&str; 3] = [
     "shutdown drain-support phase finished",
     "shutdown terminal-teardown phase finished",
 ];
-
-/// The JSON log records whose message is `message`.
-fn records(log: &str, message: &str) -> Vec<serde_json::Value> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|r| r["message"] == message)
-        .collect()
-}
 
 /// SD-PH-1/2/3: exactly the three phase records, in order, with these outcomes.
 fn assert_phases(log: &str, outcomes: [&str; 3]) {

@@ -337,14 +337,6 @@ fn s3_store(stack: &Stack) -> std::sync::Arc<dyn object_store::ObjectStore> {
     std::sync::Arc::new(s3)
 }
 
-/// The JSON log records of `text` whose message is `message`.
-fn log_records(text: &str, message: &str) -> Vec<serde_json::Value> {
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|r| r["message"] == message)
-        .collect()
-}
-
 // RR-FEN-5: the catch-up boundary in the log. A streamd registers; its catch-up (held
 // 2 s by failpoint `catch_up_start`) then finds metad unreachable through its cut link
 // for several read attempts. It warns exactly once that it waits, however many reads
@@ -367,13 +359,15 @@ async fn the_catch_up_boundary_is_logged_once_each_way() {
             &[("WEIR_FAILPOINT_CATCH_UP_START", "sleep(2000)")],
         );
         let registered = wait_for("the node registered", Duration::from_secs(30), || async {
-            log_records(&stack.nodes[0].log_text(), "registered").first().cloned()
+            weir_tests::records(&stack.nodes[0].log_text(), "registered")
+                .first()
+                .cloned()
         })
         .await;
         link.set(Mode::Cut);
         let waiting = "runtime execution is waiting for linearizable consensus catch-up";
         wait_for("the catch-up waits", Duration::from_secs(30), || async {
-            (!log_records(&stack.nodes[0].log_text(), waiting).is_empty()).then_some(())
+            (!weir_tests::records(&stack.nodes[0].log_text(), waiting).is_empty()).then_some(())
         })
         .await;
         // Reads are retried every 0.5 s: several more fail while the link stays cut.
@@ -391,10 +385,10 @@ async fn the_catch_up_boundary_is_logged_once_each_way() {
         stack.nodes[0].wait_ready().await;
         let log = stack.nodes[0].log_text();
         // OBS-13: both catch-up records, exactly as quoted, at their levels.
-        let warned = log_records(&log, waiting);
+        let warned = weir_tests::records(&log, waiting);
         assert_eq!(warned.len(), 1, "warned once: {warned:?}");
         assert_eq!(warned[0]["level"], "WARN");
-        let admitted = log_records(&log, "runtime execution admitted after linearizable consensus catch-up");
+        let admitted = weir_tests::records(&log, "runtime execution admitted after linearizable consensus catch-up");
         assert_eq!(admitted.len(), 1, "{admitted:?}");
         assert_eq!(admitted[0]["level"], "INFO");
         let at = admitted[0]["committed_log_index"].as_u64().expect("index");

@@ -50,6 +50,11 @@ enum Op {
         stream: u64,
         stale: bool,
     },
+    /// A discard of the stream's current mark, or of another op's (`stale`).
+    DiscardTransfer {
+        stream: u64,
+        stale: bool,
+    },
     Open(u64),
     Close {
         stream: u64,
@@ -121,6 +126,7 @@ fn arb_op() -> impl Strategy<Value = Op> {
         3 => (0..8u64, 0..3usize).prop_map(|(s, n)| Op::Place(s, n)),
         2 => (0..8u64, 0..3usize, any::<bool>()).prop_map(|(stream, target, stale)| Op::BeginTransfer { stream, target, stale }),
         1 => (0..8u64, any::<bool>()).prop_map(|(stream, stale)| Op::CancelTransfer { stream, stale }),
+        1 => (0..8u64, any::<bool>()).prop_map(|(stream, stale)| Op::DiscardTransfer { stream, stale }),
         3 => (0..8u64).prop_map(Op::Open),
         2 => (0..8u64, any::<bool>()).prop_map(|(stream, stale)| Op::Close { stream, stale }),
         4 => (0..6u8, prop::collection::vec((0..8u64, 1..5u64, prop::bool::weighted(0.85)), 1..4))
@@ -234,6 +240,15 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
         Op::CancelTransfer { stream, stale } => {
             let (stream, stream_epoch) = epoch_of(state, stream, stale);
             Command::CancelTransfer { stream, stream_epoch }
+        }
+        Op::DiscardTransfer { stream, stale } => {
+            let (stream, _) = epoch_of(state, stream, false);
+            let op = state.streams.get(&stream).and_then(|r| r.transfer_op).unwrap_or(0);
+            Command::DiscardTransfer {
+                stream,
+                op: if stale { op + 1 } else { op },
+                reason: "generated".into(),
+            }
         }
         Op::Open(s) => Command::OpenStream {
             stream: epoch_of(state, s, false).0,
@@ -803,6 +818,7 @@ fn every_command_kind_applies_somewhere_in_the_generated_runs() {
         "place_stream",
         "begin_transfer",
         "cancel_transfer",
+        "discard_transfer",
         "open_stream",
         "close_stream",
         "commit_objects",

@@ -174,6 +174,13 @@ pub enum Command {
         stream: StreamId,
         stream_epoch: StreamEpoch,
     },
+    /// RR-INT-4: the metadata leader discards a transfer's mark whose coordinator is
+    /// gone; `op` is the log index of the transfer's `BeginTransfer`, `reason` says why.
+    DiscardTransfer {
+        stream: StreamId,
+        op: u64,
+        reason: String,
+    },
     /// The placed owner opens the stream at its epoch + 1 (INV-6).
     OpenStream {
         stream: StreamId,
@@ -310,6 +317,7 @@ impl Command {
             Command::PlaceStream { .. } => "place_stream",
             Command::BeginTransfer { .. } => "begin_transfer",
             Command::CancelTransfer { .. } => "cancel_transfer",
+            Command::DiscardTransfer { .. } => "discard_transfer",
             Command::OpenStream { .. } => "open_stream",
             Command::CloseStream { .. } => "close_stream",
             Command::CommitObjects { .. } => "commit_objects",

@@ -138,6 +138,7 @@ pub(crate) mod tests {
             epoch: weir_shared::ids::StreamEpoch(1),
             transfer_target: None,
             transfer_target_epoch: None,
+            transfer_op: None,
             start_offset: Offset(0),
             committed_end: Offset(5),
             commits: 2,

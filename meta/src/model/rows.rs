@@ -149,6 +149,10 @@ pub struct StreamRow {
     /// that incarnation only (RR-INT-5). Absent in rows written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer_target_epoch: Option<Epoch>,
+    /// The log index of the `BeginTransfer` that set the mark: the transfer's operation
+    /// id, so a discard clears exactly that transfer (RR-INT-4). Absent in older rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_op: Option<u64>,
     /// First retained offset.
     pub start_offset: Offset,
     /// Offset after the last record committed in data objects.
@@ -165,6 +169,15 @@ pub struct StreamRow {
     /// operator acts (issue 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub damage: Option<StreamDamage>,
+}
+
+impl StreamRow {
+    /// Ends a planned transfer's mark, whatever ended it.
+    pub fn clear_transfer(&mut self) {
+        self.transfer_target = None;
+        self.transfer_target_epoch = None;
+        self.transfer_op = None;
+    }
 }
 
 /// Damaged committed data of a stream: an object range that fails its checksum or is

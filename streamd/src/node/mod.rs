@@ -34,7 +34,7 @@ pub use append::{Admitted, Appended};
 pub use compaction::compaction_loop;
 pub use reconcile::reconcile_loop;
 pub use retention::{retention_loop, Retention};
-pub use takeover::WalSource;
+pub use takeover::{takeover_loop, WalSource};
 pub use uploader::upload_loop;
 
 /// Tunables of the data plane.

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use weir_meta::model::{Command, RejectCode, StreamState, TakeoverState};
 use weir_shared::batch::split_batches;
 use weir_shared::ids::{Incarnation, ObjectKey, Offset, StreamEpoch, StreamId};
@@ -26,9 +27,30 @@ pub enum WalSource {
     Object,
 }
 
+/// Follows the view and starts every takeover this incarnation becomes the agent of
+/// (FO-TKO-3), on its own loop: opening placed streams (reconcile) can wait minutes on
+/// the object store, and a takeover must not wait behind it.
+pub async fn takeover_loop(node: Arc<Node>, cancel: tokio_util::sync::CancellationToken) {
+    let mut applied = node.view.subscribe();
+    loop {
+        if node.is_admitted() {
+            node.start_takeovers();
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = node.fenced.cancelled() => return,
+            changed = applied.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// The first wait before a failed takeover is tried again, and the longest.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
 impl Node {
     /// Starts every pending takeover this incarnation is the agent of and is not running yet.
-    pub fn start_takeovers(self: &Arc<Self>) {
+    fn start_takeovers(self: &Arc<Self>) {
         // A fenced incarnation takes nothing over: its proposals would be refused, and
         // its claim on a dead node's WAL would only stand in the next agent's way.
         if self.fenced.is_cancelled() {
@@ -53,19 +75,44 @@ impl Node {
             let node = self.clone();
             let name = format!("takeover of {}/{}", dead.node, dead.epoch);
             self.tasks.spawn("takeover", name, None, async move {
-                match node.take_over(&dead).await {
-                    Ok(()) => {}
-                    Err(e) => {
-                        tracing::warn!(node_id = %dead.node, epoch = %dead.epoch, error = %e, "WAL takeover failed; will retry")
-                    }
-                }
+                node.keep_taking_over(&dead).await;
                 node.takeovers_running
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&dead);
-                // Retried on a later view change while the row stays pending.
             });
         }
+    }
+
+    /// Tries the takeover until it completes, this incarnation is no longer its agent,
+    /// or it is fenced. A failed attempt is retried on its own timer: a dead node's
+    /// acknowledged records must not wait for some unrelated change to the view.
+    async fn keep_taking_over(&self, dead: &Incarnation) {
+        let mut backoff = weir_shared::backoff::Backoff::new(RETRY_FIRST, RETRY_MAX);
+        loop {
+            let Err(e) = self.take_over(dead).await else {
+                return;
+            };
+            let wait = backoff.next_wait();
+            tracing::warn!(node_id = %dead.node, epoch = %dead.epoch, error = %e, retry_in = ?wait, "WAL takeover failed; will retry");
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.fenced.cancelled() => return,
+            }
+            if !self.still_agent_of(dead) {
+                return;
+            }
+        }
+    }
+
+    /// Whether the view still names this incarnation the agent of a pending takeover of `dead`.
+    fn still_agent_of(&self, dead: &Incarnation) -> bool {
+        !self.fenced.is_cancelled()
+            && self.view.with(|s| {
+                s.takeovers
+                    .get(&(dead.node.clone(), dead.epoch))
+                    .is_some_and(|t| t.state == TakeoverState::Pending && t.agent.as_ref() == Some(&self.me))
+            })
     }
 
     async fn take_over(&self, dead: &Incarnation) -> Result<(), String> {

@@ -141,6 +141,7 @@ impl Txn<'_> {
                 target,
             } => self.begin_transfer(proposer, *stream, *stream_epoch, target),
             Command::CancelTransfer { stream, stream_epoch } => self.cancel_transfer(proposer, *stream, *stream_epoch),
+            Command::DiscardTransfer { stream, op, .. } => self.discard_transfer(proposer, *stream, *op),
             Command::OpenStream { stream } => self.open_stream(proposer, *stream),
             Command::CloseStream { stream, stream_epoch } => self.close_stream(proposer, *stream, *stream_epoch),
             Command::CommitObjects { key, size, ranges } => self.commit_objects(proposer, key, *size, ranges),

@@ -24,6 +24,7 @@ impl Txn<'_> {
             epoch: StreamEpoch(0),
             transfer_target: None,
             transfer_target_epoch: None,
+            transfer_op: None,
             start_offset: Offset(0),
             committed_end: Offset(0),
             commits: 0,
@@ -39,8 +40,7 @@ impl Txn<'_> {
     pub(super) fn mark_deleted(&mut self, id: StreamId) {
         if let Some(mut row) = self.state.streams.get(&id).cloned() {
             row.state = StreamState::Deleted;
-            row.transfer_target = None;
-            row.transfer_target_epoch = None;
+            row.clear_transfer();
             self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
             self.touch(RowKey::Stream(id));
         }
@@ -116,8 +116,7 @@ impl Txn<'_> {
         let owner = target.incarnation();
         let row = self.state.streams.get_mut(&id).expect("checked");
         row.owner = Some(owner);
-        row.transfer_target = None;
-        row.transfer_target_epoch = None;
+        row.clear_transfer();
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }
@@ -227,8 +226,7 @@ impl Txn<'_> {
         let row = self.state.streams.get_mut(&id).expect("checked");
         row.state = StreamState::Closed;
         row.owner = handed_to;
-        row.transfer_target = None;
-        row.transfer_target_epoch = None;
+        row.clear_transfer();
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }

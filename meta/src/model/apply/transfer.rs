@@ -71,6 +71,7 @@ impl Txn<'_> {
         let row = self.state.streams.get_mut(&id).expect("checked");
         row.transfer_target = Some(target.clone());
         row.transfer_target_epoch = Some(target_epoch);
+        row.transfer_op = Some(self.index);
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }
@@ -81,8 +82,22 @@ impl Txn<'_> {
         let stream = self.stream(id)?;
         if stream.epoch == stream_epoch && stream.transfer_target.is_some() {
             let row = self.state.streams.get_mut(&id).expect("checked");
-            row.transfer_target = None;
-            row.transfer_target_epoch = None;
+            row.clear_transfer();
+            self.touch(RowKey::Stream(id));
+        }
+        Ok(Applied::Done)
+    }
+
+    /// RR-INT-4: discards the mark of transfer `op` (its `BeginTransfer`'s log index)
+    /// after its coordinator is gone. Exact and idempotent: a mark another transfer set
+    /// since, or none, stays as it is. A mark from before operation ids (none recorded)
+    /// is discarded as op 0.
+    pub(super) fn discard_transfer(&mut self, proposer: &Proposer, id: StreamId, op: u64) -> Outcome {
+        self.privileged(proposer)?;
+        let stream = self.stream(id)?;
+        if stream.transfer_target.is_some() && stream.transfer_op.unwrap_or(0) == op {
+            let row = self.state.streams.get_mut(&id).expect("checked");
+            row.clear_transfer();
             self.touch(RowKey::Stream(id));
         }
         Ok(Applied::Done)
@@ -341,5 +356,44 @@ mod tests {
         .unwrap();
         log.op(close).unwrap();
         assert_eq!(log.state.streams[&x].owner, Some(b), "the target gets it");
+    }
+
+    /// RR-INT-4: a discard names the transfer by its operation id (its `BeginTransfer`'s
+    /// log index). It clears that mark only: a stale discard, after a newer transfer
+    /// marked the stream, changes nothing, and a repeated one is harmless.
+    #[test]
+    fn rr_int_4_a_discard_clears_exactly_its_own_transfer_mark() {
+        let mut log = Log::new();
+        let a = log.register("a", NodeKind::Streamd);
+        log.register("b", NodeKind::Streamd);
+        log.register("c", NodeKind::Streamd);
+        let (x, epoch) = log.open_stream("x", &a);
+        log.begin(x, epoch, "b").unwrap();
+        let first = log.state.streams[&x].transfer_op.expect("the op is recorded");
+        assert_eq!(first, log.index, "the op is the BeginTransfer's log index");
+        let discard = |op| Command::DiscardTransfer {
+            stream: x,
+            op,
+            reason: "its coordinator is gone".into(),
+        };
+        log.op(discard(first)).unwrap();
+        assert_eq!(log.state.streams[&x].transfer_target, None);
+        log.begin(x, epoch, "c").unwrap();
+        let second = log.state.streams[&x].transfer_op.expect("op");
+        assert!(second > first);
+        log.op(discard(first)).expect("a stale discard is harmless");
+        let row = &log.state.streams[&x];
+        assert_eq!(row.transfer_target, Some(NodeId::new("c")), "another op's mark stays");
+        assert_eq!(row.transfer_op, Some(second));
+        log.op(discard(second)).unwrap();
+        log.op(discard(second)).expect("a repeated discard is harmless");
+        let row = &log.state.streams[&x];
+        assert_eq!(
+            (row.transfer_target.as_ref(), row.transfer_target_epoch, row.transfer_op),
+            (None, None, None)
+        );
+        // The stream stays where it was: its owner's close leaves it to placement.
+        log.close(Proposer::Node(a), x, epoch).unwrap();
+        assert_eq!(log.state.streams[&x].owner, None);
     }
 }
