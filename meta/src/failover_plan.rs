@@ -453,6 +453,90 @@ mod tests {
         assert_eq!(takeover_steps(&w.s), vec![Command::DestroyStream { stream }]);
     }
 
+    /// RR-WAL-8: a completed takeover is recorded against the dead
+    /// incarnation `(node, epoch)`, not the holder. Reapplied (a restarted holder
+    /// replaying its steps, or a state restored from a snapshot), it is a no-op: no
+    /// second takeover is begun, the new owner's stream is not closed again, and what
+    /// the new owner committed since stays.
+    #[test]
+    fn rr_wal_8_a_completed_takeover_reapplied_changes_nothing() {
+        use crate::model::command::CommitRange;
+        use weir_shared::ids::{ObjectKey, Offset};
+        let mut w = World::new(30);
+        let a = w.register("a", NodeKind::Streamd);
+        let b = w.register("b", NodeKind::Streamd);
+        let Ok(Applied::StreamCreated { stream }) = w.apply(
+            op(),
+            Command::CreateStream {
+                name: "s".into(),
+                config: Default::default(),
+            },
+        ) else {
+            panic!()
+        };
+        let place = |node: &Incarnation| Command::PlaceStream {
+            stream,
+            node: node.node.clone(),
+        };
+        w.apply(op(), place(&a)).expect("place");
+        w.apply(Proposer::Node(a.clone()), Command::OpenStream { stream })
+            .expect("open");
+        w.apply(Proposer::Node(a.clone()), Command::FenceSelf).expect("fence");
+        let begin = Command::BeginTakeover {
+            node: a.node.clone(),
+            epoch: a.epoch,
+            agent: b.node.clone(),
+        };
+        let complete = Command::CompleteTakeover {
+            node: a.node.clone(),
+            epoch: a.epoch,
+        };
+        w.apply(op(), begin.clone()).expect("begin");
+        w.apply(Proposer::Node(b.clone()), complete.clone()).expect("complete");
+        let steps = takeover_steps(&w.s);
+        assert!(matches!(&steps[..], [Command::CloseStream { .. }]), "{steps:?}");
+        w.apply(op(), steps[0].clone()).expect("close");
+        w.apply(op(), place(&b)).expect("place on b");
+        let Ok(Applied::StreamOpened { stream_epoch, .. }) =
+            w.apply(Proposer::Node(b.clone()), Command::OpenStream { stream })
+        else {
+            panic!("b opens it")
+        };
+        // The new owner commits records of its own.
+        let commit = Command::CommitObjects {
+            key: ObjectKey("data/b/1.wdo".into()),
+            size: 10,
+            ranges: vec![CommitRange {
+                stream,
+                stream_epoch,
+                start: Offset(0),
+                end: Offset(5),
+                pos: 0,
+                len: 10,
+                crc: 0,
+                max_timestamp: 0,
+            }],
+        };
+        w.apply(Proposer::Node(b.clone()), commit).expect("commit");
+        let before = (w.s.streams[&stream].clone(), w.s.takeovers.clone());
+        assert_eq!(before.0.committed_end, Offset(5));
+        assert!(takeover_steps(&w.s).is_empty(), "nothing left to do");
+        // A restarted holder replays what it did; a restored snapshot recomputes steps.
+        w.apply(op(), begin).expect("a repeated begin is harmless");
+        w.apply(Proposer::Node(b.clone()), complete)
+            .expect("a repeated completion is harmless");
+        assert_eq!((w.s.streams[&stream].clone(), w.s.takeovers.clone()), before);
+        let restored: State = crate::model::codec::decode(&crate::model::codec::encode(&w.s)).expect("round trip");
+        assert!(
+            takeover_steps(&restored).is_empty(),
+            "no second takeover after a restore"
+        );
+        assert_eq!(
+            restored.takeovers[&(a.node.clone(), a.epoch)].state,
+            TakeoverState::Recovered
+        );
+    }
+
     /// What one streamd does in one tick of a simulated world.
     #[derive(Clone, Copy, Debug)]
     enum Act {

@@ -227,7 +227,8 @@ impl StopSteps for MetadStop<'_> {
         self.tasks.wait().await;
         // Flush RocksDB before the handle is released.
         if let Err(e) = self.db.flush_wal(true) {
-            tracing::warn!(error = %e, "flushing the metadata store failed");
+            // OBS-17: a storage failure at close is an error; the handle is released anyway.
+            tracing::error!(error = %e, "flushing the metadata store failed");
         }
         tracing::debug!("storage idle; releasing the database");
         PhaseOutcome::Completed

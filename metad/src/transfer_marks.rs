@@ -3,7 +3,9 @@
 //! replica; the running coordinator itself cancels it when a participant restarts or
 //! the owner's close fails (RR-INT-5). A mark left by a coordinator that died or lost
 //! leadership, or whose close reply never came back, is discarded durably, by its
-//! operation id, so the discard is exact and idempotent. The stream stays with its owner.
+//! operation id, so the discard is exact and idempotent. The stream stays with its
+//! owner, unless the owner was already closing it for that transfer: that close then
+//! finds no mark and leaves the stream to placement.
 
 use crate::raft_types::Raft;
 use crate::store::ViewHub;
@@ -24,13 +26,15 @@ const BARRIER_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Running(Arc<Mutex<HashSet<StreamId>>>);
 
 impl Running {
-    /// Held from before a transfer's `BeginTransfer` until it ends.
-    pub fn hold(&self, stream: StreamId) -> Holding {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(stream);
-        Holding {
+    /// Held from before a transfer's `BeginTransfer` until it ends; `None` while
+    /// another transfer of the stream runs here (one mark per stream: a second would
+    /// overwrite the first's, and each would undo the other).
+    pub fn hold(&self, stream: StreamId) -> Option<Holding> {
+        let fresh = self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(stream);
+        fresh.then(|| Holding {
             running: self.clone(),
             stream,
-        }
+        })
     }
 
     fn contains(&self, stream: StreamId) -> bool {

@@ -25,7 +25,7 @@ use weir_meta::model::{
 use weir_proto::streamd::streamd_client::StreamdClient;
 use weir_proto::streamd::CloseStreamRequest;
 use weir_shared::error_code::ErrorCode;
-use weir_shared::ids::{Epoch, Incarnation, NodeId, StreamEpoch, StreamId};
+use weir_shared::ids::{Epoch, Incarnation, NodeId, StreamId};
 
 /// Runs transfers on this replica while it leads.
 #[derive(Clone)]
@@ -269,7 +269,9 @@ impl TransferRunner {
             return Moved::failed(name, format!("stream '{name}' is no longer open on {owner}"));
         };
         // The mark this transfer sets is its own until it ends (RR-INT-4).
-        let _holding = self.running.hold(stream);
+        let Some(_holding) = self.running.hold(stream) else {
+            return Moved::failed(name, format!("a transfer of stream '{name}' is already running"));
+        };
         let begin = Command::BeginTransfer {
             stream,
             stream_epoch: epoch,
@@ -292,7 +294,7 @@ impl TransferRunner {
                     Ok(Err(Unprepared::Failed(e))) => format!("prepare failed: {e}"),
                     _ => format!("prepare did not finish within {prepare:?}"),
                 };
-                self.cancel(stream, epoch).await;
+                self.cancel(stream, op).await;
                 // The close may still have landed just as the bound ended.
                 if self.hub.with_state(|s| owned_by(s, stream, owner)) {
                     return Moved::failed(name, why);
@@ -354,6 +356,15 @@ impl TransferRunner {
         if self.target_restarted(target, &gate.begun) {
             return Err(Unprepared::Restarted(restarted(target)));
         }
+        // A deposed coordinator's mark may already be discarded by the next leader, whose
+        // discard its own view has not seen yet: it asks for no close unless a quorum
+        // still confirms it leads.
+        let confirmed = tokio::time::timeout(bound, self.raft.ensure_linearizable()).await;
+        if !matches!(confirmed, Ok(Ok(_))) || !self.leading() {
+            return Err(Unprepared::Failed(
+                "lost the metadata leadership before asking the owner to close".into(),
+            ));
+        }
         let held = self.hub.with_state(|s| {
             s.streams
                 .get(&gate.stream)
@@ -390,10 +401,16 @@ impl TransferRunner {
             .with_state(|s| s.nodes.get(target).is_none_or(|n| n.epoch != *begun))
     }
 
-    /// Releases a transfer's mark; best effort (the owner's next close clears it anyway).
-    async fn cancel(&self, stream: StreamId, stream_epoch: StreamEpoch) {
-        let cancel = Command::CancelTransfer { stream, stream_epoch };
-        if let Err(e) = self.propose(self.operator(), cancel).await {
+    /// Releases this transfer's own mark, exactly by its op: a mark another transfer set
+    /// since stays. Best effort: the owner's next close or the leader's reconciliation
+    /// clears it otherwise.
+    async fn cancel(&self, stream: StreamId, op: u64) {
+        let discard = Command::DiscardTransfer {
+            stream,
+            op,
+            reason: "its coordinator cancelled it".into(),
+        };
+        if let Err(e) = self.propose(self.operator(), discard).await {
             tracing::warn!(stream = %stream, error = %e.message(), "transfer mark not released; the owner's next close or the leader's reconciliation clears it");
         }
     }

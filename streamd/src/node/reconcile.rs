@@ -29,7 +29,8 @@ pub async fn reconcile_loop(node: Arc<Node>, cancel: tokio_util::sync::Cancellat
             _ = cancel.cancelled() => return,
             _ = node.fenced.cancelled() => return,
             changed = applied.changed() => if changed.is_err() { return },
-            _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {}
+            // Never sooner than a floor: a pass that returned early leaves an overdue retry.
+            _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now).max(Instant::now() + RETRY_FLOOR)), if due.is_some() => {}
         }
     }
 }
@@ -37,6 +38,8 @@ pub async fn reconcile_loop(node: Arc<Node>, cancel: tokio_util::sync::Cancellat
 /// RR-WAL-7: the first wait before a failed open is tried again, and the longest.
 const OPEN_RETRY_FIRST: Duration = Duration::from_millis(250);
 const OPEN_RETRY_MAX: Duration = Duration::from_secs(30);
+/// The least time between two passes a retry wakes.
+const RETRY_FLOOR: Duration = Duration::from_millis(50);
 
 /// Streams whose open failed: when each may be tried again, and its backoff.
 #[derive(Default)]

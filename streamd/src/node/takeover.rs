@@ -47,13 +47,16 @@ pub async fn takeover_loop(node: Arc<Node>, cancel: tokio_util::sync::Cancellati
 /// The first wait before a failed takeover is tried again, and the longest.
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(10);
+/// How long a completed takeover waits for the view to show it before freeing its slot.
+const COMPLETION_APPLY_WAIT: Duration = Duration::from_secs(10);
 
 impl Node {
     /// Starts every pending takeover this incarnation is the agent of and is not running yet.
     fn start_takeovers(self: &Arc<Self>) {
-        // A fenced incarnation takes nothing over: its proposals would be refused, and
-        // its claim on a dead node's WAL would only stand in the next agent's way.
-        if self.fenced.is_cancelled() {
+        // A fenced or replaced incarnation takes nothing over: its proposals would be
+        // refused, and its claim on a dead node's WAL would only stand in the next
+        // agent's way. The view may say so before reconcile has stopped the node.
+        if !self.row_current() {
             return;
         }
         let mine: Vec<Incarnation> = self.view.with(|s| {
@@ -107,11 +110,22 @@ impl Node {
 
     /// Whether the view still names this incarnation the agent of a pending takeover of `dead`.
     fn still_agent_of(&self, dead: &Incarnation) -> bool {
-        !self.fenced.is_cancelled()
+        self.row_current()
             && self.view.with(|s| {
                 s.takeovers
                     .get(&(dead.node.clone(), dead.epoch))
                     .is_some_and(|t| t.state == TakeoverState::Pending && t.agent.as_ref() == Some(&self.me))
+            })
+    }
+
+    /// Whether this incarnation is live in its own right: not fenced, and its node row
+    /// in the view is still this epoch's and not fenced.
+    fn row_current(&self) -> bool {
+        !self.fenced.is_cancelled()
+            && self.view.with(|s| {
+                s.nodes
+                    .get(&self.me.node)
+                    .is_some_and(|r| r.epoch == self.me.epoch && !r.fenced)
             })
     }
 
@@ -204,6 +218,9 @@ impl Node {
                 if replay.damage.is_empty() {
                     self.remove_taken_wal(dead).await;
                 }
+                // Until the view shows the takeover recovered, it still reads as pending
+                // here; the next view change would start it over.
+                let _ = tokio::time::timeout(COMPLETION_APPLY_WAIT, self.view.wait_applied(index)).await;
                 Ok(())
             }
             Ok((_, Err(r))) if r.code == RejectCode::NotOwner => Ok(()),

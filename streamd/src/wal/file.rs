@@ -137,8 +137,10 @@ impl FileSink {
         let closed = tokio::task::spawn_blocking(move || inner.lock().unwrap_or_else(|p| p.into_inner()).close()).await;
         match closed {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot give back the WAL's preallocated space"),
-            Err(e) => tracing::warn!(error = %e, "giving back the WAL's preallocated space stopped"),
+            // OBS-17: cutting and syncing the active segment failed (a full or failing
+            // disk): an error, though what was acknowledged was synced before.
+            Ok(Err(e)) => tracing::error!(error = %e, "closing the write-ahead log failed"),
+            Err(e) => tracing::error!(error = %e, "closing the write-ahead log stopped"),
         }
     }
 
