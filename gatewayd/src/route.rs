@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::Channel;
@@ -106,7 +105,8 @@ fn classify(status: &tonic::Status) -> Retry {
 /// The gateway's routing table: the view, and one client per owner incarnation.
 pub struct Routes {
     view: Arc<View>,
-    admitted: AtomicBool,
+    /// Passed the catch-up fence (RR-FEN-2): a watch, so requests can wait for it.
+    admitted: tokio::sync::watch::Sender<bool>,
     clients: Mutex<HashMap<Incarnation, StreamdClient<Channel>>>,
     retry_for: Duration,
     max_message: usize,
@@ -116,7 +116,7 @@ impl Routes {
     pub fn new(view: Arc<View>, retry_for: Duration, max_message: usize) -> Self {
         Self {
             view,
-            admitted: AtomicBool::new(false),
+            admitted: tokio::sync::watch::channel(false).0,
             clients: Mutex::new(HashMap::new()),
             retry_for,
             max_message,
@@ -127,13 +127,20 @@ impl Routes {
         &self.view
     }
 
-    /// RR-FEN-2: routes only after this.
+    /// RR-FEN-2: routes, and answers from the view, only after this.
     pub fn admit(&self) {
-        self.admitted.store(true, Ordering::Release);
+        self.admitted.send_replace(true);
     }
 
     pub fn is_admitted(&self) -> bool {
-        self.admitted.load(Ordering::Acquire)
+        *self.admitted.borrow()
+    }
+
+    /// Waits up to `bound` for admission; whether it came.
+    pub async fn wait_admitted(&self, bound: Duration) -> bool {
+        let mut rx = self.admitted.subscribe();
+        let admitted = tokio::time::timeout(bound, rx.wait_for(|a| *a)).await;
+        matches!(admitted, Ok(Ok(_)))
     }
 
     /// The stream's row, if it exists and is not deleted.

@@ -58,3 +58,48 @@ pub fn closed_by_peer(s: &mut TcpStream) -> bool {
         Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
     }
 }
+
+/// A Metadata v4 request for `topics` on `s`: each named topic's error code, in order.
+pub fn metadata_errors(s: &mut TcpStream, topics: &[&str]) -> Option<Vec<(String, i16)>> {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{
+        ApiKey, MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader, TopicName,
+    };
+    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+    const VERSION: i16 = 4;
+    let mut buf = bytes::BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(ApiKey::Metadata as i16)
+        .with_request_api_version(VERSION)
+        .with_correlation_id(3)
+        .encode(&mut buf, ApiKey::Metadata.request_header_version(VERSION))
+        .ok()?;
+    let wanted = topics
+        .iter()
+        .map(|t| MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(t.to_string())))))
+        .collect();
+    MetadataRequest::default()
+        .with_topics(Some(wanted))
+        .with_allow_auto_topic_creation(false)
+        .encode(&mut buf, VERSION)
+        .ok()?;
+    s.write_all(&(buf.len() as i32).to_be_bytes()).ok()?;
+    s.write_all(&buf).ok()?;
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).ok()?;
+    let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
+    s.read_exact(&mut answer).ok()?;
+    let mut answer = bytes::Bytes::from(answer);
+    ResponseHeader::decode(&mut answer, ApiKey::Metadata.response_header_version(VERSION)).ok()?;
+    let response = MetadataResponse::decode(&mut answer, VERSION).ok()?;
+    Some(
+        response
+            .topics
+            .iter()
+            .map(|t| {
+                let name = t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default();
+                (name, t.error_code)
+            })
+            .collect(),
+    )
+}

@@ -2,6 +2,7 @@
 
 pub mod append;
 pub mod auth;
+mod catching_up;
 pub mod error;
 pub mod health;
 mod in_flight;
@@ -121,7 +122,12 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/admin/nodes/{node}/uncordon", post(nodes::uncordon))
         .route("/admin/nodes/{node}/drain", post(nodes::drain))
         .route("/v1/admin/streams/{name}/transfer", post(nodes::transfer))
-        .route_layer(middleware::from_fn_with_state(gw.clone(), auth::require_token));
+        .route_layer(middleware::from_fn_with_state(gw.clone(), auth::require_token))
+        // Outermost: tokens are checked against the view too.
+        .route_layer(middleware::from_fn_with_state(
+            gw.clone(),
+            catching_up::refuse_until_admitted,
+        ));
     Router::new()
         .route("/livez", get(health::livez))
         .route("/readyz", get(health::readyz))

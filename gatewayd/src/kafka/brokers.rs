@@ -113,6 +113,20 @@ fn topic_metadata(t: &TopicRow, brokers: &[Broker]) -> MetadataResponseTopic {
 pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, version: i16) -> MetadataResponse {
     let brokers = brokers(kafka);
     let topics: Vec<MetadataResponseTopic> = match r.topics {
+        // RR-FEN-2: before this gateway has caught up with the metadata log its view may
+        // be stale or empty, so nothing is answered from it: each named topic is
+        // LEADER_NOT_AVAILABLE (retryable), never UNKNOWN_TOPIC_OR_PARTITION, and a
+        // request for every topic names none yet.
+        wanted if !kafka.gw.routes.is_admitted() => wanted
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| {
+                MetadataResponseTopic::default()
+                    .with_name(w.name)
+                    .with_topic_id(w.topic_id)
+                    .with_error_code(errors::LEADER_NOT_AVAILABLE)
+            })
+            .collect(),
         // A token sees the topics it has any scope on.
         None => kafka.gw.routes.view().with(|s| {
             s.topics

@@ -249,6 +249,12 @@ pub async fn run(
             tracing::warn!(%peer, api = ?key, "kafka request before SASL authentication; closing the connection");
             return Ok(());
         }
+        // RR-FEN-2: a request this gateway would answer from a view it has not yet
+        // caught up with (metadata, SASL credentials, routes) waits a little for the
+        // catch-up first; past that, each handler answers with a retryable error.
+        if key != ApiKey::ApiVersions && !kafka.gw.routes.is_admitted() {
+            kafka.gw.routes.wait_admitted(ADMISSION_WAIT).await;
+        }
         let started = std::time::Instant::now();
         let done = move |answer| Done {
             key,
@@ -365,6 +371,9 @@ pub enum Answer {
     /// one connection, and no principal kept from before).
     RespondThenClose(ResponseKind, String),
 }
+
+/// How long a Kafka request received before the catch-up waits for it.
+const ADMISSION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body: bytes::Bytes, version: i16) -> Answer {
     use Answer::Respond;

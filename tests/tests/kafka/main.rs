@@ -317,6 +317,70 @@ async fn topic_admin_creates_describes_grows_and_deletes() {
 }
 
 /// Receives from whichever consumer has a message, for up to `t`.
+// RR-FEN-2, RR-FEN-3: a gateway answers nothing from its view before it has caught up
+// with the metadata log (its catch-up held 8 s by failpoint `catch_up_start`): /livez is
+// 200 and /readyz 503, Kafka Metadata for an existing topic is LEADER_NOT_AVAILABLE (5),
+// never UNKNOWN_TOPIC_OR_PARTITION (3), and the HTTP stream list, a stream's description
+// and an append get 503, not an empty list or a 404. Once admitted, both answer from the
+// view.
+#[tokio::test(flavor = "multi_thread")]
+async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_view() {
+    use reqwest::StatusCode;
+    let (stack, gw) = kafka_stack(1, &[]).await;
+    create_topic(&gw, "caught", 1).await;
+    let late = Gatewayd::start_with_env(
+        "gw-2",
+        &stack.metad.replicas[0].grpc,
+        stack.dir.path(),
+        &[],
+        &[("WEIR_FAILPOINT_CATCH_UP_START", "sleep(8000)")],
+    );
+    wait_for("gw-2 listening", T, || async {
+        let r = late.request(Method::GET, "/livez").send().await.ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await;
+    let ready = late.request(Method::GET, "/readyz").send().await.expect("readyz");
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    for (method, path) in [
+        (Method::GET, "/v1/streams"),
+        (Method::GET, "/v1/streams/caught%2F0"),
+        (Method::POST, "/v1/streams/caught%2F0/records"),
+    ] {
+        let request = late.request(method, path).json(&json!({"records": [{"body": "x"}]}));
+        let (status, body) = late.send(request).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "unavailable", "{path}: {body}");
+    }
+    let addr = late.kafka.clone();
+    let before = tokio::task::spawn_blocking(move || {
+        let mut s = weir_tests::kafka_wire::connect(&addr);
+        weir_tests::kafka_wire::metadata_errors(&mut s, &["caught"])
+    })
+    .await
+    .expect("task");
+    // The premise: the answer came before admission.
+    let ready = late.request(Method::GET, "/readyz").send().await.expect("readyz");
+    assert_eq!(
+        ready.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "admitted too soon for the test"
+    );
+    assert_eq!(before, Some(vec![("caught".to_string(), 5)]));
+    late.wait_ready().await;
+    let addr = late.kafka.clone();
+    let after = tokio::task::spawn_blocking(move || {
+        let mut s = weir_tests::kafka_wire::connect(&addr);
+        weir_tests::kafka_wire::metadata_errors(&mut s, &["caught"])
+    })
+    .await
+    .expect("task");
+    assert_eq!(after, Some(vec![("caught".to_string(), 0)]));
+    let (status, body) = late.send(late.request(Method::GET, "/v1/streams")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.to_string().contains("caught/0"), "{body}");
+}
+
 async fn recv_any(cs: &[&StreamConsumer], t: Duration) -> Option<(usize, rdkafka::message::OwnedMessage)> {
     let futs = cs
         .iter()
