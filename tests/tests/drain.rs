@@ -1020,6 +1020,57 @@ async fn stream_row(stack: &Stack, name: &str) -> Value {
         .unwrap_or_else(|| panic!("no stream '{name}' in {state}"))
 }
 
+// FO-TKO-16: an owner's crash is not a hand-off, and failover waits for no transfer
+// under way. A transfer of stream Y off A is held in its prepare for 30 s (failpoint
+// `transfer_prepare=sleep(30000)`) when A is SIGKILLed: A's other streams are recovered
+// and open on B within the node timeout (3 s) plus recovery, long before that transfer
+// could end, and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn fo_tko_16_failover_does_not_wait_for_a_transfer_under_way() {
+    let stack = Stack::start_replicas_with_env(
+        1,
+        2,
+        Backend::FileWal,
+        SHORT,
+        &[],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(30000)")],
+    )
+    .await;
+    let names = ["tk-y", "tk-x1", "tk-x2"];
+    let (mut stack, gw) = with_streams_on_the_first(stack, &names).await;
+    let b = stack.nodes[1].id.clone();
+    for s in names {
+        gw.append(s, &["before"]).await;
+    }
+    let transfer = {
+        let r = gw
+            .request(Method::POST, "/v1/admin/streams/tk-y/transfer")
+            .json(&json!({"to": b, "budget_sec": 60}));
+        tokio::spawn(async move { r.send().await })
+    };
+    wait_for("the transfer begun", Duration::from_secs(20), || async {
+        let entries = log_entries(&stack).await;
+        entries.iter().any(|(_, k, ..)| k == "begin_transfer").then_some(())
+    })
+    .await;
+    stack.nodes[0].kill();
+    let killed = std::time::Instant::now();
+    for s in ["tk-x1", "tk-x2"] {
+        gw.wait_open(s).await;
+        assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s}");
+    }
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "A's other streams were placed {took:?} after the crash: failover waited for the transfer"
+    );
+    for s in names {
+        gw.wait_open(s).await;
+        assert_eq!(gw.bodies(s).await, ["before"], "{s}");
+    }
+    transfer.abort();
+}
+
 // RR-WAL-7: a new owner that cannot open a stream (the read of its producer-state tail
 // fails, as with an unreachable object store: failpoint `open_read` while a file
 // exists) logs a warn on each attempt, the attempts spaced by a backoff that starts at
