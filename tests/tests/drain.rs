@@ -106,7 +106,12 @@ fn append_until(
 
 /// The applied log entries: (index, command type, command, proposer).
 async fn log_entries(stack: &Stack) -> Vec<(u64, String, Value, Value)> {
-    let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
+    log_entries_of(&stack.metad.client()).await
+}
+
+/// As [`log_entries`], from the replicas `client` asks.
+async fn log_entries_of(client: &weir_meta::client::MetadClient) -> Vec<(u64, String, Value, Value)> {
+    let dump = client.admin("log", 0, 100_000).await.expect("log dump");
     dump["entries"]
         .as_array()
         .expect("entries")
@@ -1006,6 +1011,93 @@ async fn rr_int_4_a_dead_coordinators_transfer_mark_is_discarded_by_the_next_lea
     );
     gw.append("rc", &["after"]).await;
     assert_eq!(gw.bodies("rc").await, ["before", "after"]);
+}
+
+// RR-INT-4: a coordinator deposed mid-transfer sends no close. The leader's prepare is
+// held 4 s (failpoint `transfer_prepare=sleep(4000)`) and the leader is paused
+// (SIGSTOP) past it while the others elect a leader, which discards the mark. Resumed,
+// the old leader's prepare goes on with a stale view, but it asks the owner to close
+// only after a quorum confirms it still leads, which none does: the stream is never
+// closed and stays writable on its owner.
+#[tokio::test(flavor = "multi_thread")]
+async fn rr_int_4_a_deposed_coordinator_asks_no_owner_to_close() {
+    let stack = Stack::start_replicas_with_env(
+        3,
+        2,
+        Backend::FileWal,
+        SHORT,
+        &[],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(4000)")],
+    )
+    .await;
+    let (stack, gw) = with_streams_on_the_first(stack, &["dp"]).await;
+    gw.append("dp", &["before"]).await;
+    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
+    let leader = stack.metad.wait_leader(&[]).await;
+    let transfer = {
+        let client = stack.metad.replicas[leader].client();
+        let request = weir_proto::metad::TransferRequest {
+            stream: "dp".into(),
+            target: b.clone(),
+            budget_ms: 60_000,
+            ..Default::default()
+        };
+        tokio::spawn(async move { client.transfer(request, Duration::from_secs(60)).await })
+    };
+    // Asked of a replica that stays up: a client trying the paused one first would wait.
+    let other = stack.metad.replicas[(leader + 1) % 3].client();
+    let op = wait_for("the transfer begun", Duration::from_secs(20), || async {
+        let entries = log_entries_of(&other).await;
+        entries
+            .into_iter()
+            .find(|(_, k, ..)| k == "begin_transfer")
+            .map(|(i, ..)| i)
+    })
+    .await;
+    stack.metad.replicas[leader].pause();
+    wait_for(
+        "the mark discarded by the next leader",
+        Duration::from_secs(30),
+        || async {
+            let entries = log_entries_of(&other).await;
+            entries
+                .iter()
+                .any(|(_, k, c, _)| k == "discard_transfer" && c["op"] == op)
+                .then_some(())
+        },
+    )
+    .await;
+    // Past the held prepare, so the old leader goes on at once when resumed.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stack.metad.replicas[leader].resume();
+    let said = wait_for(
+        "the old leader gives the transfer up",
+        Duration::from_secs(30),
+        || async {
+            let log = stack.metad.replicas[leader].log_text();
+            records(&log, "stream not transferred").into_iter().next()
+        },
+    )
+    .await;
+    assert!(
+        said["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("lost the metadata leadership")),
+        "{said}"
+    );
+    let entries = log_entries_of(&other).await;
+    assert!(
+        !entries.iter().any(|(_, k, ..)| k == "close_stream"),
+        "the owner was asked to close: {entries:?}"
+    );
+    assert_eq!(
+        owner_of(&gw, "dp").await.as_deref(),
+        Some(a.as_str()),
+        "ownership unchanged"
+    );
+    gw.append("dp", &["after"]).await;
+    assert_eq!(gw.bodies("dp").await, ["before", "after"]);
+    transfer.abort();
 }
 
 /// The stream row named `name` from a metad's state.
