@@ -188,6 +188,20 @@ pub fn records(log: &str, message: &str) -> Vec<serde_json::Value> {
     log_records(log).filter(|r| r["message"] == message).collect()
 }
 
+/// Seconds into the day of a JSON log record's `timestamp` (`…THH:MM:SS.ffffffZ`);
+/// compare two with `(b - a).rem_euclid(86_400.0)` so midnight does not matter.
+pub fn seconds_of_day(record: &serde_json::Value) -> f64 {
+    let ts = record["timestamp"].as_str().expect("timestamp");
+    let clock = ts.split('T').nth(1).expect("time").trim_end_matches('Z');
+    let mut parts = clock.split(':').map(|p| p.parse::<f64>().expect("number"));
+    let (h, m, s) = (
+        parts.next().unwrap_or(0.0),
+        parts.next().unwrap_or(0.0),
+        parts.next().unwrap_or(0.0),
+    );
+    h * 3600.0 + m * 60.0 + s
+}
+
 /// The exit status a clean shutdown's log calls for (SD-EX-1/2, SD-DL-3/4): 1 when the
 /// deadline expired or any phase finished `Forced`, else 0, whatever else was
 /// `Abandoned`. A test of a stop asserts the status equals this, so a process that

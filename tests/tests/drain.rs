@@ -14,7 +14,7 @@ use std::time::Duration;
 use weir_tests::gateway::Gatewayd;
 use weir_tests::proxy::{Mode, Proxy};
 use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
-use weir_tests::{node_row, records, wait_for};
+use weir_tests::{node_row, records, seconds_of_day, wait_for};
 
 /// Short shutdown timing for tests.
 const SHORT: &[&str] = &[
@@ -1210,7 +1210,7 @@ async fn rr_wal_7_a_failed_open_is_retried_on_a_doubling_backoff() {
         .collect();
     assert_eq!(waits, ["250ms", "500ms", "1s", "2s", "4s"], "{attempts:?}");
     // The attempts are spaced by those waits, not by whatever else changes the view.
-    let at: Vec<f64> = attempts[..5].iter().map(|r| seconds_of_day(&r["timestamp"])).collect();
+    let at: Vec<f64> = attempts[..5].iter().map(seconds_of_day).collect();
     for (i, pair) in at.windows(2).enumerate() {
         let gap = (pair[1] - pair[0]).rem_euclid(86_400.0);
         let wait = 0.25 * f64::from(1u32 << i);
@@ -1236,15 +1236,6 @@ async fn rr_wal_7_a_failed_open_is_retried_on_a_doubling_backoff() {
     assert_eq!(owner_of(&gw, "ro").await.as_deref(), Some(b.as_str()));
     gw.append("ro", &["after"]).await;
     assert_eq!(gw.bodies("ro").await, ["before", "after"]);
-}
-
-/// Seconds since midnight of a log record's RFC 3339 `timestamp`.
-fn seconds_of_day(timestamp: &Value) -> f64 {
-    let ts = timestamp.as_str().expect("a timestamp");
-    let time = ts.split('T').nth(1).expect("a time").trim_end_matches('Z');
-    let mut parts = time.split(':');
-    let mut next = || parts.next().and_then(|p| p.parse::<f64>().ok()).expect("h:m:s");
-    next() * 3600.0 + next() * 60.0 + next()
 }
 
 // SD-TRM-8: a drain's plan belongs to the source's incarnation. The source is killed and

@@ -9,7 +9,7 @@ use reqwest::Method;
 use std::time::{Duration, Instant};
 use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
-use weir_tests::{records, wait_for};
+use weir_tests::{records, seconds_of_day, wait_for};
 
 /// H2 of requirements.md: short shutdown timing for tests.
 const SHORT: &[&str] = &[
@@ -561,25 +561,12 @@ fn fetch_answer(addr: &str, frame: &[u8]) -> (i32, i16, usize, Duration) {
     (throttle, error, records, started.elapsed())
 }
 
-/// Seconds into the day of a JSON log record's `timestamp` (`…THH:MM:SS.ffffffZ`).
-fn at(record: &serde_json::Value) -> f64 {
-    let ts = record["timestamp"].as_str().expect("timestamp");
-    let clock = ts.split('T').nth(1).expect("time").trim_end_matches('Z');
-    let mut parts = clock.split(':').map(|p| p.parse::<f64>().expect("number"));
-    let (h, m, s) = (
-        parts.next().unwrap_or(0.0),
-        parts.next().unwrap_or(0.0),
-        parts.next().unwrap_or(0.0),
-    );
-    h * 3600.0 + m * 60.0 + s
-}
-
 /// Seconds from the record `from` to intake closing, from one node's own log.
 fn acceptance_window(log: &str, from: &str) -> f64 {
     let start = records(log, from);
     let closed = records(log, "live reads ended and intake stopped");
     assert_eq!((start.len(), closed.len()), (1, 1), "{log}");
-    (at(&closed[0]) - at(&start[0])).rem_euclid(86_400.0)
+    (seconds_of_day(&closed[0]) - seconds_of_day(&start[0])).rem_euclid(86_400.0)
 }
 
 // SD-CS-3, SD-DL-7: after SIGTERM a streamd keeps accepting and serving for
