@@ -940,31 +940,8 @@ async fn a_destination_restarted_mid_transfer_invalidates_it() {
 // stays open and writable on its owner.
 #[tokio::test(flavor = "multi_thread")]
 async fn rr_int_4_a_dead_coordinators_transfer_mark_is_discarded_by_the_next_leader() {
-    let stack = Stack::start_replicas_with_env(
-        3,
-        2,
-        Backend::FileWal,
-        SHORT,
-        &[],
-        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(30000)")],
-    )
-    .await;
-    let (mut stack, gw) = with_streams_on_the_first(stack, &["rc"]).await;
-    gw.append("rc", &["before"]).await;
+    let (mut stack, gw, leader, transfer) = transfer_held_by_the_leader("rc", 30_000).await;
     let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
-    // Asked of the leader alone: a client that tried the next replica after the leader
-    // died would begin a second transfer there.
-    let leader = stack.metad.wait_leader(&[]).await;
-    let transfer = {
-        let client = stack.metad.replicas[leader].client();
-        let request = weir_proto::metad::TransferRequest {
-            stream: "rc".into(),
-            target: b.clone(),
-            budget_ms: 60_000,
-            ..Default::default()
-        };
-        tokio::spawn(async move { client.transfer(request, Duration::from_secs(60)).await })
-    };
     let (op, begin) = wait_for("the transfer begun", Duration::from_secs(20), || async {
         let entries = log_entries(&stack).await;
         entries
@@ -1021,29 +998,8 @@ async fn rr_int_4_a_dead_coordinators_transfer_mark_is_discarded_by_the_next_lea
 // closed and stays writable on its owner.
 #[tokio::test(flavor = "multi_thread")]
 async fn rr_int_4_a_deposed_coordinator_asks_no_owner_to_close() {
-    let stack = Stack::start_replicas_with_env(
-        3,
-        2,
-        Backend::FileWal,
-        SHORT,
-        &[],
-        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(4000)")],
-    )
-    .await;
-    let (stack, gw) = with_streams_on_the_first(stack, &["dp"]).await;
-    gw.append("dp", &["before"]).await;
-    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
-    let leader = stack.metad.wait_leader(&[]).await;
-    let transfer = {
-        let client = stack.metad.replicas[leader].client();
-        let request = weir_proto::metad::TransferRequest {
-            stream: "dp".into(),
-            target: b.clone(),
-            budget_ms: 60_000,
-            ..Default::default()
-        };
-        tokio::spawn(async move { client.transfer(request, Duration::from_secs(60)).await })
-    };
+    let (stack, gw, leader, transfer) = transfer_held_by_the_leader("dp", 4_000).await;
+    let a = stack.nodes[0].id.clone();
     // Asked of a replica that stays up: a client trying the paused one first would wait.
     let other = stack.metad.replicas[(leader + 1) % 3].client();
     let op = wait_for("the transfer begun", Duration::from_secs(20), || async {
@@ -1098,6 +1054,44 @@ async fn rr_int_4_a_deposed_coordinator_asks_no_owner_to_close() {
     gw.append("dp", &["after"]).await;
     assert_eq!(gw.bodies("dp").await, ["before", "after"]);
     transfer.abort();
+}
+
+/// Three metad replicas whose transfer prepares are held `held_ms` (failpoint
+/// `transfer_prepare`), two streamd nodes and `stream` on the first with one record,
+/// and a transfer of it to the second asked of the leader alone (a client that tried
+/// the next replica after the leader went away would begin a second transfer there):
+/// the stack, the gateway, the leader's index and the transfer's task.
+async fn transfer_held_by_the_leader(
+    stream: &str,
+    held_ms: u64,
+) -> (
+    Stack,
+    Gatewayd,
+    usize,
+    tokio::task::JoinHandle<Result<Value, weir_meta::client::ClientError>>,
+) {
+    let held = format!("sleep({held_ms})");
+    let stack = Stack::start_replicas_with_env(
+        3,
+        2,
+        Backend::FileWal,
+        SHORT,
+        &[],
+        &[("WEIR_FAILPOINT_TRANSFER_PREPARE", held.as_str())],
+    )
+    .await;
+    let (stack, gw) = with_streams_on_the_first(stack, &[stream]).await;
+    gw.append(stream, &["before"]).await;
+    let leader = stack.metad.wait_leader(&[]).await;
+    let client = stack.metad.replicas[leader].client();
+    let request = weir_proto::metad::TransferRequest {
+        stream: stream.into(),
+        target: stack.nodes[1].id.clone(),
+        budget_ms: 60_000,
+        ..Default::default()
+    };
+    let transfer = tokio::spawn(async move { client.transfer(request, Duration::from_secs(60)).await });
+    (stack, gw, leader, transfer)
 }
 
 /// The stream row named `name` from a metad's state.

@@ -316,7 +316,6 @@ async fn topic_admin_creates_describes_grows_and_deletes() {
     .await;
 }
 
-/// Receives from whichever consumer has a message, for up to `t`.
 // RR-FEN-2, RR-FEN-3: a gateway answers nothing from its view before it has caught up
 // with the metadata log (its catch-up held 8 s by failpoint `catch_up_start`): /livez is
 // 200 and /readyz 503, Kafka Metadata for an existing topic is LEADER_NOT_AVAILABLE (5),
@@ -352,13 +351,13 @@ async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_vie
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
         assert_eq!(body["error"]["code"], "unavailable", "{path}: {body}");
     }
-    let addr = late.kafka.clone();
-    let before = tokio::task::spawn_blocking(move || {
-        let mut s = weir_tests::kafka_wire::connect(&addr);
-        weir_tests::kafka_wire::metadata_errors(&mut s, &["caught"])
-    })
-    .await
-    .expect("task");
+    let metadata = |addr: String| {
+        tokio::task::spawn_blocking(move || {
+            let mut s = weir_tests::kafka_wire::connect(&addr);
+            weir_tests::kafka_wire::metadata_errors(&mut s, &["caught"])
+        })
+    };
+    let before = metadata(late.kafka.clone()).await.expect("task");
     // The premise: the answer came before admission.
     let ready = late.request(Method::GET, "/readyz").send().await.expect("readyz");
     assert_eq!(
@@ -368,19 +367,14 @@ async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_vie
     );
     assert_eq!(before, Some(vec![("caught".to_string(), 5)]));
     late.wait_ready().await;
-    let addr = late.kafka.clone();
-    let after = tokio::task::spawn_blocking(move || {
-        let mut s = weir_tests::kafka_wire::connect(&addr);
-        weir_tests::kafka_wire::metadata_errors(&mut s, &["caught"])
-    })
-    .await
-    .expect("task");
+    let after = metadata(late.kafka.clone()).await.expect("task");
     assert_eq!(after, Some(vec![("caught".to_string(), 0)]));
     let (status, body) = late.send(late.request(Method::GET, "/v1/streams")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body.to_string().contains("caught/0"), "{body}");
 }
 
+/// Receives from whichever consumer has a message, for up to `t`.
 async fn recv_any(cs: &[&StreamConsumer], t: Duration) -> Option<(usize, rdkafka::message::OwnedMessage)> {
     let futs = cs
         .iter()
