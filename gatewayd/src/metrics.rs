@@ -16,7 +16,8 @@ pub struct GatewayMetrics {
     /// Kafka requests answered, by API.
     pub kafka_requests: IntCounterVec,
     pub kafka_latency: HistogramVec,
-    /// Kafka connections closed for a bad frame (too large, malformed, unsupported).
+    /// Kafka connections closed for a bad frame (too large, malformed, unsupported), or
+    /// for a request the gateway cannot yet answer (`catching_up`).
     pub kafka_refused_frames: IntCounterVec,
     pub kafka_connections: IntGauge,
     /// Fetches by session handling (`sessionless`, `full`, `incremental`,
@@ -102,7 +103,7 @@ pub fn metrics() -> &'static GatewayMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "gatewayd_kafka_refused_frames_total",
-                        "Kafka connections closed for a bad frame, by reason",
+                        "Kafka connections closed for a refused request, by reason",
                     ),
                     &["reason"],
                 )

@@ -136,10 +136,10 @@ impl Routes {
         *self.admitted.borrow()
     }
 
-    /// Waits up to `bound` for admission; whether it came.
-    pub async fn wait_admitted(&self, bound: Duration) -> bool {
+    /// Waits until `deadline` for admission; whether it came.
+    pub async fn wait_admitted(&self, deadline: tokio::time::Instant) -> bool {
         let mut rx = self.admitted.subscribe();
-        let admitted = tokio::time::timeout(bound, rx.wait_for(|a| *a)).await;
+        let admitted = tokio::time::timeout_at(deadline, rx.wait_for(|a| *a)).await;
         matches!(admitted, Ok(Ok(_)))
     }
 
@@ -164,7 +164,7 @@ impl Routes {
     /// The stream's live owner incarnation, and a client of it.
     /// OBS-15, SD-TD-7: a call to `owner` that its shutdown refused or reset is counted
     /// with `reason="shutdown"`; another transport failure with `reason="transport"`.
-    fn count_failure(&self, owner: &Incarnation, status: &tonic::Status) {
+    pub(crate) fn count_failure(&self, owner: &Incarnation, status: &tonic::Status) {
         let reason = if weir_shared::error_code::is_draining(status) {
             "shutdown"
         } else if ErrorCode::of_status(status).is_some() {

@@ -1,6 +1,7 @@
 //! Raw Kafka connections for tests that need what a client library hides: the exact
 //! moment a connection is closed, or an old client's wire exchange.
 
+use kafka_protocol::protocol::{Decodable, Encodable};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -59,30 +60,27 @@ pub fn closed_by_peer(s: &mut TcpStream) -> bool {
     }
 }
 
-/// A Metadata v4 request for `topics` on `s`: each named topic's error code, in order.
-pub fn metadata_errors(s: &mut TcpStream, topics: &[&str]) -> Option<Vec<(String, i16)>> {
-    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-    use kafka_protocol::messages::{
-        ApiKey, MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader, TopicName,
-    };
-    use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-    const VERSION: i16 = 4;
+/// Sends one request of `key` at `version` on `s` and reads its response; `None` when
+/// the peer closed the connection (or answered something undecodable) instead.
+pub fn exchange<Req, Resp>(
+    s: &mut TcpStream,
+    key: kafka_protocol::messages::ApiKey,
+    version: i16,
+    req: &Req,
+) -> Option<Resp>
+where
+    Req: Encodable,
+    Resp: Decodable,
+{
+    use kafka_protocol::messages::{RequestHeader, ResponseHeader};
     let mut buf = bytes::BytesMut::new();
     RequestHeader::default()
-        .with_request_api_key(ApiKey::Metadata as i16)
-        .with_request_api_version(VERSION)
+        .with_request_api_key(key as i16)
+        .with_request_api_version(version)
         .with_correlation_id(3)
-        .encode(&mut buf, ApiKey::Metadata.request_header_version(VERSION))
+        .encode(&mut buf, key.request_header_version(version))
         .ok()?;
-    let wanted = topics
-        .iter()
-        .map(|t| MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(t.to_string())))))
-        .collect();
-    MetadataRequest::default()
-        .with_topics(Some(wanted))
-        .with_allow_auto_topic_creation(false)
-        .encode(&mut buf, VERSION)
-        .ok()?;
+    req.encode(&mut buf, version).ok()?;
     s.write_all(&(buf.len() as i32).to_be_bytes()).ok()?;
     s.write_all(&buf).ok()?;
     let mut size = [0u8; 4];
@@ -90,8 +88,25 @@ pub fn metadata_errors(s: &mut TcpStream, topics: &[&str]) -> Option<Vec<(String
     let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
     s.read_exact(&mut answer).ok()?;
     let mut answer = bytes::Bytes::from(answer);
-    ResponseHeader::decode(&mut answer, ApiKey::Metadata.response_header_version(VERSION)).ok()?;
-    let response = MetadataResponse::decode(&mut answer, VERSION).ok()?;
+    ResponseHeader::decode(&mut answer, key.response_header_version(version)).ok()?;
+    Resp::decode(&mut answer, version).ok()
+}
+
+/// A Metadata v4 request on `s`, for `topics` or (with `None`) for every topic: each
+/// topic's name and error code, in order; `None` when the peer closed the connection.
+pub fn metadata_errors(s: &mut TcpStream, topics: Option<&[&str]>) -> Option<Vec<(String, i16)>> {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{ApiKey, MetadataRequest, MetadataResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let wanted = topics.map(|ts| {
+        ts.iter()
+            .map(|t| MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(t.to_string())))))
+            .collect()
+    });
+    let request = MetadataRequest::default()
+        .with_topics(wanted)
+        .with_allow_auto_topic_creation(false);
+    let response: MetadataResponse = exchange(s, ApiKey::Metadata, 4, &request)?;
     Some(
         response
             .topics
@@ -102,4 +117,25 @@ pub fn metadata_errors(s: &mut TcpStream, topics: &[&str]) -> Option<Vec<(String
             })
             .collect(),
     )
+}
+
+/// A Produce v7 (acks=all) of one record `value` to `topic`'s partition 0 on `s`: the
+/// partition's error code and the response's `throttle_time_ms`; `None` when the peer
+/// closed the connection.
+pub fn produce_answer(s: &mut TcpStream, topic: &str, value: &[u8]) -> Option<(i16, i32)> {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let partition = PartitionProduceData::default()
+        .with_index(0)
+        .with_records(Some(bytes::Bytes::from(crate::batches::batch(value))));
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(10_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partition_data(vec![partition])]);
+    let response: ProduceResponse = exchange(s, ApiKey::Produce, 7, &request)?;
+    let code = response.responses.first()?.partition_responses.first()?.error_code;
+    Some((code, response.throttle_time_ms))
 }

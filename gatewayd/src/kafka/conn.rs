@@ -153,6 +153,8 @@ pub async fn run(
     let appends = OrderedAppends::new(lanes);
     let mut in_flight: InFlight<'_> = FuturesOrdered::new();
     let mut reading = next_frame(rd, &session);
+    // RR-FEN-2: when this connection stops waiting for the gateway's catch-up.
+    let mut admission_deadline: Option<tokio::time::Instant> = None;
     let mut recheck = tokio::time::interval(TOKEN_RECHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -250,10 +252,23 @@ pub async fn run(
             return Ok(());
         }
         // RR-FEN-2: a request this gateway would answer from a view it has not yet
-        // caught up with (metadata, SASL credentials, routes) waits a little for the
-        // catch-up first; past that, each handler answers with a retryable error.
+        // caught up with (metadata, SASL credentials, routes) waits for the catch-up,
+        // up to one deadline per connection. Past it, only a Metadata for named topics
+        // is answered (each LEADER_NOT_AVAILABLE, retryable); anything else would be
+        // answered from the stale view, so the connection closes and the client
+        // reconnects, as it does when a Kafka broker goes away.
         if key != ApiKey::ApiVersions && !kafka.gw.routes.is_admitted() {
-            kafka.gw.routes.wait_admitted(ADMISSION_WAIT).await;
+            let deadline = *admission_deadline.get_or_insert_with(|| tokio::time::Instant::now() + ADMISSION_WAIT);
+            let admitted = tokio::select! {
+                admitted = kafka.gw.routes.wait_admitted(deadline) => admitted,
+                _ = stop.cancelled() => false,
+            };
+            if !admitted && !answerable_before_admission(&req.kind) {
+                refused("catching_up");
+                tracing::warn!(%peer, api = ?key, "kafka request before this gateway caught up with the metadata log; closing the connection");
+                drain(&mut in_flight, &mut wr, &peer).await?;
+                return Ok(());
+            }
         }
         let started = std::time::Instant::now();
         let done = move |answer| Done {
@@ -372,8 +387,15 @@ pub enum Answer {
     RespondThenClose(ResponseKind, String),
 }
 
-/// How long a Kafka request received before the catch-up waits for it.
+/// How long a Kafka connection waits for the gateway's catch-up, over all its requests.
 const ADMISSION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// RR-FEN-2: the one request answered before the catch-up: a Metadata naming its
+/// topics, each answered LEADER_NOT_AVAILABLE. A Metadata for every topic would have to
+/// list them from the stale view.
+fn answerable_before_admission(kind: &RequestKind) -> bool {
+    matches!(kind, RequestKind::Metadata(r) if r.topics.as_ref().is_some_and(|t| !t.is_empty()))
+}
 
 async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body: bytes::Bytes, version: i16) -> Answer {
     use Answer::Respond;

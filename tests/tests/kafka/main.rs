@@ -317,11 +317,12 @@ async fn topic_admin_creates_describes_grows_and_deletes() {
 }
 
 // RR-FEN-2, RR-FEN-3: a gateway answers nothing from its view before it has caught up
-// with the metadata log (its catch-up held 8 s by failpoint `catch_up_start`): /livez is
+// with the metadata log (its catch-up held 10 s by failpoint `catch_up_start`): /livez is
 // 200 and /readyz 503, Kafka Metadata for an existing topic is LEADER_NOT_AVAILABLE (5),
-// never UNKNOWN_TOPIC_OR_PARTITION (3), and the HTTP stream list, a stream's description
-// and an append get 503, not an empty list or a 404. Once admitted, both answer from the
-// view.
+// never UNKNOWN_TOPIC_OR_PARTITION (3); a Metadata for every topic and a Produce close
+// their connections rather than answer an empty list or UNKNOWN_TOPIC_OR_PARTITION; and
+// the HTTP stream list, a stream's description and an append get 503, not an empty list
+// or a 404. Once admitted, all of them answer from the view.
 #[tokio::test(flavor = "multi_thread")]
 async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_view() {
     use reqwest::StatusCode;
@@ -332,7 +333,7 @@ async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_vie
         &stack.metad.replicas[0].grpc,
         stack.dir.path(),
         &[],
-        &[("WEIR_FAILPOINT_CATCH_UP_START", "sleep(8000)")],
+        &[("WEIR_FAILPOINT_CATCH_UP_START", "sleep(10000)")],
     );
     wait_for("gw-2 listening", T, || async {
         let r = late.request(Method::GET, "/livez").send().await.ok()?;
@@ -351,24 +352,50 @@ async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_vie
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
         assert_eq!(body["error"]["code"], "unavailable", "{path}: {body}");
     }
-    let metadata = |addr: String| {
-        tokio::task::spawn_blocking(move || {
-            let mut s = weir_tests::kafka_wire::connect(&addr);
-            weir_tests::kafka_wire::metadata_errors(&mut s, &["caught"])
-        })
+    // Each on its own connection, at once: each waits out its connection's 2 s.
+    use weir_tests::kafka_wire::{connect, metadata_errors, produce_answer};
+    // Topics (or, for a Produce, one unnamed entry) and their error codes; `None`: closed.
+    type Answer = Option<Vec<(String, i16)>>;
+    let on_new_connection = |addr: &String, ask: fn(&mut std::net::TcpStream) -> Answer| {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || ask(&mut connect(&addr)))
     };
-    let before = metadata(late.kafka.clone()).await.expect("task");
-    // The premise: the answer came before admission.
+    let named = |s: &mut std::net::TcpStream| metadata_errors(s, Some(&["caught"]));
+    let all = |s: &mut std::net::TcpStream| metadata_errors(s, None);
+    let produce = |s: &mut std::net::TcpStream| {
+        produce_answer(s, "caught", b"early").map(|(code, _)| vec![(String::new(), code)])
+    };
+    let (named_before, all_before, produce_before) = tokio::join!(
+        on_new_connection(&late.kafka, named),
+        on_new_connection(&late.kafka, all),
+        on_new_connection(&late.kafka, produce),
+    );
+    // The premise: the answers came before admission.
     let ready = late.request(Method::GET, "/readyz").send().await.expect("readyz");
     assert_eq!(
         ready.status(),
         StatusCode::SERVICE_UNAVAILABLE,
         "admitted too soon for the test"
     );
-    assert_eq!(before, Some(vec![("caught".to_string(), 5)]));
+    assert_eq!(named_before.expect("task"), Some(vec![("caught".to_string(), 5)]));
+    // Anything else would be answered from the stale view (an empty topic list,
+    // UNKNOWN_TOPIC_OR_PARTITION): the connection closes instead.
+    assert_eq!(
+        all_before.expect("task"),
+        None,
+        "every-topic Metadata before the catch-up"
+    );
+    assert_eq!(produce_before.expect("task"), None, "Produce before the catch-up");
     late.wait_ready().await;
-    let after = metadata(late.kafka.clone()).await.expect("task");
-    assert_eq!(after, Some(vec![("caught".to_string(), 0)]));
+    let named_after = on_new_connection(&late.kafka, named).await.expect("task");
+    assert_eq!(named_after, Some(vec![("caught".to_string(), 0)]));
+    let all_after = on_new_connection(&late.kafka, all)
+        .await
+        .expect("task")
+        .expect("answered");
+    assert!(all_after.contains(&("caught".to_string(), 0)), "{all_after:?}");
+    let produce_after = on_new_connection(&late.kafka, produce).await.expect("task");
+    assert_eq!(produce_after, Some(vec![(String::new(), 0)]));
     let (status, body) = late.send(late.request(Method::GET, "/v1/streams")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body.to_string().contains("caught/0"), "{body}");
