@@ -352,18 +352,16 @@ impl TransferRunner {
         addr: &str,
         bound: Duration,
     ) -> Result<u64, Unprepared> {
+        let deadline = Instant::now() + bound;
         weir_shared::failpoint::pause("transfer_prepare").await;
-        if self.target_restarted(target, &gate.begun) {
-            return Err(Unprepared::Restarted(restarted(target)));
-        }
         // A deposed coordinator's mark may already be discarded by the next leader, whose
         // discard its own view has not seen yet: it asks for no close unless a quorum
         // still confirms it leads.
-        let confirmed = tokio::time::timeout(bound, self.raft.ensure_linearizable()).await;
-        if !matches!(confirmed, Ok(Ok(_))) || !self.leading() {
-            return Err(Unprepared::Failed(
-                "lost the metadata leadership before asking the owner to close".into(),
-            ));
+        self.confirm_leading(deadline).await?;
+        // Judged after the quorum read, so on a view at least as new as the log it
+        // confirmed.
+        if self.target_restarted(target, &gate.begun) {
+            return Err(Unprepared::Restarted(restarted(target)));
         }
         let held = self.hub.with_state(|s| {
             s.streams
@@ -381,11 +379,39 @@ impl TransferRunner {
         let reply = StreamdClient::new(channel)
             .close_stream(CloseStreamRequest {
                 stream: name.to_string(),
-                timeout_ms: bound.as_millis() as u64,
+                // Only the time this prepare has left.
+                timeout_ms: deadline.saturating_duration_since(Instant::now()).as_millis() as u64,
             })
             .await
             .map_err(|s| Unprepared::Failed(s.message().to_string()))?;
         Ok(reply.into_inner().end_offset)
+    }
+
+    /// Confirms by a quorum read that this replica still leads. A round that misses its
+    /// quorum (one slow or partitioned follower) is tried again while this replica
+    /// leads, up to `deadline`.
+    async fn confirm_leading(&self, deadline: Instant) -> Result<(), Unprepared> {
+        let lost = || Unprepared::Failed("lost the metadata leadership before asking the owner to close".into());
+        loop {
+            if !self.leading() {
+                return Err(lost());
+            }
+            let round = tokio::time::timeout_at(deadline, self.raft.ensure_linearizable()).await;
+            match round {
+                Ok(Ok(_)) if self.leading() => return Ok(()),
+                Ok(Ok(_)) => return Err(lost()),
+                Ok(Err(e)) => tracing::debug!(error = %e, "quorum read before a transfer's close failed; trying again"),
+                Err(_) => {
+                    return Err(Unprepared::Failed(
+                        "lost the metadata leadership: no quorum confirmed it within the prepare bound".into(),
+                    ))
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(lost());
+            }
+            tokio::time::sleep(QUORUM_RETRY).await;
+        }
     }
 
     /// The target incarnation's epoch a begun transfer of `stream` recorded.
@@ -415,6 +441,9 @@ impl TransferRunner {
         }
     }
 }
+
+/// The pause between quorum reads that missed their quorum.
+const QUORUM_RETRY: Duration = Duration::from_millis(50);
 
 fn owned_by(state: &State, stream: StreamId, owner: &Incarnation) -> bool {
     state
