@@ -337,13 +337,18 @@ async fn await_reply(
     reply: oneshot::Receiver<Reply>,
     idempotent: bool,
 ) -> Reply {
-    tokio::select! {
+    let reply = tokio::select! {
         r = tokio::time::timeout(routes.call_deadline(), reply) => match r {
             Ok(r) => r.unwrap_or_else(|_| Err(tonic::Status::unavailable("the append stream was dropped"))),
             Err(_) => Err(tonic::Status::deadline_exceeded(format!("owner {owner} did not answer within the node timeout"))),
         },
         _ = routes.owner_left(stream, owner, idempotent) => {
-            Err(tonic::Status::cancelled(format!("owner {owner} was replaced while the append was in flight")))
+            return Err(tonic::Status::cancelled(format!("owner {owner} was replaced while the append was in flight")))
         }
+    };
+    // OBS-15: a lane's refusals count as a unary call's do.
+    if let Err(status) = &reply {
+        routes.count_failure(owner, status);
     }
+    reply
 }

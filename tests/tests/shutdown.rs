@@ -636,15 +636,16 @@ async fn the_acceptance_window_lasts_the_drain_window_within_the_drain_budget() 
     );
 }
 
-// SD-INT-8: an owner's shutdown refusal reaches an HTTP client with no retry delay. The
-// stopping node's stream cannot close (failpoint `close_stream_dr`) and the release of
-// its drain cordon is held (metad failpoint `release=sleep(4000)`), so for a while the
-// stream stays on a node whose intake is closed. An append then is refused by the owner
-// as draining; when no other node takes the stream within the gateway's route retry
-// time, the client gets 503 `unavailable` without Retry-After, and nothing was applied.
-// The gateway counts those refusals with reason "shutdown" (OBS-15).
+// SD-INT-8: an owner's shutdown refusal reaches HTTP and Kafka clients with no retry
+// delay. The stopping node's stream cannot close (failpoint `close_stream_dr`) and the
+// release of its drain cordon is held (metad failpoint `release=sleep(4000)`), so for a
+// while the stream stays on a node whose intake is closed. An append then is refused by
+// the owner as draining; when no other node takes the stream within the gateway's route
+// retry time, an HTTP client gets 503 `unavailable` without Retry-After, and a Kafka
+// Produce NOT_LEADER_OR_FOLLOWER (6) with throttle_time_ms 0; neither was applied. The
+// gateway counts those refusals with reason "shutdown" (OBS-15).
 #[tokio::test(flavor = "multi_thread")]
-async fn an_owners_shutdown_refusal_reaches_http_clients_without_a_retry_delay() {
+async fn sd_int_8_an_owners_shutdown_refusal_reaches_http_and_kafka_clients_without_a_retry_delay() {
     let mut stack = Stack::start_replicas_with_env(
         1,
         0,
@@ -658,12 +659,11 @@ async fn an_owners_shutdown_refusal_reaches_http_clients_without_a_retry_delay()
         "streamd-1",
         Backend::FileWal,
         SHORT,
-        &[("WEIR_FAILPOINT_CLOSE_STREAM_DR", "return(err)")],
+        &[("WEIR_FAILPOINT_CLOSE_STREAM_DR_0", "return(err)")],
     );
     stack.nodes[0].wait_ready().await;
-    stack.create_stream("dr", 0).await;
-    stack.add_node("streamd-2", Backend::FileWal, SHORT);
-    stack.nodes[1].wait_ready().await;
+    // Placed on the only node there is.
+    stack.metad.create_topic("dr", 1).await;
     let gw = Gatewayd::start(
         "gw-1",
         &stack.metad.replicas[0].grpc,
@@ -671,15 +671,23 @@ async fn an_owners_shutdown_refusal_reaches_http_clients_without_a_retry_delay()
         &["--route-retry-ms", "1000"],
     );
     gw.wait_ready().await;
-    gw.wait_open("dr").await;
-    gw.append("dr", &["before"]).await;
+    gw.wait_open("dr/0").await;
+    stack.add_node("streamd-2", Backend::FileWal, SHORT);
+    stack.nodes[1].wait_ready().await;
+    gw.append("dr%2F0", &["before"]).await;
     stack.nodes[0].term();
     wait_for("intake stopped", Duration::from_secs(20), || async {
         (!records(&stack.nodes[0].log_text(), "live reads ended and intake stopped").is_empty()).then_some(())
     })
     .await;
+    // Both at once, well inside the 4 s the stream stays on the stopping node.
+    let addr = gw.kafka.clone();
+    let produced = tokio::task::spawn_blocking(move || {
+        let mut s = weir_tests::kafka_wire::connect(&addr);
+        weir_tests::kafka_wire::produce_answer(&mut s, "dr", b"refused-kafka")
+    });
     let response = gw
-        .request(Method::POST, "/v1/streams/dr/records")
+        .request(Method::POST, "/v1/streams/dr%2F0/records")
         .json(&serde_json::json!({"records": [{"body": "refused"}]}))
         .send()
         .await
@@ -693,6 +701,12 @@ async fn an_owners_shutdown_refusal_reaches_http_clients_without_a_retry_delay()
     assert_eq!(body["error"]["code"], "unavailable", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("shutting down"), "{body}");
+    let (code, throttle) = produced.await.expect("task").expect("a Produce answer");
+    assert_eq!(
+        (code, throttle),
+        (6, 0),
+        "SD-INT-8: NOT_LEADER_OR_FOLLOWER, no throttle"
+    );
     // OBS-15: the gateway counted the owner's shutdown refusals as such.
     let metrics = gw_metrics(&gw).await;
     let counted = metrics
@@ -702,12 +716,12 @@ async fn an_owners_shutdown_refusal_reaches_http_clients_without_a_retry_delay()
     assert!(counted.is_some_and(|n| n >= 1.0), "{metrics}");
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     assert_eq!(code, Some(weir_tests::shutdown_exit_code(&stack.nodes[0].log_text())));
-    gw.wait_open("dr").await;
-    gw.append("dr", &["after"]).await;
+    gw.wait_open("dr/0").await;
+    gw.append("dr%2F0", &["after"]).await;
     assert_eq!(
-        gw.bodies("dr").await,
+        gw.bodies("dr%2F0").await,
         ["before", "after"],
-        "the refused append was never applied"
+        "the refused appends were never applied"
     );
 }
 
