@@ -319,6 +319,43 @@ async fn restarted_replica_rejoins_through_its_stored_membership() {
     .await;
 }
 
+// SD-TRM-5, SD-CS-10: a terminating metad leader stays a voter: it neither leaves the
+// membership nor hands its leadership over. It stops; the two others notice it silent
+// and elect a leader in a later term, whose membership still lists all three voters,
+// and a quorum of two of those three commits proposals while it is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sd_trm_5_a_stopped_metad_leader_stays_a_voter_and_is_replaced_by_election() {
+    with_timeout(async {
+        let mut cluster = Cluster::start(3, &[]).await;
+        let client = cluster.client();
+        propose_until_applied(&client, topic("before")).await;
+        let leader = cluster.wait_leader(&[]).await;
+        let before = cluster.replicas[leader]
+            .http_json("/admin/status")
+            .await
+            .expect("status");
+        let mut voters: Vec<u64> = serde_json::from_value(before["voters"].clone()).expect("voters");
+        voters.sort_unstable();
+        assert_eq!(voters.len(), 3, "{before}");
+        cluster.replicas[leader].signal(nix::sys::signal::Signal::SIGTERM);
+        let code = cluster.replicas[leader].wait_exit(Duration::from_secs(30)).await;
+        assert_eq!(code, Some(0), "{}", cluster.replicas[leader].log_text());
+        let next = cluster.wait_leader(&[leader]).await;
+        let after = cluster.replicas[next].http_json("/admin/status").await.expect("status");
+        assert!(
+            after["current_term"].as_u64() > before["current_term"].as_u64(),
+            "a new term's election: {before} then {after}"
+        );
+        propose_until_applied(&client, topic("after")).await;
+        // Read again after a commit in the new term: a membership change would show by now.
+        let after = cluster.replicas[next].http_json("/admin/status").await.expect("status");
+        let mut still: Vec<u64> = serde_json::from_value(after["voters"].clone()).expect("voters");
+        still.sort_unstable();
+        assert_eq!(still, voters, "the stopped leader left the membership: {after}");
+    })
+    .await;
+}
+
 /// The watch API: a snapshot at an index, then every delta in order; resumable from an index.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_streams_a_snapshot_then_ordered_deltas_and_resumes_from_an_index() {

@@ -643,7 +643,10 @@ async fn the_acceptance_window_lasts_the_drain_window_within_the_drain_budget() 
 // the owner as draining; when no other node takes the stream within the gateway's route
 // retry time, an HTTP client gets 503 `unavailable` without Retry-After, and a Kafka
 // Produce NOT_LEADER_OR_FOLLOWER (6) with throttle_time_ms 0; neither was applied. The
-// gateway counts those refusals with reason "shutdown" (OBS-15).
+// gateway counts those refusals with reason "shutdown", and the stopping owner its own
+// as appends with result "draining" (OBS-15). OBS-1: the stop shows in /ready, not in a
+// metric family of its own: the owner's /metrics names no family during the stop that
+// it did not before it.
 #[tokio::test(flavor = "multi_thread")]
 async fn sd_int_8_an_owners_shutdown_refusal_reaches_http_and_kafka_clients_without_a_retry_delay() {
     let mut stack = Stack::start_replicas_with_env(
@@ -675,6 +678,8 @@ async fn sd_int_8_an_owners_shutdown_refusal_reaches_http_and_kafka_clients_with
     stack.add_node("streamd-2", Backend::FileWal, SHORT);
     stack.nodes[1].wait_ready().await;
     gw.append("dr%2F0", &["before"]).await;
+    let owner_http = stack.nodes[0].http.clone();
+    let before = metric_families(&streamd_metrics(&owner_http).await);
     stack.nodes[0].term();
     wait_for("intake stopped", Duration::from_secs(20), || async {
         (!records(&stack.nodes[0].log_text(), "live reads ended and intake stopped").is_empty()).then_some(())
@@ -714,6 +719,22 @@ async fn sd_int_8_an_owners_shutdown_refusal_reaches_http_and_kafka_clients_with
         .find(|l| l.starts_with("weir_gatewayd_peer_call_failures_total{reason=\"shutdown\"}"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
     assert!(counted.is_some_and(|n| n >= 1.0), "{metrics}");
+    // Still inside the window: the owner's listeners stop only in its terminal teardown.
+    let during = streamd_metrics(&owner_http).await;
+    let draining = during
+        .lines()
+        .find(|l| l.starts_with("weir_streamd_appends_total{result=\"draining\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(draining.is_some_and(|n| n >= 1.0), "OBS-15: {during}");
+    let new: Vec<_> = metric_families(&during).difference(&before).cloned().collect();
+    assert!(new.is_empty(), "OBS-1: families that appeared during the stop: {new:?}");
+    let ready: serde_json::Value = weir_tests::http_get(format!("http://{owner_http}/ready"))
+        .await
+        .expect("ready")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(ready["terminating"], true, "OBS-1: {ready}");
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     assert_eq!(code, Some(weir_tests::shutdown_exit_code(&stack.nodes[0].log_text())));
     gw.wait_open("dr/0").await;
@@ -790,6 +811,24 @@ async fn a_stopping_gateway_drops_what_it_never_admitted_and_logs_the_clients_it
     assert!(gw.bodies("half").await.is_empty());
     gw.signal(Signal::SIGTERM);
     gw.proc().wait_exit(Duration::from_secs(20)).await;
+}
+
+async fn streamd_metrics(http: &str) -> String {
+    weir_tests::http_get(format!("http://{http}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+/// The metric families a Prometheus text exposition declares (`# TYPE <name> ...`).
+fn metric_families(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_string)
+        .collect()
 }
 
 async fn gw_metrics(gw: &Gatewayd) -> String {

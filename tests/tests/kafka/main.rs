@@ -401,6 +401,90 @@ async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_vie
     assert!(body.to_string().contains("caught/0"), "{body}");
 }
 
+// RR-INT-2: CreateTopics interrupted by the metad leader's SIGKILL, and retried, never
+// answers success for a topic that is not there. Ten topics are created one after the
+// other while the leader is killed; each is retried until it answers success or, on a
+// retry, TOPIC_ALREADY_EXISTS (the interrupted attempt had committed). Right after that
+// answer one record is produced to every partition and acknowledged, and every partition
+// reads back exactly its record.
+#[tokio::test(flavor = "multi_thread")]
+async fn rr_int_2_an_interrupted_create_topics_answers_success_only_for_a_usable_topic() {
+    const TOPICS: usize = 10;
+    const PARTITIONS: i32 = 3;
+    let mut stack = Stack::start_replicas(3, 2, Backend::FileWal, &[], &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    let leader = stack.metad.wait_leader(&[]).await;
+    let (first_done, first_created) = tokio::sync::oneshot::channel::<()>();
+    let kafka = gw.kafka.clone();
+    let creating = tokio::spawn(async move {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &kafka).set("broker.address.family", "v4");
+        let admin: AdminClient<DefaultClientContext> = c.create().expect("admin client");
+        let producer: FutureProducer = c
+            .clone()
+            .set("acks", "all")
+            .set("message.timeout.ms", "60000")
+            .create()
+            .expect("producer");
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let mut first_done = Some(first_done);
+        let mut answers = vec![];
+        for i in 0..TOPICS {
+            let name = format!("ct{i}");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            let mut attempt = 0;
+            let answer = loop {
+                attempt += 1;
+                let result = admin
+                    .create_topics(
+                        &[NewTopic::new(&name, PARTITIONS, TopicReplication::Fixed(1))],
+                        &options,
+                    )
+                    .await;
+                match result.as_deref() {
+                    Ok([Ok(_)]) => break "created",
+                    Ok([Err((_, RDKafkaErrorCode::TopicAlreadyExists))]) if attempt > 1 => break "existed",
+                    other => {
+                        assert!(
+                            tokio::time::Instant::now() < deadline,
+                            "{name}: still failing after 60 s: {other:?}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
+            // Usable at once: every partition takes a record.
+            for p in 0..PARTITIONS {
+                let v = format!("{name}-{p}");
+                producer
+                    .send(FutureRecord::to(&name).partition(p).key(&v).payload(&v), T)
+                    .await
+                    .unwrap_or_else(|(e, _)| panic!("{name} answered {answer}, but {name}/{p} took no record: {e}"));
+            }
+            answers.push((name, answer, attempt));
+            if let Some(tx) = first_done.take() {
+                let _ = tx.send(());
+            }
+        }
+        answers
+    });
+    first_created.await.expect("the first topic");
+    stack.metad.replicas[leader].kill();
+    let answers = tokio::time::timeout(Duration::from_secs(240), creating)
+        .await
+        .expect("created in time")
+        .expect("creating");
+    println!("answers: {answers:?}");
+    assert_eq!(answers.len(), TOPICS);
+    for (name, _, _) in &answers {
+        for p in 0..PARTITIONS {
+            let stored = gw.bodies(&format!("{name}%2F{p}")).await;
+            assert_eq!(stored, [format!("{name}-{p}")], "{name}/{p}");
+        }
+    }
+}
+
 /// Receives from whichever consumer has a message, for up to `t`.
 async fn recv_any(cs: &[&StreamConsumer], t: Duration) -> Option<(usize, rdkafka::message::OwnedMessage)> {
     let futs = cs
