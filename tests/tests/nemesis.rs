@@ -182,6 +182,16 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     assert!(failed.is_empty(), "violations by seed: {failed:#?}");
 }
 
+/// The last `n` bytes of `text`, from a line start.
+fn tail_of(text: &str, n: usize) -> &str {
+    let mut from = text.len().saturating_sub(n);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    let from = text[from..].find('\n').map_or(from, |i| from + i + 1);
+    &text[from..]
+}
+
 /// The seed picks the WAL: even seeds the file WAL, odd ones the object WAL.
 fn backend_of(seed: u64) -> Backend {
     if seed.is_multiple_of(2) {
@@ -360,6 +370,19 @@ async fn run(seed: u64, secs: u64) -> Run {
             n.start();
         }
     }
+    // So may the gateway: its link to metad is faulted too, and a gateway fenced for
+    // missed heartbeats exits 75 and is restarted (as compose's restart policy does).
+    let mut gw = gw;
+    {
+        let gateway = Arc::get_mut(&mut gw).expect("the clients are done with the gateway");
+        if let Some(code) = gateway.proc().exited_within(Duration::from_millis(500)).await {
+            let log = gateway.log_text();
+            assert_eq!(code, 75, "gw-1 exited {code}: {}", tail_of(&log, 4000));
+            faults.push("gw-1 fenced; restarted".to_string());
+            gateway.spawn();
+            gateway.wait_ready().await;
+        }
+    }
 
     // Heal: every stream open again (dumping the metadata state if one is not).
     let kafka_stream = format!("{TOPIC}/0");
@@ -388,9 +411,11 @@ async fn run(seed: u64, secs: u64) -> Run {
                     )
                 })
                 .collect();
+            let gw_log = gw.log_text();
             panic!(
-                "seed {seed}: {s} not open again; metadata state: {}\nmetad log tail:\n{tail}\nstreamd logs:\n{nodes}",
-                serde_json::to_string_pretty(&state).unwrap_or_default()
+                "seed {seed}: {s} not open again; metadata state: {}\nmetad log tail:\n{tail}\nstreamd logs:\n{nodes}\ngatewayd log tail:\n{}",
+                serde_json::to_string_pretty(&state).unwrap_or_default(),
+                tail_of(&gw_log, 6000)
             );
         }
     }
