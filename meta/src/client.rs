@@ -287,6 +287,18 @@ impl MetadClient {
         self.propose_with(proposer, command, timeout, false).await
     }
 
+    /// As [`Self::propose`], each replica's attempt bounded by `timeout` rather than the
+    /// client's: for a command that is harmless twice (a heartbeat), so an attempt that
+    /// got no answer moves on to the next replica.
+    pub async fn propose_each_within(
+        &self,
+        proposer: &Proposer,
+        command: Command,
+        timeout: Duration,
+    ) -> Result<(u64, Outcome), ClientError> {
+        self.propose_with(proposer, command, timeout, true).await
+    }
+
     async fn propose_with(
         &self,
         proposer: &Proposer,

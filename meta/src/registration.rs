@@ -96,10 +96,15 @@ pub async fn mark_terminating(metad: &MetadClient, me: &Incarnation, within: Dur
 
 /// Proposes a heartbeat for `me` every interval until `cancel`; returns the reason when
 /// the incarnation turns out fenced, replaced or unknown (the caller must stop).
+/// `bounded`: each replica's attempt ends after one interval and the next replica is
+/// asked (a node's heartbeats). metad's own heartbeats, which are the failover clock,
+/// keep the client's bound: an unanswered attempt that lands anyway and its retry
+/// would tick the clock twice.
 pub async fn heartbeat_loop(
     metad: &MetadClient,
     me: &Incarnation,
     interval: Duration,
+    bounded: bool,
     cancel: &CancellationToken,
 ) -> Option<String> {
     let proposer = Proposer::Node(me.clone());
@@ -110,7 +115,15 @@ pub async fn heartbeat_loop(
             _ = cancel.cancelled() => return None,
             _ = ticker.tick() => {}
         }
-        match metad.propose(&proposer, Command::Heartbeat).await {
+        // A node's heartbeat stuck on a slow or broken link must not outlast the next
+        // one: the node timeout counts missed intervals, and with a short interval one
+        // attempt at the client's bound would cover several of them.
+        let sent = if bounded {
+            metad.propose_each_within(&proposer, Command::Heartbeat, interval).await
+        } else {
+            metad.propose(&proposer, Command::Heartbeat).await
+        };
+        match sent {
             Ok((_, Ok(_))) => {}
             Ok((_, Err(r)))
                 if matches!(
@@ -221,7 +234,7 @@ impl Registered {
         tasks.spawn(async move {
             let interval = Duration::from_secs(timing.heartbeat_interval_sec);
             let stopped = tokio::select! {
-                r = heartbeat_loop(&me.metad, &me.me, interval, &cancel) => r,
+                r = heartbeat_loop(&me.metad, &me.me, interval, true, &cancel) => r,
                 _ = me.fenced.cancelled() => None,
             };
             if let Some(why) = stopped {

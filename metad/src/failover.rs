@@ -48,7 +48,7 @@ pub async fn run(own_addr: String, hub: Arc<ViewHub>, id: u64, timing: Heartbeat
         let interval = Duration::from_secs(timing.heartbeat_interval_sec);
         // Heartbeats and ticks run side by side; either ending ends the other.
         let heartbeats = async {
-            if let Some(why) = registration::heartbeat_loop(&metad, &me, interval, &stop).await {
+            if let Some(why) = registration::heartbeat_loop(&metad, &me, interval, false, &stop).await {
                 tracing::warn!(node_id = %me.node, epoch = %me.epoch, reason = why, "this metad incarnation is fenced; registering again");
             }
             stop.cancel();

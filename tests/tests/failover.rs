@@ -658,3 +658,53 @@ async fn a_paused_lease_holder_fences_nobody_and_loses_the_lease() {
     }
     assert_ne!(new_holder, holder);
 }
+
+// FO-LIV-1, FO-LIV-6: a node heartbeats every interval through any metad replica. The
+// replica it talks to first (neither the Raft leader nor the failover holder) hangs
+// (SIGSTOP) for 8 s while the holder's clock runs on; each heartbeat attempt to it ends
+// after one interval and the next replica takes the heartbeat, so with a 1 s interval
+// and a 3 s node timeout the node is never judged dead. An attempt bound by the client's
+// 5 s instead would miss three of the holder's heartbeats and fence it.
+#[tokio::test(flavor = "multi_thread")]
+async fn fo_liv_1_a_node_heartbeats_through_the_other_replicas_while_its_own_hangs() {
+    let mut stack = Stack::start_replicas(3, 0, Backend::FileWal, &[], &[]).await;
+    let leader = stack.metad.wait_leader(&[]).await;
+    let holder = wait_for("a failover holder", Duration::from_secs(30), || async {
+        let s = stack.metad.replicas[leader].http_json("/admin/state/state").await?;
+        s["leases"]["failover"]["holder"]["node"].as_str().map(str::to_string)
+    })
+    .await;
+    let hung = (0..3)
+        .find(|&i| i != leader && format!("metad-{}", stack.metad.replicas[i].id) != holder)
+        .expect("a replica neither leading nor holding");
+    let order: Vec<&str> = std::iter::once(hung)
+        .chain((0..3).filter(|&i| i != hung))
+        .map(|i| stack.metad.replicas[i].grpc.as_str())
+        .collect();
+    let order = order.join(",");
+    stack.add_node("streamd-1", Backend::FileWal, &["--metad", &order]);
+    stack.nodes[0].wait_ready().await;
+    let state = |i: usize| stack.metad.replicas[i].http_json("/admin/state/state");
+    let row = |s: &Value, id: &str| s["nodes"][id].clone();
+    let clock_before = row(&state(leader).await.expect("state"), &holder)["heartbeats"].as_u64();
+    stack.metad.replicas[hung].pause();
+    // The fault's length is the point: the holder's clock must run past the timeout.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let during = state(leader).await.expect("state");
+    stack.metad.replicas[hung].resume();
+    let clock_after = row(&during, &holder)["heartbeats"].as_u64();
+    assert!(
+        clock_after >= clock_before.map(|h| h + 5),
+        "the holder's clock ran on: {clock_before:?} then {clock_after:?}"
+    );
+    let node = row(&during, "streamd-1");
+    assert_eq!(node["fenced"], false, "judged dead while a replica hung: {node}");
+    assert_eq!(node["epoch"], 1, "{node}");
+    assert!(
+        stack.nodes[0]
+            .wait_exit_if_exited(Duration::from_millis(500))
+            .await
+            .is_none(),
+        "the node exited"
+    );
+}
