@@ -274,10 +274,19 @@ fn deliver(waiting: &Mutex<Waiting>, reply: AppendStreamReply) {
     debug_assert_eq!(seq, reply.seq, "append stream replies come in request order");
     let result = match reply.result {
         Some(Outcome::Ok(ok)) => Ok(ok),
-        Some(Outcome::Error(e)) => Err(match ErrorCode::parse(&e.code) {
-            Some(code) => code.status(e.message),
-            None => tonic::Status::new(tonic::Code::from(e.grpc_code), e.message),
-        }),
+        Some(Outcome::Error(e)) => {
+            let mut status = match ErrorCode::parse(&e.code) {
+                Some(code) => code.status(e.message),
+                None => tonic::Status::new(tonic::Code::from(e.grpc_code), e.message),
+            };
+            if e.draining {
+                status.metadata_mut().insert(
+                    weir_shared::error_code::DRAINING_KEY,
+                    tonic::metadata::MetadataValue::from_static("true"),
+                );
+            }
+            Err(status)
+        }
         None => Err(tonic::Status::internal("append stream reply without a result")),
     };
     let _ = to.send(result);
@@ -346,7 +355,8 @@ async fn await_reply(
             return Err(tonic::Status::cancelled(format!("owner {owner} was replaced while the append was in flight")))
         }
     };
-    // OBS-15: a lane's refusals count as a unary call's do.
+    // OBS-15: a lane's refusals and failures count as a unary call's do (an owner that
+    // left is counted when the unary retry that follows finds it gone).
     if let Err(status) = &reply {
         routes.count_failure(owner, status);
     }

@@ -161,7 +161,6 @@ impl Routes {
         })
     }
 
-    /// The stream's live owner incarnation, and a client of it.
     /// OBS-15, SD-TD-7: a call to `owner` that its shutdown refused or reset is counted
     /// with `reason="shutdown"`; another transport failure with `reason="transport"`.
     pub(crate) fn count_failure(&self, owner: &Incarnation, status: &tonic::Status) {
@@ -184,6 +183,7 @@ impl Routes {
             .inc();
     }
 
+    /// The stream's live owner incarnation, and a client of it.
     pub fn owner_client(&self, name: &str) -> Result<(Incarnation, StreamdClient<Channel>), RouteError> {
         if !self.is_admitted() {
             return Err(RouteError::CatchingUp);

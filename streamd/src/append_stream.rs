@@ -156,6 +156,7 @@ fn reply(seq: u64, result: Result<Appended, StreamdError>, bytes: usize, started
             code: e.code().as_str().to_string(),
             grpc_code: e.code().grpc_code() as i32,
             message: e.to_string(),
+            draining: matches!(e, StreamdError::Draining),
         }),
     };
     AppendStreamReply {

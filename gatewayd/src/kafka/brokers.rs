@@ -115,8 +115,9 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
     let topics: Vec<MetadataResponseTopic> = match r.topics {
         // RR-FEN-2: before this gateway has caught up with the metadata log its view may
         // be stale or empty, so nothing is answered from it: each named topic is
-        // LEADER_NOT_AVAILABLE (retryable), never UNKNOWN_TOPIC_OR_PARTITION. A request
-        // for every topic never gets here then: its connection is closed (conn.rs).
+        // LEADER_NOT_AVAILABLE (retryable), never UNKNOWN_TOPIC_OR_PARTITION, and an
+        // empty list asks for brokers only. A request for every topic never gets here
+        // then: its connection is closed (conn.rs).
         wanted if !kafka.gw.routes.is_admitted() => wanted
             .unwrap_or_default()
             .into_iter()

@@ -253,15 +253,21 @@ pub async fn run(
         }
         // RR-FEN-2: a request this gateway would answer from a view it has not yet
         // caught up with (metadata, SASL credentials, routes) waits for the catch-up,
-        // up to one deadline per connection. Past it, only a Metadata for named topics
-        // is answered (each LEADER_NOT_AVAILABLE, retryable); anything else would be
-        // answered from the stale view, so the connection closes and the client
-        // reconnects, as it does when a Kafka broker goes away.
+        // up to one deadline per connection. Past it, only a Metadata naming topics or
+        // none is answered (each topic LEADER_NOT_AVAILABLE, retryable); anything else
+        // would be answered from the stale view, so the connection closes and the
+        // client reconnects, as it does when a Kafka broker goes away.
         if key != ApiKey::ApiVersions && !kafka.gw.routes.is_admitted() {
             let deadline = *admission_deadline.get_or_insert_with(|| tokio::time::Instant::now() + ADMISSION_WAIT);
             let admitted = tokio::select! {
                 admitted = kafka.gw.routes.wait_admitted(deadline) => admitted,
-                _ = stop.cancelled() => false,
+                _ = stop.cancelled() => {
+                    // Stopping: the request was never admitted (SD-INT-12).
+                    crate::metrics::metrics().requests_dropped.with_label_values(&["kafka"]).inc();
+                    tracing::debug!(%peer, api = ?key, "kafka request dropped before the catch-up: the gateway is stopping");
+                    drain(&mut in_flight, &mut wr, &peer).await?;
+                    return Ok(());
+                }
             };
             if !admitted && !answerable_before_admission(&req.kind) {
                 refused("catching_up");
@@ -391,10 +397,11 @@ pub enum Answer {
 const ADMISSION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// RR-FEN-2: the one request answered before the catch-up: a Metadata naming its
-/// topics, each answered LEADER_NOT_AVAILABLE. A Metadata for every topic would have to
-/// list them from the stale view.
+/// topics (each answered LEADER_NOT_AVAILABLE) or none (brokers only, as clients ask at
+/// bootstrap). A Metadata for every topic (a null list) would have to list them from
+/// the stale view.
 fn answerable_before_admission(kind: &RequestKind) -> bool {
-    matches!(kind, RequestKind::Metadata(r) if r.topics.as_ref().is_some_and(|t| !t.is_empty()))
+    matches!(kind, RequestKind::Metadata(r) if r.topics.is_some())
 }
 
 async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body: bytes::Bytes, version: i16) -> Answer {
