@@ -287,6 +287,11 @@ impl MetadClient {
         self.propose_with(proposer, command, timeout, false).await
     }
 
+    /// How long one attempt at one replica may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// As [`Self::propose`], each replica's attempt bounded by `timeout` rather than the
     /// client's: for a command that is harmless twice (a heartbeat), so an attempt that
     /// got no answer moves on to the next replica.

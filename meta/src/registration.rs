@@ -119,7 +119,9 @@ pub async fn heartbeat_loop(
         // one: the node timeout counts missed intervals, and with a short interval one
         // attempt at the client's bound would cover several of them.
         let sent = if bounded {
-            metad.propose_each_within(&proposer, Command::Heartbeat, interval).await
+            metad
+                .propose_each_within(&proposer, Command::Heartbeat, interval.min(metad.timeout()))
+                .await
         } else {
             metad.propose(&proposer, Command::Heartbeat).await
         };

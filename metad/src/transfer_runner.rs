@@ -374,13 +374,20 @@ impl TransferRunner {
                 gate.op
             )));
         }
+        // Only the time this prepare has left; a close asked with (almost) none would
+        // get the owner's default instead, so none is asked.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left < MIN_CLOSE_TIME {
+            return Err(Unprepared::Failed(
+                "no time left in the prepare bound for the close".into(),
+            ));
+        }
         let channel =
             weir_shared::grpc::channel(addr).map_err(|e| Unprepared::Failed(format!("owner address '{addr}': {e}")))?;
         let reply = StreamdClient::new(channel)
             .close_stream(CloseStreamRequest {
                 stream: name.to_string(),
-                // Only the time this prepare has left.
-                timeout_ms: deadline.saturating_duration_since(Instant::now()).as_millis() as u64,
+                timeout_ms: left.as_millis() as u64,
             })
             .await
             .map_err(|s| Unprepared::Failed(s.message().to_string()))?;
@@ -392,6 +399,9 @@ impl TransferRunner {
     /// leads, up to `deadline`.
     async fn confirm_leading(&self, deadline: Instant) -> Result<(), Unprepared> {
         let lost = || Unprepared::Failed("lost the metadata leadership before asking the owner to close".into());
+        let unconfirmed = || {
+            Unprepared::Failed("the metadata leadership was not confirmed by a quorum within the prepare bound".into())
+        };
         loop {
             if !self.leading() {
                 return Err(lost());
@@ -401,14 +411,10 @@ impl TransferRunner {
                 Ok(Ok(_)) if self.leading() => return Ok(()),
                 Ok(Ok(_)) => return Err(lost()),
                 Ok(Err(e)) => tracing::debug!(error = %e, "quorum read before a transfer's close failed; trying again"),
-                Err(_) => {
-                    return Err(Unprepared::Failed(
-                        "lost the metadata leadership: no quorum confirmed it within the prepare bound".into(),
-                    ))
-                }
+                Err(_) => return Err(unconfirmed()),
             }
             if Instant::now() >= deadline {
-                return Err(lost());
+                return Err(unconfirmed());
             }
             tokio::time::sleep(QUORUM_RETRY).await;
         }
@@ -441,6 +447,9 @@ impl TransferRunner {
         }
     }
 }
+
+/// The least time left in a prepare for which the owner is still asked to close.
+const MIN_CLOSE_TIME: Duration = Duration::from_millis(100);
 
 /// The pause between quorum reads that missed their quorum.
 const QUORUM_RETRY: Duration = Duration::from_millis(50);
