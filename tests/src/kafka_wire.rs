@@ -60,14 +60,31 @@ pub fn closed_by_peer(s: &mut TcpStream) -> bool {
     }
 }
 
-/// Sends one request of `key` at `version` on `s` and reads its response; `None` when
-/// the peer closed the connection (or answered something undecodable) instead.
+/// Why an exchange got no answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoAnswer {
+    /// The peer closed or reset the connection.
+    Closed,
+    /// Nothing came within the read timeout.
+    TimedOut,
+    /// Something came that is not the response asked for.
+    Undecodable,
+}
+
+fn no_answer(e: std::io::Error) -> NoAnswer {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => NoAnswer::TimedOut,
+        _ => NoAnswer::Closed,
+    }
+}
+
+/// Sends one request of `key` at `version` on `s` and reads its response.
 pub fn exchange<Req, Resp>(
     s: &mut TcpStream,
     key: kafka_protocol::messages::ApiKey,
     version: i16,
     req: &Req,
-) -> Option<Resp>
+) -> Result<Resp, NoAnswer>
 where
     Req: Encodable,
     Resp: Decodable,
@@ -79,22 +96,22 @@ where
         .with_request_api_version(version)
         .with_correlation_id(3)
         .encode(&mut buf, key.request_header_version(version))
-        .ok()?;
-    req.encode(&mut buf, version).ok()?;
-    s.write_all(&(buf.len() as i32).to_be_bytes()).ok()?;
-    s.write_all(&buf).ok()?;
+        .expect("encode header");
+    req.encode(&mut buf, version).expect("encode request");
+    s.write_all(&(buf.len() as i32).to_be_bytes()).map_err(no_answer)?;
+    s.write_all(&buf).map_err(no_answer)?;
     let mut size = [0u8; 4];
-    s.read_exact(&mut size).ok()?;
-    let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
-    s.read_exact(&mut answer).ok()?;
+    s.read_exact(&mut size).map_err(no_answer)?;
+    let mut answer = vec![0u8; i32::from_be_bytes(size).max(0) as usize];
+    s.read_exact(&mut answer).map_err(no_answer)?;
     let mut answer = bytes::Bytes::from(answer);
-    ResponseHeader::decode(&mut answer, key.response_header_version(version)).ok()?;
-    Resp::decode(&mut answer, version).ok()
+    ResponseHeader::decode(&mut answer, key.response_header_version(version)).map_err(|_| NoAnswer::Undecodable)?;
+    Resp::decode(&mut answer, version).map_err(|_| NoAnswer::Undecodable)
 }
 
 /// A Metadata v4 request on `s`, for `topics` or (with `None`) for every topic: each
-/// topic's name and error code, in order; `None` when the peer closed the connection.
-pub fn metadata_errors(s: &mut TcpStream, topics: Option<&[&str]>) -> Option<Vec<(String, i16)>> {
+/// topic's name and error code, in order.
+pub fn metadata_errors(s: &mut TcpStream, topics: Option<&[&str]>) -> Result<Vec<(String, i16)>, NoAnswer> {
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
     use kafka_protocol::messages::{ApiKey, MetadataRequest, MetadataResponse, TopicName};
     use kafka_protocol::protocol::StrBytes;
@@ -107,22 +124,19 @@ pub fn metadata_errors(s: &mut TcpStream, topics: Option<&[&str]>) -> Option<Vec
         .with_topics(wanted)
         .with_allow_auto_topic_creation(false);
     let response: MetadataResponse = exchange(s, ApiKey::Metadata, 4, &request)?;
-    Some(
-        response
-            .topics
-            .iter()
-            .map(|t| {
-                let name = t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default();
-                (name, t.error_code)
-            })
-            .collect(),
-    )
+    Ok(response
+        .topics
+        .iter()
+        .map(|t| {
+            let name = t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default();
+            (name, t.error_code)
+        })
+        .collect())
 }
 
 /// A Produce v7 (acks=all) of one record `value` to `topic`'s partition 0 on `s`: the
-/// partition's error code and the response's `throttle_time_ms`; `None` when the peer
-/// closed the connection.
-pub fn produce_answer(s: &mut TcpStream, topic: &str, value: &[u8]) -> Option<(i16, i32)> {
+/// partition's error code and the response's `throttle_time_ms`.
+pub fn produce_answer(s: &mut TcpStream, topic: &str, value: &[u8]) -> Result<(i16, i32), NoAnswer> {
     use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
     use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, TopicName};
     use kafka_protocol::protocol::StrBytes;
@@ -136,6 +150,10 @@ pub fn produce_answer(s: &mut TcpStream, topic: &str, value: &[u8]) -> Option<(i
             .with_name(TopicName(StrBytes::from_string(topic.to_string())))
             .with_partition_data(vec![partition])]);
     let response: ProduceResponse = exchange(s, ApiKey::Produce, 7, &request)?;
-    let code = response.responses.first()?.partition_responses.first()?.error_code;
-    Some((code, response.throttle_time_ms))
+    let partition = response
+        .responses
+        .first()
+        .and_then(|t| t.partition_responses.first())
+        .ok_or(NoAnswer::Undecodable)?;
+    Ok((partition.error_code, response.throttle_time_ms))
 }

@@ -139,6 +139,16 @@ pub fn rss_bytes(pid: u32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// The last `n` bytes of `text` or fewer, from a line start.
+pub fn tail_of(text: &str, n: usize) -> &str {
+    let mut from = text.len().saturating_sub(n);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    let from = text[from..].find('\n').map_or(from, |i| from + i + 1);
+    &text[from..]
+}
+
 /// The value of a Prometheus sample line `name` (labels included) in `metrics`.
 pub fn metric_value(metrics: &str, name: &str) -> Option<f64> {
     metrics

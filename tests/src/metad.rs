@@ -60,6 +60,11 @@ impl Replica {
         self.proc.wait_exit(timeout).await
     }
 
+    /// The exit code if the process exits within `timeout`; `None` while it runs on.
+    pub async fn exited_within(&mut self, timeout: Duration) -> Option<i32> {
+        self.proc.exited_within(timeout).await
+    }
+
     pub fn kill(&mut self) {
         self.proc.kill();
     }

@@ -1038,7 +1038,7 @@ async fn rr_int_4_a_deposed_coordinator_asks_no_owner_to_close() {
     assert!(
         said["error"]
             .as_str()
-            .is_some_and(|e| e.contains("lost the metadata leadership")),
+            .is_some_and(|e| e.contains("metadata leadership")),
         "{said}"
     );
     let entries = log_entries_of(&other).await;

@@ -320,9 +320,10 @@ async fn restarted_replica_rejoins_through_its_stored_membership() {
 }
 
 // SD-TRM-5, SD-CS-10: a terminating metad leader stays a voter: it neither leaves the
-// membership nor hands its leadership over. It stops; the two others notice it silent
-// and elect a leader in a later term, whose membership still lists all three voters,
-// and a quorum of two of those three commits proposals while it is down.
+// membership nor hands its leadership over (it reports itself leader until its Raft
+// shuts down). It stops; the two others notice it silent and elect a leader in a later
+// term, whose membership still lists all three voters, and a quorum of two of those
+// three commits proposals while it is down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sd_trm_5_a_stopped_metad_leader_stays_a_voter_and_is_replaced_by_election() {
     with_timeout(async {
@@ -338,8 +339,26 @@ async fn sd_trm_5_a_stopped_metad_leader_stays_a_voter_and_is_replaced_by_electi
         voters.sort_unstable();
         assert_eq!(voters.len(), 3, "{before}");
         cluster.replicas[leader].signal(nix::sys::signal::Signal::SIGTERM);
-        let code = cluster.replicas[leader].wait_exit(Duration::from_secs(30)).await;
-        assert_eq!(code, Some(0), "{}", cluster.replicas[leader].log_text());
+        // While it stops it stays the leader until its Raft shuts down: a step-down or a
+        // hand-over would show it a follower while it still answers.
+        let stopping_since = Instant::now();
+        let code = loop {
+            if let Some(status) = cluster.replicas[leader].http_json("/admin/status").await {
+                let state = status["state"].as_str().unwrap_or_default().to_string();
+                assert!(
+                    state == "Leader" || state == "Shutdown",
+                    "the stopping leader became {state}: {status}"
+                );
+            }
+            if let Some(code) = cluster.replicas[leader].exited_within(Duration::from_millis(50)).await {
+                break code;
+            }
+            assert!(
+                stopping_since.elapsed() < Duration::from_secs(30),
+                "still stopping after 30 s"
+            );
+        };
+        assert_eq!(code, 0, "{}", cluster.replicas[leader].log_text());
         let next = cluster.wait_leader(&[leader]).await;
         let after = cluster.replicas[next].http_json("/admin/status").await.expect("status");
         assert!(

@@ -25,6 +25,7 @@ use weir_tests::gateway::Gatewayd;
 use weir_tests::history::{History, Outcome};
 use weir_tests::proxy::{Mode, Proxy};
 use weir_tests::streamd::{Backend, Stack};
+use weir_tests::tail_of;
 
 const STREAMS: [&str; 4] = ["n-0", "n-1", "n-2", "n-3"];
 /// The Kafka producer's topic (one partition: stream `nk/0`).
@@ -182,16 +183,6 @@ async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
     assert!(failed.is_empty(), "violations by seed: {failed:#?}");
 }
 
-/// The last `n` bytes of `text`, from a line start.
-fn tail_of(text: &str, n: usize) -> &str {
-    let mut from = text.len().saturating_sub(n);
-    while !text.is_char_boundary(from) {
-        from += 1;
-    }
-    let from = text[from..].find('\n').map_or(from, |i| from + i + 1);
-    &text[from..]
-}
-
 /// The seed picks the WAL: even seeds the file WAL, odd ones the object WAL.
 fn backend_of(seed: u64) -> Backend {
     if seed.is_multiple_of(2) {
@@ -329,8 +320,9 @@ async fn run(seed: u64, secs: u64) -> Run {
             }
             10 => {
                 // The gateway's link to metad: its view stops following the log. Kept
-                // short of the node timeout: past it the gateway is fenced and exits 75
-                // for its supervisor to restart, which this harness does not play.
+                // short of the node timeout, though faults in a row can outlast it: the
+                // gateway is then fenced and exits 75, and is restarted after the faults
+                // (as its supervisor would).
                 let mode = if rng.random_bool(0.5) {
                     Mode::Cut
                 } else {
@@ -392,8 +384,17 @@ async fn run(seed: u64, secs: u64) -> Run {
         if open.is_err() {
             let state = stack.metad.replicas[0].http_json("/admin/state/state").await;
             let log = stack.metad.replicas[0].log_text();
-            let panic_at = log.find("panicked at").unwrap_or(log.len().saturating_sub(6000));
-            let tail = &log[panic_at.saturating_sub(3000)..(panic_at + 1500).min(log.len())];
+            let tail = match log.find("panicked at") {
+                // 3,000 bytes before the panic and 1,500 after it.
+                Some(at) => {
+                    let mut end = (at + 1500).min(log.len());
+                    while !log.is_char_boundary(end) {
+                        end += 1;
+                    }
+                    tail_of(&log[..end], end - at + 3000)
+                }
+                None => tail_of(&log, 6000),
+            };
             // Each streamd's last warnings and errors, and what it did about takeovers.
             let nodes: String = stack
                 .nodes

@@ -9,7 +9,7 @@ use reqwest::Method;
 use std::time::{Duration, Instant};
 use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
-use weir_tests::{records, seconds_of_day, wait_for};
+use weir_tests::{get_text, metric_value, records, seconds_of_day, wait_for};
 
 /// H2 of requirements.md: short shutdown timing for tests.
 const SHORT: &[&str] = &[
@@ -679,7 +679,7 @@ async fn sd_int_8_an_owners_shutdown_refusal_reaches_http_and_kafka_clients_with
     stack.nodes[1].wait_ready().await;
     gw.append("dr%2F0", &["before"]).await;
     let owner_http = stack.nodes[0].http.clone();
-    let before = metric_families(&streamd_metrics(&owner_http).await);
+    let before = metric_families(&get_text(&format!("http://{owner_http}/metrics")).await);
     stack.nodes[0].term();
     wait_for("intake stopped", Duration::from_secs(20), || async {
         (!records(&stack.nodes[0].log_text(), "live reads ended and intake stopped").is_empty()).then_some(())
@@ -714,17 +714,11 @@ async fn sd_int_8_an_owners_shutdown_refusal_reaches_http_and_kafka_clients_with
     );
     // OBS-15: the gateway counted the owner's shutdown refusals as such.
     let metrics = gw_metrics(&gw).await;
-    let counted = metrics
-        .lines()
-        .find(|l| l.starts_with("weir_gatewayd_peer_call_failures_total{reason=\"shutdown\"}"))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    let counted = metric_value(&metrics, "weir_gatewayd_peer_call_failures_total{reason=\"shutdown\"}");
     assert!(counted.is_some_and(|n| n >= 1.0), "{metrics}");
     // Still inside the window: the owner's listeners stop only in its terminal teardown.
-    let during = streamd_metrics(&owner_http).await;
-    let draining = during
-        .lines()
-        .find(|l| l.starts_with("weir_streamd_appends_total{result=\"draining\"}"))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    let during = get_text(&format!("http://{owner_http}/metrics")).await;
+    let draining = metric_value(&during, "weir_streamd_appends_total{result=\"draining\"}");
     assert!(draining.is_some_and(|n| n >= 1.0), "OBS-15: {during}");
     let new: Vec<_> = metric_families(&during).difference(&before).cloned().collect();
     assert!(new.is_empty(), "OBS-1: families that appeared during the stop: {new:?}");
@@ -811,15 +805,6 @@ async fn a_stopping_gateway_drops_what_it_never_admitted_and_logs_the_clients_it
     assert!(gw.bodies("half").await.is_empty());
     gw.signal(Signal::SIGTERM);
     gw.proc().wait_exit(Duration::from_secs(20)).await;
-}
-
-async fn streamd_metrics(http: &str) -> String {
-    weir_tests::http_get(format!("http://{http}/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
 }
 
 /// The metric families a Prometheus text exposition declares (`# TYPE <name> ...`).
