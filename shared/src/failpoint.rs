@@ -18,6 +18,8 @@ pub enum Action {
     Hang,
     /// Do the work but drop the reply.
     Drop,
+    /// As `Drop`, the first time only in this process (`1*drop`).
+    DropOnce,
     /// Fail instead of doing the work.
     Error,
     /// Fail while this file exists (`return(err) while exists(<path>)`): a test lifts
@@ -70,6 +72,7 @@ fn parse(value: &str) -> Option<Action> {
     match value.trim() {
         "hang" => Some(Action::Hang),
         "drop" => Some(Action::Drop),
+        "1*drop" => Some(Action::DropOnce),
         "return(err)" => Some(Action::Error),
         v if v.starts_with("return(err) while exists(") => v
             .strip_prefix("return(err) while exists(")
@@ -81,6 +84,22 @@ fn parse(value: &str) -> Option<Action> {
             .and_then(|ms| ms.parse().ok())
             .map(|ms| Action::Sleep(Duration::from_millis(ms))),
     }
+}
+
+/// Whether failpoint `name` is `1*drop` and has not fired yet in this process; a true
+/// answer fires it.
+pub fn drop_once(name: &str) -> bool {
+    static FIRED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if action(name) != Some(Action::DropOnce) {
+        return false;
+    }
+    let mut fired = FIRED.lock().unwrap_or_else(|e| e.into_inner());
+    if fired.iter().any(|n| n == name) {
+        return false;
+    }
+    fired.push(name.to_string());
+    tracing::warn!(failpoint = name, "failpoint: dropping the reply once");
+    true
 }
 
 /// Whether failpoint `name` asks the work to fail now: `return(err)`, or

@@ -596,3 +596,51 @@ async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
     })
     .await;
 }
+
+// INV-1, RR-WAL-5: a compaction whose commit landed but whose answer was lost keeps its
+// objects. The metad leader drops the answer to the first committed CompactStreams
+// (failpoint `reply_compact_streams=1*drop`), so the compactor's client asks the next
+// replica, whose forwarded retry of the same swap is refused: its ranges are already
+// gone. A compactor that deleted its new objects on that refusal left the index
+// pointing at missing objects. Once GC has taken the replaced uploads, the node is
+// killed and restarted (so nothing is served from its memory), and every record must
+// read back from the bucket.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compaction_whose_answer_was_lost_keeps_its_objects() {
+    within(240, async {
+        let mut stack = Stack::start_replicas_with_env(
+            3,
+            1,
+            Backend::FileWal,
+            COMPACTING,
+            &[],
+            &[("WEIR_FAILPOINT_REPLY_COMPACT_STREAMS", "1*drop")],
+        )
+        .await;
+        let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
+        gw.wait_ready().await;
+        let streams = ["la", "lb"];
+        for s in streams {
+            gw.create_stream(s).await;
+            gw.wait_open(s).await;
+        }
+        let acked = interleaved(&gw, &streams, 60, 300).await;
+        let dropped = wait_for("a compaction's answer dropped", Duration::from_secs(60), || async {
+            (0..3).find(|&i| {
+                stack.metad.replicas[i]
+                    .log_text()
+                    .contains("failpoint: dropping the reply once")
+            })
+        })
+        .await;
+        println!("replica {dropped} dropped a CompactStreams answer");
+        bucket_holds_only_committed_objects(&stack, Duration::from_secs(60)).await;
+        stack.nodes[0].kill();
+        stack.nodes[0].start();
+        for (s, stream) in streams.iter().enumerate() {
+            gw.wait_open(stream).await;
+            assert_eq!(gw.bodies(stream).await, acked[s], "{stream}");
+        }
+    })
+    .await;
+}

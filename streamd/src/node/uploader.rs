@@ -188,9 +188,9 @@ impl Node {
                     } else {
                         tracing::warn!(object_key = %key, rejection = %r, "data object commit refused");
                     }
-                    if let Err(e) = self.store.delete(&path).await {
-                        tracing::debug!(object_key = %key, error = %e, "cannot delete refused object; GC will");
-                    }
+                    // Not deleted here: an earlier attempt whose answer was lost may
+                    // have committed it (a fenced node's retry is refused as fenced
+                    // even then). GC deletes it once the index shows it unreferenced.
                     return false;
                 }
                 Err(ClientError::Unavailable(e)) => {

@@ -426,12 +426,14 @@ impl Node {
                 "unexpected answer to CompactStreams: {other:?}"
             ))),
             Ok((_, Err(r))) => {
-                // Refused, so nothing references what was written: delete it now.
-                for o in &new {
-                    let path = object_store::path::Path::from(o.key.0.as_str());
-                    if let Err(e) = self.store.delete(&path).await {
-                        tracing::debug!(object_key = %o.key, error = %e, "cannot delete refused compaction output; GC will");
-                    }
+                // What was written is left to GC, which deletes it only once the index
+                // shows it unreferenced: a refusal does not prove that an earlier attempt
+                // of this same proposal, whose answer was lost (the client then asks the
+                // next replica), did not commit it. That attempt's swap would also be
+                // why this one was refused, so the ranges this node holds for the
+                // streams are read again from the index.
+                for swap in &swaps {
+                    self.ranges.forget(swap.stream);
                 }
                 match r.code {
                     RejectCode::Fenced | RejectCode::Superseded => {
