@@ -141,6 +141,13 @@ pub async fn follow(view: Arc<View>, metad: Arc<MetadClient>, cancel: Cancellati
                     };
                     match event {
                         Ok(Some(event)) => {
+                            // Tests: this process's view lags while the point fails.
+                            while weir_shared::failpoint::fails("view_apply") {
+                                tokio::select! {
+                                    _ = cancel.cancelled() => return,
+                                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                                }
+                            }
                             if let Err(why) = receive(&view, &mut incoming, event) {
                                 tracing::error!(error = %why, "cannot follow the metadata log; not ready until a snapshot applies");
                                 view.set_error(Some(why));

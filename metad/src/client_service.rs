@@ -191,10 +191,10 @@ impl Metad for ClientService {
             Ok(Ok(_)) if release && failpoint::action("release_reply") == Some(failpoint::Action::Drop) => {
                 Err(Status::unavailable("failpoint release_reply: the reply was dropped"))
             }
-            // A committed proposal whose answer is lost: its proposer cannot know it landed.
-            Ok(Ok(_)) if failpoint::drop_once(&format!("reply_{kind}")) => Err(Status::unavailable(format!(
-                "failpoint reply_{kind}: the reply was dropped"
-            ))),
+            // An applied proposal whose answer is lost: its proposer cannot know it landed.
+            Ok(Ok(resp)) if resp.data.is_ok() && failpoint::drop_once(&format!("reply_{kind}")) => Err(
+                Status::unavailable(format!("failpoint reply_{kind}: the reply was dropped")),
+            ),
             Ok(Ok(resp)) => {
                 let result = if resp.data.is_ok() { "applied" } else { "rejected" };
                 tracing::Span::current().record("log_index", resp.log_id.index);

@@ -137,6 +137,7 @@ mod tests {
         assert_eq!(parse("sleep(1500)"), Some(Action::Sleep(Duration::from_millis(1500))));
         assert_eq!(parse("hang"), Some(Action::Hang));
         assert_eq!(parse("drop"), Some(Action::Drop));
+        assert_eq!(parse("1*drop"), Some(Action::DropOnce));
         assert_eq!(parse("return(err)"), Some(Action::Error));
         assert_eq!(
             parse("return(err) while exists(/tmp/x)"),

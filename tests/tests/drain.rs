@@ -1389,3 +1389,110 @@ async fn an_append_unresolved_at_teardown_is_answered_504_interrupted() {
         "applied once, moved with its stream"
     );
 }
+
+// INV-2: an owner reopens a stream's intake after a failed close only once
+// the log says the close did not land. Here the close lands but its answer is lost
+// (`reply_close_stream=1*drop`), so the owner's next attempt is refused: the stream is
+// already closed and handed on. Node 0's view is held back (`view_apply`), as a view
+// following a lagging replica is, so only the log can tell it. Before, it reopened
+// intake at the refusal and acknowledged an append on a stream no owner would serve.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_close_refused_after_its_lost_answer_landed_acknowledges_nothing_more() {
+    let lag = tempfile::NamedTempFile::new().expect("lag file");
+    let lag_path = lag.path().to_path_buf();
+    let view_apply = format!("return(err) while exists({})", lag_path.display());
+    let mut stack = Stack::start_replicas_with_env(
+        1,
+        0,
+        Backend::FileWal,
+        &[],
+        &[],
+        &[("WEIR_FAILPOINT_REPLY_CLOSE_STREAM", "1*drop")],
+    )
+    .await;
+    std::fs::remove_file(&lag_path).expect("no lag yet");
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_VIEW_APPLY", view_apply.as_str())],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, SHORT);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    let (stack, gw) = with_streams_on_the_first(stack, &["lc"]).await;
+    let mut acked = Vec::new();
+    for i in 0..20 {
+        let body = format!("lc-{i}");
+        gw.append("lc", &[&body]).await;
+        acked.push(body);
+    }
+    let mut a = stack.nodes[0].client().await;
+    wait_for("every record committed on node 0", Duration::from_secs(30), || {
+        let mut a = a.clone();
+        async move {
+            let s = a
+                .status(weir_proto::streamd::StatusRequest { stream: "lc".into() })
+                .await
+                .ok()?
+                .into_inner();
+            (s.committed_end == 20 && s.buffered_bytes == 0).then_some(())
+        }
+    })
+    .await;
+    std::fs::write(&lag_path, b"").expect("lag node 0's view");
+    let b = stack.nodes[1].id.clone();
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/admin/streams/lc/transfer")
+                .json(&json!({"to": b})),
+        )
+        .await;
+    println!("transfer answered {status}: {body}");
+    let row = stream_row(&stack, "lc").await;
+    assert_ne!(row["owner"]["node"], "streamd-1", "the close landed in the log: {row}");
+    let late = a
+        .append(weir_proto::streamd::AppendRequest {
+            stream: "lc".into(),
+            batches: weir_tests::batches::batch(b"late").into(),
+            match_next_offset: None,
+        })
+        .await;
+    println!("an append to node 0 after its close landed: {late:?}");
+    if late.is_ok() {
+        acked.push("late".into());
+    }
+    wait_for(
+        "node 0 keeps its close unconfirmed",
+        Duration::from_secs(30),
+        || async {
+            stack.nodes[0]
+                .log_text()
+                .contains("close not confirmed by the metadata log")
+                .then_some(())
+        },
+    )
+    .await;
+    std::fs::remove_file(&lag_path).expect("lift the lag");
+    wait_for("node 0 settles its close", Duration::from_secs(30), || async {
+        stack.nodes[0]
+            .log_text()
+            .contains("unconfirmed close settled")
+            .then_some(())
+    })
+    .await;
+    let log = stack.nodes[0].log_text();
+    let settled = records(&log, "unconfirmed close settled");
+    assert!(
+        settled[0]["outcome"].as_str().is_some_and(|o| o.starts_with("Closed")),
+        "{settled:?}"
+    );
+    gw.wait_open("lc").await;
+    assert_eq!(owner_of(&gw, "lc").await.as_deref(), Some(b.as_str()));
+    assert_eq!(
+        gw.bodies("lc").await,
+        acked,
+        "INV-2: every acknowledged record reads back"
+    );
+}

@@ -118,7 +118,7 @@ impl Node {
                 owner: None,
             });
         }
-        if inner.closing {
+        if inner.closers > 0 {
             return Err(StreamdError::Unavailable(format!("stream '{stream}' is closing")));
         }
         // A retry is answered with its original offsets, even when the stream moved on.

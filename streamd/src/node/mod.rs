@@ -186,15 +186,34 @@ impl Node {
 
     fn remove_stream(&self, id: StreamId, end: u64) -> Option<Arc<StreamHandle>> {
         let removed = self.streams.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        self.stopped_serving(id, end, removed.as_ref());
+        removed
+    }
+
+    /// Stops serving `handle`, unless the stream is already served at another epoch.
+    fn remove_served(&self, handle: &Arc<StreamHandle>, end: u64) {
+        let removed = {
+            let mut streams = self.streams.write().unwrap_or_else(|p| p.into_inner());
+            let same = streams
+                .get(&handle.id)
+                .is_some_and(|served| Arc::ptr_eq(served, handle));
+            if !same {
+                return;
+            }
+            streams.remove(&handle.id)
+        };
+        self.stopped_serving(handle.id, end, removed.as_ref());
+    }
+
+    fn stopped_serving(&self, id: StreamId, end: u64, removed: Option<&Arc<StreamHandle>>) {
         self.closed_ends
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, end);
-        if let Some(h) = &removed {
+        if let Some(h) = removed {
             h.stop();
         }
         self.ranges.forget(id);
-        removed
     }
 
     /// The served stream named `name`, or why it is not served here.

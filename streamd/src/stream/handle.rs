@@ -26,8 +26,11 @@ pub struct StreamInner {
     pub uploaded_end: u64,
     /// End of what is committed in data objects.
     pub committed_end: u64,
-    /// Set while closing: no new appends.
-    pub closing: bool,
+    /// Closes under way, or whose `CloseStream` may still land: while any is, the
+    /// stream takes no appends (an append acknowledged after a close landed is lost).
+    pub closers: u32,
+    /// A task is settling an unconfirmed close of the stream (it holds one closer).
+    pub settling: bool,
     /// Idempotent producers' recent batches (duplicate and sequence checks).
     pub producers: ProducerTable,
     /// Bytes in `buffer`, kept so the append path need not sum it.
@@ -91,7 +94,8 @@ impl StreamHandle {
                 buffer: VecDeque::new(),
                 uploaded_end: committed_end,
                 committed_end,
-                closing: false,
+                closers: 0,
+                settling: false,
                 producers,
                 buffered: 0,
             }),
