@@ -37,6 +37,11 @@ pub enum StreamdError {
     /// Transient: retry.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// A committed range's object is no longer in object storage: the range was
+    /// replaced (compacted) since it was looked up. Retryable; the next read rereads
+    /// the index.
+    #[error("unavailable: object {0} is no longer stored; read again")]
+    ObjectGone(String),
     /// The node stopped taking appends: it is shutting down and its streams move
     /// (SD-INT-1). Retryable like [`StreamdError::Unavailable`]; counted apart (OBS-15).
     #[error("unavailable: the node is shutting down; its streams are moving")]
@@ -62,7 +67,9 @@ impl StreamdError {
             StreamdError::OffsetMismatch { .. } => ErrorCode::OffsetMismatch,
             StreamdError::InvalidProducerEpoch(_) => ErrorCode::InvalidProducerEpoch,
             StreamdError::OutOfOrderSequence(_) => ErrorCode::OutOfOrderSequence,
-            StreamdError::Unavailable(_) | StreamdError::Draining => ErrorCode::Unavailable,
+            StreamdError::Unavailable(_) | StreamdError::ObjectGone(_) | StreamdError::Draining => {
+                ErrorCode::Unavailable
+            }
             StreamdError::Corrupt(_) => ErrorCode::Corrupt,
             StreamdError::Internal(_) => ErrorCode::Internal,
         }

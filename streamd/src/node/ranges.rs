@@ -1,11 +1,13 @@
 //! Where a stream's committed offsets are stored (design 0002): a bounded cache of
 //! committed ranges, filled by this node's own commits and, on a miss, by a page of
-//! metad's object index read at the view's applied index. A committed range never
-//! changes, so a cached one stays right; the cache forgets a stream it stops serving.
+//! metad's object index read at the view's applied index. A committed range changes
+//! only when this node's compactor replaces it, which updates the cache; a compaction
+//! whose outcome is unknown, or a range whose object is gone, makes the stream's next
+//! index read linearizable instead. The cache forgets a stream it stops serving.
 
 use super::Node;
 use crate::error::StreamdError;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use weir_meta::client::{Consistency, RangesPage};
 use weir_meta::model::ObjectRange;
@@ -26,6 +28,24 @@ pub struct RangeCache {
 struct Inner {
     ranges: BTreeMap<(StreamId, u64), ObjectRange>,
     order: VecDeque<(StreamId, u64)>,
+    marks: HashMap<StreamId, Mark>,
+}
+
+/// A stream's forgets: an index read begun before the last one may hold ranges it
+/// dropped, so what it read is not cached.
+#[derive(Clone, Copy, Default)]
+struct Mark {
+    generation: u64,
+    /// The next index read must be linearizable: the view may not show yet what
+    /// replaced the ranges forgotten.
+    unsettled: bool,
+}
+
+/// How a stream's ranges are read from the index, and whether the answer may be cached.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReadMark {
+    generation: u64,
+    pub linearizable: bool,
 }
 
 impl RangeCache {
@@ -42,6 +62,10 @@ impl RangeCache {
 
     pub fn insert(&self, stream: StreamId, ranges: impl IntoIterator<Item = ObjectRange>) {
         let mut inner = self.lock();
+        self.insert_locked(&mut inner, stream, ranges);
+    }
+
+    fn insert_locked(&self, inner: &mut Inner, stream: StreamId, ranges: impl IntoIterator<Item = ObjectRange>) {
         for range in ranges {
             let key = (stream, range.start.0);
             if inner.ranges.insert(key, range).is_none() {
@@ -65,9 +89,59 @@ impl RangeCache {
             .map(|(_, r)| r.clone())
     }
 
+    /// Ranges from an index read begun at `mark`, cached unless the stream's ranges
+    /// were forgotten meanwhile; a linearizable read settles the stream.
+    pub fn insert_read(&self, stream: StreamId, mark: ReadMark, ranges: impl IntoIterator<Item = ObjectRange>) {
+        let mut inner = self.lock();
+        if Self::settle_locked(&mut inner, stream, mark) {
+            self.insert_locked(&mut inner, stream, ranges);
+        }
+    }
+
+    /// Records an index read begun at `mark` that caches nothing: a linearizable one
+    /// settles the stream.
+    pub fn settle(&self, stream: StreamId, mark: ReadMark) {
+        Self::settle_locked(&mut self.lock(), stream, mark);
+    }
+
+    /// Whether nothing was forgotten since `mark`; settles the stream if so and the
+    /// read was linearizable.
+    fn settle_locked(inner: &mut Inner, stream: StreamId, mark: ReadMark) -> bool {
+        let now = inner.marks.entry(stream).or_default();
+        if now.generation != mark.generation {
+            return false;
+        }
+        if mark.linearizable {
+            now.unsettled = false;
+        }
+        true
+    }
+
+    /// How the next index read of `stream` must be made.
+    pub fn read_mark(&self, stream: StreamId) -> ReadMark {
+        let inner = self.lock();
+        let mark = inner.marks.get(&stream).copied().unwrap_or_default();
+        ReadMark {
+            generation: mark.generation,
+            linearizable: mark.unsettled,
+        }
+    }
+
+    /// Drops what is cached of `stream`, whose ranges may have been replaced in a way
+    /// the view does not show yet: its next index read is linearizable.
+    pub fn forget_unsettled(&self, stream: StreamId) {
+        let mut inner = self.lock();
+        Self::forget_locked(&mut inner, stream);
+        inner.marks.entry(stream).or_default().unsettled = true;
+    }
+
     /// Drops what is cached of `stream`.
     pub fn forget(&self, stream: StreamId) {
-        let mut inner = self.lock();
+        Self::forget_locked(&mut self.lock(), stream);
+    }
+
+    fn forget_locked(inner: &mut Inner, stream: StreamId) {
+        inner.marks.entry(stream).or_default().generation += 1;
         let keys: Vec<_> = inner
             .ranges
             .range((stream, 0)..=(stream, u64::MAX))
@@ -114,16 +188,25 @@ impl Node {
     /// read at this node's view or later (cache misses, compaction and retention walk
     /// the index with it).
     pub async fn index_page(&self, stream: StreamId, offset: u64) -> Result<RangesPage, StreamdError> {
+        let mark = self.ranges.read_mark(stream);
+        let page = self.index_page_at(stream, offset, mark).await?;
+        self.ranges.settle(stream, mark);
+        Ok(page)
+    }
+
+    async fn index_page_at(&self, stream: StreamId, offset: u64, mark: ReadMark) -> Result<RangesPage, StreamdError> {
         self.metad
-            .read_ranges(
-                stream,
-                Offset(offset),
-                false,
-                PAGE,
-                Consistency::AtLeast(self.view.applied_index()),
-            )
+            .read_ranges(stream, Offset(offset), false, PAGE, self.consistency(mark))
             .await
             .map_err(index_unavailable)
+    }
+
+    fn consistency(&self, mark: ReadMark) -> Consistency {
+        if mark.linearizable {
+            Consistency::Linearizable
+        } else {
+            Consistency::AtLeast(self.view.applied_index())
+        }
     }
 
     /// The committed range of `stream` holding `offset`: cached, or read from metad's
@@ -132,13 +215,14 @@ impl Node {
         if let Some(r) = self.ranges.find(stream, offset) {
             return Ok(r);
         }
-        let page = self.index_page(stream, offset).await?;
+        let mark = self.ranges.read_mark(stream);
+        let page = self.index_page_at(stream, offset, mark).await?;
         let found = page
             .ranges
             .iter()
             .find(|r| r.start.0 <= offset && offset < r.end.0)
             .cloned();
-        self.ranges.insert(stream, page.ranges);
+        self.ranges.insert_read(stream, mark, page.ranges);
         found.ok_or_else(|| {
             StreamdError::Internal(format!("no committed object holds offset {offset} of stream {stream}"))
         })
@@ -147,12 +231,13 @@ impl Node {
     /// The newest committed ranges of `stream` below `end`, oldest first, until they
     /// cover `bytes` (an open's idempotent-producer rebuild needs only the tail).
     pub async fn tail_ranges(&self, stream: StreamId, end: u64, bytes: u64) -> Result<Vec<ObjectRange>, StreamdError> {
-        let at_least = Consistency::AtLeast(self.view.applied_index());
+        let mark = self.ranges.read_mark(stream);
+        let consistency = self.consistency(mark);
         let (mut tail, mut covered, mut at) = (Vec::new(), 0u64, end);
         while covered < bytes {
             let page = self
                 .metad
-                .read_ranges(stream, Offset(at), true, PAGE.min(100), at_least)
+                .read_ranges(stream, Offset(at), true, PAGE.min(100), consistency)
                 .await
                 .map_err(index_unavailable)?;
             for range in page.ranges {
@@ -168,7 +253,7 @@ impl Node {
             }
         }
         tail.reverse();
-        self.ranges.insert(stream, tail.iter().cloned());
+        self.ranges.insert_read(stream, mark, tail.iter().cloned());
         Ok(tail)
     }
 }
@@ -221,5 +306,30 @@ mod tests {
             "another stream is untouched"
         );
         assert_eq!(cache.len(), 2);
+    }
+
+    /// A compaction replaced ranges the view may not show yet: an index read begun
+    /// before the forget is not cached, the next one is linearizable, and one that
+    /// completes settles the stream.
+    #[test]
+    fn an_index_read_begun_before_a_forget_is_not_cached_and_the_next_is_linearizable() {
+        let cache = RangeCache::new(10);
+        let (a, b) = (StreamId(1), StreamId(2));
+        let before = cache.read_mark(a);
+        assert!(!before.linearizable);
+        cache.forget_unsettled(a);
+        cache.insert_read(a, before, [range(0, 5)]);
+        assert_eq!(cache.find(a, 0), None, "a read begun before the forget is dropped");
+        let next = cache.read_mark(a);
+        assert!(next.linearizable, "the next read is linearizable");
+        assert!(!cache.read_mark(b).linearizable, "another stream is untouched");
+        cache.insert_read(a, next, [range(0, 5)]);
+        assert_eq!(cache.find(a, 3), Some(range(0, 5)));
+        assert!(!cache.read_mark(a).linearizable, "a linearizable read settles it");
+        let stale = cache.read_mark(a);
+        cache.forget(a);
+        cache.settle(a, stale);
+        cache.insert_read(a, stale, [range(5, 9)]);
+        assert_eq!(cache.find(a, 6), None);
     }
 }

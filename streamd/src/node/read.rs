@@ -159,7 +159,13 @@ impl Node {
         }
         let mut chunks = futures::stream::iter(ranges)
             .map(|range| async move {
-                let chunk = self.note_damage(handle.id, &range, self.fetch_range(&range).await)?;
+                let fetched = self.fetch_range(&range).await;
+                if matches!(fetched, Err(StreamdError::ObjectGone(_))) {
+                    // Looked up before a compaction replaced it: the next read rereads
+                    // the index, linearizably.
+                    self.ranges.forget_unsettled(handle.id);
+                }
+                let chunk = self.note_damage(handle.id, &range, fetched)?;
                 Ok::<_, StreamdError>((range, chunk))
             })
             .buffered(FETCH_CONCURRENCY);
@@ -228,7 +234,10 @@ impl Node {
             .store
             .get_opts(&path, opts)
             .await
-            .map_err(unavailable)?
+            .map_err(|e| match e {
+                object_store::Error::NotFound { .. } => StreamdError::ObjectGone(key.to_string()),
+                e => unavailable(e),
+            })?
             .bytes()
             .await
             .map_err(unavailable)?;

@@ -22,7 +22,6 @@ use plan::{batches, plan};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weir_meta::client::ClientError;
 use weir_meta::model::{Applied, Command, NewObject, ObjectRange, RejectCode, ReplacedRange, StreamSwap};
 use weir_shared::batch::split_batches;
 use weir_shared::ids::{ObjectKey, Offset};
@@ -401,8 +400,9 @@ impl Node {
             Ok((index, Ok(Applied::Compacted { skipped }))) => {
                 let (mut replaced, mut written, mut bytes) = (0, 0, 0);
                 for swap in swaps.iter().filter(|s| !skipped.contains(&s.stream)) {
-                    // Readers of this node go to the new objects from now on.
-                    self.ranges.forget(swap.stream);
+                    // Readers of this node go to the new objects from now on; ranges the
+                    // view does not show replaced yet are read linearizably.
+                    self.ranges.forget_unsettled(swap.stream);
                     self.ranges.insert(swap.stream, swap.ranges.iter().cloned());
                     replaced += swap.replaced.len();
                     written += swap.ranges.len();
@@ -433,7 +433,7 @@ impl Node {
                 // why this one was refused, so the ranges this node holds for the
                 // streams are read again from the index.
                 for swap in &swaps {
-                    self.ranges.forget(swap.stream);
+                    self.ranges.forget_unsettled(swap.stream);
                 }
                 match r.code {
                     RejectCode::Fenced | RejectCode::Superseded => {
@@ -446,9 +446,14 @@ impl Node {
                     }
                 }
             }
-            // The outcome is unknown: what was written may be committed, so GC decides.
-            Err(ClientError::Unavailable(e)) => Err(StreamdError::Unavailable(format!("metadata log: {e}"))),
-            Err(e) => Err(StreamdError::Unavailable(format!("metadata log: {e}"))),
+            // The outcome is unknown: what was written may be committed, so GC decides,
+            // and the swap may have replaced what this node holds for the streams.
+            Err(e) => {
+                for swap in &swaps {
+                    self.ranges.forget_unsettled(swap.stream);
+                }
+                Err(StreamdError::Unavailable(format!("metadata log: {e}")))
+            }
         }
     }
 
