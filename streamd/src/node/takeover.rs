@@ -177,7 +177,7 @@ impl Node {
                 dead.epoch.0,
                 rand::random::<u32>()
             ));
-            if !self.put_and_commit(&key, object, &parts).await {
+            if self.put_and_commit(&key, object, &parts).await == super::uploader::Commit::Refused {
                 return Err("the recovered records' commit was refused".into());
             }
         }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_meta::client::ClientError;
 use weir_meta::model::{Command, CommitRange, RejectCode};
-use weir_shared::ids::{ObjectKey, Offset, StreamId};
+use weir_shared::ids::{ObjectKey, Offset, StreamEpoch, StreamId};
 
 /// Runs upload rounds until `cancel` (a final round is the caller's, via close).
 pub async fn upload_loop(node: Arc<Node>, cancel: tokio_util::sync::CancellationToken) {
@@ -27,6 +27,18 @@ pub async fn upload_loop(node: Arc<Node>, cancel: tokio_util::sync::Cancellation
         seq += 1;
         node.upload_round(seq).await;
     }
+}
+
+/// What became of a data object's commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Commit {
+    /// Committed; the index holds the object's ranges.
+    Committed,
+    /// A retry was refused, but an earlier attempt whose answer was lost had landed:
+    /// the offsets are committed, though the object's ranges may already be replaced.
+    LandedEarlier,
+    /// Not committed.
+    Refused,
 }
 
 /// A stream's part of one upload.
@@ -126,19 +138,19 @@ impl Node {
             rand::random::<u32>()
         ));
         let size = object.len() as u64;
-        let committed = self.put_and_commit(&key, object, &parts).await;
+        let commit = self.put_and_commit(&key, object, &parts).await;
         let m = crate::metrics::metrics();
-        if committed {
+        if commit != Commit::Refused {
             m.objects_committed.inc();
             m.uploaded_bytes.inc_by(size);
         } else {
             m.objects_refused.inc();
         }
-        self.finish_round(&key, &parts, committed).await;
+        self.finish_round(&key, &parts, commit).await;
     }
 
-    /// PUTs the object and commits it, retrying through outages; `false` if refused.
-    pub(super) async fn put_and_commit(&self, key: &ObjectKey, object: Bytes, parts: &[Part]) -> bool {
+    /// PUTs the object and commits it, retrying through outages.
+    pub(super) async fn put_and_commit(&self, key: &ObjectKey, object: Bytes, parts: &[Part]) -> Commit {
         let path = object_store::path::Path::from(key.0.as_str());
         let ranges: Vec<CommitRange> = parts
             .iter()
@@ -162,7 +174,7 @@ impl Node {
         let mut put_at: Option<Instant> = None;
         loop {
             if self.fenced.is_cancelled() {
-                return false;
+                return Commit::Refused;
             }
             // (Re-)put when never put, or when a long outage may have let GC take it.
             if put_at.is_none_or(|t| t.elapsed() > self.tunables.reupload_after) {
@@ -178,20 +190,33 @@ impl Node {
             match self.metad.propose(&self.proposer(), command.clone()).await {
                 Ok((index, Ok(_))) => {
                     tracing::debug!(object_key = %key, log_index = index, "committed data object");
-                    return true;
+                    return Commit::Committed;
                 }
-                // A retry after an unknown outcome: the first attempt committed it.
-                Ok((_, Err(r))) if r.code == RejectCode::AlreadyExists => return true,
-                Ok((_, Err(r))) => {
-                    if matches!(r.code, RejectCode::Fenced | RejectCode::Superseded) {
-                        self.fence(&r.message);
-                    } else {
-                        tracing::warn!(object_key = %key, rejection = %r, "data object commit refused");
+                // A retry after an unknown outcome: the first attempt committed it (a
+                // compaction may since have replaced some of its ranges).
+                Ok((_, Err(r))) if r.code == RejectCode::AlreadyExists => return Commit::LandedEarlier,
+                // Not deleted on a refusal: an earlier attempt whose answer was lost may
+                // have committed it (a fenced node's retry is refused as fenced even
+                // then). GC deletes it once the index shows it unreferenced.
+                Ok((_, Err(r))) if matches!(r.code, RejectCode::Fenced | RejectCode::Superseded) => {
+                    self.fence(&r.message);
+                    return Commit::Refused;
+                }
+                Ok((index, Err(r))) => {
+                    // An earlier attempt may have landed, its object since replaced by a
+                    // compaction or trim (so the retry is no longer `AlreadyExists`):
+                    // the view through the refusal shows the offsets committed then.
+                    let view = tokio::time::timeout(self.metad.timeout(), self.view.wait_applied(index)).await;
+                    let landed = parts.iter().all(|p| {
+                        self.committed_in_view(p.stream, p.chunk.stream_epoch)
+                            .is_some_and(|end| end >= p.chunk.end)
+                    });
+                    if view.is_ok() && landed {
+                        tracing::info!(object_key = %key, rejection = %r, "data object commit refused, but an earlier attempt of it landed");
+                        return Commit::LandedEarlier;
                     }
-                    // Not deleted here: an earlier attempt whose answer was lost may
-                    // have committed it (a fenced node's retry is refused as fenced
-                    // even then). GC deletes it once the index shows it unreferenced.
-                    return false;
+                    tracing::warn!(object_key = %key, rejection = %r, "data object commit refused");
+                    return Commit::Refused;
                 }
                 Err(ClientError::Unavailable(e)) => {
                     tracing::warn!(object_key = %key, error = %e, "metadata log unavailable; commit will be retried");
@@ -205,6 +230,20 @@ impl Node {
         }
     }
 
+    /// The committed end the view shows for `stream` at `epoch`, while this incarnation
+    /// stands: then only its own commits (or, for a takeover's streams, the same WAL
+    /// records committed by the dead owner or an earlier agent) can have put it there.
+    fn committed_in_view(&self, stream: StreamId, epoch: StreamEpoch) -> Option<u64> {
+        self.view.with(|s| {
+            let standing = s
+                .nodes
+                .get(&self.me.node)
+                .is_some_and(|n| n.epoch == self.me.epoch && !n.fenced);
+            let row = s.streams.get(&stream).filter(|row| standing && row.epoch == epoch)?;
+            Some(row.committed_end.0)
+        })
+    }
+
     async fn backoff(&self, backoff: &mut Duration) {
         tokio::select! {
             _ = tokio::time::sleep(*backoff) => {}
@@ -215,13 +254,14 @@ impl Node {
 
     /// Applies a round's result to each stream: advance committed ends and trim buffers,
     /// or let the next round retry what was refused.
-    async fn finish_round(&self, key: &ObjectKey, parts: &[Part], committed: bool) {
+    async fn finish_round(&self, key: &ObjectKey, parts: &[Part], commit: Commit) {
+        let committed = commit != Commit::Refused;
         let streams: HashMap<StreamId, _> = self.all_streams().into_iter().map(|h| (h.id, h)).collect();
         for part in parts {
-            let Some(handle) = streams.get(&part.stream) else {
+            let Some(handle) = streams.get(&part.stream).filter(|h| h.epoch == part.chunk.stream_epoch) else {
                 continue;
             };
-            if committed {
+            if commit == Commit::Committed {
                 // Write-through, so tail readers just past the buffer stay off object
                 // storage. Cached before the buffer lets go of the batches, so a read finds
                 // them in one or the other; copied before the stream's lock is taken, so
@@ -236,20 +276,37 @@ impl Node {
             if committed {
                 inner.committed_end = part.chunk.end;
                 handle.committed.send_replace(part.chunk.end);
-                self.ranges.insert(
-                    part.stream,
-                    [weir_meta::model::ObjectRange {
-                        key: key.clone(),
-                        start: Offset(part.chunk.start),
-                        end: Offset(part.chunk.end),
-                        pos: part.chunk.pos,
-                        len: part.chunk.len,
-                        crc: part.chunk.crc,
-                        max_timestamp: part.max_timestamp(),
-                    }],
-                );
+                if commit == Commit::Committed {
+                    self.ranges.insert(
+                        part.stream,
+                        [weir_meta::model::ObjectRange {
+                            key: key.clone(),
+                            start: Offset(part.chunk.start),
+                            end: Offset(part.chunk.end),
+                            pos: part.chunk.pos,
+                            len: part.chunk.len,
+                            crc: part.chunk.crc,
+                            max_timestamp: part.max_timestamp(),
+                        }],
+                    );
+                } else {
+                    // The index holds what replaced this object's ranges.
+                    self.ranges.forget_unsettled(part.stream);
+                }
                 inner.trim_committed();
             } else {
+                // The view may show the stream committed further: an earlier round's
+                // commit landed though its answer was lost, and a retry of it was refused
+                // (its ranges replaced since). The next round starts there, or its
+                // object would overlap what is committed and be refused for ever.
+                let seen = self.committed_in_view(part.stream, handle.epoch).unwrap_or(0);
+                if seen > inner.committed_end {
+                    tracing::info!(stream = %handle.name, from = inner.committed_end, to = seen, "the view shows more committed than this node knew; uploads go on from there");
+                    inner.committed_end = seen;
+                    handle.committed.send_replace(seen);
+                    inner.trim_committed();
+                    self.ranges.forget_unsettled(part.stream);
+                }
                 inner.uploaded_end = inner.committed_end;
             }
         }
