@@ -50,6 +50,10 @@ pub struct NodeRow {
     pub cordon: Option<CordonBy>,
     /// Set by a stopping incarnation (D-4); cleared by re-registration.
     pub terminating: bool,
+    /// Set when this incarnation released its drain cordon: a drain it asked for whose
+    /// request arrives late does not cordon it again. Cleared by re-registration.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain_released: bool,
 }
 
 impl NodeRow {

@@ -79,6 +79,7 @@ impl Txn<'_> {
             // An operator's cordon survives restarts; so does a drain's until it releases it.
             cordon: previous.and_then(|p| p.cordon),
             terminating: false,
+            drain_released: false,
         };
         self.state.nodes.insert(node.clone(), row);
         self.touch(RowKey::Node(node.clone()));
@@ -146,6 +147,14 @@ impl Txn<'_> {
     pub(super) fn cordon(&mut self, proposer: &Proposer, node: &NodeId, by: CordonBy) -> Outcome {
         self.check_cordon_proposer(proposer, node, by)?;
         let row = self.node_row(node)?;
+        if by == CordonBy::Drain && row.drain_released {
+            // The stopping node gave up on its drain and released the cordon: this is
+            // that drain's request arriving late (SD-REL-1).
+            return Err(reject(
+                RejectCode::Conflict,
+                format!("node '{node}' released its drain cordon; this incarnation is not drained again"),
+            ));
+        }
         match (row.cordon, by) {
             // Already cordoned: an operator's cordon is remembered, never downgraded.
             (Some(CordonBy::Operator), _) | (Some(CordonBy::Drain), CordonBy::Drain) => Ok(Applied::Done),
@@ -160,15 +169,21 @@ impl Txn<'_> {
     pub(super) fn uncordon(&mut self, proposer: &Proposer, node: &NodeId, by: CordonBy) -> Outcome {
         self.check_cordon_proposer(proposer, node, by)?;
         let row = self.node_row(node)?;
-        match (row.cordon, by) {
+        let release = by == CordonBy::Drain && !row.drain_released;
+        let clear = match (row.cordon, by) {
             // A drain releases only the cordon it set (SD-REL).
-            (Some(CordonBy::Operator), CordonBy::Drain) | (None, _) => Ok(Applied::Done),
-            _ => {
-                self.state.nodes.get_mut(node).expect("checked").cordon = None;
-                self.touch(RowKey::Node(node.clone()));
-                Ok(Applied::Done)
+            (Some(CordonBy::Operator), CordonBy::Drain) | (None, _) => false,
+            _ => true,
+        };
+        if release || clear {
+            let row = self.state.nodes.get_mut(node).expect("checked");
+            if clear {
+                row.cordon = None;
             }
+            row.drain_released |= release;
+            self.touch(RowKey::Node(node.clone()));
         }
+        Ok(Applied::Done)
     }
 
     /// Operators cordon any node; a node sets or releases only its own drain cordon (SD-DRN-10).
@@ -194,5 +209,74 @@ impl Txn<'_> {
                 "a drain cordon is set only by the draining node",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_log::{node, op, Log};
+    use crate::model::command::RejectCode;
+    use crate::model::rows::*;
+    use crate::model::Command;
+    use weir_shared::ids::NodeId;
+
+    fn cordon(by: CordonBy) -> Command {
+        Command::Cordon {
+            node: NodeId::new("n"),
+            by,
+        }
+    }
+
+    fn uncordon(by: CordonBy) -> Command {
+        Command::Uncordon {
+            node: NodeId::new("n"),
+            by,
+        }
+    }
+
+    fn row(log: &Log) -> NodeRow {
+        log.meta.state.nodes[&NodeId::new("n")].clone()
+    }
+
+    /// SD-REL-1, SD-REL-4: a stopping node that released its drain cordon (its drain
+    /// request unanswered) is not cordoned again when that request reaches the leader
+    /// late; the next incarnation may drain again.
+    #[test]
+    fn a_drain_arriving_after_its_cordon_was_released_cordons_nothing() {
+        let mut log = Log::new();
+        log.apply(node(), uncordon(CordonBy::Drain))
+            .expect("release of a cordon never set");
+        assert_eq!(row(&log).cordon, None);
+        assert!(row(&log).drain_released);
+        assert_eq!(log.apply(node(), cordon(CordonBy::Drain)), Err(RejectCode::Conflict));
+        assert_eq!(row(&log).cordon, None, "the late drain cordoned nothing");
+        // An operator's cordon is another matter.
+        log.apply(op(), cordon(CordonBy::Operator)).expect("operator cordon");
+        assert_eq!(row(&log).cordon, Some(CordonBy::Operator));
+        log.apply(op(), uncordon(CordonBy::Operator))
+            .expect("operator uncordon");
+        log.apply(
+            op(),
+            Command::RegisterNode {
+                node: NodeId::new("n"),
+                kind: NodeKind::Streamd,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            },
+        )
+        .expect("re-register");
+        assert!(!row(&log).drain_released, "a new incarnation starts afresh");
+    }
+
+    /// A drain cordon set and released in order, as a completed stop does.
+    #[test]
+    fn a_drain_cordon_is_set_then_released_by_its_node() {
+        let mut log = Log::new();
+        log.apply(node(), cordon(CordonBy::Drain)).expect("drain cordon");
+        assert_eq!(row(&log).cordon, Some(CordonBy::Drain));
+        log.apply(node(), uncordon(CordonBy::Drain)).expect("release");
+        assert_eq!(row(&log).cordon, None);
+        assert!(row(&log).drain_released);
     }
 }
