@@ -25,6 +25,8 @@ pub enum Action {
     /// Fail while this file exists (`return(err) while exists(<path>)`): a test lifts
     /// the fault by removing the file, without restarting the process.
     ErrorWhile(std::path::PathBuf),
+    /// As `Drop`, while this file exists (`drop while exists(<path>)`).
+    DropWhile(std::path::PathBuf),
 }
 
 /// The action set for failpoint `name` (`drain_reply` reads `WEIR_FAILPOINT_DRAIN_REPLY`;
@@ -74,6 +76,10 @@ fn parse(value: &str) -> Option<Action> {
         "drop" => Some(Action::Drop),
         "1*drop" => Some(Action::DropOnce),
         "return(err)" => Some(Action::Error),
+        v if v.starts_with("drop while exists(") => v
+            .strip_prefix("drop while exists(")
+            .and_then(|r| r.strip_suffix(')'))
+            .map(|path| Action::DropWhile(path.into())),
         v if v.starts_with("return(err) while exists(") => v
             .strip_prefix("return(err) while exists(")
             .and_then(|r| r.strip_suffix(')'))
@@ -100,6 +106,20 @@ pub fn drop_once(name: &str) -> bool {
     fired.push(name.to_string());
     tracing::warn!(failpoint = name, "failpoint: dropping the reply once");
     true
+}
+
+/// Whether failpoint `name` asks that the work be done and its answer lost now:
+/// `drop`, or `drop while exists(<path>)` while that file exists.
+pub fn drops(name: &str) -> bool {
+    let dropped = match action(name) {
+        Some(Action::Drop) => true,
+        Some(Action::DropWhile(path)) => path.exists(),
+        _ => false,
+    };
+    if dropped {
+        tracing::warn!(failpoint = name, "failpoint: dropping the answer");
+    }
+    dropped
 }
 
 /// Whether failpoint `name` asks the work to fail now: `return(err)`, or
@@ -142,6 +162,10 @@ mod tests {
         assert_eq!(
             parse("return(err) while exists(/tmp/x)"),
             Some(Action::ErrorWhile("/tmp/x".into()))
+        );
+        assert_eq!(
+            parse("drop while exists(/tmp/y)"),
+            Some(Action::DropWhile("/tmp/y".into()))
         );
         assert_eq!(parse("sleep(x)"), None);
         assert_eq!(parse("panic"), None);

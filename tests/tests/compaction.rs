@@ -644,3 +644,117 @@ async fn a_compaction_whose_answer_was_lost_keeps_its_objects() {
     })
     .await;
 }
+
+// INV-2, RR-WAL-5: an upload whose commit landed but whose answer was lost goes on
+// after a compaction replaced its object before the retry. The retry is then refused
+// (the object is no longer in the index, and its offsets are committed): the uploader
+// reads that refusal against the view and takes the committed end it shows. Before, it
+// started each round again from its stale committed end, every commit was refused, and
+// nothing more of the stream was ever committed. Failpoints: the node loses its commit
+// answers while a file exists, and retries an unanswered commit only after 5 s, so the
+// compactor (every second) has had its turn; answers are lost again until one retry
+// meets a compacted object.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_whose_answer_was_lost_and_whose_object_was_compacted_goes_on() {
+    within(240, async {
+        let lost = tempfile::NamedTempFile::new().expect("answer-lost file");
+        let lost_path = lost.path().to_path_buf();
+        std::fs::remove_file(&lost_path).expect("no loss yet");
+        let commit_reply = format!("drop while exists({})", lost_path.display());
+        let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+        stack.add_node_with_env(
+            "streamd-1",
+            Backend::FileWal,
+            &[
+                "--upload-interval-ms",
+                "30",
+                "--compaction-target-bytes",
+                "65536",
+                "--compaction-interval-ms",
+                "1000",
+            ],
+            &[
+                ("WEIR_FAILPOINT_COMMIT_REPLY", commit_reply.as_str()),
+                ("WEIR_FAILPOINT_COMMIT_RETRY", "sleep(5000)"),
+            ],
+        );
+        stack.nodes[0].wait_ready().await;
+        let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
+        gw.wait_ready().await;
+        gw.create_stream("uw").await;
+        gw.wait_open("uw").await;
+        let mut acked = Vec::new();
+        for _ in 0..30 {
+            append_one(&gw, &mut acked).await;
+        }
+        // A compaction replaces the landed range before the retry only when smaller
+        // ranges precede it; when it does not, the retry finds the object committed.
+        // Lose answers until a retry meets a compacted one (a few rounds at most).
+        let outcomes = [
+            "data object commit refused, but an earlier attempt of it landed",
+            "data object commit already landed; its answer was lost",
+            "data object commit refused",
+        ];
+        let mut met_compacted = false;
+        for round in 1..=10 {
+            std::fs::write(&lost_path, b"").expect("lose commit answers");
+            while stack.nodes[0]
+                .log_text()
+                .matches("failpoint: dropping the answer")
+                .count()
+                < round
+            {
+                assert!(acked.len() < 20_000, "no commit answer was dropped");
+                append_one(&gw, &mut acked).await;
+            }
+            std::fs::remove_file(&lost_path).expect("answers arrive again");
+            for _ in 0..5 {
+                append_one(&gw, &mut acked).await;
+            }
+            wait_for("the retry's outcome", Duration::from_secs(60), || async {
+                let log = stack.nodes[0].log_text();
+                let seen: usize = log
+                    .lines()
+                    .filter(|l| outcomes.iter().any(|o| l.contains(&format!("\"message\":\"{o}\""))))
+                    .count();
+                (seen >= round).then_some(())
+            })
+            .await;
+            if stack.nodes[0]
+                .log_text()
+                .contains("does not continue its committed end")
+            {
+                println!("round {round}: the retry met a compacted object");
+                met_compacted = true;
+                break;
+            }
+        }
+        assert!(met_compacted, "no retry met a compacted object in 10 rounds");
+        for _ in 0..20 {
+            append_one(&gw, &mut acked).await;
+        }
+        let end = acked.len() as u64;
+        let client = stack.nodes[0].client().await;
+        wait_for("every acknowledged record committed", Duration::from_secs(60), || {
+            let mut c = client.clone();
+            async move {
+                let s = c
+                    .status(weir_proto::streamd::StatusRequest { stream: "uw".into() })
+                    .await
+                    .ok()?
+                    .into_inner();
+                (s.committed_end == end && s.buffered_bytes == 0).then_some(())
+            }
+        })
+        .await;
+        assert_eq!(gw.bodies("uw").await, acked, "INV-2");
+    })
+    .await;
+}
+
+/// Appends the next numbered record to `uw`; records it as acknowledged.
+async fn append_one(gw: &Gatewayd, acked: &mut Vec<String>) {
+    let body = format!("uw-{:06}-{}", acked.len(), "x".repeat(200));
+    gw.append("uw", &[&body]).await;
+    acked.push(body);
+}

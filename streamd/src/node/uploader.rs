@@ -187,14 +187,24 @@ impl Node {
                     }
                 }
             }
-            match self.metad.propose(&self.proposer(), command.clone()).await {
+            let mut proposed = self.metad.propose(&self.proposer(), command.clone()).await;
+            // Tests: the commit landed, but its answer is lost on the way back.
+            if matches!(proposed, Ok((_, Ok(_)))) && weir_shared::failpoint::drops("commit_reply") {
+                proposed = Err(ClientError::Unavailable(
+                    "failpoint commit_reply: the answer was lost".into(),
+                ));
+            }
+            match proposed {
                 Ok((index, Ok(_))) => {
                     tracing::debug!(object_key = %key, log_index = index, "committed data object");
                     return Commit::Committed;
                 }
                 // A retry after an unknown outcome: the first attempt committed it (a
                 // compaction may since have replaced some of its ranges).
-                Ok((_, Err(r))) if r.code == RejectCode::AlreadyExists => return Commit::LandedEarlier,
+                Ok((_, Err(r))) if r.code == RejectCode::AlreadyExists => {
+                    tracing::info!(object_key = %key, "data object commit already landed; its answer was lost");
+                    return Commit::LandedEarlier;
+                }
                 // Not deleted on a refusal: an earlier attempt whose answer was lost may
                 // have committed it (a fenced node's retry is refused as fenced even
                 // then). GC deletes it once the index shows it unreferenced.
@@ -220,6 +230,8 @@ impl Node {
                 }
                 Err(ClientError::Unavailable(e)) => {
                     tracing::warn!(object_key = %key, error = %e, "metadata log unavailable; commit will be retried");
+                    // Tests: the retry comes late, after compaction had its turn.
+                    weir_shared::failpoint::pause("commit_retry").await;
                     self.backoff(&mut backoff).await;
                 }
                 Err(e) => {
