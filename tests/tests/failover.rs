@@ -180,17 +180,7 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
     if backend == Backend::FileWal {
         // Issue 17: a completed takeover deletes the WAL it took (its segments are
         // preallocated, so each dead incarnation would keep at least one full segment).
-        let node_dir = stack.wal_root.join(&stack.nodes[victim].id);
-        wait_for("the taken-over WAL removed", Duration::from_secs(30), || async {
-            let left: Vec<String> = std::fs::read_dir(&node_dir)
-                .ok()?
-                .flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.contains(".taken-by-"))
-                .collect();
-            left.is_empty().then_some(())
-        })
-        .await;
+        wait_taken_wal_removed(&stack, victim).await;
     }
 }
 
@@ -711,4 +701,59 @@ async fn fo_liv_1_a_node_heartbeats_through_the_other_replicas_while_its_own_han
             .is_none(),
         "the node exited"
     );
+}
+
+// FO-TKO-1, issue 17: a takeover whose completion landed but whose answer was lost
+// (`reply_complete_takeover=1*drop` on the only metad replica) still deletes the WAL it
+// took. Before, the agent retried, found itself no longer the agent of a pending
+// takeover, and stopped, leaving the dead incarnation's preallocated segments on disk.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_whose_completion_answer_was_lost_still_removes_the_taken_wal() {
+    let mut stack = Stack::start_replicas_with_env(
+        1,
+        2,
+        Backend::FileWal,
+        WAL_ONLY,
+        &[],
+        &[("WEIR_FAILPOINT_REPLY_COMPLETE_TAKEOVER", "1*drop")],
+    )
+    .await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    gw.create_stream("lt").await;
+    gw.wait_open("lt").await;
+    let acked = append_n(&gw, "lt", "lt", 20).await;
+    let victim = owner(&stack, &gw, "lt").await.expect("lt is open").0;
+    stack.nodes[victim].kill();
+    let survivor = 1 - victim;
+    wait_for("lt open on the survivor", Duration::from_secs(60), || async {
+        owner(&stack, &gw, "lt")
+            .await
+            .filter(|(i, _)| *i == survivor)
+            .map(|_| ())
+    })
+    .await;
+    assert_all_read_back(&gw, "lt", &acked).await;
+    assert!(
+        stack.metad.replicas[0]
+            .log_text()
+            .contains("failpoint: dropping the reply once"),
+        "the completion's answer was dropped"
+    );
+    wait_taken_wal_removed(&stack, victim).await;
+}
+
+/// Waits until no WAL taken over from node `victim` is left on disk.
+async fn wait_taken_wal_removed(stack: &Stack, victim: usize) {
+    let node_dir = stack.wal_root.join(&stack.nodes[victim].id);
+    wait_for("the taken-over WAL removed", Duration::from_secs(30), || async {
+        let left: Vec<String> = std::fs::read_dir(&node_dir)
+            .ok()?
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.contains(".taken-by-"))
+            .collect();
+        left.is_empty().then_some(())
+    })
+    .await;
 }

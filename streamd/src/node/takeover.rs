@@ -225,8 +225,37 @@ impl Node {
             }
             Ok((_, Err(r))) if r.code == RejectCode::NotOwner => Ok(()),
             Ok((_, Err(r))) => Err(format!("CompleteTakeover refused: {r}")),
+            // The completion may have landed with its answer lost. No later attempt
+            // would then run (this incarnation is no longer the agent of a pending
+            // takeover), and the taken WAL would stay on disk: a quorum read tells.
+            Err(e) if self.completed_by_me(dead).await => {
+                tracing::info!(node_id = %dead.node, epoch = %dead.epoch, streams = missing.len(), records = recovered, error = %e, "WAL takeover completed; its answer was lost");
+                if replay.damage.is_empty() {
+                    self.remove_taken_wal(dead).await;
+                }
+                Ok(())
+            }
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    /// Whether the log, read with a quorum, shows the takeover of `dead` recovered by
+    /// this incarnation.
+    async fn completed_by_me(&self, dead: &Incarnation) -> bool {
+        let Ok(index) = self.metad.linearizable_read().await else {
+            return false;
+        };
+        if tokio::time::timeout(COMPLETION_APPLY_WAIT, self.view.wait_applied(index))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        self.view.with(|s| {
+            s.takeovers
+                .get(&(dead.node.clone(), dead.epoch))
+                .is_some_and(|t| t.state == TakeoverState::Recovered && t.agent.as_ref() == Some(&self.me))
+        })
     }
 }
 
