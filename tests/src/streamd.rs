@@ -383,6 +383,25 @@ impl Stack {
         .await;
     }
 
+    /// Waits until node `on` reports every record of `stream` below `end` committed and
+    /// nothing buffered.
+    pub async fn wait_committed(&self, on: usize, stream: &str, end: u64) {
+        let client = self.nodes[on].client().await;
+        wait_for(
+            &format!("{stream} committed through {end} on {}", self.nodes[on].id),
+            Duration::from_secs(60),
+            || {
+                let mut c = client.clone();
+                let req = weir_proto::streamd::StatusRequest { stream: stream.into() };
+                async move {
+                    let s = c.status(req).await.ok()?.into_inner();
+                    (s.committed_end == end && s.buffered_bytes == 0).then_some(())
+                }
+            },
+        )
+        .await;
+    }
+
     pub async fn wait_serving(&self, name: &str, on: usize) {
         let client = self.nodes[on].client().await;
         wait_for(

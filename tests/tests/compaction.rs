@@ -733,20 +733,7 @@ async fn an_upload_whose_answer_was_lost_and_whose_object_was_compacted_goes_on(
         for _ in 0..20 {
             append_one(&gw, &mut acked).await;
         }
-        let end = acked.len() as u64;
-        let client = stack.nodes[0].client().await;
-        wait_for("every acknowledged record committed", Duration::from_secs(60), || {
-            let mut c = client.clone();
-            async move {
-                let s = c
-                    .status(weir_proto::streamd::StatusRequest { stream: "uw".into() })
-                    .await
-                    .ok()?
-                    .into_inner();
-                (s.committed_end == end && s.buffered_bytes == 0).then_some(())
-            }
-        })
-        .await;
+        stack.wait_committed(0, "uw", acked.len() as u64).await;
         assert_eq!(gw.bodies("uw").await, acked, "INV-2");
     })
     .await;

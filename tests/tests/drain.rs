@@ -1428,19 +1428,8 @@ async fn a_close_refused_after_its_lost_answer_landed_acknowledges_nothing_more(
         gw.append("lc", &[&body]).await;
         acked.push(body);
     }
+    stack.wait_committed(0, "lc", 20).await;
     let mut a = stack.nodes[0].client().await;
-    wait_for("every record committed on node 0", Duration::from_secs(30), || {
-        let mut a = a.clone();
-        async move {
-            let s = a
-                .status(weir_proto::streamd::StatusRequest { stream: "lc".into() })
-                .await
-                .ok()?
-                .into_inner();
-            (s.committed_end == 20 && s.buffered_bytes == 0).then_some(())
-        }
-    })
-    .await;
     std::fs::write(&lag_path, b"").expect("lag node 0's view");
     let b = stack.nodes[1].id.clone();
     let (status, body) = gw

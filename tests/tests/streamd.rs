@@ -53,24 +53,6 @@ async fn read_all(stack: &Stack, on: usize, stream: &str, from: u64, until: u64)
     out
 }
 
-/// Waits until node `on` reports every record of `stream` below `end` committed.
-async fn wait_committed(stack: &Stack, on: usize, stream: &str, end: u64) {
-    let client = stack.nodes[on].client().await;
-    wait_for(
-        &format!("{stream} committed through {end}"),
-        Duration::from_secs(30),
-        || {
-            let mut c = client.clone();
-            let req = StatusRequest { stream: stream.into() };
-            async move {
-                let s = c.status(req).await.ok()?.into_inner();
-                (s.committed_end == end && s.buffered_bytes == 0).then_some(())
-            }
-        },
-    )
-    .await;
-}
-
 /// The metadata row of the stream named `name`.
 async fn stream_row(stack: &Stack, name: &str) -> serde_json::Value {
     let streams = stack.metad.client().admin("streams", 0, 0).await.expect("streams");
@@ -110,7 +92,7 @@ async fn append_upload_and_read_back(backend: Backend) {
     }
     expect_sequence(&read_all(&stack, 0, "orders", 0, 200).await, 200, "r");
     // The uploader commits everything within a few intervals.
-    wait_committed(&stack, 0, "orders", 200).await;
+    stack.wait_committed(0, "orders", 200).await;
     let metrics = weir_tests::get_text(&format!("http://{}/metrics", stack.nodes[0].http)).await;
     assert!(
         metrics.contains("weir_streamd_appends_total{result=\"ok\"} 200"),
@@ -962,7 +944,7 @@ async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() 
         assert_eq!(readyz.status().as_u16(), 200, "readiness failed because metad is down");
         expect_sequence(&read_all(&stack, 0, "outage", 0, 50).await, 50, "o");
         stack.metad.replicas[0].start();
-        wait_committed(&stack, 0, "outage", 50).await;
+        stack.wait_committed(0, "outage", 50).await;
     })
     .await;
 }
@@ -1008,7 +990,7 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
         })
         .await;
         // The committed object outlives GC passes run after it became older than the delay.
-        wait_committed(&stack, 0, "gc", 1).await;
+        stack.wait_committed(0, "gc", 1).await;
         let metrics_url = format!("http://{}/metrics", stack.nodes[0].http);
         let passes = |m: &str| weir_tests::metric_value(m, "weir_streamd_gc_passes_total").unwrap_or(0.0);
         let before = passes(&weir_tests::get_text(&metrics_url).await);

@@ -255,17 +255,7 @@ mod tests {
         assert_eq!(row(&log).cordon, Some(CordonBy::Operator));
         log.apply(op(), uncordon(CordonBy::Operator))
             .expect("operator uncordon");
-        log.apply(
-            op(),
-            Command::RegisterNode {
-                node: NodeId::new("n"),
-                kind: NodeKind::Streamd,
-                addrs: NodeAddrs::default(),
-                heartbeat_interval_sec: 1,
-                node_timeout_sec: 3,
-            },
-        )
-        .expect("re-register");
+        log.register_n().expect("re-register");
         assert!(!row(&log).drain_released, "a new incarnation starts afresh");
     }
 

@@ -28,6 +28,20 @@ impl Log {
         outcome.map_err(|r| r.code)
     }
 
+    /// Registers streamd `n` (again: a new incarnation).
+    pub fn register_n(&mut self) -> Result<Applied, RejectCode> {
+        self.apply(
+            op(),
+            Command::RegisterNode {
+                node: NodeId::new("n"),
+                kind: NodeKind::Streamd,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            },
+        )
+    }
+
     /// Two open streams on node `n`.
     pub fn new() -> Self {
         let mut log = Log {
@@ -39,17 +53,7 @@ impl Log {
             node_timeout_sec: 3,
         };
         log.apply(op(), Command::InitCluster { settings }).expect("init");
-        log.apply(
-            op(),
-            Command::RegisterNode {
-                node: NodeId::new("n"),
-                kind: NodeKind::Streamd,
-                addrs: NodeAddrs::default(),
-                heartbeat_interval_sec: 1,
-                node_timeout_sec: 3,
-            },
-        )
-        .expect("register");
+        log.register_n().expect("register");
         for name in ["a", "b"] {
             let config = StreamConfig::default();
             let Ok(Applied::StreamCreated { stream }) = log.apply(
