@@ -190,7 +190,7 @@ impl Lane {
     /// Opens an `AppendStream` to the owner behind `client`, read by a task on `tasks`.
     fn open(
         tasks: &TaskTracker,
-        mut client: weir_proto::streamd::streamd_client::StreamdClient<tonic::transport::Channel>,
+        mut client: weir_proto::streamd::streamd_client::StreamdClient<weir_shared::grpc::Channel>,
     ) -> Lane {
         let (tx, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(Waiting::default()));

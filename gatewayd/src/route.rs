@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tonic::transport::Channel;
 use weir_meta::model::{StreamRow, StreamState};
 use weir_meta::view::View;
 use weir_proto::streamd::streamd_client::StreamdClient;
 use weir_shared::error_code::ErrorCode;
+use weir_shared::grpc::Channel;
 use weir_shared::ids::Incarnation;
 
 /// Added to the node timeout to bound one call to an owner.

@@ -13,7 +13,8 @@ use weir_meta::model::{NodeAddrs, NodeKind};
 use weir_meta::registration::{self, Registered};
 use weir_shared::listener::{self, Listener};
 use weir_shared::service::Exit;
-use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
+use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps, TeardownStep};
+use weir_shared::task_kinds::{KindTasks, TASK_GRACE};
 
 pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<Exit> {
     args.cluster_tls.install()?;
@@ -68,7 +69,16 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
 
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
-    registered.follow(&tasks, args.node.heartbeat, &stop);
+    registered.follow(&tasks, &stop);
+    // The heartbeat is the gateway's one background task, stopped first (SD-TD-2).
+    let background = KindTasks::new();
+    let background_stop = CancellationToken::new();
+    background.spawn(
+        "heartbeat",
+        "heartbeat",
+        None,
+        registered.heartbeat(args.node.heartbeat, &background_stop),
+    );
 
     let servers_stop = CancellationToken::new();
     let limits = args.listeners.limits()?;
@@ -134,6 +144,8 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         shutdown: shutdown.clone(),
         servers,
         servers_stop,
+        background_stop,
+        background,
         stop,
         tasks,
     };
@@ -142,7 +154,7 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         Exit::Clean => shutdown.run_phases(&mut steps).await,
         Exit::Fenced => {
             steps.stop_serving();
-            steps.stop_background().await;
+            steps.teardown().await;
         }
     }
     Ok(exit)
@@ -180,6 +192,8 @@ struct GatewaydStop {
     shutdown: Arc<Shutdown>,
     servers: TaskTracker,
     servers_stop: CancellationToken,
+    background_stop: CancellationToken,
+    background: KindTasks,
     stop: CancellationToken,
     tasks: TaskTracker,
 }
@@ -198,9 +212,18 @@ impl GatewaydStop {
         attached
     }
 
-    async fn stop_background(&self) {
+    /// Terminal teardown in SD-TD-2's steps. Requests in flight had their bound in
+    /// drain-support; one still running past it keeps its call to the owner open into
+    /// the transport drain (SD-DL-8), so its client may yet get the answer. A gateway
+    /// keeps no storage.
+    async fn teardown(&self) -> PhaseOutcome {
+        TeardownStep::BackgroundTasks.begin();
+        self.background_stop.cancel();
+        self.background.stop(TASK_GRACE).await;
+        TeardownStep::RuntimeAndLinks.begin();
         self.stop.cancel();
         weir_shared::shutdown::stop_background(&self.tasks).await;
+        self.shutdown.drain_outgoing_calls().await
     }
 }
 
@@ -235,7 +258,6 @@ impl StopSteps for GatewaydStop {
     }
 
     async fn terminal_teardown(&mut self) -> PhaseOutcome {
-        self.stop_background().await;
-        PhaseOutcome::Completed
+        self.teardown().await
     }
 }

@@ -9,13 +9,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, ClientTlsConfig};
+use tonic::transport::ClientTlsConfig;
 use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::metad_client::MetadClient as GrpcMetadClient;
 use weir_proto::metad::{
     AdminReply, AdminRequest, DrainRequest, LinearizableReadRequest, ObjectsCommittedRequest, ProposeRequest, Range,
     ReadRangesRequest, TransferRequest, WatchEvent, WatchRequest,
 };
+use weir_shared::grpc::Channel;
 use weir_shared::grpc::MAX_MESSAGE;
 use weir_shared::ids::{ObjectKey, Offset, StreamId};
 

@@ -222,27 +222,11 @@ impl Registered {
         self.fenced.cancel();
     }
 
-    /// Starts following the log on `tasks` until `stop`: the view, the heartbeat, and a
-    /// watch of the node's own row; a fenced or replaced incarnation is fenced at once.
-    pub fn follow(
-        self: &std::sync::Arc<Self>,
-        tasks: &tokio_util::task::TaskTracker,
-        timing: HeartbeatArgs,
-        stop: &CancellationToken,
-    ) {
+    /// Starts following the log on `tasks` until `stop`: the view and a watch of the
+    /// node's own row; a fenced or replaced incarnation is fenced at once. The heartbeat
+    /// runs apart ([`Registered::heartbeat`]).
+    pub fn follow(self: &std::sync::Arc<Self>, tasks: &tokio_util::task::TaskTracker, stop: &CancellationToken) {
         tasks.spawn(crate::view::follow(self.view.clone(), self.metad.clone(), stop.clone()));
-        let me = self.clone();
-        let cancel = stop.clone();
-        tasks.spawn(async move {
-            let interval = Duration::from_secs(timing.heartbeat_interval_sec);
-            let stopped = tokio::select! {
-                r = heartbeat_loop(&me.metad, &me.me, interval, true, &cancel) => r,
-                _ = me.fenced.cancelled() => None,
-            };
-            if let Some(why) = stopped {
-                me.fence(&why);
-            }
-        });
         let me = self.clone();
         let cancel = stop.clone();
         tasks.spawn(async move {
@@ -258,6 +242,28 @@ impl Registered {
                 }
             }
         });
+    }
+
+    /// The heartbeat loop, until `stop` or the fence; a heartbeat refused as fenced
+    /// fences this incarnation. The caller runs it as one of its background tasks, which
+    /// terminal teardown stops first (SD-TD-2).
+    pub fn heartbeat(
+        self: &std::sync::Arc<Self>,
+        timing: HeartbeatArgs,
+        stop: &CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let me = self.clone();
+        let cancel = stop.clone();
+        async move {
+            let interval = Duration::from_secs(timing.heartbeat_interval_sec);
+            let stopped = tokio::select! {
+                r = heartbeat_loop(&me.metad, &me.me, interval, true, &cancel) => r,
+                _ = me.fenced.cancelled() => None,
+            };
+            if let Some(why) = stopped {
+                me.fence(&why);
+            }
+        }
     }
 
     /// Waits for the catch-up fence (RR-FEN-1); false when the node was fenced or a stop

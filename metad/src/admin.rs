@@ -107,7 +107,7 @@ impl AdminService {
     }
 
     /// The leader's admin client, unless this call was already forwarded.
-    fn leader(&self, forwarded: bool) -> Result<AdminClient<tonic::transport::Channel>, Status> {
+    fn leader(&self, forwarded: bool) -> Result<AdminClient<weir_shared::grpc::Channel>, Status> {
         Ok(AdminClient::new(leader_channel(&self.raft, &self.peers, forwarded)?))
     }
 }

@@ -82,7 +82,7 @@ impl ClientService {
     }
 
     /// The leader's client, unless this call was already forwarded or no leader is known.
-    fn leader_client(&self, forwarded: bool) -> Result<MetadClient<tonic::transport::Channel>, Status> {
+    fn leader_client(&self, forwarded: bool) -> Result<MetadClient<weir_shared::grpc::Channel>, Status> {
         Ok(MetadClient::new(leader_channel(&self.raft, &self.peers, forwarded)?)
             .max_decoding_message_size(weir_shared::grpc::MAX_MESSAGE)
             .max_encoding_message_size(weir_shared::grpc::MAX_MESSAGE))

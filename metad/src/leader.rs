@@ -4,8 +4,8 @@
 use crate::raft_types::Raft;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use tonic::transport::Channel;
 use weir_shared::grpc::channel;
+use weir_shared::grpc::Channel;
 
 /// gRPC metadata key marking a call already forwarded once; a forwarded call is never
 /// forwarded again, so a stale leader hint cannot make calls bounce.

@@ -11,10 +11,10 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::Channel;
 use weir_proto::raft::raft_client::RaftClient;
 use weir_proto::raft::RaftRequest;
 use weir_shared::grpc::channel;
+use weir_shared::grpc::Channel;
 
 /// Largest Raft message accepted (snapshot chunks, append batches).
 pub const MAX_RAFT_MESSAGE: usize = 64 * 1024 * 1024;

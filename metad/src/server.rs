@@ -23,7 +23,8 @@ use weir_proto::raft::raft_server::RaftServer;
 use weir_shared::grpc::MAX_MESSAGE;
 use weir_shared::listener::{grpc_incoming, Listener};
 use weir_shared::service::Exit;
-use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
+use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps, TeardownStep};
+use weir_shared::task_kinds::{KindTasks, TASK_GRACE};
 
 /// Runs a replica until a stop is requested, then runs the shutdown phases: consensus
 /// stays live through stop-requested and drain-support (SD-CS-10: no step-down, no
@@ -129,37 +130,51 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
 
     tasks.spawn(crate::metrics::follow_raft(raft.clone(), args.id));
     bootstrap(&raft, &config).await?;
+    // The replica's loops: the first thing terminal teardown stops (SD-TD-2), each
+    // within the task grace (SD-TD-3/4).
+    let background = KindTasks::new();
+    let background_stop = CancellationToken::new();
     if let Some(path) = &args.bootstrap_admin_token_file {
         let secret = crate::bootstrap_token::read_secret(path)?;
-        tasks.spawn(crate::bootstrap_token::issue(
-            config.advertise.clone(),
-            hub.clone(),
-            secret,
-            shutdown.child_token(),
-        ));
+        background.spawn(
+            "bootstrap",
+            "bootstrap admin token",
+            None,
+            crate::bootstrap_token::issue(config.advertise.clone(), hub.clone(), secret, background_stop.clone()),
+        );
     }
     if args.auto_place {
-        tasks.spawn(crate::placement_loop::placement_loop(
-            raft.clone(),
+        background.spawn(
+            "placement",
+            "placement",
+            None,
+            crate::placement_loop::placement_loop(raft.clone(), hub.clone(), args.id, background_stop.clone()),
+        );
+    }
+    background.spawn(
+        "transfer marks",
+        "transfer marks",
+        None,
+        runner.reconcile_marks(background_stop.clone()),
+    );
+    background.spawn(
+        "failover",
+        "failover",
+        None,
+        crate::failover::run(
+            config.advertise.clone(),
             hub.clone(),
             args.id,
-            shutdown.child_token(),
-        ));
-    }
-    tasks.spawn(runner.reconcile_marks(shutdown.child_token()));
-    tasks.spawn(crate::failover::run(
-        config.advertise.clone(),
-        hub.clone(),
-        args.id,
-        args.heartbeat,
-        shutdown.child_token(),
-    ));
-    tasks.spawn(init_cluster_settings(
-        raft.clone(),
-        hub.clone(),
-        config.clone(),
-        shutdown.child_token(),
-    ));
+            args.heartbeat,
+            background_stop.clone(),
+        ),
+    );
+    background.spawn(
+        "bootstrap",
+        "cluster settings",
+        None,
+        init_cluster_settings(raft.clone(), hub.clone(), config.clone(), background_stop.clone()),
+    );
 
     stopping.token().cancelled().await;
     stopping
@@ -169,6 +184,8 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
             id: args.id,
             advertise: config.advertise.clone(),
             shutdown,
+            background_stop,
+            background,
             raft,
             tasks,
             moves,
@@ -189,6 +206,8 @@ struct MetadStop<'a> {
     advertise: String,
     /// Cancels everything that runs until terminal teardown.
     shutdown: CancellationToken,
+    background_stop: CancellationToken,
+    background: KindTasks,
     raft: Raft,
     tasks: TaskTracker,
     moves: TaskTracker,
@@ -207,9 +226,15 @@ impl StopSteps for MetadStop<'_> {
         PhaseOutcome::Completed
     }
 
+    /// SD-TD-2's steps: the loops, the drains and transfers this replica runs, Raft and
+    /// the listeners with the transport drain (SD-DL-8), then the database.
     async fn terminal_teardown(&mut self) -> PhaseOutcome {
-        // A drain this replica runs proposes through its Raft: it ends first, within
-        // the deadline (the deadline thread ends the process past it).
+        TeardownStep::BackgroundTasks.begin();
+        self.background_stop.cancel();
+        self.background.stop(TASK_GRACE).await;
+        // A drain this replica runs proposes through its Raft: it ends before Raft stops,
+        // within the deadline (the deadline thread ends the process past it).
+        TeardownStep::WorkInFlight.begin();
         self.moves.close();
         if !self.moves.is_empty() {
             tracing::info!(
@@ -218,6 +243,7 @@ impl StopSteps for MetadStop<'_> {
             );
         }
         let _ = tokio::time::timeout(self.stopping.deadline_left(), self.moves.wait()).await;
+        TeardownStep::RuntimeAndLinks.begin();
         self.shutdown.cancel();
         tracing::info!("metad stopping: shutting down raft");
         if let Err(e) = self.raft.shutdown().await {
@@ -225,13 +251,15 @@ impl StopSteps for MetadStop<'_> {
         }
         self.tasks.close();
         self.tasks.wait().await;
+        let links = self.stopping.drain_outgoing_calls().await;
+        TeardownStep::Storage.begin();
         // Flush RocksDB before the handle is released.
         if let Err(e) = self.db.flush_wal(true) {
             // OBS-17: a storage failure at close is an error; the handle is released anyway.
             tracing::error!(error = %e, "flushing the metadata store failed");
         }
         tracing::debug!("storage idle; releasing the database");
-        PhaseOutcome::Completed
+        links
     }
 }
 

@@ -2,7 +2,11 @@
 //! bounded connect time, TCP_NODELAY and HTTP/2 keep-alives that notice a dead peer.
 
 use std::time::Duration;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{ClientTlsConfig, Endpoint};
+
+/// The channel every client of Weir's services uses: its calls are counted for the
+/// transport drain at teardown ([`crate::outgoing_calls`]).
+pub use crate::outgoing_calls::Channel;
 
 /// Builds a lazily connecting channel to `addr` (`host:port`), with this process's
 /// cluster mTLS when installed ([`crate::cluster_tls`]).
@@ -30,7 +34,7 @@ pub fn channel_with(addr: &str, tls: Option<ClientTlsConfig>) -> Result<Channel,
     if let Some(tls) = tls {
         endpoint = endpoint.tls_config(tls)?;
     }
-    Ok(endpoint.connect_lazy())
+    Ok(endpoint.connect_lazy().into())
 }
 
 /// Largest message of metad's client and admin APIs, both ways, set explicitly on every

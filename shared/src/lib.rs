@@ -14,6 +14,7 @@ pub mod ids;
 pub mod inflate;
 pub mod listener;
 pub mod metrics;
+pub mod outgoing_calls;
 pub mod peer;
 pub mod service;
 pub mod shutdown;

@@ -296,6 +296,64 @@ impl Shutdown {
     }
 }
 
+/// SD-TD-2: terminal teardown's steps, in the order every service runs them. Each logs
+/// a debug record as it starts (`shutdown teardown step started`, with `step`), so the
+/// order shows in the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TeardownStep {
+    /// Heartbeat and the loops (compaction, retention, GC, ...), 2 s each at most.
+    BackgroundTasks,
+    /// Work requests and commands had already started, within the in-flight bound.
+    WorkInFlight,
+    /// The stream runtime, Raft or the metadata client, registration, and internal gRPC
+    /// with its transport drain.
+    RuntimeAndLinks,
+    /// WAL handles, caches and the metad database.
+    Storage,
+}
+
+impl TeardownStep {
+    pub fn name(self) -> &'static str {
+        match self {
+            TeardownStep::BackgroundTasks => "background tasks",
+            TeardownStep::WorkInFlight => "work in flight",
+            TeardownStep::RuntimeAndLinks => "runtime and links",
+            TeardownStep::Storage => "storage",
+        }
+    }
+
+    /// Logs this step's start.
+    pub fn begin(self) {
+        tracing::debug!(step = self.name(), "shutdown teardown step started");
+    }
+}
+
+impl Shutdown {
+    /// SD-DL-8: calls this process still has open to its peers get the 10 s transport
+    /// drain, within the deadline, before its connections close with it. Their callers
+    /// (a request a phase budget stopped waiting for) still get an answer. Abandoned when
+    /// some were still open at the bound.
+    pub async fn drain_outgoing_calls(&self) -> PhaseOutcome {
+        use crate::outgoing_calls;
+        // Leaves before the deadline thread would end the process, so a call that never
+        // ends costs a warn record, not a forced exit.
+        let bound =
+            outgoing_calls::TRANSPORT_DRAIN.min(self.deadline_left().saturating_sub(Duration::from_millis(500)));
+        let open = outgoing_calls::open();
+        let left = outgoing_calls::drain(bound).await;
+        if left > 0 {
+            tracing::warn!(
+                open = left,
+                timeout = ?bound,
+                "calls to peers did not end in the transport drain; closing them"
+            );
+            return PhaseOutcome::Abandoned;
+        }
+        tracing::debug!(calls = open, "calls to peers ended in the transport drain");
+        PhaseOutcome::Completed
+    }
+}
+
 /// How long background tasks get to end in terminal teardown (SD-TD-2).
 pub const BACKGROUND_GRACE: Duration = Duration::from_secs(10);
 

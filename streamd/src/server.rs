@@ -15,7 +15,7 @@ use weir_proto::streamd::streamd_server::StreamdServer;
 use weir_shared::ids::NodeId;
 use weir_shared::listener::{grpc_incoming, Listener};
 use weir_shared::service::Exit;
-use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps};
+use weir_shared::shutdown::{watch_listener, PhaseOutcome, Shutdown, StopSteps, TeardownStep};
 use weir_shared::task_kinds::{KindTasks, TASK_GRACE};
 
 /// Largest gRPC message: an append of `--max-append-bytes` plus framing.
@@ -51,9 +51,14 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         WalBackend::Object => Sink::Object(ObjectSink::create(store.clone(), &node_id, me.epoch)),
     };
     // Background work stops only after the hand-off, which needs the uploader, the
-    // heartbeat and the view; so `stop` is not a child of `shutdown`.
+    // heartbeat and the view; so no token below is a child of `shutdown`. Each stops in
+    // its own step of terminal teardown (SD-TD-2): `background_stop` the loops and the
+    // heartbeat, `stop` the view, registration and HTTP, `storage_stop` the WAL.
     let stop = CancellationToken::new();
-    let wal = WalWriter::start(sink, args.wal_max_bytes, &tasks, stop.clone());
+    let background_stop = CancellationToken::new();
+    let storage = TaskTracker::new();
+    let storage_stop = CancellationToken::new();
+    let wal = WalWriter::start(sink, args.wal_max_bytes, &storage, storage_stop.clone());
     let tunables = Tunables {
         upload_interval: Duration::from_millis(args.upload_interval_ms),
         upload_bytes: args.upload_bytes,
@@ -76,22 +81,34 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         },
     ));
 
-    registered.follow(&tasks, args.node.heartbeat, &stop);
-    // The node's loops, each given the same short grace at teardown (SD-TD-3/4).
+    registered.follow(&tasks, &stop);
+    // The node's loops and heartbeat, each given the same short grace at teardown
+    // (SD-TD-2/3/4).
     let loops = KindTasks::new();
     loops.spawn(
+        "heartbeat",
+        "heartbeat",
+        None,
+        registered.heartbeat(args.node.heartbeat, &background_stop),
+    );
+    loops.spawn(
         "reconcile",
         "reconcile",
         None,
-        reconcile_loop(node.clone(), stop.clone()),
+        reconcile_loop(node.clone(), background_stop.clone()),
     );
     loops.spawn(
         "takeover",
         "takeover",
         None,
-        crate::node::takeover_loop(node.clone(), stop.clone()),
+        crate::node::takeover_loop(node.clone(), background_stop.clone()),
     );
-    loops.spawn("uploader", "uploader", None, upload_loop(node.clone(), stop.clone()));
+    loops.spawn(
+        "uploader",
+        "uploader",
+        None,
+        upload_loop(node.clone(), background_stop.clone()),
+    );
     loops.spawn(
         "compaction",
         "compaction",
@@ -99,7 +116,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         crate::node::compaction_loop(
             node.clone(),
             Duration::from_millis(args.compaction_interval_ms),
-            stop.clone(),
+            background_stop.clone(),
         ),
     );
     loops.spawn(
@@ -109,7 +126,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         crate::node::retention_loop(
             node.clone(),
             Duration::from_millis(args.retention_check_interval_ms),
-            stop.clone(),
+            background_stop.clone(),
         ),
     );
     let gc_delay = Duration::from_secs(args.gc_delay_sec);
@@ -125,7 +142,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
             gc_grace,
             (gc_delay.min(gc_grace.max(Duration::from_secs(1))) / 4)
                 .clamp(Duration::from_secs(1), Duration::from_secs(300)),
-            stop.clone(),
+            background_stop.clone(),
         ),
     );
 
@@ -166,9 +183,12 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         servers,
         grpc_stop,
         http_stop,
+        background_stop,
+        loops,
         stop,
         tasks,
-        loops,
+        storage_stop,
+        storage,
     };
     let exit = registered.until_stopped(&stop_requested).await;
     match exit {
@@ -181,27 +201,44 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     Ok(exit)
 }
 
-/// What ends a streamd, clean or fenced: listeners stop, in-flight calls get
-/// `--shutdown-timeout-sec` (SD-CS-5), then background work ends (SD-TD-2).
+/// What ends a streamd, clean or fenced, in SD-TD-2's steps: its loops and heartbeat
+/// (2 s), calls in flight (`--shutdown-timeout-sec`, SD-CS-5), the tasks it started for
+/// single streams, the view and its links to peers (the transport drain, SD-DL-8), and
+/// last the WAL, which in-flight appends needed to the end.
 struct Teardown {
     node: Arc<Node>,
     shutdown: Arc<Shutdown>,
     servers: TaskTracker,
     grpc_stop: CancellationToken,
     http_stop: CancellationToken,
+    background_stop: CancellationToken,
+    loops: KindTasks,
     stop: CancellationToken,
     tasks: TaskTracker,
-    loops: KindTasks,
+    storage_stop: CancellationToken,
+    storage: TaskTracker,
 }
 
 impl Teardown {
-    async fn run(&mut self) {
+    async fn run(&mut self) -> PhaseOutcome {
+        TeardownStep::BackgroundTasks.begin();
+        self.background_stop.cancel();
+        self.loops.stop(TASK_GRACE).await;
+
+        TeardownStep::WorkInFlight.begin();
         // OBS-16: the peers (gateways, metad) still attached when the listener stops.
         let attached = weir_shared::listener::open_connections("grpc");
         self.grpc_stop.cancel();
         self.servers.close();
+        // Append streams end with their calls; never aborted, since an aborted one would
+        // end its call as if every append were answered.
+        self.node.calls.close();
         let inflight = self.shutdown.inflight_timeout.min(self.shutdown.deadline_left());
-        if tokio::time::timeout(inflight, self.servers.wait()).await.is_err() {
+        let calls_end = async {
+            self.servers.wait().await;
+            self.node.calls.wait().await;
+        };
+        if tokio::time::timeout(inflight, calls_end).await.is_err() {
             tracing::warn!(timeout = ?inflight, "in-flight requests did not finish; stopping anyway");
         }
         if attached > 0 {
@@ -212,18 +249,23 @@ impl Teardown {
                 "ended the clients of a listener"
             );
         }
+
+        TeardownStep::RuntimeAndLinks.begin();
         self.http_stop.cancel();
         self.stop.cancel();
-        // The loops and the tasks the node started for single streams (closes,
-        // takeovers, group ticks) get one shared grace (SD-TD-3/4), while the WAL
-        // writer, heartbeat and view get the background grace to close their storage
-        // and links (SD-DL-8).
+        // The tasks the node started for single streams (closes, takeovers, group ticks)
+        // get one shared grace (SD-TD-3/4); the view and registration the background
+        // grace to close their links.
         tokio::join!(
-            self.loops.stop(TASK_GRACE),
             self.node.tasks.stop(TASK_GRACE),
             weir_shared::shutdown::stop_background(&self.tasks),
-            weir_shared::shutdown::stop_background(&self.node.calls)
         );
+        let links = self.shutdown.drain_outgoing_calls().await;
+
+        TeardownStep::Storage.begin();
+        self.storage_stop.cancel();
+        weir_shared::shutdown::stop_background(&self.storage).await;
+        links
     }
 }
 
@@ -253,7 +295,6 @@ impl StopSteps for StreamdStop {
         self.node.fencing_self();
         registration::fence_self(&self.node.metad, &self.node.me).await;
         self.node.fence("it fenced itself for the shutdown");
-        self.teardown.run().await;
-        PhaseOutcome::Completed
+        self.teardown.run().await
     }
 }

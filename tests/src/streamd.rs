@@ -7,9 +7,9 @@ use crate::{bin_path, free_port, wait_for};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
-use tonic::transport::Channel;
 use weir_meta::model::{Applied, Command as MetaCommand, Proposer, StreamConfig};
 use weir_proto::streamd::streamd_client::StreamdClient;
+use weir_shared::grpc::Channel;
 use weir_shared::ids::{NodeId, StreamId};
 
 /// Streamd's own WAL segment size (64 MiB) instead of the suite's small one, for

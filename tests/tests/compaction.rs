@@ -547,6 +547,9 @@ async fn an_open_reads_only_the_tail_of_a_large_range() {
 // its writes and its commit; the stop gives the node's loops one 2 s grace together,
 // then aborts the compactor with one warn record naming its kind and the grace, and the
 // process exits as its phases call for. Nothing acknowledged is lost.
+// SD-TD-1, SD-TD-2: terminal teardown's steps are logged (debug) in their order, the
+// self-fence before the first, and the compactor is aborted one grace (2 s) after the
+// background step began.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
     within(240, async {
@@ -555,7 +558,10 @@ async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
             "streamd-1",
             Backend::FileWal,
             COMPACTING,
-            &[("WEIR_FAILPOINT_COMPACTION_COMMIT", "hang")],
+            &[
+                ("WEIR_FAILPOINT_COMPACTION_COMMIT", "hang"),
+                ("WEIR_LOG_LEVEL", "info,weir_shared::shutdown=debug"),
+            ],
         );
         stack.nodes[0].wait_ready().await;
         let gw = Arc::new(Gatewayd::start(
@@ -589,6 +595,30 @@ async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
         assert_eq!(aborted[0]["task"], "compaction");
         assert_eq!(aborted[0]["grace_period"], "2s");
         assert_eq!(aborted[0]["level"], "WARN");
+        let steps = weir_tests::records(&log, "shutdown teardown step started");
+        let names: Vec<&str> = steps.iter().filter_map(|r| r["step"].as_str()).collect();
+        assert_eq!(
+            names,
+            ["background tasks", "work in flight", "runtime and links", "storage"],
+            "SD-TD-2: the steps in order"
+        );
+        let at = |message: &str| {
+            log.lines()
+                .position(|l| serde_json::from_str::<serde_json::Value>(l).is_ok_and(|r| r["message"] == message))
+                .expect(message)
+        };
+        assert!(
+            at("shutdown drain-support phase finished") < at("fenced self")
+                && at("fenced self") < at("shutdown teardown step started"),
+            "SD-TD-1: the self-fence comes between drain-support's record and the first step"
+        );
+        let waited =
+            (weir_tests::seconds_of_day(&aborted[0]) - weir_tests::seconds_of_day(&steps[0])).rem_euclid(86_400.0);
+        // 2 s ± 0.2 s by the requirement; the upper side allows a loaded CI machine.
+        assert!(
+            (1.8..=2.5).contains(&waited),
+            "SD-TD-2: aborted {waited:.3} s after the background step began"
+        );
         stack.add_node("streamd-2", Backend::FileWal, COMPACTING);
         stack.nodes[1].wait_ready().await;
         stack.place_once_closed(id, 1).await;

@@ -740,6 +740,80 @@ async fn sd_int_8_an_owners_shutdown_refusal_reaches_http_and_kafka_clients_with
     );
 }
 
+// SD-DL-8: a call to a peer still open when terminal teardown comes gets the 10 s
+// transport drain. The owner holds each WAL write 4 s (failpoint `wal_persist`); the
+// gateway, stopped while an append waits on it, stops waiting for requests in flight
+// after 1 s (drain-support is Abandoned), yet its teardown keeps the call to the owner
+// open until the answer comes. So the client gets its acknowledgement, not a dropped
+// connection, and the gateway still exits 0 well inside its deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_to_a_peer_still_open_at_teardown_gets_the_transport_drain() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, SHORT, &[]).await;
+    stack.add_node_with_env(
+        "streamd-0",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_WAL_PERSIST", "sleep(4000)")],
+    );
+    stack.nodes[0].wait_ready().await;
+    let flags = [
+        "--shutdown-deadline-sec",
+        "20",
+        "--shutdown-drain-sec",
+        "0",
+        "--shutdown-timeout-sec",
+        "1",
+    ];
+    let mut gw = Gatewayd::start_with_env(
+        "gw-1",
+        &stack.metad.replicas[0].grpc,
+        stack.dir.path(),
+        &flags,
+        &[("WEIR_LOG_LEVEL", "info,weir_shared::shutdown=debug")],
+    );
+    gw.wait_ready().await;
+    gw.create_stream("slow").await;
+    gw.wait_open("slow").await;
+    let held = || records(&stack.nodes[0].log_text(), "failpoint: sleeping").len();
+    let before = held();
+    let appending = {
+        let r = gw
+            .request(Method::POST, "/v1/streams/slow/records")
+            .json(&serde_json::json!({"records": [{"body": "held"}]}));
+        tokio::spawn(async move { r.send().await })
+    };
+    wait_for(
+        "the owner holds the append's WAL write",
+        Duration::from_secs(10),
+        || async { (held() > before).then_some(()) },
+    )
+    .await;
+    gw.signal(Signal::SIGTERM);
+    let response = tokio::time::timeout(Duration::from_secs(30), appending)
+        .await
+        .expect("answered within the shutdown deadline")
+        .expect("task")
+        .expect("an HTTP answer, not a dropped connection");
+    assert_eq!(response.status(), reqwest::StatusCode::OK, "acknowledged");
+    let code = gw.proc().wait_exit(Duration::from_secs(30)).await;
+    let log = gw.log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_phases(&log, ["Completed", "Abandoned", "Completed"]);
+    assert_eq!(
+        records(&log, "in-flight requests did not finish; stopping anyway").len(),
+        1,
+        "the in-flight bound ran out before the answer came"
+    );
+    let drained = records(&log, "calls to peers ended in the transport drain");
+    assert_eq!(drained.len(), 1, "{log}");
+    assert!(drained[0]["calls"].as_u64() >= Some(1), "{drained:?}");
+    let mut gw = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    assert_eq!(gw.bodies("slow").await, ["held"], "stored once");
+    gw.signal(Signal::SIGTERM);
+    gw.proc().wait_exit(Duration::from_secs(20)).await;
+}
+
 // SD-INT-12, OBS-16: what a stopping gateway never admitted is dropped, counted and never
 // acknowledged: a Kafka frame half received and an HTTP body still arriving. The stop
 // logs, per listener, the clients it ended with their count, the requests it dropped and

@@ -1,0 +1,159 @@
+//! The gRPC calls this process has open to its peers, counted from request to the end
+//! of the response body, so terminal teardown can give them their own transport drain
+//! before the process ends and its connections close (SD-DL-8, SD-TD-7): a call a
+//! phase budget stopped waiting for still gets its answer, bounded by 10 s and the
+//! deadline, instead of being cut off with the runtime.
+
+use bytes::Bytes;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tonic::body::Body;
+
+/// SD-DL-8: how long calls still open to peers get at the end of terminal teardown.
+pub const TRANSPORT_DRAIN: Duration = Duration::from_secs(10);
+
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+static ENDED: Notify = Notify::const_new();
+
+/// Calls open to peers now.
+pub fn open() -> usize {
+    OPEN.load(Ordering::Acquire)
+}
+
+/// Waits up to `bound` for every call open to a peer to end; returns how many were
+/// still open when it gave up (0 when they all ended).
+pub async fn drain(bound: Duration) -> usize {
+    let all_ended = async {
+        loop {
+            // Registered before the check, so an end between the two is not missed.
+            let ended = ENDED.notified();
+            if open() == 0 {
+                return;
+            }
+            ended.await;
+        }
+    };
+    match tokio::time::timeout(bound, all_ended).await {
+        Ok(()) => 0,
+        Err(_) => open(),
+    }
+}
+
+/// One open call; it ends when dropped.
+#[derive(Debug)]
+struct Call;
+
+impl Call {
+    fn start() -> Self {
+        OPEN.fetch_add(1, Ordering::AcqRel);
+        Call
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if OPEN.fetch_sub(1, Ordering::AcqRel) == 1 {
+            ENDED.notify_waiters();
+        }
+    }
+}
+
+/// A tonic channel whose calls are counted; every client of Weir's services uses it.
+#[derive(Clone, Debug)]
+pub struct Channel {
+    inner: tonic::transport::Channel,
+}
+
+impl From<tonic::transport::Channel> for Channel {
+    fn from(inner: tonic::transport::Channel) -> Self {
+        Self { inner }
+    }
+}
+
+impl tower_service::Service<http::Request<Body>> for Channel {
+    type Response = http::Response<CountedBody>;
+    type Error = tonic::transport::Error;
+    type Future = CountedCall;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower_service::Service::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let call = Call::start();
+        CountedCall {
+            inner: tower_service::Service::call(&mut self.inner, request),
+            call: Some(call),
+        }
+    }
+}
+
+/// A call waiting for its response head; the count passes on to the body.
+pub struct CountedCall {
+    inner: tonic::transport::channel::ResponseFuture,
+    call: Option<Call>,
+}
+
+impl Future for CountedCall {
+    type Output = Result<http::Response<CountedBody>, tonic::transport::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let head = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
+        let call = self.call.take();
+        Poll::Ready(head.map(|response| response.map(|inner| CountedBody { inner, _call: call })))
+    }
+}
+
+/// A response body that holds its call open until it is read to its end or dropped.
+pub struct CountedBody {
+    inner: Body,
+    _call: Option<Call>,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SD-DL-8: the drain returns once the last open call ends, and reports what is left
+    /// when its bound runs out first.
+    #[tokio::test]
+    async fn the_drain_waits_for_open_calls_within_its_bound() {
+        let call = Call::start();
+        assert_eq!(drain(Duration::from_millis(50)).await, 1, "still open at the bound");
+        let started = std::time::Instant::now();
+        let ends = async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(call);
+        };
+        let (left, ()) = tokio::join!(drain(Duration::from_secs(10)), ends);
+        assert_eq!(left, 0);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "ended by the call, not the bound"
+        );
+    }
+}
