@@ -213,17 +213,29 @@ impl GatewaydStop {
     }
 
     /// Terminal teardown in SD-TD-2's steps. Requests in flight had their bound in
-    /// drain-support; one still running past it keeps its call to the owner open into
-    /// the transport drain (SD-DL-8), so its client may yet get the answer. A gateway
-    /// keeps no storage.
+    /// drain-support; those still running past it, with their calls to owners, get the
+    /// transport drain (SD-DL-8) while the view still follows the log, so a request
+    /// retrying towards a stream's new owner can still find it and its client may yet
+    /// get the answer. Only then do the view and registration stop. A gateway keeps no
+    /// storage.
     async fn teardown(&self) -> PhaseOutcome {
         TeardownStep::BackgroundTasks.begin();
         self.background_stop.cancel();
         self.background.stop(TASK_GRACE).await;
+        TeardownStep::WorkInFlight.begin();
+        let end = self.shutdown.transport_drain_end();
+        let requests_ended = tokio::time::timeout_at(end, self.servers.wait()).await.is_ok();
         TeardownStep::RuntimeAndLinks.begin();
+        // The view's own watch is a call to a peer too: it ends here, before the drain
+        // waits for the rest.
         self.stop.cancel();
         weir_shared::shutdown::stop_background(&self.tasks).await;
-        self.shutdown.drain_outgoing_calls().await
+        let calls = self.shutdown.transport_drain(end).await;
+        if !requests_ended {
+            tracing::warn!("requests in flight did not end in the transport drain; closing them");
+            return PhaseOutcome::Abandoned;
+        }
+        calls
     }
 }
 

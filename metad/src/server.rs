@@ -226,14 +226,12 @@ impl StopSteps for MetadStop<'_> {
         PhaseOutcome::Completed
     }
 
-    /// SD-TD-2's steps: the loops, the drains and transfers this replica runs, Raft and
-    /// the listeners with the transport drain (SD-DL-8), then the database.
+    /// SD-TD-2's steps, with one departure: the drains and transfers this replica runs
+    /// come first, since they need its placement and failover loops (a stream a
+    /// stopping node closed is placed by them) and propose through its Raft. Then the
+    /// loops, Raft and the listeners with the transport drain (SD-DL-8), then the
+    /// database.
     async fn terminal_teardown(&mut self) -> PhaseOutcome {
-        TeardownStep::BackgroundTasks.begin();
-        self.background_stop.cancel();
-        self.background.stop(TASK_GRACE).await;
-        // A drain this replica runs proposes through its Raft: it ends before Raft stops,
-        // within the deadline (the deadline thread ends the process past it).
         TeardownStep::WorkInFlight.begin();
         self.moves.close();
         if !self.moves.is_empty() {
@@ -242,7 +240,11 @@ impl StopSteps for MetadStop<'_> {
                 "waiting for drains and transfers this replica runs"
             );
         }
+        // Within the deadline (the deadline thread ends the process past it).
         let _ = tokio::time::timeout(self.stopping.deadline_left(), self.moves.wait()).await;
+        TeardownStep::BackgroundTasks.begin();
+        self.background_stop.cancel();
+        self.background.stop(TASK_GRACE).await;
         TeardownStep::RuntimeAndLinks.begin();
         self.shutdown.cancel();
         tracing::info!("metad stopping: shutting down raft");
@@ -251,7 +253,7 @@ impl StopSteps for MetadStop<'_> {
         }
         self.tasks.close();
         self.tasks.wait().await;
-        let links = self.stopping.drain_outgoing_calls().await;
+        let links = self.stopping.transport_drain(self.stopping.transport_drain_end()).await;
         TeardownStep::Storage.begin();
         // Flush RocksDB before the handle is released.
         if let Err(e) = self.db.flush_wal(true) {

@@ -329,22 +329,23 @@ impl TeardownStep {
 }
 
 impl Shutdown {
-    /// SD-DL-8: calls this process still has open to its peers get the 10 s transport
-    /// drain, within the deadline, before its connections close with it. Their callers
-    /// (a request a phase budget stopped waiting for) still get an answer. Abandoned when
-    /// some were still open at the bound.
-    pub async fn drain_outgoing_calls(&self) -> PhaseOutcome {
+    /// SD-DL-8: when a transport drain that starts now ends: 10 s from now, within the
+    /// deadline less what storage needs to close.
+    pub fn transport_drain_end(&self) -> tokio::time::Instant {
+        let bound = crate::outgoing_calls::TRANSPORT_DRAIN.min(self.deadline_left().saturating_sub(STORAGE_RESERVE));
+        tokio::time::Instant::now() + bound
+    }
+
+    /// SD-DL-8: the transport drain. Calls this process still has open to its peers get
+    /// until `end` ([`Shutdown::transport_drain_end`]) before the connections close with
+    /// the process, so their callers still get their answers. Abandoned when some were
+    /// still open then.
+    pub async fn transport_drain(&self, end: tokio::time::Instant) -> PhaseOutcome {
         use crate::outgoing_calls;
-        // Leaves before the deadline thread would end the process, so a call that never
-        // ends costs a warn record, not a forced exit.
-        let bound =
-            outgoing_calls::TRANSPORT_DRAIN.min(self.deadline_left().saturating_sub(Duration::from_millis(500)));
         let open = outgoing_calls::open();
-        let left = outgoing_calls::drain(bound).await;
-        if left > 0 {
+        if tokio::time::timeout_at(end, outgoing_calls::all_ended()).await.is_err() {
             tracing::warn!(
-                open = left,
-                timeout = ?bound,
+                open = outgoing_calls::open(),
                 "calls to peers did not end in the transport drain; closing them"
             );
             return PhaseOutcome::Abandoned;
@@ -353,6 +354,11 @@ impl Shutdown {
         PhaseOutcome::Completed
     }
 }
+
+/// What the transport drain leaves of the deadline for storage to close (a WAL's last
+/// sync, metad's flush), so a drain that runs out does not make the deadline end the
+/// process instead.
+const STORAGE_RESERVE: Duration = Duration::from_secs(2);
 
 /// How long background tasks get to end in terminal teardown (SD-TD-2).
 pub const BACKGROUND_GRACE: Duration = Duration::from_secs(10);

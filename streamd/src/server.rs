@@ -260,7 +260,7 @@ impl Teardown {
             self.node.tasks.stop(TASK_GRACE),
             weir_shared::shutdown::stop_background(&self.tasks),
         );
-        let links = self.shutdown.drain_outgoing_calls().await;
+        let links = self.shutdown.transport_drain(self.shutdown.transport_drain_end()).await;
 
         TeardownStep::Storage.begin();
         self.storage_stop.cancel();

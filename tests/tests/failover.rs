@@ -255,6 +255,9 @@ async fn an_append_in_flight_to_a_hung_owner_follows_the_stream_within_the_node_
 
 /// FO-LIV-10: a streamd restarted before its timeout re-registers at a new
 /// epoch and recovers its own WAL; its streams come back.
+/// RR-WAL-1: the re-registration alone starts the takeover of (A, old epoch): it is
+/// begun well within a node timeout (3 s here) of the new registration, and the old
+/// epoch is never fenced (the timeout path fences first).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restarted_streamd_recovers_its_own_wal() {
     let (mut stack, gw) = cluster(Backend::FileWal).await;
@@ -262,18 +265,51 @@ async fn a_restarted_streamd_recovers_its_own_wal() {
     gw.wait_open("own").await;
     let acked = append_n(&gw, "own", "o", 15).await;
     let (victim, epoch) = owner(&stack, &gw, "own").await.expect("open");
+    let victim_id = stack.nodes[victim].id.clone();
     stack.nodes[victim].kill();
     stack.nodes[victim].start();
+    let client = stack.metad.client();
+    let of_victim = |dump: &Value, kind: &str, at: u64| {
+        dump["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter(|e| e["outcome"].get("Ok").is_some())
+            .filter(|e| e["proposal"]["command"]["type"] == kind)
+            .filter(|e| e["proposal"]["command"]["node"] == victim_id.as_str())
+            .filter(|e| e["proposal"]["command"]["epoch"] == at)
+            .count()
+    };
+    let registered_at = std::sync::Mutex::new(None);
+    let took = wait_for("the old epoch's takeover begun", Duration::from_secs(60), || async {
+        let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await?;
+        if weir_tests::node_row(&nodes, &victim_id)["epoch"].as_u64() > Some(epoch) {
+            registered_at
+                .lock()
+                .expect("lock")
+                .get_or_insert_with(std::time::Instant::now);
+        }
+        let dump = client.admin("log", 0, 100_000).await.ok()?;
+        let begun = of_victim(&dump, "begin_takeover", epoch) > 0;
+        begun.then(|| registered_at.lock().expect("lock").map(|at| at.elapsed()))
+    })
+    .await;
+    let took = took.expect("the takeover begins only after the new registration");
+    assert!(
+        took < Duration::from_secs(3),
+        "RR-WAL-1: begun {took:?} after the re-registration"
+    );
     wait_for("own reopened", Duration::from_secs(60), || async {
         owner(&stack, &gw, "own").await.filter(|(_, e)| *e != epoch).map(|_| ())
     })
     .await;
     assert_all_read_back(&gw, "own", &acked).await;
-    let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
-    let text = dump.to_string();
-    assert!(
-        text.contains("begin_takeover") && text.contains("complete_takeover"),
-        "{text}"
+    let dump = client.admin("log", 0, 100_000).await.expect("log dump");
+    assert_eq!(of_victim(&dump, "complete_takeover", epoch), 1, "recovered once");
+    assert_eq!(
+        of_victim(&dump, "fence_node", epoch),
+        0,
+        "RR-WAL-1: taken over without a fence, so without waiting for a timeout"
     );
 }
 

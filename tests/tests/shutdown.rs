@@ -804,9 +804,11 @@ async fn a_call_to_a_peer_still_open_at_teardown_gets_the_transport_drain() {
         1,
         "the in-flight bound ran out before the answer came"
     );
-    let drained = records(&log, "calls to peers ended in the transport drain");
-    assert_eq!(drained.len(), 1, "{log}");
-    assert!(drained[0]["calls"].as_u64() >= Some(1), "{drained:?}");
+    assert_eq!(
+        records(&log, "calls to peers ended in the transport drain").len(),
+        1,
+        "{log}"
+    );
     let mut gw = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
     gw.wait_ready().await;
     assert_eq!(gw.bodies("slow").await, ["held"], "stored once");
