@@ -116,6 +116,42 @@ impl NodeSums {
     }
 }
 
+/// The cluster's upload count sampled over time, for the uploads of a recent window.
+#[derive(Default)]
+struct UploadSamples(std::collections::VecDeque<(Instant, f64)>);
+
+impl UploadSamples {
+    fn push(&mut self, uploads: f64) {
+        let now = Instant::now();
+        self.0.push_back((now, uploads));
+        // A few minutes of samples cover any interval and pass.
+        while self
+            .0
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > Duration::from_secs(300))
+        {
+            self.0.pop_front();
+        }
+    }
+
+    /// Uploads since `secs` ago, counted from the last sample at or before then (so the
+    /// window is never shorter than asked).
+    fn within(&self, secs: f64) -> f64 {
+        let Some(&(now, latest)) = self.0.back() else {
+            return 0.0;
+        };
+        let from = now.checked_sub(Duration::from_secs_f64(secs));
+        let before = self
+            .0
+            .iter()
+            .rev()
+            .find(|(at, _)| from.is_some_and(|f| *at <= f))
+            .or(self.0.front())
+            .map_or(0.0, |(_, u)| *u);
+        latest - before
+    }
+}
+
 async fn index_rows(stack: &Stack) -> (u64, u64) {
     let index = stack.metad.replicas[0]
         .http_json("/admin/index")
@@ -223,23 +259,36 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
     //   the range that straddles the start after a trim;
     // - the pass: a range written just after a pass planned is merged by the next pass's
     //   commit, an interval plus a pass later.
+    // The uploads in both are counted over the window that ends at the measurement
+    // (sampled every second), not averaged over the minute: a minute whose start was
+    // quieter would understate them.
     let interval_s = compaction_interval.parse::<f64>().expect("a number of ms") / 1e3;
     println!("| minute | records acked | MB/s | view bytes | bytes/stream | index ranges | ranges/stream | uploads/node/interval | issue's bound | bound (D-20) | within | compaction pass s | log entries/pass | index objects | bucket objects | metad RSS MiB | new gateway ready |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let started = Instant::now();
     let (mut last, mut last_sums) = (0, NodeSums::default());
+    let mut uploads_seen = UploadSamples::default();
+    uploads_seen.push(NodeSums::of(&stack).await.uploads);
     for minute in 1..=minutes {
-        tokio::time::sleep_until((started + Duration::from_secs(60 * minute)).into()).await;
+        let mark = started + Duration::from_secs(60 * minute);
+        while Instant::now() + Duration::from_secs(1) < mark {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            uploads_seen.push(NodeSums::of(&stack).await.uploads);
+        }
+        tokio::time::sleep_until(mark.into()).await;
         let total = acked.load(Ordering::Relaxed);
         let mbps = (total - last) as f64 * RECORD as f64 / 60.0 / 1e6;
         last = total;
         let sums = NodeSums::of(&stack).await;
-        let uploads_per_s = (sums.uploads - last_sums.uploads) / 60.0 / stack.nodes.len() as f64;
-        let uploads = uploads_per_s * interval_s;
+        uploads_seen.push(sums.uploads);
+        let nodes = stack.nodes.len() as f64;
         let passes = (sums.passes - last_sums.passes).max(1.0);
         let pass = (sums.pass_seconds - last_sums.pass_seconds) / passes;
         let entries = (sums.entries - last_sums.entries) / passes;
         last_sums = sums;
+        // Ranges one owner added in the last interval, and in the last interval and pass.
+        let uploads = uploads_seen.within(interval_s) / nodes;
+        let uploads_pending = uploads_seen.within(interval_s + pass) / nodes;
         let full = retention_bytes.div_ceil(COMPACTION_TARGET) as f64;
         let issue_bound = full + uploads;
         let interval_bytes = (mbps * 1e6 / f64::from(partitions) * interval_s).max(1.0);
@@ -248,7 +297,7 @@ async fn soak(minutes: u64, partitions: u32, retention_bytes: u64) {
             .ceil()
             .max(0.0)
             + 1.0;
-        let bound = full + classes + 1.0 + uploads_per_s * (interval_s + pass);
+        let bound = full + classes + 1.0 + uploads_pending;
         let (view, _) = view_bytes(&client).await;
         let (ranges, objects) = index_rows(&stack).await;
         let rss = rss_mib(stack.metad.replicas[0].pid());
