@@ -32,6 +32,20 @@ async fn owner(stack: &Stack, gw: &Gatewayd, stream: &str) -> Option<(usize, u64
     Some((i, d["owner"]["epoch"].as_u64()?))
 }
 
+/// How many applied entries of a metadata log dump are `kind` commands about `node` at
+/// `epoch` (a fence or takeover of that incarnation).
+fn applied_about(dump: &Value, kind: &str, node: &str, epoch: u64) -> usize {
+    dump["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["outcome"].get("Ok").is_some())
+        .filter(|e| e["proposal"]["command"]["type"] == kind)
+        .filter(|e| e["proposal"]["command"]["node"] == node)
+        .filter(|e| e["proposal"]["command"]["epoch"] == epoch)
+        .count()
+}
+
 /// The stream's epoch, which every new owner opens at a greater value.
 async fn stream_epoch(gw: &Gatewayd, stream: &str) -> u64 {
     let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{stream}"))).await;
@@ -269,17 +283,7 @@ async fn a_restarted_streamd_recovers_its_own_wal() {
     stack.nodes[victim].kill();
     stack.nodes[victim].start();
     let client = stack.metad.client();
-    let of_victim = |dump: &Value, kind: &str, at: u64| {
-        dump["entries"]
-            .as_array()
-            .expect("entries")
-            .iter()
-            .filter(|e| e["outcome"].get("Ok").is_some())
-            .filter(|e| e["proposal"]["command"]["type"] == kind)
-            .filter(|e| e["proposal"]["command"]["node"] == victim_id.as_str())
-            .filter(|e| e["proposal"]["command"]["epoch"] == at)
-            .count()
-    };
+    let of_victim = |dump: &Value, kind: &str, at: u64| applied_about(dump, kind, &victim_id, at);
     let registered_at = std::sync::Mutex::new(None);
     let took = wait_for("the old epoch's takeover begun", Duration::from_secs(60), || async {
         let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await?;
@@ -532,17 +536,7 @@ async fn a_node_that_never_returns_after_a_whole_cluster_restart_is_failed_over(
         assert_all_read_back(&gw, s, acked).await;
     }
     let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
-    let applied = |kind: &str| {
-        dump["entries"]
-            .as_array()
-            .expect("entries")
-            .iter()
-            .filter(|e| e["outcome"].get("Ok").is_some())
-            .filter(|e| e["proposal"]["command"]["type"] == kind)
-            .filter(|e| e["proposal"]["command"]["node"] == gone.as_str())
-            .filter(|e| e["proposal"]["command"]["epoch"] == gone_epoch)
-            .count()
-    };
+    let applied = |kind: &str| applied_about(&dump, kind, &gone, gone_epoch);
     assert_eq!(applied("fence_node"), 1, "fenced once at its old epoch");
     assert_eq!(applied("begin_takeover"), 1, "its WAL taken over");
 }
