@@ -28,17 +28,21 @@ pub struct RangeCache {
 struct Inner {
     ranges: BTreeMap<(StreamId, u64), ObjectRange>,
     order: VecDeque<(StreamId, u64)>,
+    /// Bumped by every forget, across all streams, so a generation is never reused.
+    forgets: u64,
+    /// The generation of every stream without a mark: at least that of any mark
+    /// dropped, so a read begun before a dropped mark's forget never matches again.
+    floor: u64,
+    /// Only the unsettled streams, so the marks stay as few as the compactions whose
+    /// outcome is unknown, not as many as the streams this node ever served.
     marks: HashMap<StreamId, Mark>,
 }
 
-/// A stream's forgets: an index read begun before the last one may hold ranges it
-/// dropped, so what it read is not cached.
-#[derive(Clone, Copy, Default)]
+/// An unsettled stream: its last forget, and the next index read must be
+/// linearizable because the view may not show yet what replaced the ranges forgotten.
+#[derive(Clone, Copy)]
 struct Mark {
     generation: u64,
-    /// The next index read must be linearizable: the view may not show yet what
-    /// replaced the ranges forgotten.
-    unsettled: bool,
 }
 
 /// How a stream's ranges are read from the index, and whether the answer may be cached.
@@ -107,12 +111,13 @@ impl RangeCache {
     /// Whether nothing was forgotten since `mark`; settles the stream if so and the
     /// read was linearizable.
     fn settle_locked(inner: &mut Inner, stream: StreamId, mark: ReadMark) -> bool {
-        let now = inner.marks.entry(stream).or_default();
-        if now.generation != mark.generation {
+        if inner.generation(stream) != mark.generation {
             return false;
         }
         if mark.linearizable {
-            now.unsettled = false;
+            if let Some(settled) = inner.marks.remove(&stream) {
+                inner.floor = inner.floor.max(settled.generation);
+            }
         }
         true
     }
@@ -120,10 +125,9 @@ impl RangeCache {
     /// How the next index read of `stream` must be made.
     pub fn read_mark(&self, stream: StreamId) -> ReadMark {
         let inner = self.lock();
-        let mark = inner.marks.get(&stream).copied().unwrap_or_default();
         ReadMark {
-            generation: mark.generation,
-            linearizable: mark.unsettled,
+            generation: inner.generation(stream),
+            linearizable: inner.marks.contains_key(&stream),
         }
     }
 
@@ -131,17 +135,23 @@ impl RangeCache {
     /// the view does not show yet: its next index read is linearizable.
     pub fn forget_unsettled(&self, stream: StreamId) {
         let mut inner = self.lock();
-        Self::forget_locked(&mut inner, stream);
-        inner.marks.entry(stream).or_default().unsettled = true;
+        let generation = Self::forget_locked(&mut inner, stream);
+        inner.marks.insert(stream, Mark { generation });
     }
 
     /// Drops what is cached of `stream`.
     pub fn forget(&self, stream: StreamId) {
-        Self::forget_locked(&mut self.lock(), stream);
+        let mut inner = self.lock();
+        let generation = Self::forget_locked(&mut inner, stream);
+        match inner.marks.get_mut(&stream) {
+            Some(unsettled) => unsettled.generation = generation,
+            None => inner.floor = generation,
+        }
     }
 
-    fn forget_locked(inner: &mut Inner, stream: StreamId) {
-        inner.marks.entry(stream).or_default().generation += 1;
+    /// Drops the stream's cached ranges and returns the forget's new generation.
+    fn forget_locked(inner: &mut Inner, stream: StreamId) -> u64 {
+        inner.forgets += 1;
         let keys: Vec<_> = inner
             .ranges
             .range((stream, 0)..=(stream, u64::MAX))
@@ -151,6 +161,7 @@ impl RangeCache {
             inner.ranges.remove(key);
         }
         inner.order.retain(|k| k.0 != stream);
+        inner.forgets
     }
 
     /// Drops the cached ranges of `stream` that end at or below `start` (trimmed).
@@ -176,6 +187,17 @@ impl RangeCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Streams whose next index read must be linearizable.
+    pub fn unsettled(&self) -> usize {
+        self.lock().marks.len()
+    }
+}
+
+impl Inner {
+    fn generation(&self, stream: StreamId) -> u64 {
+        self.marks.get(&stream).map_or(self.floor, |m| m.generation)
     }
 }
 
@@ -331,5 +353,41 @@ mod tests {
         cache.settle(a, stale);
         cache.insert_read(a, stale, [range(5, 9)]);
         assert_eq!(cache.find(a, 6), None);
+    }
+
+    /// Issue 21: the marks stay as few as the unsettled streams however many streams
+    /// pass through the node, and dropping one never lets a stale read be cached.
+    #[test]
+    fn marks_are_kept_only_for_unsettled_streams() {
+        let cache = RangeCache::new(10);
+        for id in 0..10_000 {
+            let stream = StreamId(id);
+            let mark = cache.read_mark(stream);
+            cache.insert_read(stream, mark, [range(0, 5)]);
+            cache.forget_unsettled(stream);
+            let next = cache.read_mark(stream);
+            assert!(next.linearizable);
+            cache.settle(stream, next);
+            cache.forget(stream);
+        }
+        assert_eq!(cache.unsettled(), 0, "settled streams keep no mark");
+
+        let (a, b) = (StreamId(1), StreamId(2));
+        let stale_a = cache.read_mark(a);
+        let stale_b = cache.read_mark(b);
+        cache.forget_unsettled(a);
+        let settling = cache.read_mark(a);
+        cache.settle(a, settling);
+        assert_eq!(cache.unsettled(), 0);
+        cache.insert_read(a, stale_a, [range(0, 5)]);
+        assert_eq!(cache.find(a, 0), None, "a read begun before the dropped mark's forget");
+        cache.insert_read(b, stale_b, [range(0, 5)]);
+        assert_eq!(cache.find(b, 0), None, "another stream's read merely goes uncached");
+        let fresh = cache.read_mark(b);
+        cache.insert_read(b, fresh, [range(0, 5)]);
+        assert_eq!(cache.find(b, 0), Some(range(0, 5)));
+        cache.forget(b);
+        cache.insert_read(b, fresh, [range(0, 5)]);
+        assert_eq!(cache.find(b, 0), None, "a release forgets without a mark");
     }
 }
