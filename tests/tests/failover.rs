@@ -739,15 +739,34 @@ async fn fo_liv_1_a_node_heartbeats_through_the_other_replicas_while_its_own_han
 // takeover, and stopped, leaving the dead incarnation's preallocated segments on disk.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_takeover_whose_completion_answer_was_lost_still_removes_the_taken_wal() {
+    lost_completion_answer_removes_the_taken_wal(&[]).await;
+}
+
+// FO-TKO-1, issue 21: as above, but the completion shows in the log only after the
+// agent's quorum read said it had not landed (a proposal delayed in a paused replica;
+// `takeover_completion_unseen` stands in for the delay). Before, the agent's next
+// retry found itself no longer the agent and stopped, leaving the taken WAL on disk.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_completion_landing_after_the_quorum_read_still_removes_the_taken_wal() {
+    lost_completion_answer_removes_the_taken_wal(&[("WEIR_FAILPOINT_TAKEOVER_COMPLETION_UNSEEN", "1")]).await;
+}
+
+async fn lost_completion_answer_removes_the_taken_wal(streamd_env: &[(&str, &str)]) {
     let mut stack = Stack::start_replicas_with_env(
         1,
-        2,
+        0,
         Backend::FileWal,
         WAL_ONLY,
         &[],
         &[("WEIR_FAILPOINT_REPLY_COMPLETE_TAKEOVER", "1*drop")],
     )
     .await;
+    for id in ["streamd-1", "streamd-2"] {
+        stack.add_node_with_env(id, Backend::FileWal, WAL_ONLY, streamd_env);
+    }
+    for node in &stack.nodes {
+        node.wait_ready().await;
+    }
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
     gw.create_stream("lt").await;
@@ -771,6 +790,72 @@ async fn a_takeover_whose_completion_answer_was_lost_still_removes_the_taken_wal
         "the completion's answer was dropped"
     );
     wait_taken_wal_removed(&stack, victim).await;
+}
+
+// INV-2, INV-3, RR-WAL-5, FO-TKO-8, issue 21: a node whose upload commit landed but
+// whose answer was lost is fenced (hung past its timeout) before it retries, with more
+// acknowledged records in its WAL past the landed ones. The takeover uploads exactly
+// the records no committed object holds (not the landed ones again), the node's late
+// retry is refused as fenced, and every acknowledged record is read back exactly once.
+// Failpoints: the node loses its commit answers while a file exists, and retries only
+// after 20 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_fenced_between_a_lost_commit_answer_and_its_retry_loses_and_repeats_nothing() {
+    let lost = tempfile::NamedTempFile::new().expect("answer-lost file");
+    let lost_path = lost.path().to_path_buf();
+    let commit_reply = format!("drop while exists({})", lost_path.display());
+    let env = [
+        ("WEIR_FAILPOINT_COMMIT_REPLY", commit_reply.as_str()),
+        ("WEIR_FAILPOINT_COMMIT_RETRY", "sleep(20000)"),
+    ];
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    for id in ["streamd-1", "streamd-2"] {
+        stack.add_node_with_env(id, Backend::FileWal, &["--upload-interval-ms", "100"], &env);
+    }
+    for node in &stack.nodes {
+        node.wait_ready().await;
+    }
+    let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    gw.create_stream("fl").await;
+    gw.wait_open("fl").await;
+    let mut acked = append_n(&gw, "fl", "before", 10).await;
+    let (victim, _) = owner(&stack, &gw, "fl").await.expect("fl is open");
+    wait_for("a commit answer lost", Duration::from_secs(30), || async {
+        stack.nodes[victim]
+            .log_text()
+            .contains("metadata log unavailable; commit will be retried")
+            .then_some(())
+    })
+    .await;
+    std::fs::remove_file(&lost_path).expect("answers arrive again");
+    // The uploader waits to retry the landed round: these stay in the WAL only.
+    acked.extend(append_n(&gw, "fl", "mid", 5).await);
+    stack.nodes[victim].pause();
+    let survivor = 1 - victim;
+    wait_for("fl moved", Duration::from_secs(60), || async {
+        owner(&stack, &gw, "fl")
+            .await
+            .filter(|(i, _)| *i == survivor)
+            .map(|_| ())
+    })
+    .await;
+    let recovered: u64 = stack.nodes[survivor]
+        .log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["message"] == "WAL takeover completed")
+        .and_then(|l| l["records"].as_u64())
+        .expect("the takeover completed");
+    assert!(
+        (5..acked.len() as u64).contains(&recovered),
+        "the takeover uploaded {recovered} of {} records: at least the 5 only the WAL held, not the landed ones",
+        acked.len()
+    );
+    acked.extend(append_n(&gw, "fl", "after", 5).await);
+    stack.nodes[victim].resume();
+    assert_eq!(stack.nodes[victim].wait_exit(Duration::from_secs(40)).await, Some(75));
+    assert_all_read_back(&gw, "fl", &acked).await;
 }
 
 /// Waits until no WAL taken over from node `victim` is left on disk.

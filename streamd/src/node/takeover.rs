@@ -92,8 +92,9 @@ impl Node {
     /// acknowledged records must not wait for some unrelated change to the view.
     async fn keep_taking_over(&self, dead: &Incarnation) {
         let mut backoff = weir_shared::backoff::Backoff::new(RETRY_FIRST, RETRY_MAX);
+        let mut clean = false;
         loop {
-            let Err(e) = self.take_over(dead).await else {
+            let Err(e) = self.take_over(dead, &mut clean).await else {
                 return;
             };
             let wait = backoff.next_wait();
@@ -103,6 +104,13 @@ impl Node {
                 _ = self.fenced.cancelled() => return,
             }
             if !self.still_agent_of(dead) {
+                // A completion whose answer was lost may have landed after the quorum
+                // read said it had not (delayed in a paused replica): the view now
+                // shows it, and the WAL it took is this incarnation's to delete.
+                if clean && self.recovered_by_me(dead) {
+                    tracing::info!(node_id = %dead.node, epoch = %dead.epoch, "WAL takeover completed; its answer was lost");
+                    self.remove_taken_wal(dead).await;
+                }
                 return;
             }
         }
@@ -129,7 +137,9 @@ impl Node {
             })
     }
 
-    async fn take_over(&self, dead: &Incarnation) -> Result<(), String> {
+    /// One attempt; `clean` says whether its replay found the WAL undamaged (a damaged
+    /// one is kept for the operator).
+    async fn take_over(&self, dead: &Incarnation, clean: &mut bool) -> Result<(), String> {
         let agent = format!("{}-{}", self.me.node, self.me.epoch);
         tracing::info!(node_id = %dead.node, epoch = %dead.epoch, "taking over the WAL of a dead incarnation");
         let replay = match &self.wal_source {
@@ -142,6 +152,7 @@ impl Node {
             WalSource::Object => object::take_over(self.store.clone(), &dead.node, dead.epoch, &agent).await,
         }
         .map_err(|e| e.to_string())?;
+        *clean = replay.damage.is_empty();
         if weir_shared::failpoint::is_set("takeover_before_commit") {
             // Tests: the agent dies after fencing and replaying, before committing anything.
             tracing::error!("failpoint: exiting in the middle of a WAL takeover");
@@ -242,6 +253,10 @@ impl Node {
     /// Whether the log, read with a quorum, shows the takeover of `dead` recovered by
     /// this incarnation.
     async fn completed_by_me(&self, dead: &Incarnation) -> bool {
+        if weir_shared::failpoint::is_set("takeover_completion_unseen") {
+            // Tests: the completion lands only after this read.
+            return false;
+        }
         let Ok(index) = self.metad.linearizable_read().await else {
             return false;
         };
@@ -251,6 +266,11 @@ impl Node {
         {
             return false;
         }
+        self.recovered_by_me(dead)
+    }
+
+    /// Whether the view shows the takeover of `dead` recovered by this incarnation.
+    fn recovered_by_me(&self, dead: &Incarnation) -> bool {
         self.view.with(|s| {
             s.takeovers
                 .get(&(dead.node.clone(), dead.epoch))
