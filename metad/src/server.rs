@@ -251,9 +251,16 @@ impl StopSteps for MetadStop<'_> {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown reported an error");
         }
+        // The listeners' open requests and watch streams share the transport drain's
+        // bound, so a request that will not end leaves storage its reserve.
+        let end = self.stopping.transport_drain_end();
         self.tasks.close();
-        self.tasks.wait().await;
-        let links = self.stopping.transport_drain(self.stopping.transport_drain_end()).await;
+        let links = if tokio::time::timeout_at(end, self.tasks.wait()).await.is_err() {
+            tracing::warn!("requests in flight did not end in the transport drain; closing them");
+            PhaseOutcome::Abandoned
+        } else {
+            self.stopping.transport_drain(end).await
+        };
         TeardownStep::Storage.begin();
         // Flush RocksDB before the handle is released.
         if let Err(e) = self.db.flush_wal(true) {
