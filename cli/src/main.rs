@@ -347,7 +347,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Topics {
             action: TopicsCmd::Delete { name },
-        } => out.outcome(client.propose(&operator, Command::DeleteTopic { name }).await?)?,
+        } => {
+            // By name: the operator's one proposal is answered, or retried by hand.
+            let cmd = Command::DeleteTopic { name, topic_id: None };
+            out.outcome(client.propose(&operator, cmd).await?)?
+        }
         Cmd::Metadata {
             action: MetadataCmd::Dump { from, limit },
         } => out.log(&client.admin("log", from, limit).await?),

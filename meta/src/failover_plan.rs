@@ -445,8 +445,14 @@ mod tests {
         .expect("place");
         w.apply(Proposer::Node(a2.clone()), Command::OpenStream { stream })
             .expect("open");
-        w.apply(op(), Command::DeleteStream { name: "s".into() })
-            .expect("delete");
+        w.apply(
+            op(),
+            Command::DeleteStream {
+                name: "s".into(),
+                id: None,
+            },
+        )
+        .expect("delete");
         assert!(takeover_steps(&w.s).is_empty(), "its live owner destroys it");
         w.apply(Proposer::Node(a2.clone()), Command::FenceSelf).expect("fence");
         // FO-TKO-5: a deleted stream of a fenced owner is destroyed, with no takeover or placement.

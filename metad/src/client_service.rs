@@ -114,6 +114,25 @@ impl ClientService {
             Ok(Err(e)) => Err(Status::unavailable(format!("metadata log unavailable: {e}"))),
         }
     }
+
+    /// Tests (failpoint `late_<kind>`): the proposal is written once `later` ends,
+    /// after its caller was answered as if the answer were lost, as one delayed in a
+    /// paused replica or on a slow link lands.
+    fn land_late(&self, proposal: Proposal, later: impl std::future::Future<Output = ()> + Send + 'static) -> Status {
+        let raft = self.raft.clone();
+        let kind = proposal.command.kind();
+        self.tasks.spawn(async move {
+            later.await;
+            match raft.client_write(proposal).await {
+                Ok(resp) => match resp.data {
+                    Ok(_) => tracing::warn!(kind, "failpoint: the late proposal was applied"),
+                    Err(r) => tracing::warn!(kind, rejection = %r, "failpoint: the late proposal was refused"),
+                },
+                Err(e) => tracing::warn!(kind, error = %e, "failpoint: the late proposal was not written"),
+            }
+        });
+        Status::unavailable(format!("failpoint late_{kind}: the answer was lost"))
+    }
 }
 
 /// A stopping node's release of its drain cordon (SD-REL-10's failpoints apply to it).
@@ -179,6 +198,9 @@ impl Metad for ClientService {
             }
         }
         let kind = proposal.command.kind();
+        if let Some(later) = failpoint::late_once(&format!("late_{kind}")) {
+            return Err(self.land_late(proposal, later));
+        }
         let result = tokio::time::timeout(self.timeout, self.raft.client_write(proposal)).await;
         match result {
             Err(_) => {

@@ -20,6 +20,10 @@ pub enum Action {
     Drop,
     /// As `Drop`, the first time only in this process (`1*drop`).
     DropOnce,
+    /// Answer now as if lost, and do the work once this file is gone, the first time
+    /// only (`1*late while exists(<path>)`): a proposal that lands after its caller
+    /// gave up, when the test says.
+    LateOnce(std::path::PathBuf),
     /// Fail instead of doing the work.
     Error,
     /// Fail while this file exists (`return(err) while exists(<path>)`): a test lifts
@@ -76,6 +80,10 @@ fn parse(value: &str) -> Option<Action> {
         "drop" => Some(Action::Drop),
         "1*drop" => Some(Action::DropOnce),
         "return(err)" => Some(Action::Error),
+        v if v.starts_with("1*late while exists(") => v
+            .strip_prefix("1*late while exists(")
+            .and_then(|r| r.strip_suffix(')'))
+            .map(|path| Action::LateOnce(path.into())),
         v if v.starts_with("drop while exists(") => v
             .strip_prefix("drop while exists(")
             .and_then(|r| r.strip_suffix(')'))
@@ -95,16 +103,39 @@ fn parse(value: &str) -> Option<Action> {
 /// Whether failpoint `name` is `1*drop` and has not fired yet in this process; a true
 /// answer fires it.
 pub fn drop_once(name: &str) -> bool {
-    static FIRED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    if action(name) != Some(Action::DropOnce) {
+    if action(name) != Some(Action::DropOnce) || !first_time(name) {
         return false;
     }
+    tracing::warn!(failpoint = name, "failpoint: dropping the reply once");
+    true
+}
+
+/// When failpoint `name` is `1*late while exists(<path>)` and has not fired yet in
+/// this process: a wait that ends once the file is gone, for the work to be done
+/// after it; its caller answers now as if the answer were lost.
+pub fn late_once(name: &str) -> Option<impl std::future::Future<Output = ()>> {
+    let Some(Action::LateOnce(path)) = action(name) else {
+        return None;
+    };
+    if !first_time(name) {
+        return None;
+    }
+    tracing::warn!(failpoint = name, path = %path.display(), "failpoint: the work lands late");
+    Some(async move {
+        while path.exists() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
+/// Whether a once-only failpoint `name` fires now: true the first time in this process.
+fn first_time(name: &str) -> bool {
+    static FIRED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let mut fired = FIRED.lock().unwrap_or_else(|e| e.into_inner());
     if fired.iter().any(|n| n == name) {
         return false;
     }
     fired.push(name.to_string());
-    tracing::warn!(failpoint = name, "failpoint: dropping the reply once");
     true
 }
 
@@ -158,6 +189,10 @@ mod tests {
         assert_eq!(parse("hang"), Some(Action::Hang));
         assert_eq!(parse("drop"), Some(Action::Drop));
         assert_eq!(parse("1*drop"), Some(Action::DropOnce));
+        assert_eq!(
+            parse("1*late while exists(/tmp/z)"),
+            Some(Action::LateOnce("/tmp/z".into()))
+        );
         assert_eq!(parse("return(err)"), Some(Action::Error));
         assert_eq!(
             parse("return(err) while exists(/tmp/x)"),

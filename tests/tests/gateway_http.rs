@@ -180,6 +180,67 @@ async fn list_pages_through_streams_in_name_order() {
     .await;
 }
 
+// Issue 21: a delete whose proposal lands after its caller gave up, once the stream
+// was deleted again and recreated, names the stream it meant by id and deletes
+// nothing: the new stream keeps what was acknowledged to it. Failpoint
+// `late_delete_stream`: metad answers the first delete as if its answer were lost and
+// writes it when the test removes a file (a proposal delayed in a paused replica).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delete_landing_after_the_stream_was_recreated_deletes_nothing() {
+    let late = tempfile::NamedTempFile::new().expect("late file");
+    let late_path = late.path().to_path_buf();
+    let failpoint = format!("1*late while exists({})", late_path.display());
+    let stack = Stack::start_replicas_with_env(
+        1,
+        1,
+        Backend::FileWal,
+        &[],
+        &[],
+        &[("WEIR_FAILPOINT_LATE_DELETE_STREAM", failpoint.as_str())],
+    )
+    .await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    gw.create_stream("re").await;
+    gw.wait_open("re").await;
+    gw.append("re", &["old"]).await;
+    let (status, body) = gw.send(gw.request(Method::DELETE, "/v1/streams/re")).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the first delete's answer is lost: {body}"
+    );
+    let (status, body) = gw.send(gw.request(Method::DELETE, "/v1/streams/re")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "the retry deletes it: {body}");
+    wait_for("re destroyed", Duration::from_secs(30), || async {
+        let state = stack.metad.state_of(0).await?;
+        let rows = state["streams"].as_object()?.clone();
+        (!rows.values().any(|r| r["name"] == "re")).then_some(())
+    })
+    .await;
+    gw.create_stream("re").await;
+    gw.wait_open("re").await;
+    gw.append("re", &["new"]).await;
+    std::fs::remove_file(&late_path).expect("the late delete lands now");
+    let metad = &stack.metad.replicas[0];
+    wait_for("the late delete landed", Duration::from_secs(30), || async {
+        metad
+            .log_text()
+            .contains("failpoint: the late proposal was")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        metad.log_text().contains("failpoint: the late proposal was refused"),
+        "{}",
+        metad.log_text()
+    );
+    let (status, row) = gw.send(gw.request(Method::GET, "/v1/streams/re")).await;
+    assert_eq!(status, StatusCode::OK, "{row}");
+    assert_eq!(row["state"], "open");
+    assert_eq!(bodies(&gw.read_all("re").await), ["new"]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn long_poll_wakes_on_an_append() {
     let (_stack, gw) = stack(1, &[]).await;

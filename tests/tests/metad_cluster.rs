@@ -129,7 +129,14 @@ async fn restart_of_all_three_replicas_keeps_identical_state() {
         for i in 0..15 {
             propose_until_applied(&client, topic(&format!("r{i}"))).await;
         }
-        propose_until_applied(&client, Command::DeleteTopic { name: "r3".into() }).await;
+        propose_until_applied(
+            &client,
+            Command::DeleteTopic {
+                name: "r3".into(),
+                topic_id: None,
+            },
+        )
+        .await;
         let leader = cluster.wait_leader(&[]).await;
         let before = cluster.data_state_of(leader).await.expect("state");
         wait_for("all replicas applied", Duration::from_secs(20), || async {

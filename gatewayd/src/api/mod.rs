@@ -57,6 +57,21 @@ impl Gateway {
         self.terminating.load(std::sync::atomic::Ordering::Acquire) || self.stopping.is_cancelled()
     }
 
+    /// Waits until the view has applied everything the log had committed when this was
+    /// called (a quorum read), so what it shows is current as of the request: a delete
+    /// names the incarnation the user meant from it.
+    pub async fn catch_up(&self) -> Result<(), weir_meta::ClientError> {
+        let index = self.metad.linearizable_read().await?;
+        tokio::time::timeout(self.metad.timeout(), self.routes.view().wait_applied(index))
+            .await
+            .map_err(|_| {
+                weir_meta::ClientError::Unavailable(format!(
+                    "this gateway's metadata view did not reach log index {index} within {:?}",
+                    self.metad.timeout()
+                ))
+            })
+    }
+
     /// Waits (bounded) until the view has applied a change this gateway made, so the
     /// caller's next request sees it.
     pub async fn settle(&self, index: u64) {

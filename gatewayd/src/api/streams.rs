@@ -175,10 +175,19 @@ pub async fn delete(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     who.require(Access::Manage, &name)?;
-    let (index, outcome) = gw
-        .metad
-        .propose(&who.proposer(), Command::DeleteStream { name: name.clone() })
-        .await?;
+    // By id, so a proposal that lands after its caller gave up (delayed in a paused
+    // replica or on a slow link) cannot delete a stream of that name created since.
+    gw.catch_up().await?;
+    let id = gw
+        .routes
+        .view()
+        .with(|s| s.stream_by_name(&name).map(|row| row.id))
+        .ok_or_else(|| ApiError::not_found(format!("stream '{name}' does not exist")))?;
+    let command = Command::DeleteStream {
+        name: name.clone(),
+        id: Some(id),
+    };
+    let (index, outcome) = gw.metad.propose(&who.proposer(), command).await?;
     outcome?;
     gw.settle(index).await;
     Ok((StatusCode::ACCEPTED, Json(json!({"name": name, "state": "deleted"}))).into_response())

@@ -129,30 +129,47 @@ pub async fn delete_topics(kafka: &Kafka, session: &Session, r: DeleteTopicsRequ
             .iter()
             .map(|t| (t.name.as_ref().map(|n| n.0.to_string()), t.topic_id)),
     );
+    // Each topic is deleted by its id, read from a view current as of the request, so a
+    // proposal that lands after its caller gave up cannot delete a topic of that name
+    // created since.
+    let current = kafka.gw.catch_up().await.map_err(|e| errors::admin(&Err(e)));
     let mut results = vec![];
-    for (name, id) in wanted {
-        let name = name.or_else(|| {
-            kafka
-                .gw
-                .routes
-                .view()
-                .with(|s| s.topics.values().find(|t| topic_id(t) == id).map(|t| t.name.clone()))
+    for (name, requested) in wanted {
+        let found: Option<(String, uuid::Uuid)> = kafka.gw.routes.view().with(|s| {
+            match &name {
+                Some(n) => s.topics.get(n),
+                None => s.topics.values().find(|t| topic_id(t) == requested),
+            }
+            .map(|t| (t.name.clone(), topic_id(t)))
         });
+        let name = name.or_else(|| found.as_ref().map(|(n, _)| n.clone()));
         let result = DeletableTopicResult::default()
             .with_name(name.clone().map(|n| TopicName(s(&n))))
-            .with_topic_id(id);
-        let outcome = match &name {
-            None => Err((errors::UNKNOWN_TOPIC_ID, "no topic has this id".to_string())),
-            Some(n) if !session.grants.allows(Access::Manage, n) => {
+            .with_topic_id(found.as_ref().map_or(requested, |(_, id)| *id));
+        let outcome = match (&current, &name, &found) {
+            (Err(unavailable), _, _) => Err(unavailable.clone()),
+            (_, None, _) => Err((errors::UNKNOWN_TOPIC_ID, "no topic has this id".to_string())),
+            (_, Some(n), _) if !session.grants.allows(Access::Manage, n) => {
                 Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", n)))
             }
-            Some(n) if super::brokers::is_internal_topic(n) => Err((
+            (_, Some(n), _) if super::brokers::is_internal_topic(n) => Err((
                 errors::INVALID_TOPIC_EXCEPTION,
                 "internal topics cannot be deleted".into(),
             )),
-            Some(n) => propose(kafka, session, Command::DeleteTopic { name: n.clone() })
-                .await
-                .map(|_| ()),
+            (_, Some(n), None) => Err((
+                errors::UNKNOWN_TOPIC_OR_PARTITION,
+                format!("topic '{n}' does not exist"),
+            )),
+            (_, Some(n), Some((_, id))) if !requested.is_nil() && *id != requested => {
+                Err((errors::UNKNOWN_TOPIC_ID, format!("topic '{n}' does not have this id")))
+            }
+            (_, Some(n), Some((_, id))) => {
+                let command = Command::DeleteTopic {
+                    name: n.clone(),
+                    topic_id: Some(*id.as_bytes()),
+                };
+                propose(kafka, session, command).await.map(|_| ())
+            }
         };
         results.push(match outcome {
             Ok(()) => result,

@@ -208,7 +208,10 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
             partitions,
             config: StreamConfig::default(),
         },
-        Op::DeleteTopic(t) => Command::DeleteTopic { name: format!("t{t}") },
+        Op::DeleteTopic(t) => Command::DeleteTopic {
+            name: format!("t{t}"),
+            topic_id: None,
+        },
         Op::CreatePartitions(t, partitions) => Command::CreatePartitions {
             name: format!("t{t}"),
             partitions,
@@ -217,7 +220,10 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
             name: format!("s{n}"),
             config: StreamConfig::default(),
         },
-        Op::DeleteStream(n) => Command::DeleteStream { name: format!("s{n}") },
+        Op::DeleteStream(n) => Command::DeleteStream {
+            name: format!("s{n}"),
+            id: None,
+        },
         Op::Place(s, n) => Command::PlaceStream {
             stream: epoch_of(state, s, false).0,
             node: node(n),

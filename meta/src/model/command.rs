@@ -142,8 +142,13 @@ pub enum Command {
         partitions: u32,
         config: StreamConfig,
     },
+    /// Deletes topic `name`; when `topic_id` is given, only that incarnation of it, so
+    /// a proposal that lands late (its caller gave up and the topic was recreated since)
+    /// deletes nothing it did not mean to.
     DeleteTopic {
         name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<[u8; 16]>,
     },
     /// Grows a topic to `partitions` in all.
     CreatePartitions {
@@ -154,8 +159,12 @@ pub enum Command {
         name: String,
         config: StreamConfig,
     },
+    /// Deletes stream `name`; when `id` is given, only that incarnation of it (as
+    /// [`Command::DeleteTopic`]).
     DeleteStream {
         name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<StreamId>,
     },
     /// Assigns a closed stream to a live node, which then opens it.
     PlaceStream {

@@ -45,10 +45,10 @@ pub fn needed(command: &Command) -> Option<Need<'_>> {
     let any = |access| Need { access, name: None };
     Some(match command {
         Command::CreateTopic { name, .. }
-        | Command::DeleteTopic { name }
+        | Command::DeleteTopic { name, .. }
         | Command::CreatePartitions { name, .. }
         | Command::CreateStream { name, .. }
-        | Command::DeleteStream { name }
+        | Command::DeleteStream { name, .. }
         | Command::AlterConfig {
             target: ConfigTarget::Topic(name) | ConfigTarget::Stream(name),
             ..

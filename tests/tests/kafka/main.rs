@@ -316,6 +316,61 @@ async fn topic_admin_creates_describes_grows_and_deletes() {
     .await;
 }
 
+// Issue 21: as a stream's HTTP delete, a DeleteTopics whose proposal lands after its
+// caller gave up, once the topic was deleted again and recreated, deletes nothing: the
+// gateway names the topic by the id a current view shows. Failpoint `late_delete_topic`:
+// metad answers the first delete as if its answer were lost and writes it when the test
+// removes a file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_delete_landing_after_the_topic_was_recreated_deletes_nothing() {
+    let late = tempfile::NamedTempFile::new().expect("late file");
+    let late_path = late.path().to_path_buf();
+    let failpoint = format!("1*late while exists({})", late_path.display());
+    let stack = Stack::start_replicas_with_env(
+        1,
+        1,
+        Backend::FileWal,
+        &[],
+        &[],
+        &[("WEIR_FAILPOINT_LATE_DELETE_TOPIC", failpoint.as_str())],
+    )
+    .await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    create_topic(&gw, "late-t", 1).await;
+    let a = admin(&gw);
+    let opts = AdminOptions::new().operation_timeout(Some(T));
+    let first = a.delete_topics(&["late-t"], &opts).await.expect("an answer");
+    assert!(first[0].is_err(), "the first delete's answer is lost: {first:?}");
+    let again = a.delete_topics(&["late-t"], &opts).await.expect("an answer");
+    assert_eq!(again[0], Ok("late-t".to_string()));
+    // The partition's stream keeps its name until it is destroyed.
+    wait_for("late-t created again", Duration::from_secs(30), || async {
+        let new = NewTopic::new("late-t", 1, TopicReplication::Fixed(1));
+        let created = a.create_topics(&[new], &opts).await.ok()?;
+        created[0].is_ok().then_some(())
+    })
+    .await;
+    gw.wait_open("late-t/0").await;
+    produce_n(&gw, "late-t", 0, 1).await;
+    std::fs::remove_file(&late_path).expect("the late delete lands now");
+    let metad = &stack.metad.replicas[0];
+    wait_for("the late delete landed", Duration::from_secs(30), || async {
+        metad
+            .log_text()
+            .contains("failpoint: the late proposal was")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        metad.log_text().contains("failpoint: the late proposal was refused"),
+        "{}",
+        metad.log_text()
+    );
+    let got = read_all(&gw, "late-t", 1, 1).await;
+    assert_eq!(got[0].payload(), Some(&b"m-0"[..]), "the new topic keeps its record");
+}
+
 // RR-FEN-2, RR-FEN-3: a gateway answers nothing from its view before it has caught up
 // with the metadata log (its catch-up held 10 s by failpoint `catch_up_start`): /livez is
 // 200 and /readyz 503, Kafka Metadata for an existing topic is LEADER_NOT_AVAILABLE (5),

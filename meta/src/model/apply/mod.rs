@@ -129,10 +129,10 @@ impl Txn<'_> {
                 partitions,
                 config,
             } => self.create_topic(proposer, name, *partitions, config),
-            Command::DeleteTopic { name } => self.delete_topic(proposer, name),
+            Command::DeleteTopic { name, topic_id } => self.delete_topic(proposer, name, topic_id.as_ref()),
             Command::CreatePartitions { name, partitions } => self.create_partitions(proposer, name, *partitions),
             Command::CreateStream { name, config } => self.create_stream(proposer, name, config),
-            Command::DeleteStream { name } => self.delete_stream(proposer, name),
+            Command::DeleteStream { name, id } => self.delete_stream(proposer, name, *id),
             Command::DestroyStream { stream } => self.destroy_stream(proposer, *stream),
             Command::PlaceStream { stream, node } => self.place_stream(proposer, *stream, node),
             Command::BeginTransfer {

@@ -195,8 +195,14 @@ mod tests {
         assert_eq!(log.row(0).start_offset, Offset(6));
         assert_eq!(log.apply(node(), trim(0, 11)), Err(RejectCode::InvalidArgument));
         assert_eq!(log.apply(node(), trim(9, 1)), Err(RejectCode::NotFound));
-        log.apply(op(), Command::DeleteStream { name: "a".into() })
-            .expect("delete");
+        log.apply(
+            op(),
+            Command::DeleteStream {
+                name: "a".into(),
+                id: None,
+            },
+        )
+        .expect("delete");
         assert_eq!(log.apply(node(), trim(0, 8)), Err(RejectCode::NotFound));
     }
 

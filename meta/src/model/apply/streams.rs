@@ -59,11 +59,12 @@ impl Txn<'_> {
         Ok(Applied::StreamCreated { stream })
     }
 
-    pub(super) fn delete_stream(&mut self, proposer: &Proposer, name: &str) -> Outcome {
+    pub(super) fn delete_stream(&mut self, proposer: &Proposer, name: &str, id: Option<StreamId>) -> Outcome {
         self.privileged(proposer)?;
         let row = self
             .state
             .stream_by_name(name)
+            .filter(|row| id.is_none_or(|id| row.id == id))
             .ok_or_else(|| reject(RejectCode::NotFound, format!("stream '{name}' does not exist")))?;
         if row.topic.is_some() {
             return Err(reject(
@@ -229,5 +230,69 @@ impl Txn<'_> {
         row.clear_transfer();
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_log::{op, Log};
+    use crate::model::command::{Applied, RejectCode};
+    use crate::model::rows::StreamConfig;
+    use crate::model::Command;
+    use weir_shared::ids::StreamId;
+
+    fn create_stream(log: &mut Log, name: &str) -> StreamId {
+        let command = Command::CreateStream {
+            name: name.into(),
+            config: StreamConfig::default(),
+        };
+        match log.apply(op(), command) {
+            Ok(Applied::StreamCreated { stream }) => stream,
+            other => panic!("create: {other:?}"),
+        }
+    }
+
+    fn create_topic(log: &mut Log, name: &str) -> [u8; 16] {
+        let command = Command::CreateTopic {
+            name: name.into(),
+            partitions: 1,
+            config: StreamConfig::default(),
+        };
+        log.apply(op(), command).expect("create topic");
+        log.meta.state.topics[name].topic_id
+    }
+
+    /// Issue 21: a delete that lands after its caller gave up, and after the stream or
+    /// topic was deleted and recreated, names the incarnation it meant and deletes
+    /// nothing; one naming the current incarnation deletes it.
+    #[test]
+    fn a_delete_by_id_spares_a_stream_or_topic_recreated_since() {
+        let mut log = Log::new();
+        let first = create_stream(&mut log, "x");
+        let late = |id| Command::DeleteStream {
+            name: "x".into(),
+            id: Some(id),
+        };
+        log.apply(op(), late(first)).expect("the first delete");
+        // A deleted row keeps its name until its data is reclaimed and it is destroyed.
+        log.apply(op(), Command::DestroyStream { stream: first })
+            .expect("destroy");
+        let second = create_stream(&mut log, "x");
+        assert_ne!(first, second);
+        assert_eq!(log.apply(op(), late(first)), Err(RejectCode::NotFound));
+        assert!(log.meta.state.stream_by_name("x").is_some_and(|r| r.id == second));
+        assert_eq!(log.apply(op(), late(second)), Ok(Applied::Done));
+
+        let old = create_topic(&mut log, "t");
+        let by_id = |topic_id| Command::DeleteTopic {
+            name: "t".into(),
+            topic_id: Some(topic_id),
+        };
+        log.apply(op(), by_id(old)).expect("the first topic delete");
+        let new = create_topic(&mut log, "t");
+        assert_ne!(old, new);
+        assert_eq!(log.apply(op(), by_id(old)), Err(RejectCode::NotFound));
+        assert!(log.meta.state.topics.contains_key("t"), "the new topic stays");
+        assert_eq!(log.apply(op(), by_id(new)), Ok(Applied::Done));
     }
 }

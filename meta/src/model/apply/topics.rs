@@ -41,13 +41,14 @@ impl Txn<'_> {
         Ok(Applied::TopicCreated { streams })
     }
 
-    pub(super) fn delete_topic(&mut self, proposer: &Proposer, name: &str) -> Outcome {
+    pub(super) fn delete_topic(&mut self, proposer: &Proposer, name: &str, topic_id: Option<&[u8; 16]>) -> Outcome {
         self.privileged(proposer)?;
-        let topic = self
-            .state
-            .topics
-            .remove(name)
-            .ok_or_else(|| reject(RejectCode::NotFound, format!("topic '{name}' does not exist")))?;
+        let not_found = || reject(RejectCode::NotFound, format!("topic '{name}' does not exist"));
+        let current = self.state.topics.get(name).ok_or_else(not_found)?;
+        if topic_id.is_some_and(|id| *id != current.topic_id) {
+            return Err(not_found());
+        }
+        let topic = self.state.topics.remove(name).ok_or_else(not_found)?;
         self.touch(RowKey::Topic(name.to_string()));
         for id in topic.partitions {
             self.mark_deleted(id);
