@@ -69,6 +69,9 @@ pub async fn serve(
             }
         });
     }
+    // SD-CS-5: the socket closes now, so a new connection is refused rather than left
+    // in the kernel's backlog until the open requests finish.
+    drop(listener);
     graceful.shutdown().await;
     connections.close();
     connections.wait().await;

@@ -260,6 +260,63 @@ async fn the_deadline_ends_a_stalled_shutdown_with_status_1() {
     assert!(records(&log, "fenced self").is_empty());
 }
 
+// SD-DL-2: the deadline is absolute: no client holds a stopping gateway past it. A
+// trickling HTTP upload (a byte every 100 ms, never complete), an SSE subscription and
+// a Kafka client that keeps sending Fetches and never reads its answers stay open
+// through the stop; with --shutdown-timeout-sec 30, well above the 3 s deadline, the
+// gateway still exits by the deadline + 1.5 s, with the status its log calls for.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_client_holds_a_stopping_gateway_past_its_deadline() {
+    use tokio::io::AsyncWriteExt;
+    let stack = Stack::start_with(1, Backend::FileWal, SHORT, &[]).await;
+    let flags = [
+        "--shutdown-deadline-sec",
+        "3",
+        "--shutdown-drain-sec",
+        "0",
+        "--shutdown-timeout-sec",
+        "30",
+    ];
+    let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &flags);
+    gw.wait_ready().await;
+    gw.create_stream("held").await;
+    gw.wait_open("held").await;
+    let sse = gw
+        .request(Method::GET, "/v1/streams/held/records")
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("subscribe");
+    assert_eq!(sse.status(), reqwest::StatusCode::OK);
+    let mut sse = weir_tests::gateway::SseReader::new(sse);
+    let _sse = tokio::spawn(async move { while sse.next().await.is_some() {} });
+    let mut upload = tokio::net::TcpStream::connect(&gw.http).await.expect("connect");
+    let head = "POST /v1/streams/held/records HTTP/1.1\r\nhost: weir\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"records\":[{\"body\":\"";
+    upload.write_all(head.as_bytes()).await.expect("request head");
+    let _trickle = tokio::spawn(async move {
+        while upload.write_all(b"x").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut hog = tokio::net::TcpStream::connect(&gw.kafka).await.expect("connect");
+    let fetch = fetch_v4("held", 0, 500);
+    let _hog = tokio::spawn(async move {
+        while hog.write_all(&fetch).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let started = Instant::now();
+    gw.signal(Signal::SIGTERM);
+    let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
+    let elapsed = started.elapsed();
+    let log = gw.log_text();
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    assert!(
+        elapsed < Duration::from_millis(4500),
+        "exited by the 3 s deadline (+1.5 s of harness slack), took {elapsed:?}: {log}"
+    );
+}
+
 // SD-TRG-7: a signal that arrives while streamd is still registering (metad paused) is
 // held, and the shutdown runs once startup completes.
 #[tokio::test(flavor = "multi_thread")]
@@ -812,6 +869,75 @@ async fn a_call_to_a_peer_still_open_at_teardown_gets_the_transport_drain() {
     let mut gw = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
     gw.wait_ready().await;
     assert_eq!(gw.bodies("slow").await, ["held"], "stored once");
+    gw.signal(Signal::SIGTERM);
+    gw.proc().wait_exit(Duration::from_secs(20)).await;
+}
+
+// SD-CS-5: step 4 of a stopping gateway: its HTTP and Kafka listeners stop accepting
+// (a new connection is refused) while a request admitted before still runs, and that
+// request gets up to --shutdown-timeout-sec (10 s here) to finish: the append, held 4 s
+// at its owner's WAL (failpoint `wal_persist`), is acknowledged and drain-support
+// completes. (The bound cutting a longer request is the transport-drain test above.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopping_gateway_refuses_new_connections_and_lets_admitted_requests_finish() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, SHORT, &[]).await;
+    stack.add_node_with_env(
+        "streamd-0",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_WAL_PERSIST", "sleep(4000)")],
+    );
+    stack.nodes[0].wait_ready().await;
+    let flags = [
+        "--shutdown-deadline-sec",
+        "20",
+        "--shutdown-drain-sec",
+        "0",
+        "--shutdown-timeout-sec",
+        "10",
+    ];
+    let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &flags);
+    gw.wait_ready().await;
+    gw.create_stream("admitted").await;
+    gw.wait_open("admitted").await;
+    let held = || records(&stack.nodes[0].log_text(), "failpoint: sleeping").len();
+    let before = held();
+    let appending = {
+        let r = gw
+            .request(Method::POST, "/v1/streams/admitted/records")
+            .json(&serde_json::json!({"records": [{"body": "admitted"}]}));
+        tokio::spawn(async move { r.send().await })
+    };
+    wait_for(
+        "the owner holds the append's WAL write",
+        Duration::from_secs(10),
+        || async { (held() > before).then_some(()) },
+    )
+    .await;
+    gw.signal(Signal::SIGTERM);
+    let (http, kafka) = (gw.http.clone(), gw.kafka.clone());
+    wait_for("both listeners refuse connections", Duration::from_secs(3), || async {
+        let refused = |addr: &str| std::net::TcpStream::connect(addr).is_err();
+        (refused(&http) && refused(&kafka)).then_some(())
+    })
+    .await;
+    assert!(
+        !appending.is_finished(),
+        "the admitted append still runs after the listeners stopped"
+    );
+    let response = tokio::time::timeout(Duration::from_secs(15), appending)
+        .await
+        .expect("answered within the in-flight bound")
+        .expect("task")
+        .expect("an HTTP answer, not a dropped connection");
+    assert_eq!(response.status(), reqwest::StatusCode::OK, "acknowledged");
+    let code = gw.proc().wait_exit(Duration::from_secs(30)).await;
+    let log = gw.log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_phases(&log, ["Completed", "Completed", "Completed"]);
+    let mut gw = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    assert_eq!(gw.bodies("admitted").await, ["admitted"], "stored once");
     gw.signal(Signal::SIGTERM);
     gw.proc().wait_exit(Duration::from_secs(20)).await;
 }
