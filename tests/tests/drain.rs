@@ -597,6 +597,81 @@ async fn a_confirming_pass_that_runs_out_of_time_is_told_apart_from_outstanding_
     assert_eq!(gw.bodies("cp").await, ["kept"], "INV-2");
 }
 
+// FO-LIV-15, SD-ADM-3: a stopping node keeps heartbeating through stop-requested and
+// drain-support until it fences itself, and what its admitted work needs stays alive
+// meanwhile. Its drain is held well past the node timeout (3 s) by failpoint
+// `confirm_pass=sleep(6000)`: the log shows its heartbeats applied between its
+// `mark_terminating` and its `fence_self`, no fence but its own, and its stream closed
+// with every record committed (the uploader and metadata client alive through the
+// drain). Were the heartbeat stopped at the stop request, the failover loop would fence
+// the node 3 s into its drain and take its WAL over.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_longer_than_the_node_timeout_keeps_heartbeating_until_the_self_fence() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let timing = [
+        "--drain-timeout-sec",
+        "15",
+        "--shutdown-deadline-sec",
+        "25",
+        "--shutdown-drain-sec",
+        "0",
+    ];
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        &timing,
+        &[("WEIR_FAILPOINT_CONFIRM_PASS", "sleep(6000)")],
+    );
+    stack.nodes[0].wait_ready().await;
+    let node = stack.nodes[0].id.clone();
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    gw.create_stream("hb").await;
+    gw.wait_open("hb").await;
+    gw.append("hb", &["kept"]).await;
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(40)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(phase_outcome(&log, "drain-support"), "Completed", "{log}");
+    let entries = log_entries(&stack).await;
+    let index_of = |kind: &str| {
+        entries
+            .iter()
+            .find(|(_, k, _, p)| k == kind && by_node(p, &node))
+            .map(|(i, ..)| *i)
+            .unwrap_or_else(|| panic!("no {kind} by {node}: {entries:?}"))
+    };
+    let (terminating, fenced) = (index_of("mark_terminating"), index_of("fence_self"));
+    let beats = entries
+        .iter()
+        .filter(|(i, k, _, p)| k == "heartbeat" && by_node(p, &node) && (terminating..fenced).contains(i))
+        .count();
+    assert!(
+        beats >= 4,
+        "{beats} heartbeats between the stop request and the self-fence, 6 s or more apart"
+    );
+    assert!(
+        !entries
+            .iter()
+            .any(|(_, k, c, _)| k == "fence_node" && c["node"] == node.as_str()),
+        "fenced by nobody but itself: {entries:?}"
+    );
+    assert!(
+        !entries.iter().any(|(_, k, ..)| k == "begin_takeover"),
+        "no takeover of its WAL"
+    );
+    assert!(
+        records(&log, "closed stream for shutdown")
+            .iter()
+            .any(|r| r["stream"] == "hb"),
+        "{log}"
+    );
+    stack.add_node("streamd-2", Backend::FileWal, &[]);
+    gw.wait_open("hb").await;
+    assert_eq!(gw.bodies("hb").await, ["kept"], "INV-2");
+}
+
 // SD-DRN-11, SD-DRN-12: with three metad replicas and each transfer slowed (failpoint
 // `transfer_prepare=sleep(1500)`), the leader is SIGKILLed in the middle of a stopping
 // node's drain. The node asks the next leader within the same budget; that leader moves
@@ -1351,6 +1426,198 @@ async fn a_stopping_metad_finishes_the_drain_it_runs_before_stopping_raft() {
         assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s} moved off {a}");
         assert_eq!(gw.bodies(s).await, ["before"], "{s}");
     }
+}
+
+// SD-INT-5, SD-ADM-3: work a request had admitted is not cancelled when the stop comes:
+// an append whose WAL write the owner holds 3 s (failpoint `wal_persist`) when it is
+// stopped still reaches the WAL and the stream, is acknowledged (200), and moves with
+// its stream to the peer, stored once. What it depends on stays alive meanwhile: the
+// WAL writer, and the uploader and metadata client, whose commit of it lands between
+// the node's `mark_terminating` and its `fence_self`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_append_admitted_before_the_stop_is_acknowledged_and_moves_with_its_stream() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        SHORT,
+        &[("WEIR_FAILPOINT_WAL_PERSIST", "sleep(3000)")],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, SHORT);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    let (mut stack, gw) = with_streams_on_the_first(stack, &["adm"]).await;
+    let held = || records(&stack.nodes[0].log_text(), "failpoint: sleeping").len();
+    let before = held();
+    let appending = {
+        let r = gw
+            .request(Method::POST, "/v1/streams/adm/records")
+            .json(&json!({"records": [{"body": "admitted"}]}));
+        tokio::spawn(async move { r.send().await })
+    };
+    wait_for(
+        "the owner holds the append's WAL write",
+        Duration::from_secs(10),
+        || async { (held() > before).then_some(()) },
+    )
+    .await;
+    stack.nodes[0].term();
+    let response = tokio::time::timeout(Duration::from_secs(30), appending)
+        .await
+        .expect("answered within the shutdown deadline")
+        .expect("task")
+        .expect("an HTTP answer");
+    let status = response.status();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, StatusCode::OK, "acknowledged: {body}");
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    let node = stack.nodes[0].id.clone();
+    let entries = log_entries(&stack).await;
+    let index_of = |kind: &str| {
+        entries
+            .iter()
+            .find(|(_, k, _, p)| k == kind && by_node(p, &node))
+            .map(|(i, ..)| *i)
+            .unwrap_or_else(|| panic!("no {kind} by {node}: {entries:?}"))
+    };
+    let (terminating, fenced) = (index_of("mark_terminating"), index_of("fence_self"));
+    assert!(
+        entries
+            .iter()
+            .any(|(i, k, _, p)| k == "commit_objects" && by_node(p, &node) && (terminating..fenced).contains(i)),
+        "the admitted append was committed during the drain: {entries:?}"
+    );
+    gw.wait_open("adm").await;
+    assert_eq!(owner_of(&gw, "adm").await.as_deref(), Some(stack.nodes[1].id.as_str()));
+    assert_eq!(
+        gw.bodies("adm").await,
+        ["admitted"],
+        "stored once, moved with its stream"
+    );
+}
+
+/// A stack whose first node holds its records in the WAL until a close and fails its
+/// data-object commits while `failing` exists (failpoint `commit_objects`), with
+/// `timing`; the second is a plain peer. `streams` are opened on the first.
+async fn failing_commits_on_the_first(
+    failing: &std::path::Path,
+    timing: &[&str],
+    streams: &[&str],
+) -> (Stack, Gatewayd) {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let commit = format!("return(err) while exists({})", failing.display());
+    let flags = [timing, WAL_ONLY].concat();
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        &flags,
+        &[("WEIR_FAILPOINT_COMMIT_OBJECTS", commit.as_str())],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, SHORT);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    with_streams_on_the_first(stack, streams).await
+}
+
+// SD-ADM-5: a data-object commit waiting on its backoff is outstanding work. The
+// stopping owner's commits fail (failpoint `commit_objects`) until the test sees a
+// retry logged; the drain waits for the retry, and the stream's close lands in the log
+// only after the commit of its records. drain-support completes and nothing is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_waiting_on_its_backoff_holds_the_close_until_it_lands() {
+    let failing = tempfile::NamedTempFile::new().expect("failing file");
+    let (mut stack, gw) = failing_commits_on_the_first(failing.path(), SHORT, &["bk"]).await;
+    let acked: Vec<String> = (0..5).map(|i| format!("bk-{i}")).collect();
+    for body in &acked {
+        gw.append("bk", &[body]).await;
+    }
+    stack.nodes[0].term();
+    wait_for("a commit retry", Duration::from_secs(10), || async {
+        (!records(
+            &stack.nodes[0].log_text(),
+            "metadata log unavailable; commit will be retried",
+        )
+        .is_empty())
+        .then_some(())
+    })
+    .await;
+    std::fs::remove_file(failing.path()).expect("commits succeed again");
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(phase_outcome(&log, "drain-support"), "Completed", "{log}");
+    let node = stack.nodes[0].id.clone();
+    let entries = log_entries(&stack).await;
+    let by_a = |kind: &str| {
+        entries
+            .iter()
+            .filter(|(_, k, _, p)| k == kind && by_node(p, &node))
+            .map(|(i, ..)| *i)
+            .collect::<Vec<_>>()
+    };
+    let (commits, closes) = (by_a("commit_objects"), by_a("close_stream"));
+    assert!(!commits.is_empty() && !closes.is_empty(), "{entries:?}");
+    assert!(
+        commits.iter().max() < closes.iter().min(),
+        "the close landed after the retried commit: {entries:?}"
+    );
+    gw.wait_open("bk").await;
+    assert_eq!(gw.bodies("bk").await, acked, "INV-2");
+}
+
+// SD-ADM-6: a commit that keeps failing during the drain is retried on the uploader's
+// backoff and reported as a commit retry; the drain budget (3 s) cuts it short, so
+// drain-support is Abandoned, the node still fences itself (deadline 8 s), and the
+// records stay in its WAL for the peer's takeover, which commits them: every
+// acknowledged record is read back once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn commits_failing_through_the_drain_leave_the_records_to_takeover() {
+    let failing = tempfile::NamedTempFile::new().expect("failing file");
+    let timing = [
+        "--drain-timeout-sec",
+        "3",
+        "--shutdown-deadline-sec",
+        "8",
+        "--shutdown-drain-sec",
+        "0",
+    ];
+    let (mut stack, gw) = failing_commits_on_the_first(failing.path(), &timing, &["cf"]).await;
+    let acked: Vec<String> = (0..5).map(|i| format!("cf-{i}")).collect();
+    for body in &acked {
+        gw.append("cf", &[body]).await;
+    }
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "SD-EX-1/2: {log}");
+    assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned", "{log}");
+    assert!(
+        records(&log, "metadata log unavailable; commit will be retried").len() >= 2,
+        "retried on its backoff: {log}"
+    );
+    assert!(!records(&log, "fenced self").is_empty(), "{log}");
+    let node = stack.nodes[0].id.clone();
+    let entries = log_entries(&stack).await;
+    assert!(
+        !entries
+            .iter()
+            .any(|(_, k, _, p)| k == "commit_objects" && by_node(p, &node)),
+        "no commit of the stopping node landed: {entries:?}"
+    );
+    gw.wait_open("cf").await;
+    assert_eq!(owner_of(&gw, "cf").await.as_deref(), Some(stack.nodes[1].id.as_str()));
+    assert_eq!(gw.bodies("cf").await, acked, "INV-2: the takeover committed them");
+    assert!(
+        log_entries(&stack)
+            .await
+            .iter()
+            .any(|(_, k, ..)| k == "complete_takeover"),
+        "recovered by takeover"
+    );
 }
 
 // SD-INT-9, D-7: an append the owner admitted and applied, whose answer is still held

@@ -187,7 +187,14 @@ impl Node {
                     }
                 }
             }
-            let mut proposed = self.metad.propose(&self.proposer(), command.clone()).await;
+            let mut proposed = if weir_shared::failpoint::fails("commit_objects") {
+                // Tests: the commit fails before it reaches the log.
+                Err(ClientError::Unavailable(
+                    "failpoint commit_objects: the commit failed".into(),
+                ))
+            } else {
+                self.metad.propose(&self.proposer(), command.clone()).await
+            };
             // Tests: the commit landed, but its answer is lost on the way back.
             if matches!(proposed, Ok((_, Ok(_)))) && weir_shared::failpoint::drops("commit_reply") {
                 proposed = Err(ClientError::Unavailable(
