@@ -858,6 +858,77 @@ async fn a_node_fenced_between_a_lost_commit_answer_and_its_retry_loses_and_repe
     assert_all_read_back(&gw, "fl", &acked).await;
 }
 
+/// Appends node `node` answered, whatever their result, from its own `/metrics`.
+async fn appends_answered(node: &weir_tests::streamd::Streamd) -> u64 {
+    let text = weir_tests::get_text(&format!("http://{}/metrics", node.http)).await;
+    text.lines()
+        .filter(|l| l.contains("streamd_appends_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+// FO-FEN-6: once a node is fenced, routing stops sending it requests. Node A is cut
+// from metad (its own view never learns of the fence, so it would still take appends)
+// while the gateway reaches it as before, and B's takeover of A's WAL is held 5 s
+// (failpoint `takeover_start`), so the stream's row still names A after the fence.
+// Appends in that window and after reach A no more: A's own count of appends it
+// answered does not move, and every acknowledged one is read back once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fenced_node_gets_no_more_requests_from_the_gateway() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let metad_link = weir_tests::proxy::Proxy::start(&stack.metad.replicas[0].grpc).await;
+    stack.add_node("streamd-1", Backend::FileWal, &["--metad", metad_link.addr.as_str()]);
+    stack.add_node_with_env(
+        "streamd-2",
+        Backend::FileWal,
+        &[],
+        &[("WEIR_FAILPOINT_TAKEOVER_START", "sleep(5000)")],
+    );
+    for node in &stack.nodes {
+        node.wait_ready().await;
+    }
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
+    let cordon = |node: &str, verb: &str| gw.request(Method::POST, &format!("/admin/nodes/{node}/{verb}"));
+    assert_eq!(gw.send(cordon(&b, "cordon")).await.0, StatusCode::OK);
+    gw.create_stream("rt").await;
+    gw.wait_open("rt").await;
+    assert_eq!(gw.send(cordon(&b, "uncordon")).await.0, StatusCode::OK);
+    assert_eq!(owner(&stack, &gw, "rt").await.map(|o| o.0), Some(0), "rt is on {a}");
+    let mut acked = append_n(&gw, "rt", "before", 5).await;
+    metad_link.set(weir_tests::proxy::Mode::Cut);
+    wait_for("the gateway sees A fenced", Duration::from_secs(60), || async {
+        let (_, nodes) = gw.send(gw.request(Method::GET, "/admin/nodes")).await;
+        (weir_tests::node_row(&nodes, &a)["fenced"] == true).then_some(())
+    })
+    .await;
+    let before = appends_answered(&stack.nodes[0]).await;
+    let (_, row) = gw.send(gw.request(Method::GET, "/v1/streams/rt")).await;
+    assert_eq!(row["owner"]["node"], a.as_str(), "the window: rt's row still names A");
+    for i in 0..3 {
+        let body = format!("window-{i}");
+        let request = gw
+            .request(Method::POST, "/v1/streams/rt/records")
+            .header("idempotency-key", body.as_str())
+            .json(&json!({"records": [{"body": body}]}));
+        if gw.send(request).await.0 == StatusCode::OK {
+            acked.push(body);
+        }
+    }
+    wait_for("rt on B", Duration::from_secs(60), || async {
+        owner(&stack, &gw, "rt").await.filter(|o| o.0 == 1).map(|_| ())
+    })
+    .await;
+    acked.extend(append_n(&gw, "rt", "after", 20).await);
+    assert_eq!(
+        appends_answered(&stack.nodes[0]).await,
+        before,
+        "the fenced node {a} answered none of the appends after its fence"
+    );
+    assert_all_read_back(&gw, "rt", &acked).await;
+}
+
 /// Waits until no WAL taken over from node `victim` is left on disk.
 async fn wait_taken_wal_removed(stack: &Stack, victim: usize) {
     let node_dir = stack.wal_root.join(&stack.nodes[victim].id);

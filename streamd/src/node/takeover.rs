@@ -142,6 +142,8 @@ impl Node {
     async fn take_over(&self, dead: &Incarnation, clean: &mut bool) -> Result<(), String> {
         let agent = format!("{}-{}", self.me.node, self.me.epoch);
         tracing::info!(node_id = %dead.node, epoch = %dead.epoch, "taking over the WAL of a dead incarnation");
+        // Tests: the dead node's streams stay unowned a while after its fence.
+        weir_shared::failpoint::pause("takeover_start").await;
         let replay = match &self.wal_source {
             WalSource::File(root) => {
                 let (root, node, epoch) = (root.clone(), dead.node.clone(), dead.epoch);
