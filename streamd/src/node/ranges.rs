@@ -33,16 +33,18 @@ struct Inner {
     /// The generation of every stream without a mark: at least that of any mark
     /// dropped, so a read begun before a dropped mark's forget never matches again.
     floor: u64,
-    /// Only the unsettled streams, so the marks stay as few as the compactions whose
-    /// outcome is unknown, not as many as the streams this node ever served.
+    /// The streams forgotten lately. Past the cache's capacity the settled ones are
+    /// dropped (raising `floor`), so the marks stay bounded however many streams the
+    /// node serves over time, while a forget still leaves other streams' reads alone.
     marks: HashMap<StreamId, Mark>,
 }
 
-/// An unsettled stream: its last forget, and the next index read must be
-/// linearizable because the view may not show yet what replaced the ranges forgotten.
+/// A stream's last forget, and whether it is unsettled: its next index read must be
+/// linearizable, because the view may not show yet what replaced the ranges forgotten.
 #[derive(Clone, Copy)]
 struct Mark {
     generation: u64,
+    unsettled: bool,
 }
 
 /// How a stream's ranges are read from the index, and whether the answer may be cached.
@@ -115,8 +117,8 @@ impl RangeCache {
             return false;
         }
         if mark.linearizable {
-            if let Some(settled) = inner.marks.remove(&stream) {
-                inner.floor = inner.floor.max(settled.generation);
+            if let Some(settled) = inner.marks.get_mut(&stream) {
+                settled.unsettled = false;
             }
         }
         true
@@ -127,7 +129,7 @@ impl RangeCache {
         let inner = self.lock();
         ReadMark {
             generation: inner.generation(stream),
-            linearizable: inner.marks.contains_key(&stream),
+            linearizable: inner.marks.get(&stream).is_some_and(|m| m.unsettled),
         }
     }
 
@@ -136,17 +138,42 @@ impl RangeCache {
     pub fn forget_unsettled(&self, stream: StreamId) {
         let mut inner = self.lock();
         let generation = Self::forget_locked(&mut inner, stream);
-        inner.marks.insert(stream, Mark { generation });
+        inner.marks.insert(
+            stream,
+            Mark {
+                generation,
+                unsettled: true,
+            },
+        );
+        self.bound_marks(&mut inner);
     }
 
     /// Drops what is cached of `stream`.
     pub fn forget(&self, stream: StreamId) {
         let mut inner = self.lock();
         let generation = Self::forget_locked(&mut inner, stream);
-        match inner.marks.get_mut(&stream) {
-            Some(unsettled) => unsettled.generation = generation,
-            None => inner.floor = generation,
+        let mark = inner.marks.entry(stream).or_insert(Mark {
+            generation,
+            unsettled: false,
+        });
+        mark.generation = generation;
+        self.bound_marks(&mut inner);
+    }
+
+    /// Past the capacity, drops every settled mark; their streams read `floor`, raised
+    /// past them. Unsettled marks stay until a linearizable read settles them.
+    fn bound_marks(&self, inner: &mut Inner) {
+        if inner.marks.len() <= self.capacity {
+            return;
         }
+        let mut floor = inner.floor;
+        inner.marks.retain(|_, m| {
+            if !m.unsettled {
+                floor = floor.max(m.generation);
+            }
+            m.unsettled
+        });
+        inner.floor = floor;
     }
 
     /// Drops the stream's cached ranges and returns the forget's new generation.
@@ -191,6 +218,11 @@ impl RangeCache {
 
     /// Streams whose next index read must be linearizable.
     pub fn unsettled(&self) -> usize {
+        self.lock().marks.values().filter(|m| m.unsettled).count()
+    }
+
+    /// Streams with a mark of their own.
+    pub fn marks(&self) -> usize {
         self.lock().marks.len()
     }
 }
@@ -355,11 +387,14 @@ mod tests {
         assert_eq!(cache.find(a, 6), None);
     }
 
-    /// Issue 21: the marks stay as few as the unsettled streams however many streams
-    /// pass through the node, and dropping one never lets a stale read be cached.
+    /// Issue 21: the marks stay bounded by the capacity however many streams pass
+    /// through the node, a sweep never drops an unsettled one, and dropping one never
+    /// lets a stale read be cached.
     #[test]
-    fn marks_are_kept_only_for_unsettled_streams() {
+    fn marks_stay_bounded_and_a_swept_mark_caches_no_stale_read() {
         let cache = RangeCache::new(10);
+        let stuck = StreamId(1_000_000);
+        cache.forget_unsettled(stuck);
         for id in 0..10_000 {
             let stream = StreamId(id);
             let mark = cache.read_mark(stream);
@@ -369,25 +404,36 @@ mod tests {
             assert!(next.linearizable);
             cache.settle(stream, next);
             cache.forget(stream);
+            assert!(cache.marks() <= 11, "{} marks", cache.marks());
         }
-        assert_eq!(cache.unsettled(), 0, "settled streams keep no mark");
+        assert_eq!(cache.unsettled(), 1, "only the stream never settled");
+        assert!(cache.read_mark(stuck).linearizable, "a sweep keeps an unsettled mark");
 
         let (a, b) = (StreamId(1), StreamId(2));
         let stale_a = cache.read_mark(a);
-        let stale_b = cache.read_mark(b);
         cache.forget_unsettled(a);
         let settling = cache.read_mark(a);
         cache.settle(a, settling);
-        assert_eq!(cache.unsettled(), 0);
+        let fresh_b = cache.read_mark(b);
+        for id in 100_000..100_020 {
+            cache.forget(StreamId(id));
+        }
         cache.insert_read(a, stale_a, [range(0, 5)]);
-        assert_eq!(cache.find(a, 0), None, "a read begun before the dropped mark's forget");
-        cache.insert_read(b, stale_b, [range(0, 5)]);
-        assert_eq!(cache.find(b, 0), None, "another stream's read merely goes uncached");
+        assert_eq!(cache.find(a, 0), None, "a read begun before its swept mark's forget");
+        cache.insert_read(b, fresh_b, [range(0, 5)]);
+        assert_eq!(cache.find(b, 0), None, "a sweep merely leaves reads in flight uncached");
         let fresh = cache.read_mark(b);
         cache.insert_read(b, fresh, [range(0, 5)]);
         assert_eq!(cache.find(b, 0), Some(range(0, 5)));
-        cache.forget(b);
-        cache.insert_read(b, fresh, [range(0, 5)]);
-        assert_eq!(cache.find(b, 0), None, "a release forgets without a mark");
+
+        // Below the bound, one stream's forget leaves another's read in flight alone.
+        let cache = RangeCache::new(1_000);
+        let before_forget = cache.read_mark(a);
+        let other = cache.read_mark(b);
+        cache.forget(a);
+        cache.insert_read(a, before_forget, [range(0, 5)]);
+        assert_eq!(cache.find(a, 0), None, "a release forgets");
+        cache.insert_read(b, other, [range(5, 9)]);
+        assert_eq!(cache.find(b, 6), Some(range(5, 9)));
     }
 }
