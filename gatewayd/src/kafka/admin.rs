@@ -135,48 +135,78 @@ pub async fn delete_topics(kafka: &Kafka, session: &Session, r: DeleteTopicsRequ
     let current = kafka.gw.catch_up().await.map_err(|e| errors::admin(&Err(e)));
     let mut results = vec![];
     for (name, requested) in wanted {
-        let found: Option<(String, uuid::Uuid)> = kafka.gw.routes.view().with(|s| {
-            match &name {
-                Some(n) => s.topics.get(n),
-                None => s.topics.values().find(|t| topic_id(t) == requested),
-            }
-            .map(|t| (t.name.clone(), topic_id(t)))
-        });
-        let name = name.or_else(|| found.as_ref().map(|(n, _)| n.clone()));
+        // Answered with what the client sent until the topic is deleted, so a refusal
+        // tells nothing of a topic the client may not manage.
         let result = DeletableTopicResult::default()
-            .with_name(name.clone().map(|n| TopicName(s(&n))))
-            .with_topic_id(found.as_ref().map_or(requested, |(_, id)| *id));
-        let outcome = match (&current, &name, &found) {
-            (Err(unavailable), _, _) => Err(unavailable.clone()),
-            (_, None, _) => Err((errors::UNKNOWN_TOPIC_ID, "no topic has this id".to_string())),
-            (_, Some(n), _) if !session.grants.allows(Access::Manage, n) => {
-                Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", n)))
-            }
-            (_, Some(n), _) if super::brokers::is_internal_topic(n) => Err((
-                errors::INVALID_TOPIC_EXCEPTION,
-                "internal topics cannot be deleted".into(),
-            )),
-            (_, Some(n), None) => Err((
-                errors::UNKNOWN_TOPIC_OR_PARTITION,
-                format!("topic '{n}' does not exist"),
-            )),
-            (_, Some(n), Some((_, id))) if !requested.is_nil() && *id != requested => {
-                Err((errors::UNKNOWN_TOPIC_ID, format!("topic '{n}' does not have this id")))
-            }
-            (_, Some(n), Some((_, id))) => {
-                let command = Command::DeleteTopic {
-                    name: n.clone(),
-                    topic_id: Some(*id.as_bytes()),
-                };
-                propose(kafka, session, command).await.map(|_| ())
-            }
-        };
+            .with_name(name.as_ref().map(|n| TopicName(s(n))))
+            .with_topic_id(requested);
+        let outcome = delete_one(kafka, session, &current, name.as_deref(), requested).await;
         results.push(match outcome {
-            Ok(()) => result,
+            Ok((name, id)) => result.with_name(Some(TopicName(s(&name)))).with_topic_id(id),
             Err((code, message)) => result.with_error_code(code).with_error_message(Some(s(&message))),
         });
     }
     DeleteTopicsResponse::default().with_responses(results)
+}
+
+/// One entry of a DeleteTopics request, named by `name` or by `requested` id (one of
+/// them, as Kafka requires), checked in Kafka's order: the request's shape, then
+/// authorization, then existence. The deleted topic's name and id.
+async fn delete_one(
+    kafka: &Kafka,
+    session: &Session,
+    current: &Result<(), (i16, String)>,
+    name: Option<&str>,
+    requested: uuid::Uuid,
+) -> Result<(String, uuid::Uuid), (i16, String)> {
+    if name.is_some() != requested.is_nil() {
+        return Err((
+            errors::INVALID_REQUEST,
+            "name a topic by its name or by its id, not both and not neither".into(),
+        ));
+    }
+    let by_id = name.is_none();
+    let found: Option<(String, uuid::Uuid)> = kafka.gw.routes.view().with(|s| {
+        match name {
+            Some(n) => s.topics.get(n),
+            None => s.topics.values().find(|t| topic_id(t) == requested),
+        }
+        .map(|t| (t.name.clone(), topic_id(t)))
+    });
+    let Some(name) = name
+        .map(str::to_string)
+        .or_else(|| found.as_ref().map(|(n, _)| n.clone()))
+    else {
+        current.clone()?;
+        return Err((errors::UNKNOWN_TOPIC_ID, "no topic has this id".into()));
+    };
+    if !session.grants.allows(Access::Manage, &name) {
+        let message = if by_id {
+            "the token has no 'manage' scope for the topic of this id".to_string()
+        } else {
+            no_scope("manage", &name)
+        };
+        return Err((errors::TOPIC_AUTHORIZATION_FAILED, message));
+    }
+    if super::brokers::is_internal_topic(&name) {
+        return Err((
+            errors::INVALID_TOPIC_EXCEPTION,
+            "internal topics cannot be deleted".into(),
+        ));
+    }
+    current.clone()?;
+    let Some((_, id)) = found else {
+        return Err((
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("topic '{name}' does not exist"),
+        ));
+    };
+    let command = Command::DeleteTopic {
+        name: name.clone(),
+        topic_id: Some(*id.as_bytes()),
+    };
+    propose(kafka, session, command).await?;
+    Ok((name, id))
 }
 
 pub async fn create_partitions(

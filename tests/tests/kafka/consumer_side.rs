@@ -349,3 +349,51 @@ async fn kafka_python_fetches_incrementally_and_recovers_an_evicted_session() {
         );
     }
 }
+
+// Issue 22 (DeleteTopics v6 edge cases, as Kafka answers them): an entry naming a topic
+// by both name and id, or by neither, is INVALID_REQUEST and deletes nothing; an
+// unknown id is UNKNOWN_TOPIC_ID and an unknown name UNKNOWN_TOPIC_OR_PARTITION; a
+// topic named by its id alone is deleted and answered with its name.
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_topics_by_id_answers_each_malformed_or_unknown_entry_as_kafka_does() {
+    use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{
+        ApiKey, DeleteTopicsRequest, DeleteTopicsResponse, MetadataRequest, MetadataResponse, TopicName,
+    };
+    use kafka_protocol::protocol::StrBytes;
+    use weir_tests::kafka_wire::{connect, exchange, metadata_errors};
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    create_topic(&gw, "del-a", 1).await;
+    create_topic(&gw, "del-b", 1).await;
+    let name = |n: &str| Some(TopicName(StrBytes::from_string(n.to_string())));
+    let mut s = connect(&gw.kafka);
+    let metadata = MetadataRequest::default()
+        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(name("del-b"))]))
+        .with_allow_auto_topic_creation(false);
+    let described: MetadataResponse = exchange(&mut s, ApiKey::Metadata, 12, &metadata).expect("metadata");
+    let id_b = described.topics[0].topic_id;
+    assert!(!id_b.is_nil(), "Metadata v12 carries the topic id");
+    let state = |n: Option<TopicName>, id: uuid::Uuid| DeleteTopicState::default().with_name(n).with_topic_id(id);
+    let request = DeleteTopicsRequest::default().with_timeout_ms(30_000).with_topics(vec![
+        state(name("del-a"), id_b),
+        state(None, uuid::Uuid::nil()),
+        state(None, uuid::Uuid::from_u128(7)),
+        state(name("never-was"), uuid::Uuid::nil()),
+        state(None, id_b),
+    ]);
+    let answer: DeleteTopicsResponse = exchange(&mut s, ApiKey::DeleteTopics, 6, &request).expect("delete topics");
+    let codes: Vec<i16> = answer.responses.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, [42, 42, 100, 3, 0], "{answer:?}");
+    assert_eq!(
+        answer.responses[4].name,
+        name("del-b"),
+        "answered with the deleted topic's name"
+    );
+    assert_eq!(answer.responses[4].topic_id, id_b);
+    wait_for("del-b gone, del-a kept", T, || async {
+        let errors = metadata_errors(&mut connect(&gw.kafka), Some(&["del-a", "del-b"])).ok()?;
+        (errors == [("del-a".to_string(), 0), ("del-b".to_string(), 3)]).then_some(())
+    })
+    .await;
+}
