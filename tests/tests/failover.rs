@@ -748,10 +748,17 @@ async fn a_takeover_whose_completion_answer_was_lost_still_removes_the_taken_wal
 // retry found itself no longer the agent and stopped, leaving the taken WAL on disk.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_takeover_completion_landing_after_the_quorum_read_still_removes_the_taken_wal() {
-    lost_completion_answer_removes_the_taken_wal(&[("WEIR_FAILPOINT_TAKEOVER_COMPLETION_UNSEEN", "1")]).await;
+    let stack =
+        lost_completion_answer_removes_the_taken_wal(&[("WEIR_FAILPOINT_TAKEOVER_COMPLETION_UNSEEN", "1")]).await;
+    let late = "WAL takeover completed; the view showed it after its answer was lost";
+    assert!(
+        stack.nodes.iter().any(|n| n.log_text().contains(late)),
+        "the agent removed the WAL on seeing the late completion"
+    );
 }
 
-async fn lost_completion_answer_removes_the_taken_wal(streamd_env: &[(&str, &str)]) {
+/// The stack, once the taken WAL is gone.
+async fn lost_completion_answer_removes_the_taken_wal(streamd_env: &[(&str, &str)]) -> Stack {
     let mut stack = Stack::start_replicas_with_env(
         1,
         0,
@@ -790,13 +797,15 @@ async fn lost_completion_answer_removes_the_taken_wal(streamd_env: &[(&str, &str
         "the completion's answer was dropped"
     );
     wait_taken_wal_removed(&stack, victim).await;
+    stack
 }
 
 // INV-2, INV-3, RR-WAL-5, FO-TKO-8, issue 21: a node whose upload commit landed but
 // whose answer was lost is fenced (hung past its timeout) before it retries, with more
 // acknowledged records in its WAL past the landed ones. The takeover uploads exactly
-// the records no committed object holds (not the landed ones again), the node's late
-// retry is refused as fenced, and every acknowledged record is read back exactly once.
+// the records no committed object holds (not the landed ones again), the node, resumed,
+// exits 75 on the fence (a late retry, if it comes first, is refused as fenced), and
+// every acknowledged record is read back exactly once.
 // Failpoints: the node loses its commit answers while a file exists, and retries only
 // after 20 s.
 #[tokio::test(flavor = "multi_thread")]
@@ -869,7 +878,7 @@ async fn appends_answered(node: &weir_tests::streamd::Streamd) -> u64 {
 
 // FO-FEN-6: once a node is fenced, routing stops sending it requests. Node A is cut
 // from metad (its own view never learns of the fence, so it would still take appends)
-// while the gateway reaches it as before, and B's takeover of A's WAL is held 5 s
+// while the gateway reaches it as before, and B's takeover of A's WAL is held 10 s
 // (failpoint `takeover_start`), so the stream's row still names A after the fence.
 // Appends in that window and after reach A no more: A's own count of appends it
 // answered does not move, and every acknowledged one is read back once, in order.
@@ -882,7 +891,7 @@ async fn a_fenced_node_gets_no_more_requests_from_the_gateway() {
         "streamd-2",
         Backend::FileWal,
         &[],
-        &[("WEIR_FAILPOINT_TAKEOVER_START", "sleep(5000)")],
+        &[("WEIR_FAILPOINT_TAKEOVER_START", "sleep(10000)")],
     );
     for node in &stack.nodes {
         node.wait_ready().await;

@@ -311,9 +311,11 @@ async fn no_client_holds_a_stopping_gateway_past_its_deadline() {
     let elapsed = started.elapsed();
     let log = gw.log_text();
     assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    // Without an absolute deadline the 30 s in-flight bound would hold it; 3 s of slack
+    // over the deadline keeps a loaded machine from failing it.
     assert!(
-        elapsed < Duration::from_millis(4500),
-        "exited by the 3 s deadline (+1.5 s of harness slack), took {elapsed:?}: {log}"
+        elapsed < Duration::from_secs(6),
+        "exited by the 3 s deadline (+3 s of harness slack), took {elapsed:?}: {log}"
     );
 }
 
@@ -875,9 +877,9 @@ async fn a_call_to_a_peer_still_open_at_teardown_gets_the_transport_drain() {
 
 // SD-CS-5: step 4 of a stopping gateway: its HTTP and Kafka listeners stop accepting
 // (a new connection is refused) while a request admitted before still runs, and that
-// request gets up to --shutdown-timeout-sec (10 s here) to finish: the append, held 4 s
-// at its owner's WAL (failpoint `wal_persist`), is acknowledged and drain-support
-// completes. (The bound cutting a longer request is the transport-drain test above.)
+// request gets up to --shutdown-timeout-sec (20 s here) to finish: the append, held 4 s
+// at its owner's WAL (failpoint `wal_persist`; the gateway gives a call to an owner the
+// node timeout, 3 s, plus 2 s), is acknowledged and drain-support completes. (The bound cutting a longer request is the transport-drain test above.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopping_gateway_refuses_new_connections_and_lets_admitted_requests_finish() {
     let mut stack = Stack::start_with(0, Backend::FileWal, SHORT, &[]).await;
@@ -890,11 +892,11 @@ async fn a_stopping_gateway_refuses_new_connections_and_lets_admitted_requests_f
     stack.nodes[0].wait_ready().await;
     let flags = [
         "--shutdown-deadline-sec",
-        "20",
+        "30",
         "--shutdown-drain-sec",
         "0",
         "--shutdown-timeout-sec",
-        "10",
+        "20",
     ];
     let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &flags);
     gw.wait_ready().await;
@@ -925,7 +927,7 @@ async fn a_stopping_gateway_refuses_new_connections_and_lets_admitted_requests_f
         !appending.is_finished(),
         "the admitted append still runs after the listeners stopped"
     );
-    let response = tokio::time::timeout(Duration::from_secs(15), appending)
+    let response = tokio::time::timeout(Duration::from_secs(25), appending)
         .await
         .expect("answered within the in-flight bound")
         .expect("task")

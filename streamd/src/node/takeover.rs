@@ -108,7 +108,7 @@ impl Node {
                 // read said it had not (delayed in a paused replica): the view now
                 // shows it, and the WAL it took is this incarnation's to delete.
                 if clean && self.recovered_by_me(dead) {
-                    tracing::info!(node_id = %dead.node, epoch = %dead.epoch, "WAL takeover completed; its answer was lost");
+                    tracing::info!(node_id = %dead.node, epoch = %dead.epoch, "WAL takeover completed; the view showed it after its answer was lost");
                     self.remove_taken_wal(dead).await;
                 }
                 return;
