@@ -25,6 +25,30 @@ pub struct Gatewayd {
 }
 
 impl Gatewayd {
+    /// Starts appending `body` to `stream` and returns once `owner`'s WAL holds the
+    /// write (failpoint `wal_persist=sleep(..)` on it): the append is admitted and
+    /// unanswered. The task ends with the HTTP answer.
+    pub async fn append_held_at(
+        &self,
+        owner: &crate::streamd::Streamd,
+        stream: &str,
+        body: &str,
+    ) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+        let held = || crate::records(&owner.log_text(), "failpoint: sleeping").len();
+        let before = held();
+        let request = self
+            .request(Method::POST, &format!("/v1/streams/{stream}/records"))
+            .json(&json!({"records": [{"body": body}]}));
+        let appending = tokio::spawn(async move { request.send().await });
+        wait_for(
+            "the owner holds the append's WAL write",
+            Duration::from_secs(10),
+            || async { (held() > before).then_some(()) },
+        )
+        .await;
+        appending
+    }
+
     /// Starts gatewayd `id` against metad `metad` with `extra` flags (1 s heartbeats).
     pub fn start(id: &str, metad: &str, dir: &Path, extra: &[&str]) -> Gatewayd {
         Self::start_with_env(id, metad, dir, extra, &[])

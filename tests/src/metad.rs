@@ -338,3 +338,41 @@ impl Cluster {
         Some(v)
     }
 }
+
+/// Failpoint `late_<kind>` (`1*late while exists(<path>)`): the first such proposal is
+/// answered as if its answer were lost and written only when [`LateProposal::land`]
+/// removes the file, as a proposal held in a paused replica lands.
+pub struct LateProposal {
+    file: tempfile::NamedTempFile,
+    key: String,
+    value: String,
+}
+
+impl LateProposal {
+    pub fn new(kind: &str) -> Self {
+        let file = tempfile::NamedTempFile::new().expect("late file");
+        let value = format!("1*late while exists({})", file.path().display());
+        let key = format!("WEIR_FAILPOINT_LATE_{}", kind.to_ascii_uppercase());
+        LateProposal { file, key, value }
+    }
+
+    /// The environment that sets the failpoint on a metad replica.
+    pub fn env(&self) -> [(&str, &str); 1] {
+        [(self.key.as_str(), self.value.as_str())]
+    }
+
+    /// Lets the held proposal land on `replica` (the leader) and waits for its outcome:
+    /// whether it was refused.
+    pub async fn land(self, replica: &Replica) -> bool {
+        std::fs::remove_file(self.file.path()).expect("the late proposal lands now");
+        wait_for("the late proposal landed", Duration::from_secs(30), || async {
+            let log = replica.log_text();
+            if log.contains("failpoint: the late proposal was refused") {
+                Some(true)
+            } else {
+                log.contains("failpoint: the late proposal was").then_some(false)
+            }
+        })
+        .await
+    }
+}

@@ -133,6 +133,35 @@ fn by_node(proposer: &Value, node: &str) -> bool {
     proposer["node"]["node"] == node
 }
 
+/// The log indexes of `node`'s `mark_terminating` and `fence_self`: the span of its
+/// stop in which it drains.
+fn stop_span(entries: &[(u64, String, Value, Value)], node: &str) -> (u64, u64) {
+    let index_of = |kind: &str| {
+        entries
+            .iter()
+            .find(|(_, k, _, p)| k == kind && by_node(p, node))
+            .map(|(i, ..)| *i)
+            .unwrap_or_else(|| panic!("no {kind} by {node}: {entries:?}"))
+    };
+    (index_of("mark_terminating"), index_of("fence_self"))
+}
+
+/// One streamd whose confirming pass (the drain's last step) is held by `confirm_pass`,
+/// with `timing`, and a gateway.
+async fn one_node_holding_its_confirming_pass(timing: &[&str], confirm_pass: &str) -> (Stack, Gatewayd) {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        timing,
+        &[("WEIR_FAILPOINT_CONFIRM_PASS", confirm_pass)],
+    );
+    stack.nodes[0].wait_ready().await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    (stack, gw)
+}
+
 // SD-DRN-8, SD-DRN-1, SD-DRN-2, SD-REL-1, SD-REL-5, SD-REL-12, SD-INT-10, INV-2: a
 // stopping streamd with a live peer asks the metad leader for its own drain. The log
 // shows the drain's cordon, then one planned transfer per stream in canonical order,
@@ -550,7 +579,6 @@ async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
 // and drain-support is Abandoned. Nothing acknowledged is lost.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_confirming_pass_that_runs_out_of_time_is_told_apart_from_outstanding_work() {
-    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
     let timing = [
         "--drain-timeout-sec",
         "2",
@@ -559,15 +587,7 @@ async fn a_confirming_pass_that_runs_out_of_time_is_told_apart_from_outstanding_
         "--shutdown-drain-sec",
         "0",
     ];
-    stack.add_node_with_env(
-        "streamd-1",
-        Backend::FileWal,
-        &timing,
-        &[("WEIR_FAILPOINT_CONFIRM_PASS", "sleep(10000)")],
-    );
-    stack.nodes[0].wait_ready().await;
-    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
-    gw.wait_ready().await;
+    let (mut stack, gw) = one_node_holding_its_confirming_pass(&timing, "sleep(10000)").await;
     gw.create_stream("cp").await;
     gw.wait_open("cp").await;
     gw.append("cp", &["kept"]).await;
@@ -607,7 +627,6 @@ async fn a_confirming_pass_that_runs_out_of_time_is_told_apart_from_outstanding_
 // the node 3 s into its drain and take its WAL over.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_drain_longer_than_the_node_timeout_keeps_heartbeating_until_the_self_fence() {
-    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
     let timing = [
         "--drain-timeout-sec",
         "15",
@@ -616,16 +635,8 @@ async fn a_drain_longer_than_the_node_timeout_keeps_heartbeating_until_the_self_
         "--shutdown-drain-sec",
         "0",
     ];
-    stack.add_node_with_env(
-        "streamd-1",
-        Backend::FileWal,
-        &timing,
-        &[("WEIR_FAILPOINT_CONFIRM_PASS", "sleep(6000)")],
-    );
-    stack.nodes[0].wait_ready().await;
+    let (mut stack, gw) = one_node_holding_its_confirming_pass(&timing, "sleep(6000)").await;
     let node = stack.nodes[0].id.clone();
-    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
-    gw.wait_ready().await;
     gw.create_stream("hb").await;
     gw.wait_open("hb").await;
     gw.append("hb", &["kept"]).await;
@@ -635,14 +646,7 @@ async fn a_drain_longer_than_the_node_timeout_keeps_heartbeating_until_the_self_
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(phase_outcome(&log, "drain-support"), "Completed", "{log}");
     let entries = log_entries(&stack).await;
-    let index_of = |kind: &str| {
-        entries
-            .iter()
-            .find(|(_, k, _, p)| k == kind && by_node(p, &node))
-            .map(|(i, ..)| *i)
-            .unwrap_or_else(|| panic!("no {kind} by {node}: {entries:?}"))
-    };
-    let (terminating, fenced) = (index_of("mark_terminating"), index_of("fence_self"));
+    let (terminating, fenced) = stop_span(&entries, &node);
     let beats = entries
         .iter()
         .filter(|(i, k, _, p)| k == "heartbeat" && by_node(p, &node) && (terminating..fenced).contains(i))
@@ -1448,20 +1452,7 @@ async fn an_append_admitted_before_the_stop_is_acknowledged_and_moves_with_its_s
         n.wait_ready().await;
     }
     let (mut stack, gw) = with_streams_on_the_first(stack, &["adm"]).await;
-    let held = || records(&stack.nodes[0].log_text(), "failpoint: sleeping").len();
-    let before = held();
-    let appending = {
-        let r = gw
-            .request(Method::POST, "/v1/streams/adm/records")
-            .json(&json!({"records": [{"body": "admitted"}]}));
-        tokio::spawn(async move { r.send().await })
-    };
-    wait_for(
-        "the owner holds the append's WAL write",
-        Duration::from_secs(10),
-        || async { (held() > before).then_some(()) },
-    )
-    .await;
+    let appending = gw.append_held_at(&stack.nodes[0], "adm", "admitted").await;
     stack.nodes[0].term();
     let response = tokio::time::timeout(Duration::from_secs(30), appending)
         .await
@@ -1476,14 +1467,7 @@ async fn an_append_admitted_before_the_stop_is_acknowledged_and_moves_with_its_s
     assert_eq!(code, Some(0), "{log}");
     let node = stack.nodes[0].id.clone();
     let entries = log_entries(&stack).await;
-    let index_of = |kind: &str| {
-        entries
-            .iter()
-            .find(|(_, k, _, p)| k == kind && by_node(p, &node))
-            .map(|(i, ..)| *i)
-            .unwrap_or_else(|| panic!("no {kind} by {node}: {entries:?}"))
-    };
-    let (terminating, fenced) = (index_of("mark_terminating"), index_of("fence_self"));
+    let (terminating, fenced) = stop_span(&entries, &node);
     assert!(
         entries
             .iter()

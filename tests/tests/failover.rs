@@ -947,22 +947,8 @@ async fn a_restarted_lease_holder_acts_only_after_acquiring_the_lease_at_its_new
 // the history is clean: every acknowledged record is read back once, in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_restarted_while_cut_from_metad_serves_nothing_until_it_registers_anew() {
-    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
-    let metad_link = weir_tests::proxy::Proxy::start(&stack.metad.replicas[0].grpc).await;
-    stack.add_node("streamd-1", Backend::FileWal, &["--metad", metad_link.addr.as_str()]);
-    stack.add_node("streamd-2", Backend::FileWal, &[]);
-    for node in &stack.nodes {
-        node.wait_ready().await;
-    }
-    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
-    gw.wait_ready().await;
-    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
-    let cordon = |node: &str, verb: &str| gw.request(Method::POST, &format!("/admin/nodes/{node}/{verb}"));
-    assert_eq!(gw.send(cordon(&b, "cordon")).await.0, StatusCode::OK);
-    gw.create_stream("rf").await;
-    gw.wait_open("rf").await;
-    assert_eq!(gw.send(cordon(&b, "uncordon")).await.0, StatusCode::OK);
-    assert_eq!(owner(&stack, &gw, "rf").await.map(|o| o.0), Some(0), "rf is on {a}");
+    let (mut stack, gw, metad_link) = stream_on_a_node_behind_a_metad_link("rf", &[]).await;
+    let a = stack.nodes[0].id.clone();
     let mut acked = append_n(&gw, "rf", "before", 5).await;
 
     metad_link.set(weir_tests::proxy::Mode::Cut);
@@ -1006,6 +992,31 @@ async fn a_node_restarted_while_cut_from_metad_serves_nothing_until_it_registers
     assert_all_read_back(&gw, "rf", &acked).await;
 }
 
+/// Node A (`streamd-1`) reaching metad through a proxy the test can cut, node B
+/// (`streamd-2`, with `b_env`), a gateway, and stream `name` open on A.
+async fn stream_on_a_node_behind_a_metad_link(
+    name: &str,
+    b_env: &[(&str, &str)],
+) -> (Stack, Gatewayd, weir_tests::proxy::Proxy) {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let metad_link = weir_tests::proxy::Proxy::start(&stack.metad.replicas[0].grpc).await;
+    stack.add_node("streamd-1", Backend::FileWal, &["--metad", metad_link.addr.as_str()]);
+    stack.add_node_with_env("streamd-2", Backend::FileWal, &[], b_env);
+    for node in &stack.nodes {
+        node.wait_ready().await;
+    }
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    let b = stack.nodes[1].id.clone();
+    let cordon = |verb: &str| gw.request(Method::POST, &format!("/admin/nodes/{b}/{verb}"));
+    assert_eq!(gw.send(cordon("cordon")).await.0, StatusCode::OK);
+    gw.create_stream(name).await;
+    gw.wait_open(name).await;
+    assert_eq!(gw.send(cordon("uncordon")).await.0, StatusCode::OK);
+    assert_eq!(owner(&stack, &gw, name).await.map(|o| o.0), Some(0), "{name} is on A");
+    (stack, gw, metad_link)
+}
+
 /// Appends node `node` answered, whatever their result, from its own `/metrics`.
 async fn appends_answered(node: &weir_tests::streamd::Streamd) -> u64 {
     let text = weir_tests::get_text(&format!("http://{}/metrics", node.http)).await;
@@ -1023,27 +1034,9 @@ async fn appends_answered(node: &weir_tests::streamd::Streamd) -> u64 {
 // answered does not move, and every acknowledged one is read back once, in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fenced_node_gets_no_more_requests_from_the_gateway() {
-    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
-    let metad_link = weir_tests::proxy::Proxy::start(&stack.metad.replicas[0].grpc).await;
-    stack.add_node("streamd-1", Backend::FileWal, &["--metad", metad_link.addr.as_str()]);
-    stack.add_node_with_env(
-        "streamd-2",
-        Backend::FileWal,
-        &[],
-        &[("WEIR_FAILPOINT_TAKEOVER_START", "sleep(10000)")],
-    );
-    for node in &stack.nodes {
-        node.wait_ready().await;
-    }
-    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
-    gw.wait_ready().await;
-    let (a, b) = (stack.nodes[0].id.clone(), stack.nodes[1].id.clone());
-    let cordon = |node: &str, verb: &str| gw.request(Method::POST, &format!("/admin/nodes/{node}/{verb}"));
-    assert_eq!(gw.send(cordon(&b, "cordon")).await.0, StatusCode::OK);
-    gw.create_stream("rt").await;
-    gw.wait_open("rt").await;
-    assert_eq!(gw.send(cordon(&b, "uncordon")).await.0, StatusCode::OK);
-    assert_eq!(owner(&stack, &gw, "rt").await.map(|o| o.0), Some(0), "rt is on {a}");
+    let (stack, gw, metad_link) =
+        stream_on_a_node_behind_a_metad_link("rt", &[("WEIR_FAILPOINT_TAKEOVER_START", "sleep(10000)")]).await;
+    let a = stack.nodes[0].id.clone();
     let mut acked = append_n(&gw, "rt", "before", 5).await;
     metad_link.set(weir_tests::proxy::Mode::Cut);
     wait_for("the gateway sees A fenced", Duration::from_secs(60), || async {

@@ -187,18 +187,8 @@ async fn list_pages_through_streams_in_name_order() {
 // writes it when the test removes a file (a proposal delayed in a paused replica).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delete_landing_after_the_stream_was_recreated_deletes_nothing() {
-    let late = tempfile::NamedTempFile::new().expect("late file");
-    let late_path = late.path().to_path_buf();
-    let failpoint = format!("1*late while exists({})", late_path.display());
-    let stack = Stack::start_replicas_with_env(
-        1,
-        1,
-        Backend::FileWal,
-        &[],
-        &[],
-        &[("WEIR_FAILPOINT_LATE_DELETE_STREAM", failpoint.as_str())],
-    )
-    .await;
+    let late = weir_tests::metad::LateProposal::new("delete_stream");
+    let stack = Stack::start_replicas_with_env(1, 1, Backend::FileWal, &[], &[], &late.env()).await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
     gw.create_stream("re").await;
@@ -221,18 +211,10 @@ async fn a_delete_landing_after_the_stream_was_recreated_deletes_nothing() {
     gw.create_stream("re").await;
     gw.wait_open("re").await;
     gw.append("re", &["new"]).await;
-    std::fs::remove_file(&late_path).expect("the late delete lands now");
     let metad = &stack.metad.replicas[0];
-    wait_for("the late delete landed", Duration::from_secs(30), || async {
-        metad
-            .log_text()
-            .contains("failpoint: the late proposal was")
-            .then_some(())
-    })
-    .await;
     assert!(
-        metad.log_text().contains("failpoint: the late proposal was refused"),
-        "{}",
+        late.land(metad).await,
+        "the late delete is refused: {}",
         metad.log_text()
     );
     let (status, row) = gw.send(gw.request(Method::GET, "/v1/streams/re")).await;

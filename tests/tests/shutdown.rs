@@ -833,20 +833,7 @@ async fn a_call_to_a_peer_still_open_at_teardown_gets_the_transport_drain() {
     gw.wait_ready().await;
     gw.create_stream("slow").await;
     gw.wait_open("slow").await;
-    let held = || records(&stack.nodes[0].log_text(), "failpoint: sleeping").len();
-    let before = held();
-    let appending = {
-        let r = gw
-            .request(Method::POST, "/v1/streams/slow/records")
-            .json(&serde_json::json!({"records": [{"body": "held"}]}));
-        tokio::spawn(async move { r.send().await })
-    };
-    wait_for(
-        "the owner holds the append's WAL write",
-        Duration::from_secs(10),
-        || async { (held() > before).then_some(()) },
-    )
-    .await;
+    let appending = gw.append_held_at(&stack.nodes[0], "slow", "held").await;
     gw.signal(Signal::SIGTERM);
     let response = tokio::time::timeout(Duration::from_secs(30), appending)
         .await
@@ -902,20 +889,7 @@ async fn a_stopping_gateway_refuses_new_connections_and_lets_admitted_requests_f
     gw.wait_ready().await;
     gw.create_stream("admitted").await;
     gw.wait_open("admitted").await;
-    let held = || records(&stack.nodes[0].log_text(), "failpoint: sleeping").len();
-    let before = held();
-    let appending = {
-        let r = gw
-            .request(Method::POST, "/v1/streams/admitted/records")
-            .json(&serde_json::json!({"records": [{"body": "admitted"}]}));
-        tokio::spawn(async move { r.send().await })
-    };
-    wait_for(
-        "the owner holds the append's WAL write",
-        Duration::from_secs(10),
-        || async { (held() > before).then_some(()) },
-    )
-    .await;
+    let appending = gw.append_held_at(&stack.nodes[0], "admitted", "admitted").await;
     gw.signal(Signal::SIGTERM);
     let (http, kafka) = (gw.http.clone(), gw.kafka.clone());
     wait_for("both listeners refuse connections", Duration::from_secs(3), || async {

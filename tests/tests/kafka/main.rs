@@ -323,18 +323,8 @@ async fn topic_admin_creates_describes_grows_and_deletes() {
 // removes a file.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_topic_delete_landing_after_the_topic_was_recreated_deletes_nothing() {
-    let late = tempfile::NamedTempFile::new().expect("late file");
-    let late_path = late.path().to_path_buf();
-    let failpoint = format!("1*late while exists({})", late_path.display());
-    let stack = Stack::start_replicas_with_env(
-        1,
-        1,
-        Backend::FileWal,
-        &[],
-        &[],
-        &[("WEIR_FAILPOINT_LATE_DELETE_TOPIC", failpoint.as_str())],
-    )
-    .await;
+    let late = weir_tests::metad::LateProposal::new("delete_topic");
+    let stack = Stack::start_replicas_with_env(1, 1, Backend::FileWal, &[], &[], &late.env()).await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
     create_topic(&gw, "late-t", 1).await;
@@ -353,18 +343,10 @@ async fn a_topic_delete_landing_after_the_topic_was_recreated_deletes_nothing() 
     .await;
     gw.wait_open("late-t/0").await;
     produce_n(&gw, "late-t", 0, 1).await;
-    std::fs::remove_file(&late_path).expect("the late delete lands now");
     let metad = &stack.metad.replicas[0];
-    wait_for("the late delete landed", Duration::from_secs(30), || async {
-        metad
-            .log_text()
-            .contains("failpoint: the late proposal was")
-            .then_some(())
-    })
-    .await;
     assert!(
-        metad.log_text().contains("failpoint: the late proposal was refused"),
-        "{}",
+        late.land(metad).await,
+        "the late delete is refused: {}",
         metad.log_text()
     );
     let got = read_all(&gw, "late-t", 1, 1).await;
