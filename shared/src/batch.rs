@@ -276,6 +276,17 @@ pub fn set_base_offset(batch: &mut [u8], base_offset: i64) {
     batch[0..8].copy_from_slice(&base_offset.to_be_bytes());
 }
 
+/// The Kafka leader epoch a whole batch was appended under.
+pub fn partition_leader_epoch(batch: &[u8]) -> i32 {
+    be_i32(batch, LOG_OVERHEAD)
+}
+
+/// Stamps the Kafka leader epoch the batch was appended under (`partitionLeaderEpoch`,
+/// after `batchLength` and, like `baseOffset`, outside the CRC).
+pub fn set_partition_leader_epoch(batch: &mut [u8], epoch: i32) {
+    batch[LOG_OVERHEAD..LOG_OVERHEAD + 4].copy_from_slice(&epoch.to_be_bytes());
+}
+
 /// Fixes up the CRC after a header change inside the checksummed range (tests, encoders).
 pub fn recompute_crc(batch: &mut [u8]) {
     let crc = crc32c::crc32c(&batch[CRC_START..]);
@@ -359,8 +370,12 @@ pub(crate) mod tests {
         assert_eq!(parts[0].0.offset_count(), 3);
         let mut first = parts[0].1.to_vec();
         set_base_offset(&mut first, 42);
+        set_partition_leader_epoch(&mut first, 7);
         let (h, _) = split_batches(&first).unwrap()[0];
         assert_eq!(h.base_offset, 42);
+        assert_eq!(partition_leader_epoch(&first), 7);
+        assert_eq!(first[12..16], 7i32.to_be_bytes(), "the epoch follows batchLength");
+        verify_crc(&first, &h).expect("the CRC still holds");
     }
 
     /// Batches at offsets 0.., each `count` records of `payload`, concatenated.

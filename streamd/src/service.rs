@@ -98,6 +98,7 @@ impl Streamd for DataPlane {
             end_offset: h.durable_end(),
             committed_end: inner.committed_end,
             buffered_bytes: inner.buffered_bytes(),
+            leader_epoch: (h.leader_epoch >= 0).then_some(h.leader_epoch),
         }))
     }
 

@@ -3,7 +3,8 @@
 //!
 //! Any gateway can serve any partition (it routes to the owner), so a partition's
 //! "leader" is a live gateway picked by hashing the partition, which spreads clients
-//! over the gateways; leader epochs are −1 so clients skip epoch validation.
+//! over the gateways; its leader epoch grows with every move of the stream and every
+//! change of the live gateways (`leader_epochs`).
 
 use super::conn::Session;
 use super::errors;
@@ -15,7 +16,7 @@ use kafka_protocol::messages::metadata_response::{
 use kafka_protocol::messages::{BrokerId, DescribeClusterResponse, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use weir_meta::model::scopes::Access;
-use weir_meta::model::{Command, NodeKind, StreamConfig, TopicRow};
+use weir_meta::model::{Command, NodeKind, State, StreamConfig, TopicRow};
 
 pub use weir_meta::model::names::OFFSETS_TOPIC;
 pub const CLUSTER_ID: &str = "weir";
@@ -91,14 +92,15 @@ pub fn topic_id(t: &TopicRow) -> uuid::Uuid {
     uuid::Uuid::from_bytes(t.topic_id)
 }
 
-fn topic_metadata(t: &TopicRow, brokers: &[Broker]) -> MetadataResponseTopic {
+fn topic_metadata(t: &TopicRow, brokers: &[Broker], state: &State) -> MetadataResponseTopic {
     let partitions = (0..t.partitions.len() as i32)
         .map(|p| {
-            let leader = BrokerId(leader_for(brokers, &format!("{}/{p}", t.name)));
+            let stream = format!("{}/{p}", t.name);
+            let leader = BrokerId(leader_for(brokers, &stream));
             MetadataResponsePartition::default()
                 .with_partition_index(p)
                 .with_leader_id(leader)
-                .with_leader_epoch(-1)
+                .with_leader_epoch(super::leader_epochs::in_state(state, &stream).unwrap_or(-1))
                 .with_replica_nodes(vec![leader])
                 .with_isr_nodes(vec![leader])
         })
@@ -133,21 +135,25 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
             s.topics
                 .values()
                 .filter(|t| visible(session, &t.name))
-                .map(|t| topic_metadata(t, &brokers))
+                .map(|t| topic_metadata(t, &brokers, s))
                 .collect()
         }),
         Some(wanted) => {
             let mut out = vec![];
             for w in wanted {
-                let found = kafka.gw.routes.view().with(|s| match &w.name {
-                    Some(n) => s.topics.get(n.0.as_str()).cloned(),
-                    None => s.topics.values().find(|t| topic_id(t) == w.topic_id).cloned(),
+                // The topic and its partitions' epochs from one state.
+                let found = kafka.gw.routes.view().with(|s| {
+                    let t = match &w.name {
+                        Some(n) => s.topics.get(n.0.as_str()),
+                        None => s.topics.values().find(|t| topic_id(t) == w.topic_id),
+                    }?;
+                    Some((t.name.clone(), topic_metadata(t, &brokers, s)))
                 });
                 out.push(match (found, w.name) {
-                    (Some(t), _) if !visible(session, &t.name) => MetadataResponseTopic::default()
-                        .with_name(Some(TopicName(StrBytes::from_string(t.name.clone()))))
+                    (Some((t, _)), _) if !visible(session, &t) => MetadataResponseTopic::default()
+                        .with_name(Some(TopicName(StrBytes::from_string(t))))
                         .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED),
-                    (Some(t), _) => topic_metadata(&t, &brokers),
+                    (Some((_, described)), _) => described,
                     (None, Some(name)) if !visible(session, name.0.as_str()) => MetadataResponseTopic::default()
                         .with_name(Some(name))
                         .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED),

@@ -439,6 +439,9 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
         RequestKind::DeleteRecords(r) => Respond(ResponseKind::DeleteRecords(
             super::scopes::delete_records(kafka, &session.grants, r).await,
         )),
+        RequestKind::OffsetForLeaderEpoch(r) => Respond(ResponseKind::OffsetForLeaderEpoch(
+            super::leader_epochs::offset_for_leader_epoch(kafka, &session.grants, r).await,
+        )),
         RequestKind::InitProducerId(r) => Respond(ResponseKind::InitProducerId(
             admin::init_producer_id(kafka, session, r).await,
         )),

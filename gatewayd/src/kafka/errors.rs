@@ -34,6 +34,8 @@ pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = KafkaError::OutOfOrderSequenceNumb
 pub const INVALID_PRODUCER_EPOCH: i16 = KafkaError::InvalidProducerEpoch.code();
 pub const KAFKA_STORAGE_ERROR: i16 = KafkaError::KafkaStorageError.code();
 pub const UNKNOWN_TOPIC_ID: i16 = KafkaError::UnknownTopicId.code();
+pub const FENCED_LEADER_EPOCH: i16 = KafkaError::FencedLeaderEpoch.code();
+pub const UNKNOWN_LEADER_EPOCH: i16 = KafkaError::UnknownLeaderEpoch.code();
 
 /// A routed call's failure as a partition-level Kafka error of a data API. An owner
 /// that failed mid-append (outcome unknown) is REQUEST_TIMED_OUT, as a Kafka broker's

@@ -27,6 +27,9 @@ struct Part {
     /// Listed before in the same request: answered INVALID_REQUEST and never read, so a
     /// request repeating one partition cannot multiply the reads (issue 19).
     duplicate: bool,
+    /// The client's `current_leader_epoch` is not this partition's: the error it is
+    /// answered with, and it is never read (issue 22).
+    stale: i16,
 }
 
 #[derive(Default)]
@@ -61,6 +64,9 @@ enum Limit {
 async fn read(kafka: &Kafka, p: &Part, wait: Duration, limit: Limit) -> Got {
     if p.duplicate {
         return Got::failed(errors::INVALID_REQUEST);
+    }
+    if p.stale != errors::NONE {
+        return Got::failed(p.stale);
     }
     if p.offset < 0 {
         return Got::failed(errors::OFFSET_OUT_OF_RANGE);
@@ -141,12 +147,18 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
             let max_bytes = usize::try_from(p.partition_max_bytes)
                 .unwrap_or(0)
                 .min(kafka.gw.max_body_bytes);
-            let reserved = if duplicate { 0 } else { max_bytes.min(left) };
+            let stale = super::leader_epochs::check_partition(kafka, &stream, p.current_leader_epoch);
+            let reserved = if duplicate || stale != errors::NONE {
+                0
+            } else {
+                max_bytes.min(left)
+            };
             left -= reserved;
             parts.push(Part {
                 topic: i,
                 partition: p.partition,
                 duplicate,
+                stale,
                 stream,
                 offset: p.fetch_offset,
                 max_bytes,
@@ -175,7 +187,7 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
         let mut waits: FuturesUnordered<_> = parts
             .iter()
             .enumerate()
-            .filter(|(_, p)| !p.duplicate)
+            .filter(|(_, p)| !p.duplicate && p.stale == errors::NONE)
             .map(|(i, p)| async move {
                 let limit = Limit::AtLeastOne(p.max_bytes.min(budget));
                 (i, read(kafka, p, max_wait, limit).await)
@@ -238,17 +250,22 @@ pub async fn list_offsets(kafka: &Kafka, r: ListOffsetsRequest) -> ListOffsetsRe
         let mut partitions = vec![];
         for p in &t.partitions {
             let stream = format!("{}/{}", t.name.0, p.partition_index);
-            let (error, offset, timestamp) = match lookup(kafka, &stream, p.timestamp).await {
-                Ok((o, ts)) => (errors::NONE, o, ts),
-                Err(code) => (code, -1, -1),
+            let stale = super::leader_epochs::check_partition(kafka, &stream, p.current_leader_epoch);
+            let found = match stale {
+                errors::NONE => lookup(kafka, &stream, p.timestamp).await,
+                fenced => Err(fenced),
+            };
+            let (error, found) = match found {
+                Ok(found) => (errors::NONE, found),
+                Err(code) => (code, Found::NONE),
             };
             partitions.push(
                 ListOffsetsPartitionResponse::default()
                     .with_partition_index(p.partition_index)
                     .with_error_code(error)
-                    .with_offset(offset)
-                    .with_timestamp(timestamp)
-                    .with_leader_epoch(-1),
+                    .with_offset(found.offset)
+                    .with_timestamp(found.timestamp)
+                    .with_leader_epoch(found.leader_epoch),
             );
         }
         topics.push(
@@ -260,8 +277,27 @@ pub async fn list_offsets(kafka: &Kafka, r: ListOffsetsRequest) -> ListOffsetsRe
     ListOffsetsResponse::default().with_topics(topics)
 }
 
-/// (offset, timestamp) for a ListOffsets spec.
-async fn lookup(kafka: &Kafka, stream: &str, spec: i64) -> Result<(i64, i64), i16> {
+/// A ListOffsets answer for one partition.
+struct Found {
+    offset: i64,
+    timestamp: i64,
+    /// The epoch of the record at `offset` (issue 22), from the owner's or the batch's
+    /// own word, never from the view, whose current epoch may be a later owner's: a
+    /// position with an epoch too early for its offset would read as truncated.
+    leader_epoch: i32,
+}
+
+impl Found {
+    const NONE: Found = Found {
+        offset: -1,
+        timestamp: -1,
+        leader_epoch: -1,
+    };
+}
+
+/// The answer to a ListOffsets spec. The earliest offset's epoch is not known
+/// consistently with it, so it is −1 (the client then validates nothing).
+async fn lookup(kafka: &Kafka, stream: &str, spec: i64) -> Result<Found, i16> {
     let status = kafka
         .gw
         .routes
@@ -274,16 +310,24 @@ async fn lookup(kafka: &Kafka, stream: &str, spec: i64) -> Result<(i64, i64), i1
         .await
         .map_err(|e| errors::route(&e))?;
     match spec {
-        LATEST => Ok((status.end_offset as i64, -1)),
-        EARLIEST => Ok((status.start_offset as i64, -1)),
+        LATEST => Ok(Found {
+            offset: status.end_offset as i64,
+            timestamp: -1,
+            leader_epoch: status.leader_epoch.unwrap_or(-1),
+        }),
+        EARLIEST => Ok(Found {
+            offset: status.start_offset as i64,
+            ..Found::NONE
+        }),
         ts if ts >= 0 => by_timestamp(kafka, stream, status.start_offset, status.end_offset, ts).await,
         _ => Err(errors::INVALID_REQUEST),
     }
 }
 
 /// The first record at or after `ts`, scanning batch headers and decoding only the
-/// batch that holds it; (−1, −1) when there is none, as Kafka answers.
-async fn by_timestamp(kafka: &Kafka, stream: &str, start: u64, end: u64, ts: i64) -> Result<(i64, i64), i16> {
+/// batch that holds it, with its batch's epoch; (−1, −1) when there is none, as Kafka
+/// answers.
+async fn by_timestamp(kafka: &Kafka, stream: &str, start: u64, end: u64, ts: i64) -> Result<Found, i16> {
     let mut offset = start;
     while offset < end {
         let part = Part {
@@ -294,6 +338,7 @@ async fn by_timestamp(kafka: &Kafka, stream: &str, start: u64, end: u64, ts: i64
             max_bytes: 1 << 20,
             reserved: 1 << 20,
             duplicate: false,
+            stale: errors::NONE,
         };
         let g = read(kafka, &part, Duration::ZERO, Limit::AtLeastOne(1 << 20)).await;
         if g.error != errors::NONE {
@@ -308,6 +353,7 @@ async fn by_timestamp(kafka: &Kafka, stream: &str, start: u64, end: u64, ts: i64
             if last < offset as i64 || h.max_timestamp < ts {
                 continue;
             }
+            let leader_epoch = weir_shared::batch::partition_leader_epoch(bytes);
             let mut buf = Bytes::copy_from_slice(bytes);
             if let Ok(sets) = weir_shared::inflate::decode_all(&mut buf, kafka.gw.max_decompressed_bytes) {
                 let hit = sets
@@ -315,14 +361,22 @@ async fn by_timestamp(kafka: &Kafka, stream: &str, start: u64, end: u64, ts: i64
                     .flat_map(|s| s.records.iter())
                     .find(|r| r.offset >= offset as i64 && r.timestamp >= ts && !r.control);
                 if let Some(r) = hit {
-                    return Ok((r.offset, r.timestamp));
+                    return Ok(Found {
+                        offset: r.offset,
+                        timestamp: r.timestamp,
+                        leader_epoch,
+                    });
                 }
             } else {
-                return Ok((h.base_offset.max(offset as i64), h.max_timestamp));
+                return Ok(Found {
+                    offset: h.base_offset.max(offset as i64),
+                    timestamp: h.max_timestamp,
+                    leader_epoch,
+                });
             }
         }
         let (h, _) = batches.last().expect("not empty");
         offset = (h.base_offset + i64::from(h.last_offset_delta) + 1) as u64;
     }
-    Ok((-1, -1))
+    Ok(Found::NONE)
 }

@@ -13,6 +13,7 @@ pub mod fetch;
 pub mod fetch_sessions;
 pub mod frame;
 pub mod groups;
+pub mod leader_epochs;
 pub mod principals;
 pub mod produce;
 pub mod sasl;

@@ -30,6 +30,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::DescribeCluster, 0, 1),
+    (ApiKey::OffsetForLeaderEpoch, 2, 4),
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::AlterConfigs, 0, 2),
     (ApiKey::IncrementalAlterConfigs, 0, 1),

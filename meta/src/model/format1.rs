@@ -143,6 +143,7 @@ pub(crate) mod tests {
             committed_end: Offset(5),
             commits: 2,
             bytes: 20,
+            leader_epochs: vec![],
             config: Default::default(),
             damage: None,
         };

@@ -5,6 +5,7 @@ pub mod codec;
 pub mod command;
 pub mod format1;
 pub mod index;
+pub mod leader_epochs;
 pub mod metadata;
 pub mod names;
 pub mod rows;

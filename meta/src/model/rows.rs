@@ -173,6 +173,11 @@ pub struct StreamRow {
     /// operator acts (issue 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub damage: Option<StreamDamage>,
+    /// Where each recent open's Kafka leader epoch starts (issue 22,
+    /// [`super::leader_epochs`]); pruned below the start offset and capped. Absent in
+    /// rows written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leader_epochs: Vec<super::leader_epochs::EpochStart>,
 }
 
 impl StreamRow {
@@ -321,6 +326,10 @@ pub struct Counters {
     pub next_stream_id: u64,
     /// Next Kafka producer id to hand out (allocated in blocks).
     pub next_producer_id: i64,
+    /// Changes to the set of live gateways (the Kafka brokers): part of every
+    /// partition's leader epoch (issue 22). Absent in states written before it existed.
+    #[serde(default)]
+    pub gateway_changes: u64,
 }
 
 /// Group-by helper for admin listings.

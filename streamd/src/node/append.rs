@@ -9,7 +9,7 @@ use crate::wal::{WalError, WalRecord};
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use std::sync::Arc;
-use weir_shared::batch::{check_record_count, set_base_offset, split_batches, BatchError};
+use weir_shared::batch::{check_record_count, set_base_offset, set_partition_leader_epoch, split_batches, BatchError};
 
 /// What an acknowledged append was assigned.
 #[derive(Debug, Clone)]
@@ -143,6 +143,7 @@ impl Node {
         for (header, bytes) in &parsed {
             let mut b = BytesMut::from(*bytes);
             set_base_offset(&mut b, next as i64);
+            set_partition_leader_epoch(&mut b, handle.leader_epoch);
             let end = next + header.offset_count();
             offsets.push(next);
             let frozen: Bytes = b.freeze();

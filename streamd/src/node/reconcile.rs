@@ -199,15 +199,17 @@ async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) -> Result<(), S
                 }
                 Err(e) => return Err(format!("cannot rebuild producer state: {e}")),
             };
+            let leader_epoch = weir_meta::model::leader_epochs::stamped_at(&row, stream_epoch);
             let handle = StreamHandle::new(
                 id,
                 name.to_string(),
                 stream_epoch,
+                leader_epoch,
                 row.start_offset.0,
                 committed_end.0,
                 producers,
             );
-            tracing::info!(stream = name, stream_epoch = %stream_epoch, offset = committed_end.0, log_index = index, "opened stream");
+            tracing::info!(stream = name, stream_epoch = %stream_epoch, leader_epoch, offset = committed_end.0, log_index = index, "opened stream");
             node.insert_stream(Arc::new(handle));
             Ok(())
         }

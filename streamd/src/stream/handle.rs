@@ -65,6 +65,9 @@ pub struct StreamHandle {
     pub id: StreamId,
     pub name: String,
     pub epoch: StreamEpoch,
+    /// The Kafka leader epoch this open started, stamped into every batch appended
+    /// (issue 22); −1 when metad recorded none.
+    pub leader_epoch: i32,
     pub inner: Mutex<StreamInner>,
     /// The durable end offset; readers wait on it.
     pub durable: watch::Sender<u64>,
@@ -80,6 +83,7 @@ impl StreamHandle {
         id: StreamId,
         name: String,
         epoch: StreamEpoch,
+        leader_epoch: i32,
         start_offset: u64,
         committed_end: u64,
         producers: ProducerTable,
@@ -88,6 +92,7 @@ impl StreamHandle {
             id,
             name,
             epoch,
+            leader_epoch,
             inner: Mutex::new(StreamInner {
                 next_offset: committed_end,
                 start_offset,

@@ -24,6 +24,7 @@ use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
 mod consumer_side;
+mod leader_epochs;
 
 const T: Duration = Duration::from_secs(30);
 

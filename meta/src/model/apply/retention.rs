@@ -41,6 +41,7 @@ impl Txn<'_> {
         let row = self.state.streams.get_mut(&id).expect("checked above");
         row.start_offset = start;
         row.bytes = row.bytes.saturating_sub(dropped);
+        crate::model::leader_epochs::prune(row);
         self.touch(RowKey::Stream(id));
         Ok(Applied::Trimmed { start })
     }

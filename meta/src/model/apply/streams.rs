@@ -31,6 +31,7 @@ impl Txn<'_> {
             bytes: 0,
             config: config.clone(),
             damage: None,
+            leader_epochs: vec![],
         };
         self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
         self.touch(RowKey::Stream(id));
@@ -158,6 +159,7 @@ impl Txn<'_> {
                 let row = self.state.streams.get_mut(&id).expect("checked");
                 row.state = StreamState::Open;
                 row.epoch = row.epoch.next();
+                crate::model::leader_epochs::record_open(row, &self.state.counters);
                 let applied = Applied::StreamOpened {
                     stream_epoch: row.epoch,
                     committed_end: row.committed_end,
@@ -294,5 +296,39 @@ mod tests {
         assert_eq!(log.apply(op(), by_id(old)), Err(RejectCode::NotFound));
         assert!(log.meta.state.topics.contains_key("t"), "the new topic stays");
         assert_eq!(log.apply(op(), by_id(new)), Ok(Applied::Done));
+    }
+
+    /// Issue 22: each open records the leader epoch it starts at the committed end, and
+    /// a retried open records nothing more.
+    #[test]
+    fn each_open_records_where_its_leader_epoch_starts() {
+        use super::super::test_log::node;
+        use weir_shared::ids::{NodeId, Offset};
+        let mut log = Log::new();
+        let first = log.row(0).leader_epochs.clone();
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].leader_epoch, first[0].start), (1, Offset(0)));
+        log.commit("data/1", &[(0, 7, 70)]);
+        let epoch = log.row(0).epoch;
+        let close = Command::CloseStream {
+            stream: StreamId(0),
+            stream_epoch: epoch,
+        };
+        log.apply(node(), close).expect("close");
+        let place = Command::PlaceStream {
+            stream: StreamId(0),
+            node: NodeId::new("n"),
+        };
+        log.apply(op(), place).expect("placed again");
+        let open = Command::OpenStream { stream: StreamId(0) };
+        log.apply(node(), open.clone()).expect("open");
+        log.apply(node(), open).expect("retried open");
+        let history: Vec<_> = log
+            .row(0)
+            .leader_epochs
+            .iter()
+            .map(|e| (e.leader_epoch, e.stream_epoch.0, e.start.0))
+            .collect();
+        assert_eq!(history, [(1, 1, 0), (2, 2, 7)]);
     }
 }
