@@ -43,7 +43,12 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         grpc: kafka_addr.clone(),
         http: http_addr.clone(),
     };
-    let registered = Arc::new(Registered::join(&args.node, NodeKind::Gatewayd, addrs).await?);
+    let limits = args.listeners.limits()?;
+    let joining =
+        listener::close_connections_while(&kafka_listener, Registered::join(&args.node, NodeKind::Gatewayd, addrs));
+    let joined =
+        weir_shared::http_server::answer_probes_while(&http_listener, limits, http_tls.clone(), &args.node.id, joining);
+    let registered = Arc::new(joined.await??);
     let me = registered.me.clone();
 
     // Listeners, the requests they carry and the live reads they start (SSE), tracked
@@ -81,7 +86,6 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
     );
 
     let servers_stop = CancellationToken::new();
-    let limits = args.listeners.limits()?;
     let http = weir_shared::http_server::serve(
         Listener::new(http_listener, "http", limits),
         router(gw.clone()),

@@ -78,6 +78,56 @@ pub async fn serve(
     Ok(())
 }
 
+/// Answers probes on `listener` until `until` completes, then lets the answered
+/// requests finish and returns `until`'s output. A node registering with metad (which
+/// waits as long as metad is unreachable) is alive but not ready, and says so:
+/// `/livez` 200, `/readyz` and everything else 503 with a JSON body. Without it a
+/// probe would wait in the accept queue until registration ended (issue 21). It
+/// serves a duplicate of the socket, so the listener stays open throughout and the
+/// full server takes over its queue without refusing a connection.
+pub async fn answer_probes_while<T>(
+    listener: &tokio::net::TcpListener,
+    limits: crate::listener::Limits,
+    tls: Option<ServerTls>,
+    node_id: &str,
+    until: impl Future<Output = T>,
+) -> std::io::Result<T> {
+    use std::os::fd::AsFd;
+    let dup = std::net::TcpListener::from(listener.as_fd().try_clone_to_owned()?);
+    let dup = tokio::net::TcpListener::from_std(dup)?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let serving = serve(
+        Listener::new(dup, "http", limits),
+        registering_router(node_id),
+        tls,
+        stop.clone().cancelled_owned(),
+    );
+    let until = async {
+        let out = until.await;
+        stop.cancel();
+        out
+    };
+    let (served, out) = tokio::join!(serving, until);
+    served.map(|()| out)
+}
+
+/// What a registering node answers.
+fn registering_router(node_id: &str) -> Router {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    use axum::Json;
+    let message = format!("node '{node_id}' is registering with metad and serves nothing yet");
+    let ready = serde_json::json!({"ready": false, "node_id": node_id, "registering": true});
+    let error = serde_json::json!({"error": {"code": "unavailable", "message": message}});
+    Router::new()
+        .route("/livez", get(|| async { "ok" }))
+        .route(
+            "/ready",
+            get(move || async move { (StatusCode::SERVICE_UNAVAILABLE, Json(ready)) }),
+        )
+        .fallback(move || async move { (StatusCode::SERVICE_UNAVAILABLE, Json(error)) })
+}
+
 fn log_closed(e: Box<dyn std::error::Error + Send + Sync>) {
     let header_timeout = e.downcast_ref::<hyper::Error>().is_some_and(|h| h.is_timeout());
     if header_timeout {

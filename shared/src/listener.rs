@@ -543,3 +543,16 @@ mod h2_tests {
         client.abort();
     }
 }
+
+/// RR-FEN-3: connections made while a node registers with metad are closed at once, so
+/// a client tries another server or retries, rather than waiting in the accept queue
+/// for as long as metad is away. Returns `until`'s output.
+pub async fn close_connections_while<T>(listener: &TcpListener, until: impl std::future::Future<Output = T>) -> T {
+    tokio::pin!(until);
+    loop {
+        tokio::select! {
+            out = &mut until => return out,
+            accepted = listener.accept() => drop(accepted),
+        }
+    }
+}

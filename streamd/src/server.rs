@@ -37,7 +37,13 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         http: http_listener.local_addr()?.to_string(),
     };
     let node_id = NodeId::new(args.node.id.clone());
-    let registered = Arc::new(Registered::join(&args.node, NodeKind::Streamd, addrs.clone()).await?);
+    let limits = args.listeners.limits()?;
+    let joining = weir_shared::listener::close_connections_while(
+        &grpc_listener,
+        Registered::join(&args.node, NodeKind::Streamd, addrs.clone()),
+    );
+    let joined = weir_shared::http_server::answer_probes_while(&http_listener, limits, None, &args.node.id, joining);
+    let registered = Arc::new(joined.await??);
     let me = registered.me.clone();
 
     let tasks = TaskTracker::new();
@@ -150,7 +156,6 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     // teardown can give in-flight calls their own bound (SD-CS-5).
     let servers = TaskTracker::new();
     let grpc_stop = CancellationToken::new();
-    let limits = args.listeners.limits()?;
     let grpc = weir_shared::grpc::server(&limits)?
         .add_service(
             StreamdServer::new(DataPlane::new(node.clone()))

@@ -940,8 +940,9 @@ async fn a_restarted_lease_holder_acts_only_after_acquiring_the_lease_at_its_new
     println!("failover steps {steps}; lease holders {holders:?}; the killed holder was {holder_id}");
 }
 
-// RR-FEN-4: a node restarted while cut from metad blocks in registration and serves
-// nothing: not ready, and no append reaches it (its stream fails over to B meanwhile;
+// RR-FEN-4, RR-FEN-3: a node restarted while cut from metad blocks in registration and
+// serves nothing: it answers probes as alive and not ready, a direct call as
+// unavailable, and no append reaches it (its stream fails over to B meanwhile;
 // the restarted process's own count of appends answered stays 0).
 // Once the link heals it registers at a new epoch, owns nothing it owned before, and
 // the history is clean: every acknowledged record is read back once, in order.
@@ -963,17 +964,33 @@ async fn a_node_restarted_while_cut_from_metad_serves_nothing_until_it_registers
         .timeout(Duration::from_secs(2))
         .build()
         .expect("client");
-    let ready = http
-        .get(format!("http://{}/readyz", stack.nodes[0].http))
-        .send()
+    // A node registering answers its probes at once (issue 21): alive, not ready, and
+    // why; before, a probe waited in the accept queue until registration ended.
+    let probe = |path: &str| http.get(format!("http://{}{path}", stack.nodes[0].http)).send();
+    let live = probe("/livez").await.expect("/livez answers while registering");
+    assert_eq!(live.status(), StatusCode::OK);
+    let ready = probe("/readyz").await.expect("/readyz answers while registering");
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let why: serde_json::Value = probe("/ready")
         .await
-        .map(|r| r.status());
-    // Its listeners are bound but not served before registration: a probe gets no
-    // answer (or, once served, not 200).
-    assert!(
-        !matches!(ready, Ok(StatusCode::OK)),
-        "a node still registering is not ready: {ready:?}"
-    );
+        .expect("/ready")
+        .json()
+        .await
+        .expect("a JSON body");
+    assert_eq!(why["registering"], true, "{why}");
+    let other = probe("/metrics").await.expect("/metrics answers while registering");
+    assert_eq!(other.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: serde_json::Value = other.json().await.expect("a JSON error");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    // RR-FEN-3: its data plane answers too: the connection is closed at once, so a
+    // direct call fails fast (a transport error) rather than wait for registration.
+    let direct = tokio::time::timeout(Duration::from_secs(5), async {
+        let request = weir_proto::streamd::StatusRequest { stream: "rf".into() };
+        stack.nodes[0].client().await.status(request).await
+    })
+    .await
+    .expect("a direct call is answered, not left waiting");
+    direct.expect_err("nothing is served while registering");
 
     metad_link.set(weir_tests::proxy::Mode::Pass);
     stack.nodes[0].wait_ready().await;

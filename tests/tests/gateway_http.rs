@@ -620,6 +620,48 @@ async fn during_a_metadata_outage_data_keeps_flowing_and_changes_are_refused() {
     assert_eq!(body["error"]["code"], "unavailable");
 }
 
+/// RR-FEN-3, OBS-2: a gateway started while metad is away registers once metad is
+/// back; until then it answers at once, alive and not ready, every API request gets a
+/// 503 with a JSON error and a Kafka connection is closed, rather than leaving clients
+/// and probes in the accept queue.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_registering_answers_probes_and_requests_at_once() {
+    let (stack, _gw) = stack(1, &[]).await;
+    for r in &stack.metad.replicas {
+        r.pause();
+    }
+    let late = Gatewayd::start("gw-late", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("client");
+    let status = |path: &'static str| {
+        let req = http.get(late.url(path));
+        async move { req.send().await.ok().map(|r| r.status()) }
+    };
+    wait_for(
+        "the registering gateway answers /livez",
+        Duration::from_secs(30),
+        || async { (status("/livez").await == Some(StatusCode::OK)).then_some(()) },
+    )
+    .await;
+    assert_eq!(status("/readyz").await, Some(StatusCode::SERVICE_UNAVAILABLE));
+    let (code, body) = late.send(late.request(Method::GET, "/v1/streams")).await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    let mut kafka = weir_tests::kafka_wire::connect(&late.kafka);
+    assert!(
+        weir_tests::kafka_wire::closed_by_peer(&mut kafka),
+        "a Kafka connection is closed at once, not left waiting"
+    );
+    for r in &stack.metad.replicas {
+        r.resume();
+    }
+    late.wait_ready().await;
+    let (code, body) = late.send(late.request(Method::GET, "/v1/streams")).await;
+    assert_eq!(code, StatusCode::OK, "registered, it serves the API: {body}");
+}
+
 /// Bad inputs, each with its documented status and code; none changes anything.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_inputs_get_their_documented_status_and_code() {
