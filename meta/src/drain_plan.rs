@@ -311,7 +311,13 @@ mod tests {
                 stream,
                 node: owner.node.clone(),
             });
-            self.op(Proposer::Node(owner.clone()), Command::OpenStream { stream });
+            self.op(
+                Proposer::Node(owner.clone()),
+                Command::OpenStream {
+                    stream,
+                    stamps_leader_epochs: false,
+                },
+            );
         }
     }
 

@@ -331,8 +331,14 @@ mod tests {
             },
         )
         .expect("place");
-        w.apply(Proposer::Node(a.clone()), Command::OpenStream { stream })
-            .expect("open");
+        w.apply(
+            Proposer::Node(a.clone()),
+            Command::OpenStream {
+                stream,
+                stamps_leader_epochs: false,
+            },
+        )
+        .expect("open");
         w.apply(Proposer::Node(a.clone()), Command::FenceSelf).expect("fence");
         let mut clock = Clock::default();
         let live = holder_commands(&w.s, &holder, &mut clock, true);
@@ -393,8 +399,14 @@ mod tests {
             },
         )
         .expect("place");
-        w.apply(Proposer::Node(a.clone()), Command::OpenStream { stream })
-            .expect("open");
+        w.apply(
+            Proposer::Node(a.clone()),
+            Command::OpenStream {
+                stream,
+                stamps_leader_epochs: false,
+            },
+        )
+        .expect("open");
         assert!(takeover_steps(&w.s).is_empty(), "a live owner needs nothing");
 
         w.apply(Proposer::Node(a.clone()), Command::FenceSelf).expect("fence");
@@ -443,8 +455,14 @@ mod tests {
             },
         )
         .expect("place");
-        w.apply(Proposer::Node(a2.clone()), Command::OpenStream { stream })
-            .expect("open");
+        w.apply(
+            Proposer::Node(a2.clone()),
+            Command::OpenStream {
+                stream,
+                stamps_leader_epochs: false,
+            },
+        )
+        .expect("open");
         w.apply(
             op(),
             Command::DeleteStream {
@@ -485,8 +503,14 @@ mod tests {
             node: node.node.clone(),
         };
         w.apply(op(), place(&a)).expect("place");
-        w.apply(Proposer::Node(a.clone()), Command::OpenStream { stream })
-            .expect("open");
+        w.apply(
+            Proposer::Node(a.clone()),
+            Command::OpenStream {
+                stream,
+                stamps_leader_epochs: false,
+            },
+        )
+        .expect("open");
         w.apply(Proposer::Node(a.clone()), Command::FenceSelf).expect("fence");
         let begin = Command::BeginTakeover {
             node: a.node.clone(),
@@ -503,9 +527,13 @@ mod tests {
         assert!(matches!(&steps[..], [Command::CloseStream { .. }]), "{steps:?}");
         w.apply(op(), steps[0].clone()).expect("close");
         w.apply(op(), place(&b)).expect("place on b");
-        let Ok(Applied::StreamOpened { stream_epoch, .. }) =
-            w.apply(Proposer::Node(b.clone()), Command::OpenStream { stream })
-        else {
+        let Ok(Applied::StreamOpened { stream_epoch, .. }) = w.apply(
+            Proposer::Node(b.clone()),
+            Command::OpenStream {
+                stream,
+                stamps_leader_epochs: false,
+            },
+        ) else {
             panic!("b opens it")
         };
         // The new owner commits records of its own.
@@ -720,7 +748,13 @@ mod tests {
                         .map(|s| s.id)
                         .collect();
                 for stream in placed {
-                    let _ = w.apply(Proposer::Node(me.clone()), Command::OpenStream { stream });
+                    let _ = w.apply(
+                        Proposer::Node(me.clone()),
+                        Command::OpenStream {
+                            stream,
+                            stamps_leader_epochs: false,
+                        },
+                    );
                 }
             }
             for p in &procs {

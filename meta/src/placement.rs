@@ -339,7 +339,15 @@ mod tests {
                     },
                 )
                 .unwrap();
-                next(&mut s, Proposer::Node(me.clone()), Command::OpenStream { stream }).unwrap();
+                next(
+                    &mut s,
+                    Proposer::Node(me.clone()),
+                    Command::OpenStream {
+                        stream,
+                        stamps_leader_epochs: false,
+                    },
+                )
+                .unwrap();
             }
         }
         for k in 0..10 {

@@ -237,7 +237,10 @@ mod tests {
             let Applied::StreamOpened { stream_epoch, .. } = apply(
                 &mut state,
                 &mut i,
-                Command::OpenStream { stream },
+                Command::OpenStream {
+                    stream,
+                    stamps_leader_epochs: false,
+                },
                 Proposer::Node(a.clone()),
             ) else {
                 panic!("opened")

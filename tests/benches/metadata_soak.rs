@@ -197,6 +197,7 @@ async fn set_retention_bytes(stack: &Stack, topic: &str, bytes: u64) {
             retention_bytes: Some(bytes),
             ..StreamConfig::default()
         },
+        expected_version: None,
     };
     let op = Proposer::Operator {
         principal: "bench".into(),

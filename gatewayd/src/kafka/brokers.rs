@@ -55,20 +55,24 @@ pub fn split_host_port(addr: &str) -> Option<(String, i32)> {
 
 /// Live gateways (this one always included), ordered by id.
 pub fn brokers(kafka: &Kafka) -> Vec<Broker> {
-    let mut out: Vec<Broker> = kafka.gw.routes.view().with(|s| {
-        s.nodes
-            .values()
-            .filter(|n| n.kind == NodeKind::Gatewayd && !n.fenced && !n.terminating)
-            .filter_map(|n| {
-                let (host, port) = split_host_port(&n.addrs.grpc)?;
-                Some(Broker {
-                    id: broker_id(n.id.as_str()),
-                    host,
-                    port,
-                })
+    kafka.gw.routes.view().with(|s| brokers_in(kafka, s))
+}
+
+/// [`brokers`] in `state`.
+fn brokers_in(kafka: &Kafka, state: &State) -> Vec<Broker> {
+    let mut out: Vec<Broker> = state
+        .nodes
+        .values()
+        .filter(|n| n.kind == NodeKind::Gatewayd && !n.fenced && !n.terminating)
+        .filter_map(|n| {
+            let (host, port) = split_host_port(&n.addrs.grpc)?;
+            Some(Broker {
+                id: broker_id(n.id.as_str()),
+                host,
+                port,
             })
-            .collect()
-    });
+        })
+        .collect();
     if !out.iter().any(|b| b.id == kafka.me.id) {
         out.push(kafka.me.clone());
     }
@@ -92,15 +96,18 @@ pub fn topic_id(t: &TopicRow) -> uuid::Uuid {
     uuid::Uuid::from_bytes(t.topic_id)
 }
 
-fn topic_metadata(t: &TopicRow, brokers: &[Broker], state: &State) -> MetadataResponseTopic {
+/// A topic's partitions, their leaders and leader epochs, all from one `state` (the
+/// brokers too), so no answer pairs one state's leader with another's epoch.
+fn topic_metadata(t: &TopicRow, brokers: &[Broker], state: &State, gateways: u64) -> MetadataResponseTopic {
     let partitions = (0..t.partitions.len() as i32)
         .map(|p| {
             let stream = format!("{}/{p}", t.name);
             let leader = BrokerId(leader_for(brokers, &stream));
+            let epoch = super::leader_epochs::in_state(state, gateways, &stream);
             MetadataResponsePartition::default()
                 .with_partition_index(p)
                 .with_leader_id(leader)
-                .with_leader_epoch(super::leader_epochs::in_state(state, &stream).unwrap_or(-1))
+                .with_leader_epoch(epoch.unwrap_or(-1))
                 .with_replica_nodes(vec![leader])
                 .with_isr_nodes(vec![leader])
         })
@@ -113,14 +120,39 @@ fn topic_metadata(t: &TopicRow, brokers: &[Broker], state: &State) -> MetadataRe
 }
 
 pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, version: i16) -> MetadataResponse {
-    let brokers = brokers(kafka);
+    let admitted = kafka.gw.routes.is_admitted();
+    // The brokers and every topic found, from one read of the view.
+    let (brokers, described) = kafka.gw.routes.view().with(|s| {
+        let brokers = brokers_in(kafka, s);
+        let gateways = weir_meta::model::leader_epochs::gateway_changes(&s.nodes);
+        let described: Vec<Option<(String, MetadataResponseTopic)>> = match &r.topics {
+            _ if !admitted => vec![],
+            None => s
+                .topics
+                .values()
+                .filter(|t| visible(session, &t.name))
+                .map(|t| Some((t.name.clone(), topic_metadata(t, &brokers, s, gateways))))
+                .collect(),
+            Some(wanted) => wanted
+                .iter()
+                .map(|w| {
+                    let t = match &w.name {
+                        Some(n) => s.topics.get(n.0.as_str()),
+                        None => s.topics.values().find(|t| topic_id(t) == w.topic_id),
+                    }?;
+                    Some((t.name.clone(), topic_metadata(t, &brokers, s, gateways)))
+                })
+                .collect(),
+        };
+        (brokers, described)
+    });
     let topics: Vec<MetadataResponseTopic> = match r.topics {
         // RR-FEN-2: before this gateway has caught up with the metadata log its view may
         // be stale or empty, so nothing is answered from it: each named topic is
         // LEADER_NOT_AVAILABLE (retryable), never UNKNOWN_TOPIC_OR_PARTITION, and an
         // empty list asks for brokers only. A request for every topic never gets here
         // then: its connection is closed (conn.rs).
-        wanted if !kafka.gw.routes.is_admitted() => wanted
+        wanted if !admitted => wanted
             .unwrap_or_default()
             .into_iter()
             .map(|w| {
@@ -131,24 +163,10 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
             })
             .collect(),
         // A token sees the topics it has any scope on.
-        None => kafka.gw.routes.view().with(|s| {
-            s.topics
-                .values()
-                .filter(|t| visible(session, &t.name))
-                .map(|t| topic_metadata(t, &brokers, s))
-                .collect()
-        }),
+        None => described.into_iter().flatten().map(|(_, t)| t).collect(),
         Some(wanted) => {
             let mut out = vec![];
-            for w in wanted {
-                // The topic and its partitions' epochs from one state.
-                let found = kafka.gw.routes.view().with(|s| {
-                    let t = match &w.name {
-                        Some(n) => s.topics.get(n.0.as_str()),
-                        None => s.topics.values().find(|t| topic_id(t) == w.topic_id),
-                    }?;
-                    Some((t.name.clone(), topic_metadata(t, &brokers, s)))
-                });
+            for (w, found) in wanted.into_iter().zip(described) {
                 out.push(match (found, w.name) {
                     (Some((t, _)), _) if !visible(session, &t) => MetadataResponseTopic::default()
                         .with_name(Some(TopicName(StrBytes::from_string(t))))

@@ -2,7 +2,6 @@
 //! AlterConfigs and IncrementalAlterConfigs, and shown by DescribeConfigs. Configs Weir
 //! does not act on are refused, so nobody believes them applied.
 
-use super::admin::propose;
 use super::conn::Session;
 use super::errors;
 use super::Kafka;
@@ -11,7 +10,7 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use weir_meta::model::command::ConfigTarget;
 use weir_meta::model::scopes::Access;
-use weir_meta::model::{Command, StreamConfig};
+use weir_meta::model::{Command, RejectCode, StreamConfig};
 
 /// Resource types.
 pub const TOPIC: i8 = 2;
@@ -25,6 +24,9 @@ const MIN_SEGMENT_BYTES: u64 = 14;
 /// IncrementalAlterConfigs operations.
 const SET: i8 = 0;
 const DELETE: i8 = 1;
+/// An alter that lost a race with another (the config changed between its read and
+/// its landing) is read and applied again, up to this many times in all.
+const ALTER_ATTEMPTS: usize = 3;
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
@@ -154,14 +156,18 @@ pub fn max_message_bytes(kafka: &Kafka, topic: &str) -> usize {
         .map_or(kafka.max_message_bytes, |b| usize::try_from(b).unwrap_or(usize::MAX))
 }
 
-/// One resource's change: the new config from the current one, or a Kafka error.
+/// One resource's change: the new config from the current one, or a Kafka error. The
+/// current config is read from a view caught up with the log, and the alter names the
+/// version it read (compare-and-set): one whose answer was lost and that lands late
+/// cannot undo a newer change, and concurrent incremental alters of different configs
+/// keep both.
 async fn alter_one(
     kafka: &Kafka,
     session: &Session,
     resource_type: i8,
     name: &str,
     validate_only: bool,
-    change: impl FnOnce(&mut StreamConfig) -> Result<(), String>,
+    change: impl Fn(&mut StreamConfig) -> Result<(), String>,
 ) -> Result<(), (i16, String)> {
     match resource_type {
         TOPIC if !session.grants.allows(Access::Manage, name) => {
@@ -184,26 +190,39 @@ async fn alter_one(
             ))
         }
     }
-    let current = kafka
-        .gw
-        .routes
-        .view()
-        .with(|s| s.topics.get(name).map(|t| t.config.clone()));
-    let mut config = current.ok_or_else(|| {
-        (
-            errors::UNKNOWN_TOPIC_OR_PARTITION,
-            format!("topic '{name}' does not exist"),
-        )
-    })?;
-    change(&mut config).map_err(|e| (errors::INVALID_CONFIG, e))?;
-    if validate_only {
-        return Ok(());
+    let mut attempt = 1;
+    loop {
+        kafka.gw.catch_up().await.map_err(|e| errors::admin(&Err(e)))?;
+        let current = kafka
+            .gw
+            .routes
+            .view()
+            .with(|s| s.topics.get(name).map(|t| (t.config.clone(), t.config_version)));
+        let (mut config, version) = current.ok_or_else(|| {
+            (
+                errors::UNKNOWN_TOPIC_OR_PARTITION,
+                format!("topic '{name}' does not exist"),
+            )
+        })?;
+        change(&mut config).map_err(|e| (errors::INVALID_CONFIG, e))?;
+        if validate_only {
+            return Ok(());
+        }
+        let command = Command::AlterConfig {
+            target: ConfigTarget::Topic(name.to_string()),
+            config,
+            expected_version: Some(version),
+        };
+        match kafka.gw.metad.propose(&errors::proposer(session), command).await {
+            Ok((index, Ok(_))) => {
+                kafka.gw.settle(index).await;
+                return Ok(());
+            }
+            Ok((_, Err(r))) if r.code == RejectCode::Conflict && attempt < ALTER_ATTEMPTS => attempt += 1,
+            Ok((_, Err(r))) => return Err(errors::admin(&Ok(r))),
+            Err(e) => return Err(errors::admin(&Err(e))),
+        }
     }
-    let command = Command::AlterConfig {
-        target: ConfigTarget::Topic(name.to_string()),
-        config,
-    };
-    propose(kafka, session, command).await.map(|_| ())
 }
 
 pub async fn alter_configs(kafka: &Kafka, session: &Session, r: AlterConfigsRequest) -> AlterConfigsResponse {

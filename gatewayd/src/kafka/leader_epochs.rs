@@ -6,20 +6,25 @@ use super::errors;
 use super::Kafka;
 use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
 use kafka_protocol::messages::{OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse};
-use weir_meta::model::leader_epochs::{self, EpochEnd, EpochStart};
+use weir_meta::model::leader_epochs::{self, EpochEnd};
 use weir_meta::model::scopes::{Access, Grants};
 use weir_meta::model::State;
 use weir_proto::streamd::StatusRequest;
 
-/// A partition's leader epoch in `state`; `None` when it has no such stream.
-pub fn in_state(state: &State, stream: &str) -> Option<i32> {
+/// A partition's leader epoch in `state`, given the gateway changes it shows
+/// (`leader_epochs::gateway_changes`); `None` when it has no such stream.
+pub fn in_state(state: &State, gateways: u64, stream: &str) -> Option<i32> {
     let row = state.streams.get(state.stream_names.get(stream)?)?;
-    Some(leader_epochs::current(row, &state.counters))
+    Some(leader_epochs::current(row, gateways))
 }
 
 /// A partition's leader epoch in this gateway's view.
 pub fn of(kafka: &Kafka, stream: &str) -> Option<i32> {
-    kafka.gw.routes.view().with(|s| in_state(s, stream))
+    kafka
+        .gw
+        .routes
+        .view()
+        .with(|s| in_state(s, leader_epochs::gateway_changes(&s.nodes), stream))
 }
 
 /// Kafka's check of a request's `current_leader_epoch` (−1: the client does not say):
@@ -79,22 +84,23 @@ pub async fn offset_for_leader_epoch(
 
 /// (error, epoch, end offset) for one partition.
 async fn end_offset(kafka: &Kafka, stream: &str, current: i32, requested: i32) -> (i16, i32, i64) {
-    let found: Option<(i32, Vec<EpochStart>)> = kafka.gw.routes.view().with(|s| {
+    let found: Option<(i32, EpochEnd)> = kafka.gw.routes.view().with(|s| {
         let row = s.streams.get(s.stream_names.get(stream)?)?;
-        Some((leader_epochs::current(row, &s.counters), row.leader_epochs.clone()))
+        let ours = leader_epochs::current(row, leader_epochs::gateway_changes(&s.nodes));
+        Some((ours, leader_epochs::end_of(&row.leader_epochs, requested)))
     });
-    let Some((ours, history)) = found else {
+    let Some((ours, end)) = found else {
         return (errors::UNKNOWN_TOPIC_OR_PARTITION, -1, -1);
     };
     let code = check(current, ours);
     if code != errors::NONE {
         return (code, -1, -1);
     }
-    match leader_epochs::end_of(&history, ours, requested) {
+    match end {
         EpochEnd::Undefined => (errors::NONE, -1, -1),
         EpochEnd::At { epoch, offset } => (errors::NONE, epoch, offset.0 as i64),
-        // The current span ends at the log end, which only the owner knows.
-        EpochEnd::Current { epoch } => {
+        // The log end, which only the owner knows.
+        EpochEnd::LogEnd { epoch } => {
             let status = kafka
                 .gw
                 .routes

@@ -258,6 +258,7 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
         }
         Op::Open(s) => Command::OpenStream {
             stream: epoch_of(state, s, false).0,
+            stamps_leader_epochs: true,
         },
         Op::Close { stream, stale } => {
             let (stream, stream_epoch) = epoch_of(state, stream, stale);
@@ -444,6 +445,7 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
                 retention_bytes,
                 ..StreamConfig::default()
             },
+            expected_version: None,
         },
     }
 }

@@ -190,9 +190,15 @@ pub enum Command {
         op: u64,
         reason: String,
     },
-    /// The placed owner opens the stream at its epoch + 1 (INV-6).
+    /// The placed owner opens the stream at its epoch + 1 (INV-6). An owner that stamps
+    /// Kafka leader epochs into its batches says so, and only then is where this open's
+    /// epoch starts recorded (issue 22): an older owner's batches carry whatever the
+    /// producer wrote, which no recorded epoch may claim. Absent in older entries, and
+    /// never recorded for them, so replicas of every release apply them alike.
     OpenStream {
         stream: StreamId,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stamps_leader_epochs: bool,
     },
     /// The owner closes the stream after committing everything it acknowledged.
     CloseStream {
@@ -231,10 +237,16 @@ pub enum Command {
         objects: Vec<NewObject>,
         swaps: Vec<StreamSwap>,
     },
-    /// Replaces the configuration of a topic (and of each of its partitions) or of a stream.
+    /// Replaces the configuration of a topic (and of each of its partitions) or of a
+    /// stream; with `expected_version`, only if the config is still at the version its
+    /// proposer read (compare-and-set), so an alter that lands late (its answer lost,
+    /// its proposal held on a slow link) never undoes a newer change, and two
+    /// read-modify-writes never lose one another's update.
     AlterConfig {
         target: ConfigTarget,
         config: StreamConfig,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expected_version: Option<u64>,
     },
     /// Takes lease `name` if its holder is still `expected` (compare-and-set).
     AcquireLease {

@@ -2,25 +2,31 @@
 //!
 //! Any gateway serves any partition, so a partition's "leader" is the live gateway its
 //! name hashes to (gatewayd `kafka/brokers.rs`). It changes in two ways: the stream
-//! moves to another streamd (an open at a new stream epoch), or the set of live
-//! gateways changes. A partition's leader epoch is the sum of its stream epoch and the
-//! cluster's count of gateway-set changes: both only grow, so the sum grows with either
-//! and never repeats or goes back.
+//! moves to another streamd (an open at a new stream epoch), or a gateway joins or
+//! leaves the live set. A partition's leader epoch is the sum of its stream epoch and
+//! the count of those joins and leaves, which is derived from the node rows (each
+//! gateway's registration epoch and whether it left), so every release of metad
+//! computes it alike. Both only grow, so the sum grows with either and never repeats
+//! or goes back for a stream (a recreated topic starts again, with a new topic id, as
+//! in Kafka).
 //!
-//! Each open records the leader epoch it starts and the offset it starts at, the
-//! committed end: whatever earlier owners acknowledged is committed before a stream
-//! opens again. The owner stamps that epoch into every batch it appends, and
-//! OffsetForLeaderEpoch answers from the history: an epoch ends where the next recorded
-//! one starts. Epochs begun by a gateway change alone append nothing of their own, so
-//! they share the span of the open before them.
+//! An owner that stamps epochs opens with `stamps_leader_epochs`, and the open records
+//! the epoch it starts and the offset it starts at, the committed end: whatever earlier
+//! owners acknowledged is committed before a stream opens again. The owner stamps that
+//! epoch into every batch it appends. OffsetForLeaderEpoch answers a recorded epoch
+//! with the start of the next recorded one, or the log end for the last.
 //!
-//! The history is pruned below the log start and capped. For an epoch older than what
-//! is kept, the answer is the first kept start, which is past every record stamped with
-//! that epoch, so a client is never told of a truncation that did not happen.
+//! Weir never truncates acknowledged records, so for any other epoch the answer is the
+//! log end, never an earlier offset: a batch stamped by an owner of an older release
+//! carries whatever its producer wrote (librdkafka writes 0), an epoch begun by a
+//! gateway change alone stamps nothing, and a pruned epoch is no longer known. A client
+//! is never told of a truncation that did not happen, nor answered UNDEFINED, which it
+//! would take for one. The history is pruned below the log start and capped.
 
-use super::rows::{Counters, StreamRow};
+use super::rows::{NodeKind, NodeRow, StreamRow};
 use serde::{Deserialize, Serialize};
-use weir_shared::ids::{Offset, StreamEpoch};
+use std::collections::BTreeMap;
+use weir_shared::ids::{NodeId, Offset, StreamEpoch};
 
 /// Opens kept per stream, besides those pruned below the log start.
 pub const MAX_KEPT: usize = 16;
@@ -33,14 +39,25 @@ pub struct EpochStart {
     pub start: Offset,
 }
 
-/// The partition's leader epoch as of this state.
-pub fn current(row: &StreamRow, counters: &Counters) -> i32 {
-    let sum = row.epoch.0.saturating_add(counters.gateway_changes);
+/// How many times a gateway joined or left the live set (the Kafka brokers): each
+/// incarnation joins once (its registration epoch counts them) and leaves once, when
+/// it stops or is fenced, whichever comes first.
+pub fn gateway_changes(nodes: &BTreeMap<NodeId, NodeRow>) -> u64 {
+    nodes
+        .values()
+        .filter(|n| n.kind == NodeKind::Gatewayd)
+        .map(|n| (2 * n.epoch.0).saturating_sub(1) + u64::from(n.fenced || n.terminating))
+        .sum()
+}
+
+/// The partition's leader epoch, given [`gateway_changes`].
+pub fn current(row: &StreamRow, gateway_changes: u64) -> i32 {
+    let sum = row.epoch.0.saturating_add(gateway_changes);
     i32::try_from(sum).unwrap_or(i32::MAX)
 }
 
 /// The leader epoch the owner at `stream_epoch` stamps into its batches; −1 (none) when
-/// the open was recorded before histories existed.
+/// its open recorded none.
 pub fn stamped_at(row: &StreamRow, stream_epoch: StreamEpoch) -> i32 {
     row.leader_epochs
         .iter()
@@ -50,9 +67,9 @@ pub fn stamped_at(row: &StreamRow, stream_epoch: StreamEpoch) -> i32 {
 }
 
 /// Records the epoch an open (`row.epoch`, just incremented) starts.
-pub fn record_open(row: &mut StreamRow, counters: &Counters) {
+pub fn record_open(row: &mut StreamRow, gateway_changes: u64) {
     let entry = EpochStart {
-        leader_epoch: current(row, counters),
+        leader_epoch: current(row, gateway_changes),
         stream_epoch: row.epoch,
         start: row.committed_end,
     };
@@ -80,34 +97,28 @@ pub fn prune(row: &mut StreamRow) {
 /// Where the epoch an OffsetForLeaderEpoch asks about ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EpochEnd {
-    /// Kafka's UNDEFINED answer (−1, −1): the epoch is unknown or above the current one.
+    /// Kafka's UNDEFINED answer (−1, −1), for an undefined epoch (−1).
     Undefined,
-    /// `epoch` (the largest known at or below the one asked about) ends at `offset`.
+    /// The recorded `epoch` ends where the next recorded one starts.
     At { epoch: i32, offset: Offset },
-    /// The epoch asked about is in the current span: `epoch` ends at the log end.
-    Current { epoch: i32 },
+    /// `epoch` ends at the log end: the last recorded one, or any epoch not recorded.
+    LogEnd { epoch: i32 },
 }
 
-/// Kafka's lookup (`LeaderEpochFileCache.endOffsetFor`) over a stream's history.
-pub fn end_of(history: &[EpochStart], current: i32, requested: i32) -> EpochEnd {
-    if requested < 0 || requested > current {
+/// The answer for `requested` from a stream's history.
+pub fn end_of(history: &[EpochStart], requested: i32) -> EpochEnd {
+    if requested < 0 {
         return EpochEnd::Undefined;
     }
-    let floor = history.iter().rev().find(|e| e.leader_epoch <= requested);
-    let next = history.iter().find(|e| e.leader_epoch > requested);
-    match (floor, next) {
-        (floor, None) => EpochEnd::Current {
-            epoch: floor.map_or(requested, |e| e.leader_epoch),
-        },
-        // Older than anything kept: it ended no later than the first kept start.
-        (None, Some(next)) => EpochEnd::At {
+    let Some(at) = history.iter().position(|e| e.leader_epoch == requested) else {
+        return EpochEnd::LogEnd { epoch: requested };
+    };
+    match history.get(at + 1) {
+        Some(next) => EpochEnd::At {
             epoch: requested,
             offset: next.start,
         },
-        (Some(floor), Some(next)) => EpochEnd::At {
-            epoch: floor.leader_epoch,
-            offset: next.start,
-        },
+        None => EpochEnd::LogEnd { epoch: requested },
     }
 }
 
@@ -134,107 +145,79 @@ mod tests {
             commits: 0,
             bytes: 0,
             config: StreamConfig::default(),
+            config_version: 0,
             damage: None,
             leader_epochs: vec![],
         }
     }
 
-    fn open(row: &mut StreamRow, counters: &Counters, committed_end: u64) {
+    fn open(row: &mut StreamRow, gateways: u64, committed_end: u64) {
         row.committed_end = Offset(committed_end);
         row.epoch = row.epoch.next();
-        record_open(row, counters);
+        record_open(row, gateways);
     }
 
     // Issue 22: the epoch grows with every open and every gateway change, never back.
     #[test]
     fn the_leader_epoch_grows_with_opens_and_gateway_changes() {
         let mut r = row();
-        let mut c = Counters::default();
-        open(&mut r, &c, 0);
-        let first = current(&r, &c);
-        c.gateway_changes += 1;
-        let second = current(&r, &c);
-        open(&mut r, &c, 10);
-        let third = current(&r, &c);
+        open(&mut r, 1, 0);
+        let first = current(&r, 1);
+        let second = current(&r, 2);
+        open(&mut r, 2, 10);
+        let third = current(&r, 2);
         assert!(first < second && second < third, "{first} {second} {third}");
         assert_eq!(stamped_at(&r, r.epoch), third, "the owner stamps what the open started");
         assert_eq!(stamped_at(&r, StreamEpoch(99)), -1);
     }
 
-    // Issue 22: OffsetForLeaderEpoch across two moves and a gateway change.
+    // Issue 22: OffsetForLeaderEpoch across two moves and a gateway change; anything
+    // not recorded ends at the log end, never earlier.
     #[test]
-    fn an_epoch_ends_where_the_next_recorded_one_starts() {
+    fn a_recorded_epoch_ends_where_the_next_starts_and_any_other_at_the_log_end() {
         let mut r = row();
-        let mut c = Counters::default();
-        open(&mut r, &c, 0); // epoch 1 from 0
-        open(&mut r, &c, 5); // epoch 2 from 5
-        c.gateway_changes += 3; // epochs 3..=5 append nothing of their own
-        open(&mut r, &c, 9); // epoch 6 from 9
-        let now = current(&r, &c);
-        assert_eq!(now, 6);
+        open(&mut r, 0, 0); // epoch 1 from 0
+        open(&mut r, 0, 5); // epoch 2 from 5
+        open(&mut r, 3, 9); // epochs 3..=5 begun by gateway changes alone; 6 from 9
         let h = &r.leader_epochs;
         assert_eq!(
-            end_of(h, now, 1),
+            end_of(h, 1),
             EpochEnd::At {
                 epoch: 1,
                 offset: Offset(5)
             }
         );
         assert_eq!(
-            end_of(h, now, 2),
+            end_of(h, 2),
             EpochEnd::At {
                 epoch: 2,
                 offset: Offset(9)
             }
         );
-        assert_eq!(
-            end_of(h, now, 4),
-            EpochEnd::At {
-                epoch: 2,
-                offset: Offset(9)
-            }
-        );
-        assert_eq!(end_of(h, now, 6), EpochEnd::Current { epoch: 6 });
-        assert_eq!(end_of(h, now, 7), EpochEnd::Undefined);
-        assert_eq!(end_of(h, now, -1), EpochEnd::Undefined);
-        // A producer's own value (librdkafka writes 0) is below every open: its end is
-        // the first start, so nothing it could stamp reads as truncated.
-        assert_eq!(
-            end_of(h, now, 0),
-            EpochEnd::At {
-                epoch: 0,
-                offset: Offset(0)
-            }
-        );
-        c.gateway_changes += 1;
-        assert_eq!(end_of(h, current(&r, &c), 7), EpochEnd::Current { epoch: 6 });
-        assert_eq!(end_of(&[], 4, 2), EpochEnd::Current { epoch: 2 });
+        assert_eq!(end_of(h, 6), EpochEnd::LogEnd { epoch: 6 });
+        // Begun by a gateway change, above the current epoch, or a producer's own value
+        // (librdkafka writes 0) in a batch an older owner did not stamp: never earlier
+        // than the log end, so nothing reads as truncated.
+        for other in [0, 4, 7, 1000] {
+            assert_eq!(end_of(h, other), EpochEnd::LogEnd { epoch: other });
+        }
+        assert_eq!(end_of(h, -1), EpochEnd::Undefined);
     }
 
     // Issue 22: an empty epoch is replaced, the history stays bounded, and what is
-    // dropped answers no earlier than its records.
+    // dropped ends at the log end.
     #[test]
     fn the_history_is_pruned_below_the_log_start_and_capped() {
         let mut r = row();
-        let c = Counters::default();
-        open(&mut r, &c, 0);
-        open(&mut r, &c, 0);
+        open(&mut r, 0, 0);
+        open(&mut r, 0, 0);
         assert_eq!(r.leader_epochs.len(), 1, "an epoch that appended nothing is dropped");
         assert_eq!(r.leader_epochs[0].leader_epoch, 2);
         for end in 1..=40 {
-            open(&mut r, &c, end * 10);
+            open(&mut r, 0, end * 10);
         }
         assert_eq!(r.leader_epochs.len(), MAX_KEPT);
-        let first = r.leader_epochs[0];
-        let now = current(&r, &c);
-        assert_eq!(
-            end_of(&r.leader_epochs, now, 3),
-            EpochEnd::At {
-                epoch: 3,
-                offset: first.start
-            },
-            "a dropped epoch ends no earlier than the first kept start"
-        );
+        assert_eq!(end_of(&r.leader_epochs, 3), EpochEnd::LogEnd { epoch: 3 }, "dropped");
         r.start_offset = Offset(395);
         prune(&mut r);
         assert_eq!(

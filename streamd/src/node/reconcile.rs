@@ -164,7 +164,13 @@ async fn reconcile(node: &Arc<Node>, retries: &mut OpenRetries) {
 async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) -> Result<(), String> {
     let result = node
         .metad
-        .propose(&node.proposer(), Command::OpenStream { stream: id })
+        .propose(
+            &node.proposer(),
+            Command::OpenStream {
+                stream: id,
+                stamps_leader_epochs: true,
+            },
+        )
         .await;
     match result {
         Ok((

@@ -128,15 +128,15 @@ async fn move_stream(stack: &Stack, gw: &Gatewayd, stream: &str) {
 // Issue 22: after each move the advertised epoch is higher; Metadata, Fetch (in each
 // batch) and ListOffsets carry it; a Fetch or ListOffsets at an older epoch is FENCED_LEADER_EPOCH and at a newer one UNKNOWN_LEADER_EPOCH; each
 // batch carries the epoch its owner appended it under; and OffsetForLeaderEpoch answers
-// across two moves: an epoch ends where the next one starts, the current one at the log
-// end, one above it is undefined.
+// across two moves: an epoch ends where the next one starts, the last at the log end,
+// and one not recorded at the log end too (never UNDEFINED or earlier, which clients
+// take for a truncation). A gateway joining raises the epoch once.
 #[tokio::test(flavor = "multi_thread")]
 async fn epochs_grow_with_each_move_fence_stale_clients_and_answer_offset_for_leader_epoch() {
     let (stack, gw) = kafka_stack(2, &[]).await;
     create_topic(&gw, "epochs", 1).await;
     let mut s = connect(&gw.kafka);
     let first = leader_epoch(&mut s, "epochs");
-    assert!(first >= 1, "an opened partition has an epoch, not -1: {first}");
     produce(&gw, "epochs", 0, 3).await;
     move_stream(&stack, &gw, "epochs/0").await;
     let second = leader_epoch(&mut s, "epochs");
@@ -168,10 +168,28 @@ async fn epochs_grow_with_each_move_fence_stale_clients_and_answer_offset_for_le
     assert_eq!(epoch_end(&mut s, "epochs", third, first), (0, first, 3));
     assert_eq!(epoch_end(&mut s, "epochs", third, second), (0, second, 5));
     assert_eq!(epoch_end(&mut s, "epochs", third, third), (0, third, 6));
-    assert_eq!(epoch_end(&mut s, "epochs", -1, third + 1), (0, -1, -1));
+    assert_eq!(epoch_end(&mut s, "epochs", -1, -1), (0, -1, -1), "-1 is undefined");
+    // An epoch not recorded (a producer's own 0, one above the current) ends at the log
+    // end: Weir never truncates, so no answer may say it did.
+    assert_eq!(epoch_end(&mut s, "epochs", -1, 0), (0, 0, 6));
+    assert_eq!(epoch_end(&mut s, "epochs", -1, third + 1), (0, third + 1, 6));
     assert_eq!(epoch_end(&mut s, "epochs", second, second).0, FENCED_LEADER_EPOCH);
     let (code, ..) = epoch_end(&mut s, "nope", -1, 1);
     assert_eq!(code, 3, "an unknown topic is UNKNOWN_TOPIC_OR_PARTITION");
+
+    // A gateway joining changes the brokers: the epoch rises once more, the old one is
+    // fenced, and the new one (begun by no open) ends at the log end.
+    let gw2 = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw2.wait_ready().await;
+    let fourth = wait_for("the epoch after gw-2 joined", T, || async {
+        let epoch = leader_epoch(&mut connect(&gw.kafka), "epochs");
+        (epoch > third).then_some(epoch)
+    })
+    .await;
+    assert_eq!(fourth, third + 1, "one join, one step");
+    assert_eq!(fetch(&mut s, "epochs", 0, third).0, FENCED_LEADER_EPOCH);
+    assert_eq!(epoch_end(&mut s, "epochs", fourth, fourth), (0, fourth, 6));
+    assert_eq!(epoch_end(&mut s, "epochs", fourth, second), (0, second, 5));
 }
 
 async fn read_to(c: &StreamConsumer, seen: &mut Vec<String>, want: usize) {
@@ -218,4 +236,20 @@ async fn a_consumer_validating_its_position_across_moves_reads_everything_once()
     let want: Vec<String> = (0..12).map(|i| format!("m-{i}")).collect();
     assert_eq!(seen, want, "every record once, in order (epochs {epochs:?})");
     assert!(epochs.windows(2).all(|w| w[0] < w[1]), "{epochs:?}");
+    // The client did validate: a wrong end offset here makes it read records again.
+    let metrics = reqwest::get(gw.url("/metrics")).await.expect("metrics");
+    let metrics = metrics.text().await.expect("metrics text");
+    let validations = weir_tests::metric_value(
+        &metrics,
+        "weir_gatewayd_kafka_requests_total{api=\"OffsetForLeaderEpoch\"}",
+    );
+    assert!(
+        validations.is_some_and(|n| n >= 2.0),
+        "one validation per move at least: {validations:?} in {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("kafka_requests_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }

@@ -354,6 +354,40 @@ async fn a_topic_delete_landing_after_the_topic_was_recreated_deletes_nothing() 
     assert_eq!(got[0].payload(), Some(&b"m-0"[..]), "the new topic keeps its record");
 }
 
+// Issue 21: an AlterConfigs whose proposal lands after its caller gave up, once a newer
+// alter has applied, changes nothing: the gateway names the config version it read
+// (compare-and-set), so the late one is refused and the newer config stays, where
+// before it was silently undone. Failpoint `late_alter_config`, as for deletes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_alter_landing_after_a_newer_one_changes_nothing() {
+    use rdkafka::admin::AlterConfig;
+    let late = weir_tests::metad::LateProposal::new("alter_config");
+    let stack = Stack::start_replicas_with_env(1, 1, Backend::FileWal, &[], &[], &late.env()).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    create_topic(&gw, "late-cfg", 1).await;
+    let a = admin(&gw);
+    let opts = AdminOptions::new().operation_timeout(Some(T));
+    let retention = |ms: &'static str| [AlterConfig::new(ResourceSpecifier::Topic("late-cfg")).set("retention.ms", ms)];
+    // Its answer is lost; the client retries it, and the retry lands at once.
+    a.alter_configs(&retention("1000"), &opts).await.expect("an answer");
+    let newer = a.alter_configs(&retention("7000"), &opts).await.expect("an answer");
+    assert!(newer[0].is_ok(), "{newer:?}");
+    let metad = &stack.metad.replicas[0];
+    assert!(
+        late.land(metad).await,
+        "the late alter is refused: {}",
+        metad.log_text()
+    );
+    let configs = a
+        .describe_configs(&[ResourceSpecifier::Topic("late-cfg")], &opts)
+        .await
+        .expect("describe");
+    let resource = configs[0].as_ref().expect("topic configs");
+    let value = resource.get("retention.ms").and_then(|e| e.value.clone());
+    assert_eq!(value.as_deref(), Some("7000"), "the newer alter stays");
+}
+
 // RR-FEN-2, RR-FEN-3: a gateway answers nothing from its view before it has caught up
 // with the metadata log (its catch-up held 10 s by failpoint `catch_up_start`): /livez is
 // 200 and /readyz 503, Kafka Metadata for an existing topic is LEADER_NOT_AVAILABLE (5),

@@ -204,7 +204,10 @@ mod tests {
             node: NodeId::new("n"),
         };
         log.apply(op(), place).expect("placed again");
-        let open = Command::OpenStream { stream: StreamId(0) };
+        let open = Command::OpenStream {
+            stream: StreamId(0),
+            stamps_leader_epochs: true,
+        };
         assert_eq!(
             log.apply(node(), open.clone()),
             Err(RejectCode::Conflict),

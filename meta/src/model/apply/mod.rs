@@ -142,7 +142,10 @@ impl Txn<'_> {
             } => self.begin_transfer(proposer, *stream, *stream_epoch, target),
             Command::CancelTransfer { stream, stream_epoch } => self.cancel_transfer(proposer, *stream, *stream_epoch),
             Command::DiscardTransfer { stream, op, .. } => self.discard_transfer(proposer, *stream, *op),
-            Command::OpenStream { stream } => self.open_stream(proposer, *stream),
+            Command::OpenStream {
+                stream,
+                stamps_leader_epochs,
+            } => self.open_stream(proposer, *stream, *stamps_leader_epochs),
             Command::CloseStream { stream, stream_epoch } => self.close_stream(proposer, *stream, *stream_epoch),
             Command::CommitObjects { key, size, ranges } => self.commit_objects(proposer, key, *size, ranges),
             Command::TrimStream { stream, start } => self.trim_stream(proposer, *stream, *start),
@@ -152,7 +155,11 @@ impl Txn<'_> {
                 objects,
             } => self.compact_objects(proposer, *stream, replaced, objects),
             Command::CompactStreams { objects, swaps } => self.compact_streams(proposer, objects, swaps),
-            Command::AlterConfig { target, config } => self.alter_config(proposer, target, config),
+            Command::AlterConfig {
+                target,
+                config,
+                expected_version,
+            } => self.alter_config(proposer, target, config, *expected_version),
             Command::AcquireLease { name, expected } => self.acquire_lease(proposer, name, expected.as_ref()),
             Command::RenewLease { name } => self.renew_lease(proposer, name),
             Command::IssueToken {

@@ -88,6 +88,7 @@ impl Txn<'_> {
         proposer: &Proposer,
         target: &ConfigTarget,
         config: &StreamConfig,
+        expected_version: Option<u64>,
     ) -> Outcome {
         self.privileged(proposer)?;
         validate_config(config)?;
@@ -98,7 +99,9 @@ impl Txn<'_> {
                     .topics
                     .get_mut(name)
                     .ok_or_else(|| reject(RejectCode::NotFound, format!("topic '{name}' does not exist")))?;
+                check_version(&format!("topic '{name}'"), topic.config_version, expected_version)?;
                 topic.config = config.clone();
+                topic.config_version += 1;
                 self.touched.insert(RowKey::Topic(name.clone()));
                 topic.partitions.clone()
             }
@@ -113,16 +116,34 @@ impl Txn<'_> {
                         format!("stream '{name}' is a topic partition; change the topic's config instead"),
                     ));
                 }
+                check_version(&format!("stream '{name}'"), row.config_version, expected_version)?;
                 vec![row.id]
             }
         };
+        let own_version = matches!(target, ConfigTarget::Stream(_));
         for id in streams {
             if let Some(row) = self.state.streams.get_mut(&id) {
                 row.config = config.clone();
+                if own_version {
+                    row.config_version += 1;
+                }
                 self.touch(RowKey::Stream(id));
             }
         }
         Ok(Applied::Done)
+    }
+}
+
+/// An alter's compare-and-set: refused when the config changed since it was read.
+fn check_version(what: &str, current: u64, expected: Option<u64>) -> Result<(), crate::model::Rejection> {
+    match expected {
+        Some(expected) if expected != current => Err(reject(
+            RejectCode::Conflict,
+            format!(
+                "the config of {what} changed since it was read (version {current}, not {expected}); read it again"
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -227,6 +248,7 @@ mod tests {
         let alter = |target| Command::AlterConfig {
             target,
             config: config.clone(),
+            expected_version: None,
         };
         log.apply(op(), alter(ConfigTarget::Topic("t".into())))
             .expect("alter topic");
@@ -251,7 +273,48 @@ mod tests {
                 max_message_bytes: Some(0),
                 ..StreamConfig::default()
             },
+            expected_version: None,
         };
         assert_eq!(log.apply(op(), zero), Err(RejectCode::InvalidArgument));
+    }
+
+    /// Issue 21: an alter names the config version it read; one landing after a newer
+    /// alter (its answer lost) is refused and changes nothing, for a topic and a stream.
+    #[test]
+    fn an_alter_landing_after_a_newer_one_is_refused_and_changes_nothing() {
+        let mut log = Log::new();
+        log.apply(
+            op(),
+            Command::CreateTopic {
+                name: "t".into(),
+                partitions: 1,
+                config: StreamConfig::default(),
+            },
+        )
+        .expect("topic");
+        let alter = |target: &str, retention_ms, expected| Command::AlterConfig {
+            target: if target == "t" {
+                ConfigTarget::Topic(target.into())
+            } else {
+                ConfigTarget::Stream(target.into())
+            },
+            config: StreamConfig {
+                retention_ms: Some(retention_ms),
+                ..StreamConfig::default()
+            },
+            expected_version: Some(expected),
+        };
+        for target in ["t", "a"] {
+            let late = alter(target, 1, 0);
+            log.apply(op(), alter(target, 7, 0)).expect("the newer alter");
+            assert_eq!(log.apply(op(), late), Err(RejectCode::Conflict), "{target}");
+            log.apply(op(), alter(target, 9, 1)).expect("read again, at version 1");
+        }
+        assert_eq!(log.meta.state.topics["t"].config.retention_ms, Some(9));
+        assert_eq!(log.meta.state.topics["t"].config_version, 2);
+        let partition = log.meta.state.stream_by_name("t/0").expect("partition");
+        assert_eq!(partition.config.retention_ms, Some(9));
+        assert_eq!(log.row(0).config.retention_ms, Some(9));
+        assert_eq!(log.row(0).config_version, 2);
     }
 }

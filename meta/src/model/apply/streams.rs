@@ -30,6 +30,7 @@ impl Txn<'_> {
             commits: 0,
             bytes: 0,
             config: config.clone(),
+            config_version: 0,
             damage: None,
             leader_epochs: vec![],
         };
@@ -123,7 +124,7 @@ impl Txn<'_> {
         Ok(Applied::Done)
     }
 
-    pub(super) fn open_stream(&mut self, proposer: &Proposer, id: StreamId) -> Outcome {
+    pub(super) fn open_stream(&mut self, proposer: &Proposer, id: StreamId, stamps_leader_epochs: bool) -> Outcome {
         let who = self.node_proposer(proposer)?.clone();
         let stream = self.stream(id)?;
         if stream.owner.as_ref() != Some(&who) {
@@ -159,7 +160,10 @@ impl Txn<'_> {
                 let row = self.state.streams.get_mut(&id).expect("checked");
                 row.state = StreamState::Open;
                 row.epoch = row.epoch.next();
-                crate::model::leader_epochs::record_open(row, &self.state.counters);
+                if stamps_leader_epochs {
+                    let gateways = crate::model::leader_epochs::gateway_changes(&self.state.nodes);
+                    crate::model::leader_epochs::record_open(row, gateways);
+                }
                 let applied = Applied::StreamOpened {
                     stream_epoch: row.epoch,
                     committed_end: row.committed_end,
@@ -320,7 +324,10 @@ mod tests {
             node: NodeId::new("n"),
         };
         log.apply(op(), place).expect("placed again");
-        let open = Command::OpenStream { stream: StreamId(0) };
+        let open = Command::OpenStream {
+            stream: StreamId(0),
+            stamps_leader_epochs: true,
+        };
         log.apply(node(), open.clone()).expect("open");
         log.apply(node(), open).expect("retried open");
         let history: Vec<_> = log

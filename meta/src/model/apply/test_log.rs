@@ -73,7 +73,14 @@ impl Log {
                 },
             )
             .expect("place");
-            log.apply(node(), Command::OpenStream { stream }).expect("open");
+            log.apply(
+                node(),
+                Command::OpenStream {
+                    stream,
+                    stamps_leader_epochs: true,
+                },
+            )
+            .expect("open");
         }
         log
     }

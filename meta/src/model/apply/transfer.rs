@@ -182,9 +182,13 @@ mod tests {
                 node: owner.node.clone(),
             })
             .unwrap();
-            let Ok(Applied::StreamOpened { stream_epoch, .. }) =
-                self.run(Proposer::Node(owner.clone()), Command::OpenStream { stream })
-            else {
+            let Ok(Applied::StreamOpened { stream_epoch, .. }) = self.run(
+                Proposer::Node(owner.clone()),
+                Command::OpenStream {
+                    stream,
+                    stamps_leader_epochs: false,
+                },
+            ) else {
                 panic!("open failed")
             };
             (stream, stream_epoch)
@@ -253,9 +257,13 @@ mod tests {
         assert_eq!(row.state, StreamState::Closed);
         assert_eq!(row.owner, Some(b.clone()), "handed to the target in the close's entry");
         assert_eq!(row.transfer_target, None);
-        let Ok(Applied::StreamOpened { stream_epoch, .. }) =
-            log.run(Proposer::Node(b), Command::OpenStream { stream: x })
-        else {
+        let Ok(Applied::StreamOpened { stream_epoch, .. }) = log.run(
+            Proposer::Node(b),
+            Command::OpenStream {
+                stream: x,
+                stamps_leader_epochs: false,
+            },
+        ) else {
             panic!("the target opens it")
         };
         assert!(stream_epoch > epoch, "INV-6: a higher epoch at the target");
