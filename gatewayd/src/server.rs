@@ -46,8 +46,15 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
     let limits = args.listeners.limits()?;
     let joining =
         listener::close_connections_while(&kafka_listener, Registered::join(&args.node, NodeKind::Gatewayd, addrs));
-    let joined =
-        weir_shared::http_server::answer_probes_while(&http_listener, limits, http_tls.clone(), &args.node.id, joining);
+    let stopping = shutdown.token();
+    let joined = weir_shared::http_server::answer_probes_while(
+        &http_listener,
+        limits,
+        http_tls.clone(),
+        &args.node.id,
+        &stopping,
+        joining,
+    );
     let registered = Arc::new(joined.await??);
     let me = registered.me.clone();
 

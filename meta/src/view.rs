@@ -148,7 +148,14 @@ pub async fn follow(view: Arc<View>, metad: Arc<MetadClient>, cancel: Cancellati
                                     _ = tokio::time::sleep(Duration::from_millis(20)) => {}
                                 }
                             }
-                            if let Err(why) = receive(&view, &mut incoming, event) {
+                            // Tests: the frame cannot be applied, as a defective one could
+                            // not (RR-FEN-7).
+                            let applied = if weir_shared::failpoint::fails("view_install") {
+                                Err("failpoint view_install: the frame could not be applied".to_string())
+                            } else {
+                                receive(&view, &mut incoming, event)
+                            };
+                            if let Err(why) = applied {
                                 tracing::error!(error = %why, "cannot follow the metadata log; not ready until a snapshot applies");
                                 view.set_error(Some(why));
                                 break;

@@ -82,14 +82,16 @@ pub async fn serve(
 /// requests finish and returns `until`'s output. A node registering with metad (which
 /// waits as long as metad is unreachable) is alive but not ready, and says so:
 /// `/livez` 200, `/readyz` and everything else 503 with a JSON body. Without it a
-/// probe would wait in the accept queue until registration ended (issue 21). It
+/// probe would wait in the accept queue until registration ended (RR-FEN-3). It
 /// serves a duplicate of the socket, so the listener stays open throughout and the
-/// full server takes over its queue without refusing a connection.
+/// full server takes over its queue without refusing a connection. Requests already
+/// answered get [`PROBE_HANDOVER`] to finish; a slow client cannot hold up the start.
 pub async fn answer_probes_while<T>(
     listener: &tokio::net::TcpListener,
     limits: crate::listener::Limits,
     tls: Option<ServerTls>,
     node_id: &str,
+    stopping: &tokio_util::sync::CancellationToken,
     until: impl Future<Output = T>,
 ) -> std::io::Result<T> {
     use std::os::fd::AsFd;
@@ -98,10 +100,21 @@ pub async fn answer_probes_while<T>(
     let stop = tokio_util::sync::CancellationToken::new();
     let serving = serve(
         Listener::new(dup, "http", limits),
-        registering_router(node_id),
+        registering_router(node_id, stopping.clone()),
         tls,
         stop.clone().cancelled_owned(),
     );
+    let serving = async {
+        tokio::pin!(serving);
+        tokio::select! {
+            served = &mut serving => served,
+            // The connections left run on by themselves, told to close.
+            _ = async {
+                stop.cancelled().await;
+                tokio::time::sleep(PROBE_HANDOVER).await;
+            } => Ok(()),
+        }
+    };
     let until = async {
         let out = until.await;
         stop.cancel();
@@ -111,19 +124,33 @@ pub async fn answer_probes_while<T>(
     served.map(|()| out)
 }
 
+/// How long requests answered while registering may take to finish once it is done.
+const PROBE_HANDOVER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What a registering node answers.
-fn registering_router(node_id: &str) -> Router {
+fn registering_router(node_id: &str, stopping: tokio_util::sync::CancellationToken) -> Router {
     use axum::http::StatusCode;
     use axum::routing::get;
     use axum::Json;
     let message = format!("node '{node_id}' is registering with metad and serves nothing yet");
-    let ready = serde_json::json!({"ready": false, "node_id": node_id, "registering": true});
     let error = serde_json::json!({"error": {"code": "unavailable", "message": message}});
+    let node_id = node_id.to_string();
+    // OBS-4's fields; a stop requested now is held until registration ends (SD-TRG-7).
+    let ready = move || {
+        serde_json::json!({
+            "ready": false,
+            "node_id": node_id,
+            "epoch": null,
+            "fenced": false,
+            "terminating": stopping.is_cancelled(),
+            "registering": true,
+        })
+    };
     Router::new()
         .route("/livez", get(|| async { "ok" }))
         .route(
             "/ready",
-            get(move || async move { (StatusCode::SERVICE_UNAVAILABLE, Json(ready)) }),
+            get(move || async move { (StatusCode::SERVICE_UNAVAILABLE, Json(ready())) }),
         )
         .fallback(move || async move { (StatusCode::SERVICE_UNAVAILABLE, Json(error)) })
 }

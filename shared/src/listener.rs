@@ -552,7 +552,10 @@ pub async fn close_connections_while<T>(listener: &TcpListener, until: impl std:
     loop {
         tokio::select! {
             out = &mut until => return out,
-            accepted = listener.accept() => drop(accepted),
+            accepted = listener.accept() => if accepted.is_err() {
+                // Out of descriptors, say: the error repeats at once, so do not spin.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            },
         }
     }
 }

@@ -42,7 +42,9 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         &grpc_listener,
         Registered::join(&args.node, NodeKind::Streamd, addrs.clone()),
     );
-    let joined = weir_shared::http_server::answer_probes_while(&http_listener, limits, None, &args.node.id, joining);
+    let stopping = shutdown.token();
+    let joined =
+        weir_shared::http_server::answer_probes_while(&http_listener, limits, None, &args.node.id, &stopping, joining);
     let registered = Arc::new(joined.await??);
     let me = registered.me.clone();
 

@@ -197,7 +197,8 @@ async fn set_retention_bytes(stack: &Stack, topic: &str, bytes: u64) {
             retention_bytes: Some(bytes),
             ..StreamConfig::default()
         },
-        expected_version: None,
+        expected: None,
+        topic_id: None,
     };
     let op = Proposer::Operator {
         principal: "bench".into(),

@@ -1009,6 +1009,124 @@ async fn a_node_restarted_while_cut_from_metad_serves_nothing_until_it_registers
     assert_all_read_back(&gw, "rf", &acked).await;
 }
 
+// RR-FEN-7: a node whose view cannot install the frames it gets (failpoint
+// `view_install`, while a file exists) records none of them as applied: it says why and
+// is not ready, and a stream placed on it meanwhile is not served, not even to a direct
+// call. Once frames install again it starts from a fresh snapshot, converges, and opens
+// and serves the stream.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_view_cannot_install_serves_nothing_from_it_and_converges() {
+    let broken = tempfile::NamedTempFile::new().expect("fault file");
+    let broken_path = broken.path().to_path_buf();
+    let fault = format!("return(err) while exists({})", broken_path.display());
+    std::fs::remove_file(&broken_path).expect("no fault yet");
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack.add_node("streamd-1", Backend::FileWal, &[]);
+    stack.add_node_with_env(
+        "streamd-2",
+        Backend::FileWal,
+        &[],
+        &[("WEIR_FAILPOINT_VIEW_INSTALL", fault.as_str())],
+    );
+    for node in &stack.nodes {
+        node.wait_ready().await;
+    }
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    let a = stack.nodes[0].id.clone();
+    let b = stack.nodes[1].id.clone();
+    assert_eq!(
+        gw.send(gw.request(Method::POST, &format!("/admin/nodes/{a}/cordon")))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    std::fs::write(&broken_path, b"").expect("B's view stops installing");
+    gw.create_stream("rf7").await;
+    wait_for("rf7 placed on B", Duration::from_secs(30), || async {
+        let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/rf7")).await;
+        (d["owner"]["node"] == b.as_str()).then_some(())
+    })
+    .await;
+    let ready_url = format!("http://{}/ready", stack.nodes[1].http);
+    let why = wait_for("B says its view failed", Duration::from_secs(30), || async {
+        let r = reqwest::get(&ready_url).await.ok()?;
+        let body: Value = r.json().await.ok()?;
+        (body["ready"] == false && body["view_error"].is_string()).then_some(body)
+    })
+    .await;
+    assert!(
+        why["view_error"].as_str().is_some_and(|e| e.contains("view_install")),
+        "{why}"
+    );
+    let direct = stack.nodes[1]
+        .client()
+        .await
+        .append(weir_proto::streamd::AppendRequest {
+            stream: "rf7".into(),
+            batches: weir_tests::batches::batch(b"not yet").into(),
+            match_next_offset: None,
+        })
+        .await;
+    assert!(
+        direct.is_err(),
+        "a stream only a failed view places is not served: {direct:?}"
+    );
+    assert_eq!(owner(&stack, &gw, "rf7").await, None, "rf7 is not open anywhere");
+
+    std::fs::remove_file(&broken_path).expect("B's view installs again");
+    stack.nodes[1].wait_ready().await;
+    gw.wait_open("rf7").await;
+    assert_eq!(owner(&stack, &gw, "rf7").await.map(|o| o.0), Some(1), "open on B");
+    let acked = append_n(&gw, "rf7", "after", 3).await;
+    assert_all_read_back(&gw, "rf7", &acked).await;
+}
+
+// FO-TKO-17: a placement names its target incarnation. X's owner A is SIGKILLed, X is
+// placed on B (its open slowed 4 s by failpoint `open_stream`), and B restarts before it
+// opens: the placement for B's old epoch is void, X is placed again, and it opens on B's
+// new incarnation, once, never under the old epoch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_placed_on_a_node_that_restarts_before_opening_is_placed_again() {
+    let slow_open = [("WEIR_FAILPOINT_OPEN_STREAM", "sleep(4000)")];
+    let (mut stack, gw, _link) = stream_on_a_node_behind_a_metad_link("fo17", &slow_open).await;
+    let b = stack.nodes[1].id.clone();
+    let before = stream_epoch(&gw, "fo17").await;
+    stack.nodes[0].kill();
+    wait_for("fo17 placed on B, not open yet", Duration::from_secs(60), || async {
+        let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/fo17")).await;
+        (d["state"] == "closed" && d["owner"]["node"] == b.as_str() && d["owner"]["epoch"] == 1).then_some(())
+    })
+    .await;
+    stack.nodes[1].kill();
+    stack.nodes[1].start();
+    let (node, epoch) = wait_for("fo17 open again", Duration::from_secs(60), || {
+        owner(&stack, &gw, "fo17")
+    })
+    .await;
+    assert_eq!((node, epoch), (1, 2), "open on B's new incarnation");
+    assert_eq!(
+        stream_epoch(&gw, "fo17").await,
+        before + 1,
+        "opened once since A's open"
+    );
+    let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/fo17")).await;
+    let id = d["id"].clone();
+    let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
+    let placed_on_b = dump["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["outcome"].get("Ok").is_some())
+        .filter(|e| e["proposal"]["command"]["type"] == "place_stream")
+        .filter(|e| e["proposal"]["command"]["stream"] == id && e["proposal"]["command"]["node"] == b.as_str())
+        .count();
+    assert_eq!(
+        placed_on_b, 2,
+        "placed on B's old incarnation, then again on its new one"
+    );
+}
+
 /// Node A (`streamd-1`) reaching metad through a proxy the test can cut, node B
 /// (`streamd-2`, with `b_env`), a gateway, and stream `name` open on A.
 async fn stream_on_a_node_behind_a_metad_link(

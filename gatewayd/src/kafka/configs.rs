@@ -25,8 +25,9 @@ const MIN_SEGMENT_BYTES: u64 = 14;
 const SET: i8 = 0;
 const DELETE: i8 = 1;
 /// An alter that lost a race with another (the config changed between its read and
-/// its landing) is read and applied again, up to this many times in all.
-const ALTER_ATTEMPTS: usize = 3;
+/// its landing) is read and applied again, up to this many times in all; past that
+/// it is answered REQUEST_TIMED_OUT, which clients retry.
+const ALTER_ATTEMPTS: usize = 5;
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
@@ -197,13 +198,14 @@ async fn alter_one(
             .gw
             .routes
             .view()
-            .with(|s| s.topics.get(name).map(|t| (t.config.clone(), t.config_version)));
-        let (mut config, version) = current.ok_or_else(|| {
+            .with(|s| s.topics.get(name).map(|t| (t.config.clone(), t.topic_id)));
+        let (read, topic_id) = current.ok_or_else(|| {
             (
                 errors::UNKNOWN_TOPIC_OR_PARTITION,
                 format!("topic '{name}' does not exist"),
             )
         })?;
+        let mut config = read.clone();
         change(&mut config).map_err(|e| (errors::INVALID_CONFIG, e))?;
         if validate_only {
             return Ok(());
@@ -211,14 +213,25 @@ async fn alter_one(
         let command = Command::AlterConfig {
             target: ConfigTarget::Topic(name.to_string()),
             config,
-            expected_version: Some(version),
+            expected: Some(read),
+            topic_id: Some(topic_id),
         };
         match kafka.gw.metad.propose(&errors::proposer(session), command).await {
             Ok((index, Ok(_))) => {
                 kafka.gw.settle(index).await;
                 return Ok(());
             }
-            Ok((_, Err(r))) if r.code == RejectCode::Conflict && attempt < ALTER_ATTEMPTS => attempt += 1,
+            // Another alter landed between the read and this one (or this one's own
+            // earlier attempt, whose answer was lost): read again, after a pause.
+            Ok((_, Err(r))) if r.code == RejectCode::Conflict && attempt < ALTER_ATTEMPTS => {
+                attempt += 1;
+                let pause = rand::random_range(20..100) * attempt as u64;
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            // Retryable: the client tries again later.
+            Ok((_, Err(r))) if r.code == RejectCode::Conflict => {
+                return Err((errors::REQUEST_TIMED_OUT, r.message));
+            }
             Ok((_, Err(r))) => return Err(errors::admin(&Ok(r))),
             Err(e) => return Err(errors::admin(&Err(e))),
         }

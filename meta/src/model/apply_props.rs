@@ -445,7 +445,8 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
                 retention_bytes,
                 ..StreamConfig::default()
             },
-            expected_version: None,
+            expected: None,
+            topic_id: None,
         },
     }
 }

@@ -238,15 +238,19 @@ pub enum Command {
         swaps: Vec<StreamSwap>,
     },
     /// Replaces the configuration of a topic (and of each of its partitions) or of a
-    /// stream; with `expected_version`, only if the config is still at the version its
-    /// proposer read (compare-and-set), so an alter that lands late (its answer lost,
-    /// its proposal held on a slow link) never undoes a newer change, and two
-    /// read-modify-writes never lose one another's update.
+    /// stream. With `expected`, only if the config is still the one its proposer read,
+    /// and, with `topic_id`, still of that topic rather than one recreated since under
+    /// the same name (compare-and-set): an alter that lands late (its answer lost, its
+    /// proposal held on a slow link) never undoes a newer change, and two
+    /// read-modify-writes never lose one another's update. Both compare state that
+    /// every release keeps alike.
     AlterConfig {
         target: ConfigTarget,
         config: StreamConfig,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        expected_version: Option<u64>,
+        expected: Option<StreamConfig>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topic_id: Option<[u8; 16]>,
     },
     /// Takes lease `name` if its holder is still `expected` (compare-and-set).
     AcquireLease {

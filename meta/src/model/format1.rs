@@ -145,7 +145,6 @@ pub(crate) mod tests {
             bytes: 20,
             leader_epochs: vec![],
             config: Default::default(),
-            config_version: 0,
             damage: None,
         };
         meta.state

@@ -145,7 +145,6 @@ mod tests {
             commits: 0,
             bytes: 0,
             config: StreamConfig::default(),
-            config_version: 0,
             damage: None,
             leader_epochs: vec![],
         }

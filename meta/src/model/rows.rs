@@ -169,10 +169,6 @@ pub struct StreamRow {
     #[serde(default)]
     pub bytes: u64,
     pub config: StreamConfig,
-    /// How many times the stream's own `config` was altered (a topic's partitions
-    /// follow the topic's version instead). Absent in rows written before it.
-    #[serde(default)]
-    pub config_version: u64,
     /// Damage found in the stream's committed data; reads of it are refused until an
     /// operator acts (issue 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -217,10 +213,6 @@ pub struct TopicRow {
     pub topic_id: [u8; 16],
     pub partitions: Vec<StreamId>,
     pub config: StreamConfig,
-    /// How many times `config` was altered: an alter names the version it read, so one
-    /// landing late never undoes a newer change. Absent in rows written before it.
-    #[serde(default)]
-    pub config_version: u64,
 }
 
 /// A data object committed to the log, with the streams that reference it: a row of the

@@ -162,6 +162,8 @@ async fn reconcile(node: &Arc<Node>, retries: &mut OpenRetries) {
 /// `Err` says why an open that should be retried failed (a metadata or object-store
 /// read error); a refusal is not retried until the view changes.
 async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) -> Result<(), String> {
+    // Tests: a slow open, so the placed node can change incarnation first (FO-TKO-17).
+    weir_shared::failpoint::pause("open_stream").await;
     let result = node
         .metad
         .propose(

@@ -10,9 +10,11 @@ use crate::model::state::{Row, RowKey};
 use weir_shared::ids::{Offset, StreamId};
 
 impl Txn<'_> {
-    /// Marks `id` damaged in `from..until`. The earliest damage is kept, so a second
-    /// report of the same or later data changes nothing; damage wholly below the start
-    /// offset is already gone.
+    /// Marks `id` damaged in `from..until`. The mark starts at the earliest damage
+    /// reported and ends past the last: reopening a stream compares the mark's end with
+    /// the committed end, so a report must never shorten it, or offsets of records lost
+    /// before their commit would be handed out again. A report within the mark changes
+    /// nothing; damage wholly below the start offset is already gone.
     pub(super) fn report_damage(
         &mut self,
         proposer: &Proposer,
@@ -35,15 +37,19 @@ impl Txn<'_> {
                 format!("damaged range {from}..{until} of stream '{}' is empty", row.name),
             ));
         }
-        if until <= row.start_offset || row.damage.as_ref().is_some_and(|d| d.from <= from) {
+        if until <= row.start_offset || row.damage.as_ref().is_some_and(|d| d.from <= from && until <= d.until) {
             return Ok(Applied::Done);
         }
         let mut row = row.clone();
-        row.damage = Some(StreamDamage {
-            from,
-            until,
-            what: what.to_string(),
-            found_by: finder.to_string(),
+        row.damage = Some(match row.damage.take() {
+            // The earliest report names the damage; a later one only reaches further.
+            Some(d) if d.from <= from => StreamDamage { until, ..d },
+            earlier => StreamDamage {
+                from,
+                until: earlier.map_or(until, |d| d.until.max(until)),
+                what: what.to_string(),
+                found_by: finder.to_string(),
+            },
         });
         self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
         self.touch(RowKey::Stream(id));
@@ -143,11 +149,16 @@ mod tests {
         let damage = log.row(0).damage.clone().expect("marked");
         assert_eq!((damage.from, damage.until), (Offset(10), Offset(20)));
         assert_eq!(damage.found_by, "(n, 1)");
-        // A later report changes nothing; an earlier one replaces it.
-        log.apply(node(), report(15, 20)).expect("later");
-        assert_eq!(log.row(0).damage.as_ref().map(|d| d.from), Some(Offset(10)));
+        // A report within the mark changes nothing; one reaching further extends it; an
+        // earlier one moves its start; none shortens it.
+        let range = |log: &Log| log.row(0).damage.as_ref().map(|d| (d.from.0, d.until.0));
+        log.apply(node(), report(15, 20)).expect("within");
+        assert_eq!(range(&log), Some((10, 20)));
+        log.apply(node(), report(15, 25)).expect("further");
+        assert_eq!(range(&log), Some((10, 25)));
+        assert_eq!(log.row(0).damage.as_ref().map(|d| d.found_by.as_str()), Some("(n, 1)"));
         log.apply(node(), report(0, 10)).expect("earlier");
-        assert_eq!(log.row(0).damage.as_ref().map(|d| d.from), Some(Offset(0)));
+        assert_eq!(range(&log), Some((0, 25)), "the end of the later loss is kept");
         assert!(log.row(1).damage.is_none(), "another stream is untouched");
     }
 
@@ -229,6 +240,47 @@ mod tests {
             log.apply(node(), open),
             Ok(Applied::StreamOpened {
                 committed_end: Offset(15),
+                ..
+            })
+        ));
+    }
+
+    /// Damage already marked, then a takeover finds later records lost before their
+    /// commit: the stream stays closed until trimmed past the later loss, so its
+    /// offsets are never handed out again.
+    #[test]
+    fn a_later_loss_keeps_the_stream_closed_past_it() {
+        let mut log = Log::new();
+        log.commit("data/1", &[(0, 12, 100)]);
+        log.apply(node(), report(5, 8)).expect("damage in committed data");
+        let epoch = log.row(0).epoch;
+        log.apply(
+            node(),
+            Command::CloseStream {
+                stream: StreamId(0),
+                stream_epoch: epoch,
+            },
+        )
+        .expect("close");
+        log.apply(node(), report(12, 20)).expect("a later loss");
+        let place = Command::PlaceStream {
+            stream: StreamId(0),
+            node: NodeId::new("n"),
+        };
+        log.apply(op(), place).expect("placed again");
+        let open = Command::OpenStream {
+            stream: StreamId(0),
+            stamps_leader_epochs: true,
+        };
+        assert_eq!(log.apply(node(), open.clone()), Err(RejectCode::Conflict));
+        assert_eq!(
+            log.apply(op(), resolve(DamageRemedy::TrimPast)),
+            Ok(Applied::Trimmed { start: Offset(20) })
+        );
+        assert!(matches!(
+            log.apply(node(), open),
+            Ok(Applied::StreamOpened {
+                committed_end: Offset(20),
                 ..
             })
         ));

@@ -158,8 +158,9 @@ impl Txn<'_> {
             Command::AlterConfig {
                 target,
                 config,
-                expected_version,
-            } => self.alter_config(proposer, target, config, *expected_version),
+                expected,
+                topic_id,
+            } => self.alter_config(proposer, target, config, expected.as_ref(), topic_id.as_ref()),
             Command::AcquireLease { name, expected } => self.acquire_lease(proposer, name, expected.as_ref()),
             Command::RenewLease { name } => self.renew_lease(proposer, name),
             Command::IssueToken {

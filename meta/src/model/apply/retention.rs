@@ -88,7 +88,8 @@ impl Txn<'_> {
         proposer: &Proposer,
         target: &ConfigTarget,
         config: &StreamConfig,
-        expected_version: Option<u64>,
+        expected: Option<&StreamConfig>,
+        topic_id: Option<&[u8; 16]>,
     ) -> Outcome {
         self.privileged(proposer)?;
         validate_config(config)?;
@@ -99,9 +100,14 @@ impl Txn<'_> {
                     .topics
                     .get_mut(name)
                     .ok_or_else(|| reject(RejectCode::NotFound, format!("topic '{name}' does not exist")))?;
-                check_version(&format!("topic '{name}'"), topic.config_version, expected_version)?;
+                if topic_id.is_some_and(|id| *id != topic.topic_id) {
+                    return Err(reject(
+                        RejectCode::NotFound,
+                        format!("topic '{name}' was deleted and created again since its config was read"),
+                    ));
+                }
+                check_unchanged(&format!("topic '{name}'"), &topic.config, expected)?;
                 topic.config = config.clone();
-                topic.config_version += 1;
                 self.touched.insert(RowKey::Topic(name.clone()));
                 topic.partitions.clone()
             }
@@ -116,17 +122,13 @@ impl Txn<'_> {
                         format!("stream '{name}' is a topic partition; change the topic's config instead"),
                     ));
                 }
-                check_version(&format!("stream '{name}'"), row.config_version, expected_version)?;
+                check_unchanged(&format!("stream '{name}'"), &row.config, expected)?;
                 vec![row.id]
             }
         };
-        let own_version = matches!(target, ConfigTarget::Stream(_));
         for id in streams {
             if let Some(row) = self.state.streams.get_mut(&id) {
                 row.config = config.clone();
-                if own_version {
-                    row.config_version += 1;
-                }
                 self.touch(RowKey::Stream(id));
             }
         }
@@ -134,14 +136,18 @@ impl Txn<'_> {
     }
 }
 
-/// An alter's compare-and-set: refused when the config changed since it was read.
-fn check_version(what: &str, current: u64, expected: Option<u64>) -> Result<(), crate::model::Rejection> {
+/// An alter's compare-and-set: refused when the config changed since it was read. A
+/// config changed and changed back compares equal, and an alter computed from it then
+/// produces what it would from a fresh read: it may land.
+fn check_unchanged(
+    what: &str,
+    current: &StreamConfig,
+    expected: Option<&StreamConfig>,
+) -> Result<(), crate::model::Rejection> {
     match expected {
         Some(expected) if expected != current => Err(reject(
             RejectCode::Conflict,
-            format!(
-                "the config of {what} changed since it was read (version {current}, not {expected}); read it again"
-            ),
+            format!("the config of {what} changed since it was read; read it again"),
         )),
         _ => Ok(()),
     }
@@ -248,7 +254,8 @@ mod tests {
         let alter = |target| Command::AlterConfig {
             target,
             config: config.clone(),
-            expected_version: None,
+            expected: None,
+            topic_id: None,
         };
         log.apply(op(), alter(ConfigTarget::Topic("t".into())))
             .expect("alter topic");
@@ -273,48 +280,57 @@ mod tests {
                 max_message_bytes: Some(0),
                 ..StreamConfig::default()
             },
-            expected_version: None,
+            expected: None,
+            topic_id: None,
         };
         assert_eq!(log.apply(op(), zero), Err(RejectCode::InvalidArgument));
     }
 
-    /// Issue 21: an alter names the config version it read; one landing after a newer
-    /// alter (its answer lost) is refused and changes nothing, for a topic and a stream.
+    /// Issue 21: an alter names the config it read and the topic it read it from; one
+    /// landing after a newer alter (its answer lost) is refused and changes nothing, for
+    /// a topic and a stream, and so is one for a topic recreated since.
     #[test]
     fn an_alter_landing_after_a_newer_one_is_refused_and_changes_nothing() {
         let mut log = Log::new();
-        log.apply(
-            op(),
-            Command::CreateTopic {
-                name: "t".into(),
-                partitions: 1,
-                config: StreamConfig::default(),
-            },
-        )
-        .expect("topic");
-        let alter = |target: &str, retention_ms, expected| Command::AlterConfig {
+        let create = Command::CreateTopic {
+            name: "t".into(),
+            partitions: 1,
+            config: StreamConfig::default(),
+        };
+        log.apply(op(), create).expect("topic");
+        let retention = |ms| StreamConfig {
+            retention_ms: ms,
+            ..StreamConfig::default()
+        };
+        let id = log.meta.state.topics["t"].topic_id;
+        let alter = |target: &str, to, read, topic_id| Command::AlterConfig {
             target: if target == "t" {
                 ConfigTarget::Topic(target.into())
             } else {
                 ConfigTarget::Stream(target.into())
             },
-            config: StreamConfig {
-                retention_ms: Some(retention_ms),
-                ..StreamConfig::default()
-            },
-            expected_version: Some(expected),
+            config: retention(Some(to)),
+            expected: Some(retention(read)),
+            topic_id,
         };
-        for target in ["t", "a"] {
-            let late = alter(target, 1, 0);
-            log.apply(op(), alter(target, 7, 0)).expect("the newer alter");
+        for (target, topic_id) in [("t", Some(id)), ("a", None)] {
+            let late = alter(target, 1, None, topic_id);
+            log.apply(op(), alter(target, 7, None, topic_id))
+                .expect("the newer alter");
             assert_eq!(log.apply(op(), late), Err(RejectCode::Conflict), "{target}");
-            log.apply(op(), alter(target, 9, 1)).expect("read again, at version 1");
+            log.apply(op(), alter(target, 9, Some(7), topic_id))
+                .expect("read again");
         }
         assert_eq!(log.meta.state.topics["t"].config.retention_ms, Some(9));
-        assert_eq!(log.meta.state.topics["t"].config_version, 2);
         let partition = log.meta.state.stream_by_name("t/0").expect("partition");
         assert_eq!(partition.config.retention_ms, Some(9));
         assert_eq!(log.row(0).config.retention_ms, Some(9));
-        assert_eq!(log.row(0).config_version, 2);
+        let other_incarnation = alter("t", 3, Some(9), Some([7; 16]));
+        assert_eq!(
+            log.apply(op(), other_incarnation),
+            Err(RejectCode::NotFound),
+            "an alter read from a topic deleted since changes nothing"
+        );
+        assert_eq!(log.meta.state.topics["t"].config.retention_ms, Some(9));
     }
 }

@@ -30,7 +30,6 @@ impl Txn<'_> {
             commits: 0,
             bytes: 0,
             config: config.clone(),
-            config_version: 0,
             damage: None,
             leader_epochs: vec![],
         };

@@ -35,7 +35,6 @@ impl Txn<'_> {
             topic_id: topic_id(name, self.index),
             partitions: streams.clone(),
             config: config.clone(),
-            config_version: 0,
         };
         self.state.topics.insert(name.to_string(), topic);
         self.touch(RowKey::Topic(name.to_string()));
