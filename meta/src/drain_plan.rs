@@ -311,13 +311,7 @@ mod tests {
                 stream,
                 node: owner.node.clone(),
             });
-            self.op(
-                Proposer::Node(owner.clone()),
-                Command::OpenStream {
-                    stream,
-                    stamps_leader_epochs: false,
-                },
-            );
+            self.op(Proposer::Node(owner.clone()), Command::open(stream));
         }
     }
 

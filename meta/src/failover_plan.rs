@@ -331,14 +331,7 @@ mod tests {
             },
         )
         .expect("place");
-        w.apply(
-            Proposer::Node(a.clone()),
-            Command::OpenStream {
-                stream,
-                stamps_leader_epochs: false,
-            },
-        )
-        .expect("open");
+        w.apply(Proposer::Node(a.clone()), Command::open(stream)).expect("open");
         w.apply(Proposer::Node(a.clone()), Command::FenceSelf).expect("fence");
         let mut clock = Clock::default();
         let live = holder_commands(&w.s, &holder, &mut clock, true);
@@ -399,14 +392,7 @@ mod tests {
             },
         )
         .expect("place");
-        w.apply(
-            Proposer::Node(a.clone()),
-            Command::OpenStream {
-                stream,
-                stamps_leader_epochs: false,
-            },
-        )
-        .expect("open");
+        w.apply(Proposer::Node(a.clone()), Command::open(stream)).expect("open");
         assert!(takeover_steps(&w.s).is_empty(), "a live owner needs nothing");
 
         w.apply(Proposer::Node(a.clone()), Command::FenceSelf).expect("fence");
@@ -455,14 +441,8 @@ mod tests {
             },
         )
         .expect("place");
-        w.apply(
-            Proposer::Node(a2.clone()),
-            Command::OpenStream {
-                stream,
-                stamps_leader_epochs: false,
-            },
-        )
-        .expect("open");
+        w.apply(Proposer::Node(a2.clone()), Command::open(stream))
+            .expect("open");
         w.apply(
             op(),
             Command::DeleteStream {
@@ -503,14 +483,7 @@ mod tests {
             node: node.node.clone(),
         };
         w.apply(op(), place(&a)).expect("place");
-        w.apply(
-            Proposer::Node(a.clone()),
-            Command::OpenStream {
-                stream,
-                stamps_leader_epochs: false,
-            },
-        )
-        .expect("open");
+        w.apply(Proposer::Node(a.clone()), Command::open(stream)).expect("open");
         w.apply(Proposer::Node(a.clone()), Command::FenceSelf).expect("fence");
         let begin = Command::BeginTakeover {
             node: a.node.clone(),
@@ -527,13 +500,8 @@ mod tests {
         assert!(matches!(&steps[..], [Command::CloseStream { .. }]), "{steps:?}");
         w.apply(op(), steps[0].clone()).expect("close");
         w.apply(op(), place(&b)).expect("place on b");
-        let Ok(Applied::StreamOpened { stream_epoch, .. }) = w.apply(
-            Proposer::Node(b.clone()),
-            Command::OpenStream {
-                stream,
-                stamps_leader_epochs: false,
-            },
-        ) else {
+        let Ok(Applied::StreamOpened { stream_epoch, .. }) = w.apply(Proposer::Node(b.clone()), Command::open(stream))
+        else {
             panic!("b opens it")
         };
         // The new owner commits records of its own.
@@ -748,13 +716,7 @@ mod tests {
                         .map(|s| s.id)
                         .collect();
                 for stream in placed {
-                    let _ = w.apply(
-                        Proposer::Node(me.clone()),
-                        Command::OpenStream {
-                            stream,
-                            stamps_leader_epochs: false,
-                        },
-                    );
+                    let _ = w.apply(Proposer::Node(me.clone()), Command::open(stream));
                 }
             }
             for p in &procs {

@@ -339,15 +339,7 @@ mod tests {
                     },
                 )
                 .unwrap();
-                next(
-                    &mut s,
-                    Proposer::Node(me.clone()),
-                    Command::OpenStream {
-                        stream,
-                        stamps_leader_epochs: false,
-                    },
-                )
-                .unwrap();
+                next(&mut s, Proposer::Node(me.clone()), Command::open(stream)).unwrap();
             }
         }
         for k in 0..10 {

@@ -234,15 +234,9 @@ mod tests {
                 node: a.node.clone(),
             };
             apply(&mut state, &mut i, place, operator());
-            let Applied::StreamOpened { stream_epoch, .. } = apply(
-                &mut state,
-                &mut i,
-                Command::OpenStream {
-                    stream,
-                    stamps_leader_epochs: false,
-                },
-                Proposer::Node(a.clone()),
-            ) else {
+            let Applied::StreamOpened { stream_epoch, .. } =
+                apply(&mut state, &mut i, Command::open(stream), Proposer::Node(a.clone()))
+            else {
                 panic!("opened")
             };
             let begin = Command::BeginTransfer {

@@ -9,7 +9,7 @@ use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, Partition
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse};
 use std::time::Duration;
-use weir_proto::streamd::{ReadRequest, StatusRequest};
+use weir_proto::streamd::{ReadRequest, StatusReply, StatusRequest};
 
 /// Longest long poll a Fetch may ask for.
 const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -101,19 +101,24 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration, limit: Limit) -> Got {
     }
 }
 
-/// A partition past the request's byte budget: its offsets, and no records read.
-async fn offsets_only(kafka: &Kafka, p: &Part) -> Got {
-    let status = kafka
+/// The owner's word on `stream`: its offsets and leader epoch, or the Kafka error.
+pub(super) async fn owner_status(kafka: &Kafka, stream: &str) -> Result<StatusReply, i16> {
+    kafka
         .gw
         .routes
-        .call(&p.stream, true, |mut c| {
+        .call(stream, true, |mut c| {
             let req = StatusRequest {
-                stream: p.stream.clone(),
+                stream: stream.to_string(),
             };
             async move { c.status(req).await }
         })
-        .await;
-    match status {
+        .await
+        .map_err(|e| errors::route(&e))
+}
+
+/// A partition past the request's byte budget: its offsets, and no records read.
+async fn offsets_only(kafka: &Kafka, p: &Part) -> Got {
+    match owner_status(kafka, &p.stream).await {
         Ok(s) if (p.offset as u64) < s.start_offset || (p.offset as u64) > s.end_offset => {
             Got::failed(errors::OFFSET_OUT_OF_RANGE)
         }
@@ -123,7 +128,7 @@ async fn offsets_only(kafka: &Kafka, p: &Part) -> Got {
             log_start: s.start_offset as i64,
             records: Bytes::new(),
         },
-        Err(e) => Got::failed(errors::route(&e)),
+        Err(code) => Got::failed(code),
     }
 }
 
@@ -298,17 +303,7 @@ impl Found {
 /// The answer to a ListOffsets spec. The earliest offset's epoch is not known
 /// consistently with it, so it is −1 (the client then validates nothing).
 async fn lookup(kafka: &Kafka, stream: &str, spec: i64) -> Result<Found, i16> {
-    let status = kafka
-        .gw
-        .routes
-        .call(stream, true, |mut c| {
-            let req = StatusRequest {
-                stream: stream.to_string(),
-            };
-            async move { c.status(req).await }
-        })
-        .await
-        .map_err(|e| errors::route(&e))?;
+    let status = owner_status(kafka, stream).await?;
     match spec {
         LATEST => Ok(Found {
             offset: status.end_offset as i64,

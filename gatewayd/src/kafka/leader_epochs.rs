@@ -9,7 +9,6 @@ use kafka_protocol::messages::{OffsetForLeaderEpochRequest, OffsetForLeaderEpoch
 use weir_meta::model::leader_epochs::{self, EpochEnd};
 use weir_meta::model::scopes::{Access, Grants};
 use weir_meta::model::State;
-use weir_proto::streamd::StatusRequest;
 
 /// A partition's leader epoch in `state`, given the gateway changes it shows
 /// (`leader_epochs::gateway_changes`); `None` when it has no such stream.
@@ -100,22 +99,10 @@ async fn end_offset(kafka: &Kafka, stream: &str, current: i32, requested: i32) -
         EpochEnd::Undefined => (errors::NONE, -1, -1),
         EpochEnd::At { epoch, offset } => (errors::NONE, epoch, offset.0 as i64),
         // The log end, which only the owner knows.
-        EpochEnd::LogEnd { epoch } => {
-            let status = kafka
-                .gw
-                .routes
-                .call(stream, true, |mut c| {
-                    let req = StatusRequest {
-                        stream: stream.to_string(),
-                    };
-                    async move { c.status(req).await }
-                })
-                .await;
-            match status {
-                Ok(s) => (errors::NONE, epoch, s.end_offset as i64),
-                Err(e) => (errors::route(&e), -1, -1),
-            }
-        }
+        EpochEnd::LogEnd { epoch } => match super::fetch::owner_status(kafka, stream).await {
+            Ok(s) => (errors::NONE, epoch, s.end_offset as i64),
+            Err(code) => (code, -1, -1),
+        },
     }
 }
 

@@ -323,6 +323,15 @@ pub enum DamageRemedy {
 }
 
 impl Command {
+    /// An open by an owner that stamps no leader epochs: the plans' simulations of
+    /// what the log would do, and tests.
+    pub fn open(stream: StreamId) -> Command {
+        Command::OpenStream {
+            stream,
+            stamps_leader_epochs: false,
+        }
+    }
+
     /// A short name for logs, metrics and the log dump.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -125,29 +125,11 @@ pub fn end_of(history: &[EpochStart], requested: i32) -> EpochEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::rows::{StreamConfig, StreamState};
+    use crate::model::rows::StreamConfig;
     use weir_shared::ids::StreamId;
 
     fn row() -> StreamRow {
-        StreamRow {
-            id: StreamId(1),
-            name: "t/0".into(),
-            topic: Some("t".into()),
-            partition: Some(0),
-            state: StreamState::Closed,
-            owner: None,
-            epoch: StreamEpoch(0),
-            transfer_target: None,
-            transfer_target_epoch: None,
-            transfer_op: None,
-            start_offset: Offset(0),
-            committed_end: Offset(0),
-            commits: 0,
-            bytes: 0,
-            config: StreamConfig::default(),
-            damage: None,
-            leader_epochs: vec![],
-        }
+        StreamRow::new(StreamId(1), "t/0".into(), Some(("t", 0)), &StreamConfig::default())
     }
 
     fn open(row: &mut StreamRow, gateways: u64, committed_end: u64) {

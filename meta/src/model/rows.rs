@@ -181,6 +181,29 @@ pub struct StreamRow {
 }
 
 impl StreamRow {
+    /// A new stream: closed, placed nowhere, at epoch 0, empty.
+    pub fn new(id: StreamId, name: String, topic: Option<(&str, u32)>, config: &StreamConfig) -> Self {
+        StreamRow {
+            id,
+            name,
+            topic: topic.map(|(t, _)| t.to_string()),
+            partition: topic.map(|(_, p)| p),
+            state: StreamState::Closed,
+            owner: None,
+            epoch: StreamEpoch(0),
+            transfer_target: None,
+            transfer_target_epoch: None,
+            transfer_op: None,
+            start_offset: Offset(0),
+            committed_end: Offset(0),
+            commits: 0,
+            bytes: 0,
+            config: config.clone(),
+            damage: None,
+            leader_epochs: vec![],
+        }
+    }
+
     /// Ends a planned transfer's mark, whatever ended it.
     pub fn clear_transfer(&mut self) {
         self.transfer_target = None;

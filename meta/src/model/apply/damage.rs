@@ -119,7 +119,7 @@ mod tests {
     use crate::model::command::{Applied, DamageRemedy, RejectCode};
     use crate::model::index::IndexRead;
     use crate::model::Command;
-    use weir_shared::ids::{NodeId, Offset, StreamId};
+    use weir_shared::ids::{Offset, StreamId};
 
     fn report(from: u64, until: u64) -> Command {
         Command::ReportDamage {
@@ -199,26 +199,11 @@ mod tests {
     fn records_lost_before_their_commit_keep_the_stream_closed_until_trimmed_past() {
         let mut log = Log::new();
         log.commit("data/1", &[(0, 10, 100)]);
-        let epoch = log.row(0).epoch;
-        log.apply(
-            node(),
-            Command::CloseStream {
-                stream: StreamId(0),
-                stream_epoch: epoch,
-            },
-        )
-        .expect("close");
+        log.close(0);
         // A takeover found offsets 10..15 acknowledged but lost to WAL damage.
         log.apply(node(), report(10, 15)).expect("report");
-        let place = Command::PlaceStream {
-            stream: StreamId(0),
-            node: NodeId::new("n"),
-        };
-        log.apply(op(), place).expect("placed again");
-        let open = Command::OpenStream {
-            stream: StreamId(0),
-            stamps_leader_epochs: true,
-        };
+        log.place_on_n(0);
+        let open = Log::open_by_n(0);
         assert_eq!(
             log.apply(node(), open.clone()),
             Err(RejectCode::Conflict),
@@ -253,25 +238,10 @@ mod tests {
         let mut log = Log::new();
         log.commit("data/1", &[(0, 12, 100)]);
         log.apply(node(), report(5, 8)).expect("damage in committed data");
-        let epoch = log.row(0).epoch;
-        log.apply(
-            node(),
-            Command::CloseStream {
-                stream: StreamId(0),
-                stream_epoch: epoch,
-            },
-        )
-        .expect("close");
+        log.close(0);
         log.apply(node(), report(12, 20)).expect("a later loss");
-        let place = Command::PlaceStream {
-            stream: StreamId(0),
-            node: NodeId::new("n"),
-        };
-        log.apply(op(), place).expect("placed again");
-        let open = Command::OpenStream {
-            stream: StreamId(0),
-            stamps_leader_epochs: true,
-        };
+        log.place_on_n(0);
+        let open = Log::open_by_n(0);
         assert_eq!(log.apply(node(), open.clone()), Err(RejectCode::Conflict));
         assert_eq!(
             log.apply(op(), resolve(DamageRemedy::TrimPast)),

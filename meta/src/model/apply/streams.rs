@@ -14,25 +14,7 @@ impl Txn<'_> {
         let id = StreamId(self.state.counters.next_stream_id);
         self.state.counters.next_stream_id += 1;
         self.touch(RowKey::Counters);
-        let row = StreamRow {
-            id,
-            name,
-            topic: topic.map(|(t, _)| t.to_string()),
-            partition: topic.map(|(_, p)| p),
-            state: StreamState::Closed,
-            owner: None,
-            epoch: StreamEpoch(0),
-            transfer_target: None,
-            transfer_target_epoch: None,
-            transfer_op: None,
-            start_offset: Offset(0),
-            committed_end: Offset(0),
-            commits: 0,
-            bytes: 0,
-            config: config.clone(),
-            damage: None,
-            leader_epochs: vec![],
-        };
+        let row = StreamRow::new(id, name, topic, config);
         self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
         self.touch(RowKey::Stream(id));
         id
@@ -306,27 +288,15 @@ mod tests {
     #[test]
     fn each_open_records_where_its_leader_epoch_starts() {
         use super::super::test_log::node;
-        use weir_shared::ids::{NodeId, Offset};
+        use weir_shared::ids::Offset;
         let mut log = Log::new();
         let first = log.row(0).leader_epochs.clone();
         assert_eq!(first.len(), 1);
         assert_eq!((first[0].leader_epoch, first[0].start), (1, Offset(0)));
         log.commit("data/1", &[(0, 7, 70)]);
-        let epoch = log.row(0).epoch;
-        let close = Command::CloseStream {
-            stream: StreamId(0),
-            stream_epoch: epoch,
-        };
-        log.apply(node(), close).expect("close");
-        let place = Command::PlaceStream {
-            stream: StreamId(0),
-            node: NodeId::new("n"),
-        };
-        log.apply(op(), place).expect("placed again");
-        let open = Command::OpenStream {
-            stream: StreamId(0),
-            stamps_leader_epochs: true,
-        };
+        log.close(0);
+        log.place_on_n(0);
+        let open = Log::open_by_n(0);
         log.apply(node(), open.clone()).expect("open");
         log.apply(node(), open).expect("retried open");
         let history: Vec<_> = log

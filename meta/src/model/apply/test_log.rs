@@ -114,6 +114,33 @@ impl Log {
         self.apply(node(), command).expect("commit");
     }
 
+    /// Closes stream `s` at its epoch, as its owner `n`.
+    pub fn close(&mut self, s: u64) {
+        let stream_epoch = self.row(s).epoch;
+        let close = Command::CloseStream {
+            stream: StreamId(s),
+            stream_epoch,
+        };
+        self.apply(node(), close).expect("close");
+    }
+
+    /// Places stream `s` on `n` again, after a close.
+    pub fn place_on_n(&mut self, s: u64) {
+        let place = Command::PlaceStream {
+            stream: StreamId(s),
+            node: NodeId::new("n"),
+        };
+        self.apply(op(), place).expect("placed again");
+    }
+
+    /// `n`'s open of stream `s`, stamping leader epochs as a streamd does.
+    pub fn open_by_n(s: u64) -> Command {
+        Command::OpenStream {
+            stream: StreamId(s),
+            stamps_leader_epochs: true,
+        }
+    }
+
     pub fn row(&self, s: u64) -> &StreamRow {
         &self.meta.state.streams[&StreamId(s)]
     }

@@ -182,13 +182,9 @@ mod tests {
                 node: owner.node.clone(),
             })
             .unwrap();
-            let Ok(Applied::StreamOpened { stream_epoch, .. }) = self.run(
-                Proposer::Node(owner.clone()),
-                Command::OpenStream {
-                    stream,
-                    stamps_leader_epochs: false,
-                },
-            ) else {
+            let Ok(Applied::StreamOpened { stream_epoch, .. }) =
+                self.run(Proposer::Node(owner.clone()), Command::open(stream))
+            else {
                 panic!("open failed")
             };
             (stream, stream_epoch)
@@ -257,13 +253,7 @@ mod tests {
         assert_eq!(row.state, StreamState::Closed);
         assert_eq!(row.owner, Some(b.clone()), "handed to the target in the close's entry");
         assert_eq!(row.transfer_target, None);
-        let Ok(Applied::StreamOpened { stream_epoch, .. }) = log.run(
-            Proposer::Node(b),
-            Command::OpenStream {
-                stream: x,
-                stamps_leader_epochs: false,
-            },
-        ) else {
+        let Ok(Applied::StreamOpened { stream_epoch, .. }) = log.run(Proposer::Node(b), Command::open(x)) else {
             panic!("the target opens it")
         };
         assert!(stream_epoch > epoch, "INV-6: a higher epoch at the target");
