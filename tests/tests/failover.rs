@@ -883,21 +883,7 @@ async fn a_restarted_lease_holder_acts_only_after_acquiring_the_lease_at_its_new
     gw.wait_open("hl").await;
     let acked = append_n(&gw, "hl", "hl", 10).await;
     let victim = owner(&stack, &gw, "hl").await.expect("hl is open").0;
-    let holder = wait_for("a failover lease holder", Duration::from_secs(30), || async {
-        let state = stack.metad.state_of(0).await?;
-        let leases = &state["leases"];
-        let lease = match leases.as_array() {
-            Some(rows) => rows.iter().find(|l| l["name"] == "failover")?.clone(),
-            None => leases.get("failover")?.clone(),
-        };
-        let id = lease["holder"]["node"]
-            .as_str()?
-            .strip_prefix("metad-")?
-            .parse::<u64>()
-            .ok()?;
-        stack.metad.replicas.iter().position(|r| r.id == id)
-    })
-    .await;
+    let holder = lease_holder(&stack).await;
     // Whichever replica wins the lease next, the check below holds; when the restarted
     // one acts, it is the case RR-FEN-8 names.
     let holder_id = format!("metad-{}", stack.metad.replicas[holder].id);
@@ -938,6 +924,66 @@ async fn a_restarted_lease_holder_acts_only_after_acquiring_the_lease_at_its_new
     }
     assert!(steps > 0, "the failover ran: {dump}");
     println!("failover steps {steps}; lease holders {holders:?}; the killed holder was {holder_id}");
+}
+
+/// The index of the metad replica holding the failover lease.
+async fn lease_holder(stack: &Stack) -> usize {
+    wait_for("a failover lease holder", Duration::from_secs(30), || async {
+        let state = stack.metad.state_of(0).await?;
+        let leases = &state["leases"];
+        let lease = match leases.as_array() {
+            Some(rows) => rows.iter().find(|l| l["name"] == "failover")?.clone(),
+            None => leases.get("failover")?.clone(),
+        };
+        let id = lease["holder"]["node"]
+            .as_str()?
+            .strip_prefix("metad-")?
+            .parse::<u64>()
+            .ok()?;
+        stack.metad.replicas.iter().position(|r| r.id == id)
+    })
+    .await
+}
+
+// FO-TKO-14: a takeover is recorded against the dead incarnation, not the holder. A's
+// WAL takeover begins (its agent B held 6 s by failpoint `takeover_start`), and then
+// the lease holder is SIGKILLed. The next holder carries it through: the stream opens on
+// B with every acknowledged record once, and the log holds exactly one applied
+// `complete_takeover` for A's incarnation.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_outlives_the_lease_holder_that_began_it() {
+    let mut stack = Stack::start_replicas(3, 0, Backend::FileWal, WAL_ONLY, &[]).await;
+    stack.add_node("streamd-1", Backend::FileWal, WAL_ONLY);
+    let held = [("WEIR_FAILPOINT_TAKEOVER_START", "sleep(6000)")];
+    stack.add_node_with_env("streamd-2", Backend::FileWal, WAL_ONLY, &held);
+    for node in &stack.nodes {
+        node.wait_ready().await;
+    }
+    let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    let b = stack.nodes[1].id.clone();
+    let cordon = |verb: &str| gw.request(Method::POST, &format!("/admin/nodes/{b}/{verb}"));
+    assert_eq!(gw.send(cordon("cordon")).await.0, StatusCode::OK);
+    gw.create_stream("tk14").await;
+    gw.wait_open("tk14").await;
+    assert_eq!(gw.send(cordon("uncordon")).await.0, StatusCode::OK);
+    let acked = append_n(&gw, "tk14", "tk14", 10).await;
+    let a = stack.nodes[0].id.clone();
+    let holder = lease_holder(&stack).await;
+    stack.nodes[0].kill();
+    wait_for("A's takeover begun", Duration::from_secs(60), || async {
+        let dump = stack.metad.client().admin("log", 0, 100_000).await.ok()?;
+        (applied_about(&dump, "begin_takeover", &a, 1) > 0).then_some(())
+    })
+    .await;
+    stack.metad.replicas[holder].kill();
+    wait_for("tk14 open on B", Duration::from_secs(90), || async {
+        owner(&stack, &gw, "tk14").await.filter(|(i, _)| *i == 1).map(|_| ())
+    })
+    .await;
+    assert_all_read_back(&gw, "tk14", &acked).await;
+    let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
+    assert_eq!(applied_about(&dump, "complete_takeover", &a, 1), 1, "one completion");
 }
 
 // RR-FEN-4, RR-FEN-3: a node restarted while cut from metad blocks in registration and
