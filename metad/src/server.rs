@@ -248,12 +248,15 @@ impl StopSteps for MetadStop<'_> {
         TeardownStep::RuntimeAndLinks.begin();
         self.shutdown.cancel();
         tracing::info!("metad stopping: shutting down raft");
-        if let Err(e) = self.raft.shutdown().await {
-            tracing::warn!(error = %e, "raft shutdown reported an error");
-        }
         // The listeners' open requests and watch streams share the transport drain's
-        // bound, so a request that will not end leaves storage its reserve.
+        // bound, so a request that will not end leaves storage its reserve; so does
+        // Raft's own stop, which waits on its tasks (a stuck storage write, say).
         let end = self.stopping.transport_drain_end();
+        match tokio::time::timeout_at(end, self.raft.shutdown()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "raft shutdown reported an error"),
+            Err(_) => tracing::warn!("raft did not shut down within the transport drain; going on to storage"),
+        }
         self.tasks.close();
         let links = if tokio::time::timeout_at(end, self.tasks.wait()).await.is_err() {
             tracing::warn!("requests in flight did not end in the transport drain; closing them");
