@@ -99,6 +99,20 @@ pub struct Shutdown {
     signals: tokio_util::task::TaskTracker,
 }
 
+/// Blocks every worker of the current runtime in a plain sleep (failpoint
+/// `block_all_runtime_workers`): nothing async runs again, so only the deadline's own
+/// thread can end the process.
+fn block_runtime_workers() {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    tracing::warn!("failpoint: blocking every runtime worker");
+    let tasks = tokio_util::task::TaskTracker::new();
+    for _ in 0..runtime.metrics().num_workers() {
+        tasks.spawn_on(async { std::thread::sleep(Duration::from_secs(3600)) }, &runtime);
+    }
+}
+
 impl Shutdown {
     pub fn new(args: &ShutdownArgs) -> Arc<Self> {
         Arc::new(Self {
@@ -187,6 +201,10 @@ impl Shutdown {
                 me.expire();
             })
             .ok();
+        // Tests (SD-DL-3): every runtime worker blocks, as a wedged process's would.
+        if crate::failpoint::is_set("block_all_runtime_workers") {
+            block_runtime_workers();
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -216,6 +216,42 @@ async fn a_repeated_signal_exits_at_once_with_130_or_143() {
     }
 }
 
+/// SIGTERMs `node`, whose stop cannot finish, and checks the deadline ends it: status 1
+/// (SD-EX-5: with no second signal before it, the deadline decides the exit) by the
+/// 3 s deadline + 1.5 s (INV-14: 1 s plus harness slack). Its log.
+async fn stopped_by_its_3_s_deadline(node: &mut weir_tests::streamd::Streamd) -> String {
+    let started = Instant::now();
+    node.term();
+    let code = node.wait_exit(Duration::from_secs(20)).await;
+    let elapsed = started.elapsed();
+    let log = node.log_text();
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        elapsed >= Duration::from_millis(2500) && elapsed < Duration::from_millis(4500),
+        "exit at the deadline, took {elapsed:?}"
+    );
+    log
+}
+
+// SD-DL-3: the deadline is kept by a thread of its own, so a process whose every
+// runtime worker is blocked right after SIGTERM (failpoint `block_all_runtime_workers`)
+// still exits 1 at its 3 s deadline, logging the expiry.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wedged_runtime_cannot_outlive_the_deadline() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let wedge = [("WEIR_FAILPOINT_BLOCK_ALL_RUNTIME_WORKERS", "1")];
+    stack.add_node_with_env("streamd-1", Backend::FileWal, &["--shutdown-deadline-sec", "3"], &wedge);
+    stack.nodes[0].wait_ready().await;
+    let log = stopped_by_its_3_s_deadline(&mut stack.nodes[0]).await;
+    assert_eq!(
+        records(&log, "failpoint: blocking every runtime worker").len(),
+        1,
+        "{log}"
+    );
+    let expired = records(&log, "shutdown deadline expired; abandoning graceful shutdown");
+    assert_eq!(expired.len(), 1, "{log}");
+}
+
 // SD-DL-1/3/4, SD-EX-3: the deadline is absolute: a drain that would take longer is
 // cut at the deadline, which logs the phase reached and exits 1 without a self-fence.
 #[tokio::test(flavor = "multi_thread")]
@@ -234,18 +270,7 @@ async fn the_deadline_ends_a_stalled_shutdown_with_status_1() {
         &[],
     )
     .await;
-    let started = Instant::now();
-    stack.nodes[0].term();
-    let code = stack.nodes[0].wait_exit(Duration::from_secs(20)).await;
-    let elapsed = started.elapsed();
-    let log = stack.nodes[0].log_text();
-    // SD-EX-5: with no second signal before it, the deadline decides the exit: 1.
-    assert_eq!(code, Some(1), "{log}");
-    // INV-14: the stalled stop ends by its 3 s deadline + 1.5 s (1 s plus harness slack).
-    assert!(
-        elapsed >= Duration::from_millis(2500) && elapsed < Duration::from_millis(4500),
-        "exit at the deadline, took {elapsed:?}"
-    );
+    let log = stopped_by_its_3_s_deadline(&mut stack.nodes[0]).await;
     let expired = records(&log, "shutdown deadline expired; abandoning graceful shutdown");
     // SD-DL-4: the expiry is logged with the phase reached; no teardown record, no self-fence.
     assert_eq!(expired.len(), 1, "{log}");
