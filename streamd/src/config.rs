@@ -97,6 +97,18 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_MAX_GROUP_MEMBERS", default_value_t = 1_000)]
     pub max_group_members: usize,
 
+    /// How often members of a KIP-848 consumer group (`group.protocol=consumer`)
+    /// heartbeat, told them in every answer (Kafka's
+    /// `group.consumer.heartbeat.interval.ms`). A member learns of new partitions at its
+    /// next heartbeat.
+    #[arg(long, env = "WEIR_CONSUMER_HEARTBEAT_INTERVAL_MS", default_value_t = 5_000)]
+    pub consumer_heartbeat_interval_ms: u64,
+
+    /// How long a KIP-848 consumer group member may go without a heartbeat before it is
+    /// removed and its partitions reassigned (Kafka's `group.consumer.session.timeout.ms`).
+    #[arg(long, env = "WEIR_CONSUMER_SESSION_TIMEOUT_MS", default_value_t = 45_000)]
+    pub consumer_session_timeout_ms: u64,
+
     /// Committed bytes per stream replayed at open to rebuild idempotent-producer state
     /// (duplicate detection of retried batches across moves and failover).
     #[arg(long, env = "WEIR_PRODUCER_STATE_BYTES", default_value_t = 16 << 20)]
@@ -177,6 +189,14 @@ impl StreamdArgs {
         }
         if self.max_group_members == 0 {
             return Err(ConfigError::new("--max-group-members must be at least 1"));
+        }
+        if self.consumer_heartbeat_interval_ms == 0
+            || self.consumer_heartbeat_interval_ms >= self.consumer_session_timeout_ms
+        {
+            return Err(ConfigError::new(format!(
+                "--consumer-heartbeat-interval-ms {} must be at least 1 and below --consumer-session-timeout-ms {}",
+                self.consumer_heartbeat_interval_ms, self.consumer_session_timeout_ms
+            )));
         }
         if self.max_decompressed_bytes < 1024 {
             return Err(ConfigError::new("--max-decompressed-bytes must be at least 1024"));

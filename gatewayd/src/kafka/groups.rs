@@ -319,6 +319,38 @@ pub async fn forward(
                 .extend(commit_failed(&unknown, errors::UNKNOWN_TOPIC_OR_PARTITION));
             ResponseKind::OffsetCommit(resp)
         }
+        RequestKind::ConsumerGroupHeartbeat(r) => {
+            ResponseKind::ConsumerGroupHeartbeat(consumer_heartbeat(kafka, session, r, body, version).await)
+        }
+        RequestKind::ConsumerGroupDescribe(r) => {
+            let mut groups = vec![];
+            for g in &r.group_ids {
+                let one = r.clone().with_group_ids(vec![g.clone()]);
+                let answer = call(
+                    kafka,
+                    session,
+                    Some(&g.0),
+                    &offsets_stream(&g.0),
+                    ApiKey::ConsumerGroupDescribe,
+                    version,
+                    encode(&one, version),
+                )
+                .await
+                .and_then(|b| decode::<ConsumerGroupDescribeResponse>(b, version));
+                match answer {
+                    Ok(resp) => groups.extend(resp.groups),
+                    Err(code) => groups.push(
+                        consumer_group_describe_response::DescribedGroup::default()
+                            .with_group_id(g.clone())
+                            .with_error_code(code),
+                    ),
+                }
+            }
+            ResponseKind::ConsumerGroupDescribe(ConsumerGroupDescribeResponse::default().with_groups(groups))
+        }
+        RequestKind::OffsetFetch(r) if version >= 8 => {
+            ResponseKind::OffsetFetch(offset_fetch_groups(kafka, session, r, version).await)
+        }
         RequestKind::OffsetFetch(mut r) => {
             // Fetching offsets needs `read` on each topic: named topics outside the
             // token's scopes are answered TOPIC_AUTHORIZATION_FAILED, and a request for
@@ -430,6 +462,125 @@ pub async fn forward(
         }
         _ => return None,
     })
+}
+
+/// A KIP-848 heartbeat, sent to the group's coordinator. Subscribing by name needs
+/// `read` on each topic named (Kafka's DESCRIBE on the subscribed topics).
+async fn consumer_heartbeat(
+    kafka: &Kafka,
+    session: &Session,
+    r: ConsumerGroupHeartbeatRequest,
+    body: Bytes,
+    version: i16,
+) -> ConsumerGroupHeartbeatResponse {
+    let failed = |code: i16, message: Option<StrBytes>| {
+        ConsumerGroupHeartbeatResponse::default()
+            .with_error_code(code)
+            .with_error_message(message)
+            .with_member_id(Some(r.member_id.clone()))
+            .with_member_epoch(-1)
+    };
+    let denied: Vec<&str> = r
+        .subscribed_topic_names
+        .iter()
+        .flatten()
+        .map(|t| t.0.as_str())
+        .filter(|t| !session.grants.allows(Access::Read, t))
+        .collect();
+    // A regex may match any topic, and the coordinator resolves it without the token:
+    // only a token that reads every topic (`read` with no prefix) subscribes by regex.
+    let regex = r.subscribed_topic_regex.as_ref().is_some_and(|re| !re.is_empty());
+    if (!denied.is_empty() || (regex && !session.grants.allows(Access::Read, "")))
+        && session.grants.allows(Access::Read, &r.group_id.0)
+    {
+        let message = if denied.is_empty() {
+            "a regex subscription needs a token whose 'read' scope covers every topic".to_string()
+        } else {
+            format!("the token has no 'read' scope for the subscribed topics {denied:?}")
+        };
+        return failed(errors::TOPIC_AUTHORIZATION_FAILED, Some(s(&message)));
+    }
+    let stream = offsets_stream(&r.group_id.0);
+    match call(
+        kafka,
+        session,
+        Some(&r.group_id.0),
+        &stream,
+        ApiKey::ConsumerGroupHeartbeat,
+        version,
+        body,
+    )
+    .await
+    .and_then(|b| decode(b, version))
+    {
+        Ok(resp) => resp,
+        Err(code) => failed(code, None),
+    }
+}
+
+/// OffsetFetch v8+: each group asked for goes to its own coordinator, with the topics
+/// the token may read (the others are answered TOPIC_AUTHORIZATION_FAILED).
+async fn offset_fetch_groups(
+    kafka: &Kafka,
+    session: &Session,
+    r: OffsetFetchRequest,
+    version: i16,
+) -> OffsetFetchResponse {
+    use offset_fetch_response::{OffsetFetchResponseGroup, OffsetFetchResponsePartitions, OffsetFetchResponseTopics};
+    let mut groups = vec![];
+    for mut g in r.groups {
+        let id = g.group_id.clone();
+        let mut denied = vec![];
+        if let Some(topics) = g.topics.as_mut() {
+            let (allowed, refused): (Vec<_>, Vec<_>) = std::mem::take(topics)
+                .into_iter()
+                .partition(|t| session.grants.allows(Access::Read, t.name.0.as_str()));
+            *topics = allowed;
+            denied = refused;
+        }
+        let one = OffsetFetchRequest::default()
+            .with_groups(vec![g])
+            .with_require_stable(r.require_stable);
+        let answer = call(
+            kafka,
+            session,
+            Some(&id.0),
+            &offsets_stream(&id.0),
+            ApiKey::OffsetFetch,
+            version,
+            encode(&one, version),
+        )
+        .await
+        .and_then(|b| decode::<OffsetFetchResponse>(b, version));
+        let mut group = match answer {
+            Ok(resp) => resp
+                .groups
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| OffsetFetchResponseGroup::default().with_group_id(id.clone())),
+            Err(code) => OffsetFetchResponseGroup::default()
+                .with_group_id(id.clone())
+                .with_error_code(code),
+        };
+        group
+            .topics
+            .retain(|t| session.grants.allows(Access::Read, t.name.0.as_str()));
+        group.topics.extend(denied.into_iter().map(|t| {
+            OffsetFetchResponseTopics::default().with_name(t.name).with_partitions(
+                t.partition_indexes
+                    .iter()
+                    .map(|p| {
+                        OffsetFetchResponsePartitions::default()
+                            .with_partition_index(*p)
+                            .with_committed_offset(-1)
+                            .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
+                    })
+                    .collect(),
+            )
+        }));
+        groups.push(group);
+    }
+    OffsetFetchResponse::default().with_groups(groups)
 }
 
 /// Splits an OffsetCommit's partitions into those of existing topics and those that do

@@ -5,14 +5,15 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
 
 /// (API, lowest, highest version). Ranges stop where a newer version would need
 /// something not built (topic ids in Fetch v13+, Produce v10+'s leader hints,
-/// ListOffsets v7+'s max-timestamp lookup, batched OffsetFetch v8+).
+/// ListOffsets v7+'s max-timestamp lookup, topic ids in OffsetCommit v10+ and OffsetFetch
+/// v10+).
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 9),
     (ApiKey::Fetch, 4, 12),
     (ApiKey::ListOffsets, 1, 6),
     (ApiKey::Metadata, 1, 12),
-    (ApiKey::OffsetCommit, 2, 8),
-    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetFetch, 1, 9),
     (ApiKey::FindCoordinator, 0, 4),
     (ApiKey::JoinGroup, 0, 7),
     (ApiKey::Heartbeat, 0, 4),
@@ -34,6 +35,8 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::AlterConfigs, 0, 2),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
+    (ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    (ApiKey::ConsumerGroupDescribe, 0, 1),
 ];
 
 pub fn supported(key: ApiKey, version: i16) -> bool {

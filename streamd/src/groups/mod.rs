@@ -9,19 +9,26 @@
 //! coordinator appends a snapshot of the whole table and trims the stream to it, so a
 //! load replays the groups' current offsets and a short tail, not every commit ever made.
 
+pub mod assignor;
+pub mod consumer_group;
+mod consumer_wire;
 pub mod membership;
 pub mod offsets;
 
 use crate::error::StreamdError;
 use crate::node::Node;
 use bytes::{Bytes, BytesMut};
+use consumer_group::ConsumerGroup;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::leave_group_response::MemberResponse;
 use kafka_protocol::messages::list_groups_response::ListedGroup;
 use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
-use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponsePartition, OffsetFetchResponseTopic};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions, OffsetFetchResponseTopic,
+    OffsetFetchResponseTopics,
+};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError as Kafka;
@@ -70,7 +77,10 @@ const SNAPSHOT_BATCH: usize = 5_000;
 
 #[derive(Default)]
 struct State {
+    /// Classic groups (JoinGroup and SyncGroup).
     groups: BTreeMap<String, Group>,
+    /// KIP-848 groups (ConsumerGroupHeartbeat). A group id names one kind at a time.
+    consumer_groups: BTreeMap<String, ConsumerGroup>,
     offsets: OffsetTable,
 }
 
@@ -135,11 +145,17 @@ impl Groups {
                 ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(e))
             }
             RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(leave(&c, r, version)),
-            RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(self.commit(&c, r).await),
-            RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(fetch_offsets(&c, r)),
+            RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(self.commit(&c, r, version).await),
+            RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(fetch_offsets(&c, r, version)),
             RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(describe(&c, r)),
             RequestKind::ListGroups(r) => ResponseKind::ListGroups(list(&c, r)),
             RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(self.delete(&c, r).await),
+            RequestKind::ConsumerGroupHeartbeat(r) => {
+                ResponseKind::ConsumerGroupHeartbeat(consumer_wire::heartbeat(&self.node, &c, r, version, client))
+            }
+            RequestKind::ConsumerGroupDescribe(r) => {
+                ResponseKind::ConsumerGroupDescribe(consumer_wire::describe(&self.node, &c, r))
+            }
             _ => return Err(bad(format!("{key:?} is not a group request"))),
         };
         if matches!(key, ApiKey::OffsetCommit | ApiKey::DeleteGroups) {
@@ -187,6 +203,7 @@ impl Groups {
             epoch: handle.epoch,
             state: Mutex::new(State {
                 groups: BTreeMap::new(),
+                consumer_groups: BTreeMap::new(),
                 offsets,
             }),
             log: tokio::sync::RwLock::new(()),
@@ -300,6 +317,17 @@ impl Groups {
         };
         let group = r.group_id.0.to_string();
         let answer = c.with(|st| {
+            // A KIP-848 group with members is not a classic one (Kafka answers so too
+            // when no online migration is allowed); an empty one gives way.
+            if st.consumer_groups.get(&group).is_some_and(|g| !g.is_empty()) {
+                return Answer::Now(JoinOutcome {
+                    error: code::INCONSISTENT_GROUP_PROTOCOL,
+                    generation: -1,
+                    member_id: args.member_id.clone(),
+                    ..Default::default()
+                });
+            }
+            st.consumer_groups.remove(&group);
             st.groups
                 .entry(group.clone())
                 .or_insert_with(|| Group::new(&group))
@@ -339,17 +367,22 @@ impl Groups {
             )
     }
 
-    async fn commit(&self, c: &GroupCoordinator, r: OffsetCommitRequest) -> OffsetCommitResponse {
+    async fn commit(&self, c: &GroupCoordinator, r: OffsetCommitRequest, version: i16) -> OffsetCommitResponse {
         let group = r.group_id.0.to_string();
-        let check = c.with(|st| match st.groups.get_mut(&group) {
-            Some(g) => g.check_commit(
-                &r.member_id,
-                instance(&r.group_instance_id),
-                r.generation_id_or_member_epoch,
-                Instant::now(),
-            ),
-            None if r.generation_id_or_member_epoch < 0 => code::NONE,
-            None => code::UNKNOWN_MEMBER_ID,
+        let check = c.with(|st| {
+            if let Some(g) = st.consumer_groups.get(&group) {
+                return g.check_member(&r.member_id, r.generation_id_or_member_epoch, Some(version));
+            }
+            match st.groups.get_mut(&group) {
+                Some(g) => g.check_commit(
+                    &r.member_id,
+                    instance(&r.group_instance_id),
+                    r.generation_id_or_member_epoch,
+                    Instant::now(),
+                ),
+                None if r.generation_id_or_member_epoch < 0 => code::NONE,
+                None => code::UNKNOWN_MEMBER_ID,
+            }
         });
         let mut changes = vec![];
         for t in &r.topics {
@@ -409,8 +442,11 @@ impl Groups {
         for name in r.groups_names {
             let group = name.0.to_string();
             let state = c.with(|st| {
-                let members = st.groups.get(&group).is_some_and(|g| !g.is_empty());
-                let known = st.groups.contains_key(&group) || st.offsets.group(&group).is_some();
+                let members = st.groups.get(&group).is_some_and(|g| !g.is_empty())
+                    || st.consumer_groups.get(&group).is_some_and(|g| !g.is_empty());
+                let known = st.groups.contains_key(&group)
+                    || st.consumer_groups.contains_key(&group)
+                    || st.offsets.group(&group).is_some();
                 (members, known)
             });
             let error = match state {
@@ -418,7 +454,10 @@ impl Groups {
                 (false, false) => GROUP_ID_NOT_FOUND,
                 (false, true) => match self.store(c, vec![Change::DeleteGroup { group: group.clone() }]).await {
                     Ok(()) => {
-                        c.with(|st| st.groups.remove(&group));
+                        c.with(|st| {
+                            st.groups.remove(&group);
+                            st.consumer_groups.remove(&group);
+                        });
                         code::NONE
                     }
                     Err(_) => NOT_COORDINATOR,
@@ -447,12 +486,21 @@ async fn tick(groups: Weak<Groups>, c: Arc<GroupCoordinator>) {
             if map.get(&c.stream).is_some_and(|m| Arc::ptr_eq(m, &c)) {
                 map.remove(&c.stream);
             }
-            c.with(|st| st.groups.clear());
+            c.with(|st| {
+                st.groups.clear();
+                st.consumer_groups.clear();
+            });
             tracing::info!(stream = %c.stream, "group coordinator moved away with its offsets stream");
             return;
         }
         let now = Instant::now();
-        c.with(|st| st.groups.values_mut().for_each(|g| g.tick(now)));
+        let session = groups.node.tunables.consumer_session_timeout;
+        c.with(|st| {
+            st.groups.values_mut().for_each(|g| g.tick(now));
+            st.consumer_groups.values_mut().for_each(|g| g.tick(session, now));
+            // Membership is all a KIP-848 group keeps here; its offsets stay in the table.
+            st.consumer_groups.retain(|_, g| !g.is_empty());
+        });
     }
 }
 
@@ -514,42 +562,110 @@ fn leave(c: &GroupCoordinator, r: LeaveGroupRequest, version: i16) -> LeaveGroup
     })
 }
 
-fn fetch_offsets(c: &GroupCoordinator, r: OffsetFetchRequest) -> OffsetFetchResponse {
+/// One partition's committed offset as OffsetFetch answers it: (partition, offset,
+/// leader epoch, metadata); −1 when nothing is committed.
+type Found = (i32, i64, i32, String);
+
+/// The committed offsets of `group` for `wanted` topics (every committed one if `None`).
+fn committed(st: &State, group: &str, wanted: Option<Vec<(TopicName, Vec<i32>)>>) -> Vec<(TopicName, Vec<Found>)> {
+    let committed = st.offsets.group(group);
+    let wanted = wanted.unwrap_or_else(|| {
+        let mut all: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for (topic, p) in committed.into_iter().flat_map(|m| m.keys()) {
+            all.entry(topic.clone()).or_default().push(*p);
+        }
+        all.into_iter().map(|(t, ps)| (TopicName(s(&t)), ps)).collect()
+    });
+    wanted
+        .into_iter()
+        .map(|(name, partitions)| {
+            let found = partitions
+                .into_iter()
+                .map(|p| match committed.and_then(|m| m.get(&(name.0.to_string(), p))) {
+                    Some(c) => (p, c.offset, c.leader_epoch, c.metadata.clone().unwrap_or_default()),
+                    None => (p, -1, -1, String::new()),
+                })
+                .collect();
+            (name, found)
+        })
+        .collect()
+}
+
+/// OffsetFetch: one group before v8, a list of them from v8 (the gateway sends each to
+/// its own coordinator). From v9 a KIP-848 member names itself and its epoch, which
+/// must be current (STALE_MEMBER_EPOCH otherwise).
+fn fetch_offsets(c: &GroupCoordinator, r: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
     c.with(|st| {
-        let committed = st.offsets.group(r.group_id.0.as_str());
-        let wanted: Vec<(TopicName, Vec<i32>)> = match &r.topics {
-            Some(topics) => topics
-                .iter()
-                .map(|t| (t.name.clone(), t.partition_indexes.clone()))
-                .collect(),
-            None => {
-                let mut all: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-                for (topic, p) in committed.into_iter().flat_map(|m| m.keys()) {
-                    all.entry(topic.clone()).or_default().push(*p);
+        if version < 8 {
+            let wanted = r.topics.as_ref().map(|topics| {
+                topics
+                    .iter()
+                    .map(|t| (t.name.clone(), t.partition_indexes.clone()))
+                    .collect()
+            });
+            let topics = committed(st, r.group_id.0.as_str(), wanted)
+                .into_iter()
+                .map(|(name, found)| {
+                    OffsetFetchResponseTopic::default().with_name(name).with_partitions(
+                        found
+                            .into_iter()
+                            .map(|(p, offset, epoch, metadata)| {
+                                OffsetFetchResponsePartition::default()
+                                    .with_partition_index(p)
+                                    .with_committed_offset(offset)
+                                    .with_committed_leader_epoch(epoch)
+                                    .with_metadata(Some(s(&metadata)))
+                            })
+                            .collect(),
+                    )
+                })
+                .collect();
+            return OffsetFetchResponse::default().with_topics(topics);
+        }
+        let groups = r
+            .groups
+            .iter()
+            .map(|g| {
+                let id = g.group_id.0.as_str();
+                let member = g.member_id.as_deref().unwrap_or("");
+                let error = match st.consumer_groups.get(id) {
+                    Some(cg) if !member.is_empty() || g.member_epoch >= 0 => {
+                        cg.check_member(member, g.member_epoch, None)
+                    }
+                    _ => code::NONE,
+                };
+                let answer = OffsetFetchResponseGroup::default().with_group_id(g.group_id.clone());
+                if error != code::NONE {
+                    return answer.with_error_code(error);
                 }
-                all.into_iter().map(|(t, ps)| (TopicName(s(&t)), ps)).collect()
-            }
-        };
-        let topics = wanted
-            .into_iter()
-            .map(|(name, partitions)| {
-                let partitions = partitions
-                    .into_iter()
-                    .map(|p| {
-                        let found = committed.and_then(|m| m.get(&(name.0.to_string(), p)));
-                        OffsetFetchResponsePartition::default()
-                            .with_partition_index(p)
-                            .with_committed_offset(found.map_or(-1, |c| c.offset))
-                            .with_committed_leader_epoch(found.map_or(-1, |c| c.leader_epoch))
-                            .with_metadata(Some(s(found.and_then(|c| c.metadata.as_deref()).unwrap_or(""))))
-                    })
-                    .collect();
-                OffsetFetchResponseTopic::default()
-                    .with_name(name)
-                    .with_partitions(partitions)
+                let wanted = g.topics.as_ref().map(|topics| {
+                    topics
+                        .iter()
+                        .map(|t| (t.name.clone(), t.partition_indexes.clone()))
+                        .collect()
+                });
+                answer.with_topics(
+                    committed(st, id, wanted)
+                        .into_iter()
+                        .map(|(name, found)| {
+                            OffsetFetchResponseTopics::default().with_name(name).with_partitions(
+                                found
+                                    .into_iter()
+                                    .map(|(p, offset, epoch, metadata)| {
+                                        OffsetFetchResponsePartitions::default()
+                                            .with_partition_index(p)
+                                            .with_committed_offset(offset)
+                                            .with_committed_leader_epoch(epoch)
+                                            .with_metadata(Some(s(&metadata)))
+                                    })
+                                    .collect(),
+                            )
+                        })
+                        .collect(),
+                )
             })
             .collect();
-        OffsetFetchResponse::default().with_topics(topics)
+        OffsetFetchResponse::default().with_groups(groups)
     })
 }
 
@@ -559,6 +675,11 @@ fn describe(c: &GroupCoordinator, r: DescribeGroupsRequest) -> DescribeGroupsRes
             .groups
             .into_iter()
             .map(|id| match st.groups.get(id.0.as_str()) {
+                // A KIP-848 group is described by ConsumerGroupDescribe; to DescribeGroups
+                // before v6 it is no classic group: Dead, as Kafka answers.
+                _ if st.consumer_groups.contains_key(id.0.as_str()) => {
+                    DescribedGroup::default().with_group_id(id).with_group_state(s("Dead"))
+                }
                 Some(g) => DescribedGroup::default()
                     .with_group_id(id.clone())
                     .with_group_state(s(g.phase.name()))
@@ -591,9 +712,12 @@ fn describe(c: &GroupCoordinator, r: DescribeGroupsRequest) -> DescribeGroupsRes
 
 fn list(c: &GroupCoordinator, r: ListGroupsRequest) -> ListGroupsResponse {
     c.with(|st| {
-        let mut listed: BTreeMap<String, (String, &'static str)> = BTreeMap::new();
+        let mut listed: BTreeMap<String, (String, &'static str, &'static str)> = BTreeMap::new();
         for g in st.offsets.groups() {
-            listed.insert(g.clone(), ("consumer".into(), "Empty"));
+            listed.insert(g.clone(), ("consumer".into(), "Empty", "classic"));
+        }
+        for g in st.consumer_groups.values() {
+            listed.insert(g.id.clone(), ("consumer".into(), g.state_name(), "consumer"));
         }
         for g in st.groups.values() {
             if g.is_empty() && st.offsets.group(&g.id).is_none() {
@@ -601,20 +725,20 @@ fn list(c: &GroupCoordinator, r: ListGroupsRequest) -> ListGroupsResponse {
             }
             listed.insert(
                 g.id.clone(),
-                (g.protocol_type.clone().unwrap_or_default(), g.phase.name()),
+                (g.protocol_type.clone().unwrap_or_default(), g.phase.name(), "classic"),
             );
         }
         let groups = listed
             .into_iter()
-            .filter(|(_, (_, state))| {
+            .filter(|(_, (_, state, _))| {
                 r.states_filter.is_empty() || r.states_filter.iter().any(|f| f.eq_ignore_ascii_case(state))
             })
-            .map(|(id, (protocol_type, state))| {
+            .map(|(id, (protocol_type, state, kind))| {
                 ListedGroup::default()
                     .with_group_id(GroupId(s(&id)))
                     .with_protocol_type(s(&protocol_type))
                     .with_group_state(s(state))
-                    .with_group_type(s("classic"))
+                    .with_group_type(s(kind))
             })
             .collect();
         ListGroupsResponse::default().with_groups(groups)

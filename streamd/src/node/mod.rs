@@ -50,6 +50,9 @@ pub struct Tunables {
     pub max_append_bytes: usize,
     /// Most members one consumer group admits (issue 19).
     pub max_group_members: usize,
+    /// KIP-848 consumer groups' heartbeat interval and session timeout.
+    pub consumer_heartbeat_interval: Duration,
+    pub consumer_session_timeout: Duration,
     /// Most bytes one batch's compressed records may inflate to (issue 19).
     pub max_decompressed_bytes: usize,
     /// Committed bytes replayed at open to rebuild idempotent-producer state.

@@ -23,6 +23,7 @@ use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
+mod consumer_protocol;
 mod consumer_side;
 mod leader_epochs;
 
