@@ -171,3 +171,78 @@ async fn a_kip848_group_splits_partitions_survives_a_leave_and_resumes_from_comm
     let described = describe(&gw);
     assert_eq!(described.groups[0].members.len(), 1);
 }
+
+// Issue 22 (KIP-848) under a fault: the streamd running the group's coordinator is
+// SIGKILLed. Its offsets partition fails over with the committed offsets; the member,
+// unknown to the new coordinator, joins it again, gets its partitions back, and reads
+// every record produced across the kill, resuming from its commits.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kip848_member_rejoins_a_failed_over_coordinator_and_resumes_from_commits() {
+    let mut stack = Stack::start_with(
+        2,
+        Backend::FileWal,
+        &[
+            weir_tests::streamd::WAL_ONLY,
+            &["--consumer-heartbeat-interval-ms", "1000"],
+        ]
+        .concat(),
+        &[],
+    )
+    .await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    create_topic(&gw, TOPIC, 4).await;
+    produce_round(&gw, 1).await;
+    let seen = Seen::default();
+    let a = member(&gw);
+    wait_for("the member reads round 1", T, || async {
+        drive(&[&a], &seen).await;
+        (seen.total() == 40).then_some(())
+    })
+    .await;
+    let coordinator = format!("__consumer_offsets/{}", crc32c::crc32c(GROUP.as_bytes()) % 8);
+    let victim = super::owner_index(&stack, &gw, &coordinator)
+        .await
+        .expect("the coordinator's partition is open");
+    let epoch_before = describe(&gw).groups[0].group_epoch;
+    stack.nodes[victim].kill();
+
+    produce_round(&gw, 2).await;
+    // Commits fail while the coordinator is away; each record's position is committed
+    // again on the next pass, and a record read twice is one whose commit was lost.
+    let after = std::sync::Mutex::new(Vec::<(i32, i64)>::new());
+    wait_for(
+        "the member reads round 2 from the new coordinator",
+        Duration::from_secs(90),
+        || async {
+            if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(200), a.recv()).await {
+                after.lock().expect("after").push((m.partition(), m.offset()));
+            }
+            let _ = a.commit_consumer_state(CommitMode::Sync);
+            let distinct: BTreeSet<(i32, i64)> = after.lock().expect("after").iter().copied().collect();
+            (distinct.len() == 40 && assigned(&a).len() == 4).then_some(())
+        },
+    )
+    .await;
+    let after = after.into_inner().expect("after");
+    let want: BTreeSet<(i32, i64)> = (0..4).flat_map(|p| (10..20).map(move |o| (p, o))).collect();
+    assert_eq!(
+        after.iter().copied().collect::<BTreeSet<_>>(),
+        want,
+        "round 2 whole, and nothing of round 1 (committed before the kill) again"
+    );
+    wait_for("the group is stable on its new coordinator", T, || async {
+        let _ = tokio::time::timeout(Duration::from_millis(200), a.recv()).await;
+        let d = describe(&gw);
+        let g = &d.groups[0];
+        (g.error_code == 0 && g.group_state.as_str() == "Stable" && g.members.len() == 1).then_some(g.group_epoch)
+    })
+    .await;
+    assert!(
+        epoch_before >= 1 && super::owner_index(&stack, &gw, &coordinator).await != Some(victim),
+        "the coordinator moved"
+    );
+    // librdkafka's close after a coordinator move is slow in the rdkafka crate (see
+    // `a_killed_owner_loses_no_acknowledged_message_and_the_group_resumes`).
+    std::thread::spawn(move || drop(a));
+}
