@@ -144,15 +144,27 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
     let mut left = budget;
     let mut parts = vec![];
     let mut listed = std::collections::HashSet::new();
+    // Every partition's leader-epoch check from one read of the view.
+    let asked: Vec<(String, i32)> = r
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (format!("{}/{}", t.topic.0, p.partition), p.current_leader_epoch))
+        })
+        .collect();
+    let mut checks = super::leader_epochs::check_partitions(kafka, &asked).into_iter();
+    let mut streams = asked.into_iter().map(|(stream, _)| stream);
     for (i, t) in r.topics.iter().enumerate() {
         for p in &t.partitions {
-            let stream = format!("{}/{}", t.topic.0, p.partition);
+            let stream = streams.next().expect("one stream per partition asked");
+            let stale = checks.next().expect("one check per partition asked");
             let duplicate = !listed.insert((t.topic_id, stream.clone()));
             // Replies must fit the gRPC message limit.
             let max_bytes = usize::try_from(p.partition_max_bytes)
                 .unwrap_or(0)
                 .min(kafka.gw.max_body_bytes);
-            let stale = super::leader_epochs::check_partition(kafka, &stream, p.current_leader_epoch);
             let reserved = if duplicate || stale != errors::NONE {
                 0
             } else {

@@ -47,6 +47,25 @@ pub fn check_partition(kafka: &Kafka, stream: &str, client: i32) -> i16 {
     of(kafka, stream).map_or(errors::NONE, |ours| check(client, ours))
 }
 
+/// The checks of many partitions, (stream, the client's epoch), from one read of the
+/// view: a Fetch lists many partitions, and each would otherwise take the view's lock
+/// and count the gateway changes again.
+pub fn check_partitions(kafka: &Kafka, asked: &[(String, i32)]) -> Vec<i16> {
+    if asked.iter().all(|(_, client)| *client < 0) {
+        return vec![errors::NONE; asked.len()];
+    }
+    kafka.gw.routes.view().with(|s| {
+        let gateways = leader_epochs::gateway_changes(&s.nodes);
+        asked
+            .iter()
+            .map(|(stream, client)| match in_state(s, gateways, stream) {
+                Some(ours) if *client >= 0 => check(*client, ours),
+                _ => errors::NONE,
+            })
+            .collect()
+    })
+}
+
 /// OffsetForLeaderEpoch needs `read` on each topic, as Fetch does.
 pub async fn offset_for_leader_epoch(
     kafka: &Kafka,
