@@ -122,6 +122,17 @@ impl Gatewayd {
         format!("{}://{}{path}", self.scheme, self.http)
     }
 
+    /// The value of one line of the gateway's `/metrics` (`name{labels}`), 0 when absent.
+    pub async fn metric(&self, line: &str) -> f64 {
+        let metrics = reqwest::get(self.url("/metrics"))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        crate::metric_value(&metrics, line).unwrap_or(0.0)
+    }
+
     pub async fn wait_ready(&self) {
         let url = self.url("/readyz");
         wait_for(

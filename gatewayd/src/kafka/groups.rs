@@ -195,19 +195,7 @@ pub async fn forward(
 ) -> Option<ResponseKind> {
     Some(match kind {
         RequestKind::JoinGroup(r) => {
-            let stream = offsets_stream(&r.group_id.0);
-            match call(
-                kafka,
-                session,
-                Some(&r.group_id.0),
-                &stream,
-                ApiKey::JoinGroup,
-                version,
-                body,
-            )
-            .await
-            .and_then(|b| decode(b, version))
-            {
+            match call_group(kafka, session, &r.group_id.0, ApiKey::JoinGroup, version, body).await {
                 Ok(resp) => ResponseKind::JoinGroup(resp),
                 Err(code) => ResponseKind::JoinGroup(
                     JoinGroupResponse::default()
@@ -218,55 +206,19 @@ pub async fn forward(
             }
         }
         RequestKind::SyncGroup(r) => {
-            let stream = offsets_stream(&r.group_id.0);
-            match call(
-                kafka,
-                session,
-                Some(&r.group_id.0),
-                &stream,
-                ApiKey::SyncGroup,
-                version,
-                body,
-            )
-            .await
-            .and_then(|b| decode(b, version))
-            {
+            match call_group(kafka, session, &r.group_id.0, ApiKey::SyncGroup, version, body).await {
                 Ok(resp) => ResponseKind::SyncGroup(resp),
                 Err(code) => ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(code)),
             }
         }
         RequestKind::Heartbeat(r) => {
-            let stream = offsets_stream(&r.group_id.0);
-            match call(
-                kafka,
-                session,
-                Some(&r.group_id.0),
-                &stream,
-                ApiKey::Heartbeat,
-                version,
-                body,
-            )
-            .await
-            .and_then(|b| decode(b, version))
-            {
+            match call_group(kafka, session, &r.group_id.0, ApiKey::Heartbeat, version, body).await {
                 Ok(resp) => ResponseKind::Heartbeat(resp),
                 Err(code) => ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(code)),
             }
         }
         RequestKind::LeaveGroup(r) => {
-            let stream = offsets_stream(&r.group_id.0);
-            match call(
-                kafka,
-                session,
-                Some(&r.group_id.0),
-                &stream,
-                ApiKey::LeaveGroup,
-                version,
-                body,
-            )
-            .await
-            .and_then(|b| decode(b, version))
-            {
+            match call_group(kafka, session, &r.group_id.0, ApiKey::LeaveGroup, version, body).await {
                 Ok(resp) => ResponseKind::LeaveGroup(resp),
                 Err(code) => ResponseKind::LeaveGroup(
                     LeaveGroupResponse::default().with_error_code(code).with_members(
@@ -296,19 +248,7 @@ pub async fn forward(
             } else {
                 encode(&r, version)
             };
-            let stream = offsets_stream(&r.group_id.0);
-            let resp = match call(
-                kafka,
-                session,
-                Some(&r.group_id.0),
-                &stream,
-                ApiKey::OffsetCommit,
-                version,
-                body,
-            )
-            .await
-            .and_then(|b| decode(b, version))
-            {
+            let resp = match call_group(kafka, session, &r.group_id.0, ApiKey::OffsetCommit, version, body).await {
                 Ok(resp) => resp,
                 Err(code) => OffsetCommitResponse::default().with_topics(commit_failed(&r.topics, code)),
             };
@@ -323,29 +263,20 @@ pub async fn forward(
             ResponseKind::ConsumerGroupHeartbeat(consumer_heartbeat(kafka, session, r, body, version).await)
         }
         RequestKind::ConsumerGroupDescribe(r) => {
-            let mut groups = vec![];
-            for g in &r.group_ids {
-                let one = r.clone().with_group_ids(vec![g.clone()]);
-                let answer = call(
-                    kafka,
-                    session,
-                    Some(&g.0),
-                    &offsets_stream(&g.0),
-                    ApiKey::ConsumerGroupDescribe,
-                    version,
-                    encode(&one, version),
-                )
-                .await
-                .and_then(|b| decode::<ConsumerGroupDescribeResponse>(b, version));
-                match answer {
-                    Ok(resp) => groups.extend(resp.groups),
-                    Err(code) => groups.push(
-                        consumer_group_describe_response::DescribedGroup::default()
-                            .with_group_id(g.clone())
-                            .with_error_code(code),
-                    ),
-                }
-            }
+            let groups = per_group(
+                kafka,
+                session,
+                (ApiKey::ConsumerGroupDescribe, version),
+                &r.group_ids,
+                |g| encode(&r.clone().with_group_ids(vec![g.clone()]), version),
+                |resp: ConsumerGroupDescribeResponse| resp.groups,
+                |g, code| {
+                    consumer_group_describe_response::DescribedGroup::default()
+                        .with_group_id(g.clone())
+                        .with_error_code(code)
+                },
+            )
+            .await;
             ResponseKind::ConsumerGroupDescribe(ConsumerGroupDescribeResponse::default().with_groups(groups))
         }
         RequestKind::OffsetFetch(r) if version >= 8 => {
@@ -364,19 +295,7 @@ pub async fn forward(
                 denied = refused;
             }
             let body = if denied.is_empty() { body } else { encode(&r, version) };
-            let stream = offsets_stream(&r.group_id.0);
-            let resp = match call(
-                kafka,
-                session,
-                Some(&r.group_id.0),
-                &stream,
-                ApiKey::OffsetFetch,
-                version,
-                body,
-            )
-            .await
-            .and_then(|b| decode(b, version))
-            {
+            let resp = match call_group(kafka, session, &r.group_id.0, ApiKey::OffsetFetch, version, body).await {
                 Ok(resp) => resp,
                 Err(code) => OffsetFetchResponse::default()
                     .with_error_code(code)
@@ -390,51 +309,38 @@ pub async fn forward(
             ResponseKind::OffsetFetch(resp)
         }
         RequestKind::DescribeGroups(r) => {
-            let mut groups = vec![];
-            for g in &r.groups {
-                let one = r.clone().with_groups(vec![g.clone()]);
-                let answer = call(
-                    kafka,
-                    session,
-                    Some(&g.0),
-                    &offsets_stream(&g.0),
-                    ApiKey::DescribeGroups,
-                    version,
-                    encode(&one, version),
-                )
-                .await
-                .and_then(|b| decode::<DescribeGroupsResponse>(b, version));
-                match answer {
-                    Ok(resp) => groups.extend(resp.groups),
-                    Err(code) => groups.push(DescribedGroup::default().with_group_id(g.clone()).with_error_code(code)),
-                }
-            }
+            let groups = per_group(
+                kafka,
+                session,
+                (ApiKey::DescribeGroups, version),
+                &r.groups,
+                |g| encode(&r.clone().with_groups(vec![g.clone()]), version),
+                |resp: DescribeGroupsResponse| resp.groups,
+                |g, code| DescribedGroup::default().with_group_id(g.clone()).with_error_code(code),
+            )
+            .await;
             ResponseKind::DescribeGroups(DescribeGroupsResponse::default().with_groups(groups))
         }
         RequestKind::DeleteGroups(r) => {
-            let mut results = vec![];
-            for g in &r.groups_names {
-                let one = DeleteGroupsRequest::default().with_groups_names(vec![g.clone()]);
-                let answer = call(
-                    kafka,
-                    session,
-                    Some(&g.0),
-                    &offsets_stream(&g.0),
-                    ApiKey::DeleteGroups,
-                    version,
-                    encode(&one, version),
-                )
-                .await
-                .and_then(|b| decode::<DeleteGroupsResponse>(b, version));
-                match answer {
-                    Ok(resp) => results.extend(resp.results),
-                    Err(code) => results.push(
-                        delete_groups_response::DeletableGroupResult::default()
-                            .with_group_id(g.clone())
-                            .with_error_code(code),
-                    ),
-                }
-            }
+            let results = per_group(
+                kafka,
+                session,
+                (ApiKey::DeleteGroups, version),
+                &r.groups_names,
+                |g| {
+                    encode(
+                        &DeleteGroupsRequest::default().with_groups_names(vec![g.clone()]),
+                        version,
+                    )
+                },
+                |resp: DeleteGroupsResponse| resp.results,
+                |g, code| {
+                    delete_groups_response::DeletableGroupResult::default()
+                        .with_group_id(g.clone())
+                        .with_error_code(code)
+                },
+            )
+            .await;
             ResponseKind::DeleteGroups(DeleteGroupsResponse::default().with_results(results))
         }
         RequestKind::ListGroups(_) => {
@@ -462,6 +368,43 @@ pub async fn forward(
         }
         _ => return None,
     })
+}
+
+/// A request for `group`, sent to its coordinator and its answer decoded.
+async fn call_group<Resp: Decodable>(
+    kafka: &Kafka,
+    session: &Session,
+    group: &str,
+    key: ApiKey,
+    version: i16,
+    body: Bytes,
+) -> Result<Resp, i16> {
+    let stream = offsets_stream(group);
+    call(kafka, session, Some(group), &stream, key, version, body)
+        .await
+        .and_then(|b| decode(b, version))
+}
+
+/// A request naming many groups, sent as one request per group (`one` encodes it) to
+/// each group's coordinator: the answers' entries (`entries`), or `failed` for a group
+/// whose coordinator did not answer.
+async fn per_group<Resp: Decodable, Entry>(
+    kafka: &Kafka,
+    session: &Session,
+    (key, version): (ApiKey, i16),
+    groups: &[GroupId],
+    one: impl Fn(&GroupId) -> Bytes,
+    entries: impl Fn(Resp) -> Vec<Entry>,
+    failed: impl Fn(&GroupId, i16) -> Entry,
+) -> Vec<Entry> {
+    let mut out = vec![];
+    for g in groups {
+        match call_group::<Resp>(kafka, session, &g.0, key, version, one(g)).await {
+            Ok(resp) => out.extend(entries(resp)),
+            Err(code) => out.push(failed(g, code)),
+        }
+    }
+    out
 }
 
 /// A KIP-848 heartbeat, sent to the group's coordinator. Subscribing by name needs
@@ -500,18 +443,15 @@ async fn consumer_heartbeat(
         };
         return failed(errors::TOPIC_AUTHORIZATION_FAILED, Some(s(&message)));
     }
-    let stream = offsets_stream(&r.group_id.0);
-    match call(
+    match call_group(
         kafka,
         session,
-        Some(&r.group_id.0),
-        &stream,
+        &r.group_id.0,
         ApiKey::ConsumerGroupHeartbeat,
         version,
         body,
     )
     .await
-    .and_then(|b| decode(b, version))
     {
         Ok(resp) => resp,
         Err(code) => failed(code, None),
@@ -541,17 +481,15 @@ async fn offset_fetch_groups(
         let one = OffsetFetchRequest::default()
             .with_groups(vec![g])
             .with_require_stable(r.require_stable);
-        let answer = call(
+        let answer = call_group::<OffsetFetchResponse>(
             kafka,
             session,
-            Some(&id.0),
-            &offsets_stream(&id.0),
+            &id.0,
             ApiKey::OffsetFetch,
             version,
             encode(&one, version),
         )
-        .await
-        .and_then(|b| decode::<OffsetFetchResponse>(b, version));
+        .await;
         let mut group = match answer {
             Ok(resp) => resp
                 .groups

@@ -81,14 +81,27 @@ fn describe(gw: &Gatewayd) -> ConsumerGroupDescribeResponse {
 }
 
 async fn requests(gw: &Gatewayd, api: &str) -> f64 {
-    let metrics = reqwest::get(gw.url("/metrics"))
+    gw.metric(&format!("weir_gatewayd_kafka_requests_total{{api=\"{api}\"}}"))
         .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    let line = format!("weir_gatewayd_kafka_requests_total{{api=\"{api}\"}}");
-    weir_tests::metric_value(&metrics, &line).unwrap_or(0.0)
+}
+
+/// A stack of `nodes` streamd (heartbeats every second, and `extra` flags), a topic of
+/// four partitions with round 1 in it, and one member that has read all of it.
+async fn one_member_read_round_1(nodes: usize, extra: &[&str]) -> (Stack, Gatewayd, StreamConsumer, Seen) {
+    let flags = [extra, &["--consumer-heartbeat-interval-ms", "1000"]].concat();
+    let stack = Stack::start_with(nodes, Backend::FileWal, &flags, &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    create_topic(&gw, TOPIC, 4).await;
+    produce_round(&gw, 1).await;
+    let seen = Seen::default();
+    let a = member(&gw);
+    wait_for("one member holds all four partitions and reads round 1", T, || async {
+        drive(&[&a], &seen).await;
+        (assigned(&a).len() == 4 && seen.total() == 40).then_some(())
+    })
+    .await;
+    (stack, gw, a, seen)
 }
 
 // Issue 22 (KIP-848): two librdkafka members of a consumer-protocol group split the
@@ -97,19 +110,7 @@ async fn requests(gw: &Gatewayd, api: &str) -> f64 {
 // resumes from its commits. Nothing goes through the classic JoinGroup.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kip848_group_splits_partitions_survives_a_leave_and_resumes_from_commits() {
-    let stack = Stack::start_with(1, Backend::FileWal, &["--consumer-heartbeat-interval-ms", "1000"], &[]).await;
-    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
-    gw.wait_ready().await;
-    create_topic(&gw, TOPIC, 4).await;
-    produce_round(&gw, 1).await;
-
-    let seen = Seen::default();
-    let a = member(&gw);
-    wait_for("one member holds all four partitions and reads round 1", T, || async {
-        drive(&[&a], &seen).await;
-        (assigned(&a).len() == 4 && seen.total() == 40).then_some(())
-    })
-    .await;
+    let (_stack, gw, a, seen) = one_member_read_round_1(1, &[]).await;
 
     let b = member(&gw);
     wait_for("two members split the partitions", T, || async {
@@ -178,28 +179,7 @@ async fn a_kip848_group_splits_partitions_survives_a_leave_and_resumes_from_comm
 // every record produced across the kill, resuming from its commits.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kip848_member_rejoins_a_failed_over_coordinator_and_resumes_from_commits() {
-    let mut stack = Stack::start_with(
-        2,
-        Backend::FileWal,
-        &[
-            weir_tests::streamd::WAL_ONLY,
-            &["--consumer-heartbeat-interval-ms", "1000"],
-        ]
-        .concat(),
-        &[],
-    )
-    .await;
-    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
-    gw.wait_ready().await;
-    create_topic(&gw, TOPIC, 4).await;
-    produce_round(&gw, 1).await;
-    let seen = Seen::default();
-    let a = member(&gw);
-    wait_for("the member reads round 1", T, || async {
-        drive(&[&a], &seen).await;
-        (seen.total() == 40).then_some(())
-    })
-    .await;
+    let (mut stack, gw, a, seen) = one_member_read_round_1(2, weir_tests::streamd::WAL_ONLY).await;
     let coordinator = format!("__consumer_offsets/{}", crc32c::crc32c(GROUP.as_bytes()) % 8);
     let victim = super::owner_index(&stack, &gw, &coordinator)
         .await
