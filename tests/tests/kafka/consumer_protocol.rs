@@ -179,7 +179,7 @@ async fn a_kip848_group_splits_partitions_survives_a_leave_and_resumes_from_comm
 // every record produced across the kill, resuming from its commits.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kip848_member_rejoins_a_failed_over_coordinator_and_resumes_from_commits() {
-    let (mut stack, gw, a, seen) = one_member_read_round_1(2, weir_tests::streamd::WAL_ONLY).await;
+    let (mut stack, gw, a, _) = one_member_read_round_1(2, weir_tests::streamd::WAL_ONLY).await;
     let coordinator = format!("__consumer_offsets/{}", crc32c::crc32c(GROUP.as_bytes()) % 8);
     let victim = super::owner_index(&stack, &gw, &coordinator)
         .await
