@@ -277,6 +277,7 @@ pub async fn forward(
                 },
             )
             .await;
+            let groups = groups.into_iter().map(|g| hide_unreadable(session, g)).collect();
             ResponseKind::ConsumerGroupDescribe(ConsumerGroupDescribeResponse::default().with_groups(groups))
         }
         RequestKind::OffsetFetch(r) if version >= 8 => {
@@ -368,6 +369,33 @@ pub async fn forward(
         }
         _ => return None,
     })
+}
+
+/// A described KIP-848 group names its members' topics: one the token may not read
+/// makes the group TOPIC_AUTHORIZATION_FAILED, as Kafka answers, so no topic name or
+/// assignment leaks past the token's scopes.
+fn hide_unreadable(
+    session: &Session,
+    g: consumer_group_describe_response::DescribedGroup,
+) -> consumer_group_describe_response::DescribedGroup {
+    let unreadable = g.members.iter().any(|m| {
+        let assigned = m
+            .assignment
+            .topic_partitions
+            .iter()
+            .chain(&m.target_assignment.topic_partitions)
+            .map(|t| &t.topic_name);
+        assigned
+            .chain(&m.subscribed_topic_names)
+            .any(|t| !session.grants.allows(Access::Read, t.0.as_str()))
+    });
+    if !unreadable {
+        return g;
+    }
+    consumer_group_describe_response::DescribedGroup::default()
+        .with_group_id(g.group_id)
+        .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
+        .with_error_message(Some(s("the token may not read every topic of the group")))
 }
 
 /// A request for `group`, sent to its coordinator and its answer decoded.
@@ -503,6 +531,11 @@ async fn offset_fetch_groups(
         group
             .topics
             .retain(|t| session.grants.allows(Access::Read, t.name.0.as_str()));
+        // A group answered with an error carries no topics, as Kafka's do.
+        if group.error_code != errors::NONE {
+            groups.push(group);
+            continue;
+        }
         group.topics.extend(denied.into_iter().map(|t| {
             OffsetFetchResponseTopics::default().with_name(t.name).with_partitions(
                 t.partition_indexes

@@ -56,6 +56,9 @@ pub trait Topics {
     fn get(&self, name: &str) -> Option<(Uuid, u32)>;
     /// The names of the user topics `re` matches in full.
     fn matching(&self, re: &regex::Regex) -> Vec<String>;
+    /// Moves whenever the topics may have changed (the view's applied index): the
+    /// subscriptions are resolved again only then, or when they change.
+    fn version(&self) -> u64;
 }
 
 /// One ConsumerGroupHeartbeat, its optional fields `None` when the member sent them as
@@ -115,6 +118,8 @@ pub struct Member {
     pub client_host: String,
     pub subscribed_names: Vec<String>,
     pub subscribed_regex: Option<String>,
+    /// `subscribed_regex`, compiled once.
+    matcher: Option<regex::Regex>,
     pub assignor: Option<String>,
     pub rebalance_timeout: Duration,
     pub epoch: i32,
@@ -140,6 +145,8 @@ pub struct ConsumerGroup {
     /// The subscribed topics as they were when the group epoch last moved: a topic that
     /// appears, goes or grows moves it again.
     resolved: BTreeMap<String, (Uuid, u32)>,
+    /// The topics' version `resolved` was made at; `None` after the subscriptions changed.
+    resolved_at: Option<u64>,
 }
 
 fn new_member_id() -> String {
@@ -185,6 +192,7 @@ impl ConsumerGroup {
             target: BTreeMap::new(),
             statics: BTreeMap::new(),
             resolved: BTreeMap::new(),
+            resolved_at: None,
         }
     }
 
@@ -235,6 +243,27 @@ impl ConsumerGroup {
                 Err(answer) => return answer,
             }
         } else {
+            // A static member is known by its instance first, as Kafka checks: a process
+            // whose instance another member took over is fenced.
+            if let Some(i) = &hb.instance_id {
+                match self.statics.get(i) {
+                    None => {
+                        return error(
+                            code::UNKNOWN_MEMBER_ID,
+                            &hb.member_id,
+                            format!("Instance id {i} is unknown."),
+                        )
+                    }
+                    Some(holder) if *holder != hb.member_id => {
+                        return error(
+                            code::FENCED_INSTANCE_ID,
+                            &hb.member_id,
+                            "another member holds this group.instance.id",
+                        )
+                    }
+                    Some(_) => {}
+                }
+            }
             let Some(m) = self.members.get(&hb.member_id) else {
                 return error(
                     code::UNKNOWN_MEMBER_ID,
@@ -242,15 +271,6 @@ impl ConsumerGroup {
                     "the member is not in the group (it left, was removed, or the coordinator moved); join again with epoch 0",
                 );
             };
-            if let Some(i) = &hb.instance_id {
-                if self.statics.get(i) != Some(&hb.member_id) {
-                    return error(
-                        code::FENCED_INSTANCE_ID,
-                        &hb.member_id,
-                        "another member holds this group.instance.id",
-                    );
-                }
-            }
             if let Some(e) = epoch_error(m, hb.member_epoch, hb.owned.as_ref()) {
                 return e;
             }
@@ -260,10 +280,13 @@ impl ConsumerGroup {
         m.last_seen = now;
         bump |= m.update(&hb);
         // The subscribed topics now: one appearing, going or growing moves the epoch.
-        let resolved = self.resolve(topics);
-        if resolved != self.resolved {
-            self.resolved = resolved;
-            bump = true;
+        if bump || self.resolved_at != Some(topics.version()) {
+            let resolved = self.resolve(topics);
+            self.resolved_at = Some(topics.version());
+            if resolved != self.resolved {
+                self.resolved = resolved;
+                bump = true;
+            }
         }
         if bump {
             self.epoch += 1;
@@ -358,6 +381,7 @@ impl ConsumerGroup {
                 client_host: hb.client_host.clone(),
                 subscribed_names: vec![],
                 subscribed_regex: None,
+                matcher: None,
                 assignor: None,
                 rebalance_timeout: Duration::from_secs(300),
                 epoch: 0,
@@ -429,6 +453,7 @@ impl ConsumerGroup {
                 }
             }
             self.target.remove(member_id);
+            self.resolved_at = None;
             self.epoch += 1;
         }
     }
@@ -486,8 +511,8 @@ impl ConsumerGroup {
         let mut names: BTreeSet<String> = BTreeSet::new();
         for m in self.members.values() {
             names.extend(m.subscribed_names.iter().cloned());
-            if let Some(re) = m.subscribed_regex.as_deref().and_then(|r| compile(r).ok()) {
-                names.extend(topics.matching(&re));
+            if let Some(re) = &m.matcher {
+                names.extend(topics.matching(re));
             }
         }
         names
@@ -498,10 +523,12 @@ impl ConsumerGroup {
 
     /// The topic ids one member subscribes to, among the resolved topics.
     fn subscribed_ids(&self, m: &Member) -> BTreeSet<Uuid> {
-        let re = m.subscribed_regex.as_deref().and_then(|r| compile(r).ok());
+        // A regex never matches an internal topic (`__…`), even one another member
+        // subscribes to by name.
+        let by_regex = |name: &str| !name.starts_with("__") && m.matcher.as_ref().is_some_and(|re| re.is_match(name));
         self.resolved
             .iter()
-            .filter(|(name, _)| m.subscribed_names.contains(name) || re.as_ref().is_some_and(|re| re.is_match(name)))
+            .filter(|(name, _)| m.subscribed_names.contains(name) || by_regex(name))
             .map(|(_, (id, _))| *id)
             .collect()
     }
@@ -638,6 +665,9 @@ impl Member {
         if let Some(re) = &hb.subscribed_regex {
             let re = Some(re.clone()).filter(|r| !r.is_empty());
             changed |= re != self.subscribed_regex;
+            if changed || self.matcher.is_none() {
+                self.matcher = re.as_deref().and_then(|r| compile(r).ok());
+            }
             self.subscribed_regex = re;
         }
         if let Some(a) = &hb.assignor {
@@ -686,6 +716,9 @@ mod tests {
         }
         fn matching(&self, re: &regex::Regex) -> Vec<String> {
             self.0.keys().filter(|n| re.is_match(n)).cloned().collect()
+        }
+        fn version(&self) -> u64 {
+            self.0.values().map(|(_, n)| u64::from(*n)).sum::<u64>() + self.0.len() as u64
         }
     }
 
@@ -870,7 +903,11 @@ mod tests {
             instance_id: Some("i-1".into()),
             ..beat("a", 1, &[])
         };
-        assert_eq!(g.heartbeat(old, &catalog(), SETTINGS, t).error, code::UNKNOWN_MEMBER_ID);
+        assert_eq!(
+            g.heartbeat(old, &catalog(), SETTINGS, t).error,
+            code::FENCED_INSTANCE_ID,
+            "the replaced process is fenced"
+        );
     }
 
     // Issue 22 (KIP-848): a member whose session runs out is removed, and one that does

@@ -35,6 +35,10 @@ impl cg::Topics for ViewTopics<'_> {
             .cloned()
             .collect()
     }
+
+    fn version(&self) -> u64 {
+        self.0.applied_index
+    }
 }
 
 pub fn settings(node: &Node) -> Settings {
@@ -116,8 +120,9 @@ pub fn heartbeat(
         client_id: client.id,
         client_host: client.host,
     };
-    let answer = node.view.with(|view| {
-        c.with(|st| {
+    // The coordinator's lock, then the view's, held only while this group resolves.
+    let answer = c.with(|st| {
+        node.view.with(|view| {
             // A classic group with members is not a consumer group; an empty one (only
             // committed offsets) becomes one.
             if st.groups.get(&group).is_some_and(|g| !g.is_empty()) {
@@ -211,6 +216,7 @@ pub fn describe(node: &Node, c: &GroupCoordinator, r: ConsumerGroupDescribeReque
                                             m.subscribed_names.iter().map(|n| TopicName(s(n))).collect(),
                                         )
                                         .with_subscribed_topic_regex(m.subscribed_regex.as_deref().map(s))
+                                        .with_member_type(1)
                                         .with_assignment(wire(&m.assigned))
                                         .with_target_assignment(wire(g.target.get(&m.id).unwrap_or(&Assignment::new())))
                                 })

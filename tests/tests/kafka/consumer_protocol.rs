@@ -4,7 +4,10 @@
 //! OffsetFetch v9).
 
 use super::*;
-use kafka_protocol::messages::{ApiKey, ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, GroupId};
+use kafka_protocol::messages::{
+    ApiKey, ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse, GroupId, OffsetFetchRequest, OffsetFetchResponse, TopicName,
+};
 use kafka_protocol::protocol::StrBytes;
 use weir_tests::kafka_wire::{connect, exchange};
 
@@ -184,7 +187,6 @@ async fn a_kip848_member_rejoins_a_failed_over_coordinator_and_resumes_from_comm
     let victim = super::owner_index(&stack, &gw, &coordinator)
         .await
         .expect("the coordinator's partition is open");
-    let epoch_before = describe(&gw).groups[0].group_epoch;
     stack.nodes[victim].kill();
 
     produce_round(&gw, 2).await;
@@ -218,11 +220,138 @@ async fn a_kip848_member_rejoins_a_failed_over_coordinator_and_resumes_from_comm
         (g.error_code == 0 && g.group_state.as_str() == "Stable" && g.members.len() == 1).then_some(g.group_epoch)
     })
     .await;
-    assert!(
-        epoch_before >= 1 && super::owner_index(&stack, &gw, &coordinator).await != Some(victim),
-        "the coordinator moved"
+    // The new coordinator started with no members: the one it shows joined it.
+    let survivor = 1 - victim;
+    assert_eq!(
+        super::owner_index(&stack, &gw, &coordinator).await,
+        Some(survivor),
+        "the coordinator moved to the other node"
     );
     // librdkafka's close after a coordinator move is slow in the rdkafka crate (see
     // `a_killed_owner_loses_no_acknowledged_message_and_the_group_resumes`).
     std::thread::spawn(move || drop(a));
+}
+
+fn join_request(group: &str, member: &str, names: &[&str], regex: &str) -> ConsumerGroupHeartbeatRequest {
+    ConsumerGroupHeartbeatRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
+        .with_member_id(StrBytes::from_string(member.to_string()))
+        .with_member_epoch(0)
+        .with_rebalance_timeout_ms(30_000)
+        .with_subscribed_topic_names(Some(
+            names.iter().map(|n| TopicName(StrBytes::from_string(n.to_string()))).collect(),
+        ))
+        .with_subscribed_topic_regex(Some(StrBytes::from_string(regex.to_string())))
+        .with_topic_partitions(Some(vec![]))
+}
+
+fn heartbeat(s: &mut std::net::TcpStream, r: &ConsumerGroupHeartbeatRequest) -> ConsumerGroupHeartbeatResponse {
+    exchange(s, ApiKey::ConsumerGroupHeartbeat, 1, r).expect("heartbeat")
+}
+
+// Issue 22 (KIP-848) with issue 18's scopes, on the wire: a token subscribes a
+// consumer-protocol member only to topics it reads (by regex only when it reads every
+// topic), ConsumerGroupDescribe hides a group naming a topic the token cannot read, and
+// a batched OffsetFetch (v9) answers each group and topic by the token's scopes, a
+// refused group with no topics.
+#[tokio::test(flavor = "multi_thread")]
+async fn kip848_requests_answer_by_the_tokens_scopes() {
+    let (stack, mut gw) = kafka_stack(1, &["--auth", "--kafka-allow-plaintext-sasl"]).await;
+    stack.metad.issue_token("root", "weir_root-secret", &["admin"]).await;
+    gw.token = Some("weir_root-secret".into());
+    stack.metad.issue_token("app", "weir_app-secret", &["read:orders"]).await;
+    let root: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = config(&gw)
+        .set("security.protocol", "SASL_PLAINTEXT")
+        .set("sasl.mechanism", "PLAIN")
+        .set("sasl.username", "root")
+        .set("sasl.password", "weir_root-secret")
+        .create()
+        .expect("admin");
+    let created = root
+        .create_topics(
+            &[
+                NewTopic::new("orders", 2, TopicReplication::Fixed(1)),
+                NewTopic::new("payments", 1, TopicReplication::Fixed(1)),
+            ],
+            &AdminOptions::new().operation_timeout(Some(T)),
+        )
+        .await
+        .expect("create topics");
+    assert!(created.iter().all(|r| r.is_ok()), "{created:?}");
+    for s in ["orders/0", "orders/1", "payments/0"] {
+        gw.wait_open(s).await;
+    }
+    let mut app = weir_tests::kafka_wire::sasl_v0(&gw.kafka, "app", "weir_app-secret").expect("app connects");
+    let mut admin = weir_tests::kafka_wire::sasl_v0(&gw.kafka, "root", "weir_root-secret").expect("root connects");
+    const DENIED: i16 = 29; // TOPIC_AUTHORIZATION_FAILED
+    let group = "orders-g";
+
+    let refused = heartbeat(&mut app, &join_request(group, "m-app", &["payments"], ""));
+    assert_eq!(refused.error_code, DENIED, "{:?}", refused.error_message);
+    let refused = heartbeat(&mut app, &join_request(group, "m-app", &[], "orders.*"));
+    assert_eq!(refused.error_code, DENIED, "a regex needs read on every topic");
+    // As clients do, the member looks its coordinator up first (which creates the
+    // offsets topic), and joins once that is placed.
+    let find = kafka_protocol::messages::FindCoordinatorRequest::default()
+        .with_key_type(0)
+        .with_coordinator_keys(vec![StrBytes::from_static_str(group)]);
+    let _: kafka_protocol::messages::FindCoordinatorResponse =
+        exchange(&mut app, ApiKey::FindCoordinator, 4, &find).expect("find coordinator");
+    let joined = wait_for("the member joins its coordinator", T, || {
+        let answer = heartbeat(&mut app, &join_request(group, "m-app", &["orders"], ""));
+        async move { (answer.error_code != 15).then_some(answer) }
+    })
+    .await;
+    assert_eq!((joined.error_code, joined.member_epoch), (0, 1), "{:?}", joined.error_message);
+    let parts: usize = joined
+        .assignment
+        .expect("an assignment")
+        .topic_partitions
+        .iter()
+        .map(|t| t.partitions.len())
+        .sum();
+    assert_eq!(parts, 2);
+    // An admin's member subscribes the same group to `payments` as well.
+    let other = heartbeat(&mut admin, &join_request(group, "m-root", &["payments"], ""));
+    assert_eq!(other.error_code, 0, "{:?}", other.error_message);
+
+    let request = ConsumerGroupDescribeRequest::default().with_group_ids(vec![GroupId(StrBytes::from_static_str(group))]);
+    let seen: ConsumerGroupDescribeResponse = exchange(&mut app, ApiKey::ConsumerGroupDescribe, 1, &request).expect("describe");
+    assert_eq!(seen.groups[0].error_code, DENIED, "the group names payments");
+    assert!(seen.groups[0].members.is_empty());
+    let whole: ConsumerGroupDescribeResponse = exchange(&mut admin, ApiKey::ConsumerGroupDescribe, 1, &request).expect("describe");
+    assert_eq!(whole.groups[0].error_code, 0);
+    assert_eq!(whole.groups[0].members.len(), 2);
+    assert!(whole.groups[0].members.iter().all(|m| m.member_type == 1));
+
+    use kafka_protocol::messages::offset_fetch_request::{OffsetFetchRequestGroup, OffsetFetchRequestTopics};
+    let ask = |g: &str| {
+        OffsetFetchRequestGroup::default()
+            .with_group_id(GroupId(StrBytes::from_string(g.to_string())))
+            .with_member_epoch(-1)
+            .with_topics(Some(
+                ["orders", "payments"]
+                    .iter()
+                    .map(|t| {
+                        OffsetFetchRequestTopics::default()
+                            .with_name(TopicName(StrBytes::from_static_str(t)))
+                            .with_partition_indexes(vec![0])
+                    })
+                    .collect(),
+            ))
+    };
+    let request = OffsetFetchRequest::default().with_groups(vec![ask(group), ask("billing")]);
+    let answer: OffsetFetchResponse = exchange(&mut app, ApiKey::OffsetFetch, 9, &request).expect("offset fetch");
+    assert_eq!(answer.groups.len(), 2);
+    let mine = &answer.groups[0];
+    assert_eq!(mine.error_code, 0);
+    let by_topic: BTreeMap<&str, i16> = mine
+        .topics
+        .iter()
+        .map(|t| (t.name.0.as_str(), t.partitions[0].error_code))
+        .collect();
+    assert_eq!(by_topic, BTreeMap::from([("orders", 0), ("payments", DENIED)]));
+    let billing = &answer.groups[1];
+    assert_eq!(billing.error_code, 30, "GROUP_AUTHORIZATION_FAILED");
+    assert!(billing.topics.is_empty(), "a refused group carries no topics");
 }
