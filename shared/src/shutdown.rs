@@ -264,6 +264,11 @@ impl Shutdown {
     }
 
     /// Time left in drain-support: the drain timeout and the deadline, whichever ends first.
+    /// The drain timeout, as bounded by the deadline.
+    pub fn drain_timeout(&self) -> Duration {
+        self.drain_timeout.min(self.deadline)
+    }
+
     pub fn drain_left(&self) -> Duration {
         let at = self.lock().requested_at.unwrap_or_else(Instant::now);
         let end = at + self.drain_timeout.min(self.deadline);

@@ -19,6 +19,18 @@ use weir_shared::shutdown::{PhaseOutcome as Outcome, Shutdown};
 
 /// SD-REL-6: the release of the drain's cordon always gets at least this long.
 const RELEASE_GRACE: Duration = Duration::from_secs(1);
+/// SD-ADM-1: the most of the drain timeout kept for part 2, closing in place what the
+/// drain request (part 1) did not move.
+const CLOSE_SHARE_MAX: Duration = Duration::from_secs(2);
+
+/// What part 1 may spend of `left`, the drain time left: all but part 2's share, a
+/// quarter of the drain timeout (at most [`CLOSE_SHARE_MAX`]) and never more than half
+/// of `left`. A drain request never answered would otherwise spend it all, and the
+/// closes would start with nothing left, leaving buffered records to failover.
+fn part_1_budget(shutdown: &Shutdown, left: Duration) -> Duration {
+    let share = (shutdown.drain_timeout() / 4).min(CLOSE_SHARE_MAX).min(left / 2);
+    left - share
+}
 /// How long one look for the metadata leader may take.
 const LEADER_PROBE: Duration = Duration::from_secs(1);
 
@@ -169,12 +181,15 @@ async fn report_outstanding(node: &Node, wait: bool) -> bool {
 }
 
 /// SD-DRN-8, SD-DRN-11, SD-REL-3: waits to observe a metadata leader, then asks it to
-/// drain this incarnation with the time left; asks the next leader, within the same
-/// budget, when the one asked stops leading.
+/// drain this incarnation with the time left, less part 2's share; asks the next
+/// leader, within the same budget, when the one asked stops leading.
 async fn request_own_drain(node: &Arc<Node>, shutdown: &Shutdown) -> Requested {
     let mut asked: Option<(String, String)> = None;
+    // Part 1 ends here, whatever it asks and of whom; the rest is part 2's.
+    let end = std::time::Instant::now() + part_1_budget(shutdown, shutdown.step(Duration::MAX));
+    let part_1_left = || shutdown.step(end.saturating_duration_since(std::time::Instant::now()));
     loop {
-        let left = shutdown.step(Duration::MAX);
+        let left = part_1_left();
         if left.is_zero() {
             return match asked {
                 Some((error, leader)) => Requested::Unanswered { error, leader },
@@ -182,10 +197,10 @@ async fn request_own_drain(node: &Arc<Node>, shutdown: &Shutdown) -> Requested {
             };
         }
         let Some(leader) = leader_address(node, left.min(LEADER_PROBE)).await else {
-            tokio::time::sleep(shutdown.step(Duration::from_millis(200))).await;
+            tokio::time::sleep(part_1_left().min(Duration::from_millis(200))).await;
             continue;
         };
-        let left = shutdown.step(Duration::MAX);
+        let left = part_1_left();
         let request = DrainRequest {
             node: String::new(),
             budget_ms: left.as_millis().max(1) as u64,
@@ -199,11 +214,11 @@ async fn request_own_drain(node: &Arc<Node>, shutdown: &Shutdown) -> Requested {
                 // The leader changed, lost leadership or went away mid-drain (or never
                 // answered); moves it committed stay committed, and the next leader, asked
                 // within the same budget, moves only what this node still owns.
-                if !shutdown.step(Duration::MAX).is_zero() {
+                if !part_1_left().is_zero() {
                     tracing::warn!(leader, error = %e, "stopping-node drain lost leadership; remaining work needs the next leader");
                 }
                 asked = Some((e, leader));
-                tokio::time::sleep(shutdown.step(Duration::from_millis(200))).await;
+                tokio::time::sleep(part_1_left().min(Duration::from_millis(200))).await;
             }
             Err(e) => {
                 return Requested::Unanswered {

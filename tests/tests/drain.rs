@@ -512,6 +512,39 @@ async fn an_unanswered_drain_request_still_releases_its_cordon() {
     assert_eq!(gw.bodies("dr-a").await, ["before"]);
 }
 
+// SD-ADM-1: part 1 of a stopping node's drain fails (the leader's move of its stream
+// hangs before its close, failpoint `transfer_prepare=hang`, and the drain request is
+// never answered, `drain_reply=drop`), and part 2 still runs: the stopping node closes
+// the stream in place, committing what it buffered, and exits 0. The other node then
+// serves every acknowledged record.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_drain_still_closes_what_it_left_in_place() {
+    let env = [("WEIR_FAILPOINT_TRANSFER_PREPARE", "hang"), ("WEIR_FAILPOINT_DRAIN_REPLY", "drop")];
+    let flags = [SHORT, WAL_ONLY].concat();
+    let stack = Stack::start_replicas_with_env(1, 2, Backend::FileWal, &flags, &[], &env).await;
+    let (mut stack, gw) = with_streams_on_the_first(stack, &["left"]).await;
+    let acked: Vec<String> = (0..10).map(|i| format!("r-{i}")).collect();
+    for body in &acked {
+        gw.append("left", &[body]).await;
+    }
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(
+        records(&log, "the leader did not answer the graceful shutdown drain of the local node").len(),
+        1,
+        "part 1 failed: {log}"
+    );
+    let closed = records(&log, "closed stream for shutdown");
+    assert_eq!(closed.len(), 1, "part 2 closed the stream: {log}");
+    assert_eq!(closed[0]["stream"], "left");
+    assert_eq!(closed[0]["offset"], 10, "with every acknowledged record committed");
+    gw.wait_open("left").await;
+    assert_eq!(owner_of(&gw, "left").await.as_deref(), Some(stack.nodes[1].id.as_str()));
+    assert_eq!(gw.bodies("left").await, acked);
+}
+
 // SD-ADM-8, SD-ADM-9, SD-ADM-12, SD-DRN-13: the object store goes silent (a blackholed
 // link) while the last streamd stops with buffered records. The drain holds until its
 // timeout, names the uploader that did not drain and counts what is outstanding, and
