@@ -519,7 +519,10 @@ async fn an_unanswered_drain_request_still_releases_its_cordon() {
 // serves every acknowledged record.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_drain_still_closes_what_it_left_in_place() {
-    let env = [("WEIR_FAILPOINT_TRANSFER_PREPARE", "hang"), ("WEIR_FAILPOINT_DRAIN_REPLY", "drop")];
+    let env = [
+        ("WEIR_FAILPOINT_TRANSFER_PREPARE", "hang"),
+        ("WEIR_FAILPOINT_DRAIN_REPLY", "drop"),
+    ];
     let flags = [SHORT, WAL_ONLY].concat();
     let stack = Stack::start_replicas_with_env(1, 2, Backend::FileWal, &flags, &[], &env).await;
     let (mut stack, gw) = with_streams_on_the_first(stack, &["left"]).await;
@@ -532,7 +535,11 @@ async fn a_failed_drain_still_closes_what_it_left_in_place() {
     let log = stack.nodes[0].log_text();
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(
-        records(&log, "the leader did not answer the graceful shutdown drain of the local node").len(),
+        records(
+            &log,
+            "the leader did not answer the graceful shutdown drain of the local node"
+        )
+        .len(),
         1,
         "part 1 failed: {log}"
     );

@@ -239,7 +239,10 @@ fn join_request(group: &str, member: &str, names: &[&str], regex: &str) -> Consu
         .with_member_epoch(0)
         .with_rebalance_timeout_ms(30_000)
         .with_subscribed_topic_names(Some(
-            names.iter().map(|n| TopicName(StrBytes::from_string(n.to_string()))).collect(),
+            names
+                .iter()
+                .map(|n| TopicName(StrBytes::from_string(n.to_string())))
+                .collect(),
         ))
         .with_subscribed_topic_regex(Some(StrBytes::from_string(regex.to_string())))
         .with_topic_partitions(Some(vec![]))
@@ -259,7 +262,10 @@ async fn kip848_requests_answer_by_the_tokens_scopes() {
     let (stack, mut gw) = kafka_stack(1, &["--auth", "--kafka-allow-plaintext-sasl"]).await;
     stack.metad.issue_token("root", "weir_root-secret", &["admin"]).await;
     gw.token = Some("weir_root-secret".into());
-    stack.metad.issue_token("app", "weir_app-secret", &["read:orders"]).await;
+    stack
+        .metad
+        .issue_token("app", "weir_app-secret", &["read:orders"])
+        .await;
     let root: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = config(&gw)
         .set("security.protocol", "SASL_PLAINTEXT")
         .set("sasl.mechanism", "PLAIN")
@@ -302,7 +308,12 @@ async fn kip848_requests_answer_by_the_tokens_scopes() {
         async move { (answer.error_code != 15).then_some(answer) }
     })
     .await;
-    assert_eq!((joined.error_code, joined.member_epoch), (0, 1), "{:?}", joined.error_message);
+    assert_eq!(
+        (joined.error_code, joined.member_epoch),
+        (0, 1),
+        "{:?}",
+        joined.error_message
+    );
     let parts: usize = joined
         .assignment
         .expect("an assignment")
@@ -315,11 +326,14 @@ async fn kip848_requests_answer_by_the_tokens_scopes() {
     let other = heartbeat(&mut admin, &join_request(group, "m-root", &["payments"], ""));
     assert_eq!(other.error_code, 0, "{:?}", other.error_message);
 
-    let request = ConsumerGroupDescribeRequest::default().with_group_ids(vec![GroupId(StrBytes::from_static_str(group))]);
-    let seen: ConsumerGroupDescribeResponse = exchange(&mut app, ApiKey::ConsumerGroupDescribe, 1, &request).expect("describe");
+    let request =
+        ConsumerGroupDescribeRequest::default().with_group_ids(vec![GroupId(StrBytes::from_static_str(group))]);
+    let seen: ConsumerGroupDescribeResponse =
+        exchange(&mut app, ApiKey::ConsumerGroupDescribe, 1, &request).expect("describe");
     assert_eq!(seen.groups[0].error_code, DENIED, "the group names payments");
     assert!(seen.groups[0].members.is_empty());
-    let whole: ConsumerGroupDescribeResponse = exchange(&mut admin, ApiKey::ConsumerGroupDescribe, 1, &request).expect("describe");
+    let whole: ConsumerGroupDescribeResponse =
+        exchange(&mut admin, ApiKey::ConsumerGroupDescribe, 1, &request).expect("describe");
     assert_eq!(whole.groups[0].error_code, 0);
     assert_eq!(whole.groups[0].members.len(), 2);
     assert!(whole.groups[0].members.iter().all(|m| m.member_type == 1));
