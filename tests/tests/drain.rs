@@ -463,6 +463,21 @@ async fn a_stopping_node_that_cannot_reach_the_leader_cordons_nothing() {
     assert_eq!(node_row(&nodes, &a)["cordoned"], false);
 }
 
+/// SIGTERMs node 0, whose drain request the leader never answers: it exits 0 and says
+/// so once. Its log.
+async fn stop_unanswered(stack: &mut Stack) -> String {
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    let unanswered = records(
+        &log,
+        "the leader did not answer the graceful shutdown drain of the local node",
+    );
+    assert_eq!(unanswered.len(), 1, "{log}");
+    log
+}
+
 // SD-REL-4, SD-DRN-9, SD-REL-12, SD-REL-6: the leader moves everything but never
 // answers the drain request (failpoint `drain_reply=drop`). The stopping node counts
 // the request as made: it reports the drain as failed (drain-support Abandoned), still
@@ -481,19 +496,7 @@ async fn an_unanswered_drain_request_still_releases_its_cordon() {
     })
     .await;
 
-    stack.nodes[0].term();
-    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
-    let log = stack.nodes[0].log_text();
-    assert_eq!(code, Some(0), "{log}");
-    assert_eq!(
-        records(
-            &log,
-            "the leader did not answer the graceful shutdown drain of the local node"
-        )
-        .len(),
-        1,
-        "{log}"
-    );
+    let log = stop_unanswered(&mut stack).await;
     // SD-DL-9: the drain used its whole budget, yet the cordon's release landed in its 1 s grace.
     assert_eq!(
         records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
@@ -530,19 +533,7 @@ async fn a_failed_drain_still_closes_what_it_left_in_place() {
     for body in &acked {
         gw.append("left", &[body]).await;
     }
-    stack.nodes[0].term();
-    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
-    let log = stack.nodes[0].log_text();
-    assert_eq!(code, Some(0), "{log}");
-    assert_eq!(
-        records(
-            &log,
-            "the leader did not answer the graceful shutdown drain of the local node"
-        )
-        .len(),
-        1,
-        "part 1 failed: {log}"
-    );
+    let log = stop_unanswered(&mut stack).await;
     let closed = records(&log, "closed stream for shutdown");
     assert_eq!(closed.len(), 1, "part 2 closed the stream: {log}");
     assert_eq!(closed[0]["stream"], "left");
