@@ -33,6 +33,9 @@ pub struct StreamdMetrics {
     pub compaction_pass_seconds: Histogram,
     /// Bytes read by partial reads of a range's tail (producer-state rebuilds).
     pub tail_bytes_read: IntCounter,
+    /// Ranged GETs of committed ranges for reads, by who asked first (`reader`, or
+    /// `read_ahead` for a sequential reader's next range).
+    pub range_gets: IntCounterVec,
     /// Bytes of record batches returned by reads (HTTP reads, Kafka Fetch, SSE).
     pub read_bytes: IntCounter,
     /// Damaged committed ranges this node found (each reported to the metadata log).
@@ -140,6 +143,16 @@ pub fn metrics() -> &'static StreamdMetrics {
             group_members_refused: counter(
                 "streamd_group_members_refused_total",
                 "JoinGroups refused at --max-group-members (GROUP_MAX_SIZE_REACHED)",
+            ),
+            range_gets: register(
+                IntCounterVec::new(
+                    Opts::new(
+                        "streamd_range_gets_total",
+                        "Ranged GETs of committed ranges for reads, by who asked first (reader or read_ahead)",
+                    ),
+                    &["by"],
+                )
+                .expect("valid metric"),
             ),
             read_bytes: counter("streamd_read_bytes_total", "Bytes of record batches returned by reads"),
             damage_found: counter(

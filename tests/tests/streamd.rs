@@ -1162,3 +1162,68 @@ async fn a_burst_is_uploaded_in_objects_of_at_most_the_target() {
     })
     .await;
 }
+
+// Issue 17: a sequential reader finds each next committed range fetched ahead into the
+// cache while it reads the one before, so only its first read waits on a GET of its
+// own. The cache holds three of the eight ranges, so the uploads' write-through copies
+// of the first ones are gone when the reader starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_reader_finds_each_next_range_fetched_ahead() {
+    with_timeout(async {
+        let stack = secure_stack(
+            1,
+            Backend::FileWal,
+            &[
+                "--upload-interval-ms",
+                "100",
+                "--cache-bytes",
+                "33000",
+                "--compaction-interval-ms",
+                "600000",
+            ],
+        )
+        .await;
+        stack.create_stream("ahead", 0).await;
+        let mut client = stack.nodes[0].client().await;
+        let filler = "x".repeat(10 * 1024);
+        for i in 0..8u64 {
+            client
+                .append(AppendRequest {
+                    stream: "ahead".into(),
+                    batches: batch(format!("r-{i}-{filler}").as_bytes()).into(),
+                    match_next_offset: None,
+                })
+                .await
+                .expect("append");
+            // One upload, so one range, per record.
+            stack.wait_committed(0, "ahead", i + 1).await;
+        }
+        // One batch per read, so each read stays inside one range.
+        let mut got = Vec::new();
+        while (got.len() as u64) < 8 {
+            let r = client
+                .read(ReadRequest {
+                    stream: "ahead".into(),
+                    offset: got.len() as u64,
+                    max_bytes: 1,
+                    wait_ms: 0,
+                    exact_max_bytes: false,
+                })
+                .await
+                .expect("read")
+                .into_inner();
+            assert_eq!(r.next_offset, got.len() as u64 + 1, "one record per read");
+            got.extend(values(&r.batches));
+        }
+        for (i, (offset, value)) in got.iter().enumerate() {
+            assert_eq!((*offset, value.as_slice()), (i as u64, format!("r-{i}-{filler}").as_bytes()));
+        }
+        let metrics = weir_tests::get_text(&format!("http://{}/metrics", stack.nodes[0].http)).await;
+        let gets = |by: &str| {
+            weir_tests::metric_value(&metrics, &format!("weir_streamd_range_gets_total{{by=\"{by}\"}}")).unwrap_or(0.0)
+        };
+        assert_eq!(gets("reader"), 1.0, "only the first range waits on its reader's GET:\n{metrics}");
+        assert!(gets("read_ahead") >= 5.0, "the ranges after it come ahead:\n{metrics}");
+    })
+    .await;
+}

@@ -503,7 +503,13 @@ async fn write<W: AsyncWriteExt + Unpin>(
     version: i16,
     body: &ResponseKind,
 ) -> anyhow::Result<()> {
-    let mut buf = BytesMut::with_capacity(256);
+    // Sized up front: a Fetch response of megabytes would otherwise be copied again at
+    // each doubling of the buffer.
+    let records = match body {
+        ResponseKind::Fetch(f) => f.compute_size(version).unwrap_or(0),
+        _ => 0,
+    };
+    let mut buf = BytesMut::with_capacity(256 + records);
     buf.put_i32(0);
     ResponseHeader::default()
         .with_correlation_id(correlation_id)

@@ -15,6 +15,7 @@ mod uploader;
 
 use crate::error::StreamdError;
 use crate::object::cache::BlockCache;
+use crate::object::range_reads::RangeReads;
 use crate::stream::StreamHandle;
 use crate::wal::WalWriter;
 use object_store::ObjectStore;
@@ -70,7 +71,9 @@ pub struct Node {
     pub view: Arc<View>,
     pub wal: WalWriter,
     pub store: Arc<dyn ObjectStore>,
-    pub cache: BlockCache,
+    pub cache: Arc<BlockCache>,
+    /// Readers' GETs of committed ranges, shared and fetched ahead.
+    pub range_reads: RangeReads,
     /// Where committed offsets are stored: cached ranges of the object index.
     pub ranges: ranges::RangeCache,
     pub tunables: Tunables,
@@ -114,13 +117,16 @@ impl Node {
         tunables: Tunables,
         wal_source: WalSource,
     ) -> Self {
+        let cache = Arc::new(BlockCache::new(tunables.cache_bytes));
+        let tasks = weir_shared::task_kinds::KindTasks::new();
         Self {
             me: registered.me.clone(),
             metad: registered.metad.clone(),
             view: registered.view.clone(),
             wal,
+            range_reads: RangeReads::new(store.clone(), cache.clone(), tasks.clone()),
             store,
-            cache: BlockCache::new(tunables.cache_bytes),
+            cache,
             ranges: ranges::RangeCache::new(ranges::CAPACITY),
             tunables,
             streams: RwLock::new(HashMap::new()),
@@ -136,7 +142,7 @@ impl Node {
             wal_source,
             takeovers_running: Default::default(),
             damage_seen: Default::default(),
-            tasks: weir_shared::task_kinds::KindTasks::new(),
+            tasks,
             calls: tokio_util::task::TaskTracker::new(),
         }
     }

@@ -3,10 +3,10 @@
 
 use super::Node;
 use crate::error::StreamdError;
+use crate::object::range_reads;
 use crate::stream::StreamHandle;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use object_store::{GetOptions, GetRange};
 use std::sync::Arc;
 use std::time::Duration;
 use weir_meta::model::ObjectRange;
@@ -17,7 +17,7 @@ pub const FETCH_CONCURRENCY: usize = 16;
 /// Most committed ranges one read answers from (each can be a separate object).
 const MAX_RANGES_PER_READ: usize = 256;
 
-/// Appends to `out` the buffered batches from `offset` (the batch holding it first)
+/// Adds to `out` the buffered batches from `offset` (the batch holding it first)
 /// below `durable_end`, while they fit in `max_bytes` (at least one batch when `out`
 /// is empty and `max_bytes` is `Budget::AtLeastOne`) and follow on without a gap.
 fn append_tail(
@@ -25,15 +25,56 @@ fn append_tail(
     offset: u64,
     durable_end: u64,
     max_bytes: Budget,
-    out: &mut BytesMut,
+    out: &mut Gathered,
 ) {
     let mut at = offset;
     for b in buffer.iter().skip_while(|b| b.end <= offset) {
-        if b.start > at || b.end > durable_end || max_bytes.full(out, b.data.len()) {
+        if b.start > at || b.end > durable_end || max_bytes.full(out.len, b.data.len()) {
             break;
         }
-        out.extend_from_slice(&b.data);
+        out.push(&b.data, &b.data);
         at = b.end;
+    }
+}
+
+/// A read's answer as it is gathered: slices of cached ranges and buffered batches,
+/// joined into one buffer only when they are not already one, so a read inside one
+/// cached range is answered without a copy (issue 17).
+#[derive(Default)]
+struct Gathered {
+    /// Each piece is a span of its parent; pieces that continue each other in the
+    /// same parent are one span.
+    spans: Vec<(Bytes, std::ops::Range<usize>)>,
+    len: usize,
+}
+
+impl Gathered {
+    /// Adds `part`, which lies inside `parent`.
+    fn push(&mut self, parent: &Bytes, part: &[u8]) {
+        let from = part.as_ptr() as usize - parent.as_ptr() as usize;
+        let span = from..from + part.len();
+        self.len += part.len();
+        if let Some((last, range)) = self.spans.last_mut() {
+            if last.as_ptr() == parent.as_ptr() && last.len() == parent.len() && range.end == span.start {
+                range.end = span.end;
+                return;
+            }
+        }
+        self.spans.push((parent.clone(), span));
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match &self.spans[..] {
+            [] => Bytes::new(),
+            [(parent, range)] => parent.slice(range.clone()),
+            spans => {
+                let mut out = BytesMut::with_capacity(self.len);
+                for (parent, range) in spans {
+                    out.extend_from_slice(&parent[range.clone()]);
+                }
+                out.freeze()
+            }
+        }
     }
 }
 
@@ -47,9 +88,9 @@ struct Budget {
 }
 
 impl Budget {
-    /// Whether `next` more bytes would not fit after `out`.
-    fn full(&self, out: &BytesMut, next: usize) -> bool {
-        (!out.is_empty() || !self.at_least_one) && out.len() + next > self.bytes
+    /// Whether `next` more bytes would not fit after `len` gathered.
+    fn full(&self, len: usize, next: usize) -> bool {
+        (len > 0 || !self.at_least_one) && len + next > self.bytes
     }
 }
 
@@ -133,9 +174,9 @@ impl Node {
         {
             let inner = handle.inner.lock().await;
             if inner.buffer.front().is_some_and(|b| b.start <= offset) {
-                let mut out = BytesMut::new();
+                let mut out = Gathered::default();
                 append_tail(&inner.buffer, offset, durable_end, max_bytes, &mut out);
-                return Ok(out.freeze());
+                return Ok(out.into_bytes());
             }
         }
         // Committed ranges from `offset` until `max_bytes` (at least one batch) or the
@@ -157,6 +198,9 @@ impl Node {
                 break;
             }
         }
+        if let Some(last) = ranges.last() {
+            self.read_ahead_after(handle, last, stop);
+        }
         let mut chunks = futures::stream::iter(ranges)
             .map(|range| async move {
                 let fetched = self.fetch_range(&range).await;
@@ -169,7 +213,7 @@ impl Node {
                 Ok::<_, StreamdError>((range, chunk))
             })
             .buffered(FETCH_CONCURRENCY);
-        let mut out = BytesMut::new();
+        let mut out = Gathered::default();
         let mut at = offset;
         while let Some(fetched) = chunks.next().await {
             let (range, chunk) = fetched?;
@@ -180,76 +224,47 @@ impl Node {
                 if start + header.offset_count() <= at {
                     continue;
                 }
-                if max_bytes.full(&out, bytes.len()) {
-                    return Ok(out.freeze());
+                if max_bytes.full(out.len, bytes.len()) {
+                    return Ok(out.into_bytes());
                 }
-                out.extend_from_slice(bytes);
+                out.push(&chunk, bytes);
             }
             at = range.end.0;
         }
         // A read that reached the committed end goes on into the tail buffer, so it
         // fills its budget however the records are split between objects and memory.
-        if out.len() < max_bytes.bytes && at < durable_end && damaged_from.is_none_or(|f| at < f) {
+        if out.len < max_bytes.bytes && at < durable_end && damaged_from.is_none_or(|f| at < f) {
             let inner = handle.inner.lock().await;
             append_tail(&inner.buffer, at, durable_end, max_bytes, &mut out);
         }
-        Ok(out.freeze())
+        Ok(out.into_bytes())
+    }
+
+    /// A reader in `range` most likely reads the next committed range next: fetch it
+    /// into the cache now, if the index cache knows it and it is below `stop`.
+    fn read_ahead_after(&self, handle: &StreamHandle, range: &ObjectRange, stop: u64) {
+        if range.end.0 >= stop {
+            return;
+        }
+        if let Some(next) = self.ranges.find(handle.id, range.end.0) {
+            self.range_reads.read_ahead(&next);
+        }
     }
 
     /// One committed range's bytes, from the cache or a ranged GET, checked against its CRC.
     pub async fn fetch_range(&self, range: &ObjectRange) -> Result<Bytes, StreamdError> {
-        if let Some(b) = self.cache.get(&range.key.0, range.pos) {
-            return Ok(b);
-        }
-        let bytes = self.fetch_range_uncached(range).await?;
-        self.cache.insert(&range.key.0, range.pos, bytes.clone());
-        Ok(bytes)
+        self.range_reads.get(range).await
     }
 
     /// One committed range's bytes by a ranged GET, checked against its CRC, without
     /// filling the cache (background work such as compaction reads old data once).
     pub async fn fetch_range_uncached(&self, range: &ObjectRange) -> Result<Bytes, StreamdError> {
-        let bytes = self.fetch_span(&range.key.0, range.pos..range.pos + range.len).await?;
-        if crc32c::crc32c(&bytes) != range.crc {
-            return Err(StreamdError::Corrupt(format!(
-                "object {} range {}..{} fails its checksum; it is not served",
-                range.key, range.start, range.end
-            )));
-        }
-        Ok(bytes)
+        range_reads::get_checked(self.store.as_ref(), range).await
     }
-}
 
-impl Node {
-    /// Bytes `span` of object `key` by one ranged GET; an answer of another length is
-    /// an error (the object is not what the index says).
+    /// Bytes `span` of object `key` by one ranged GET.
     pub async fn fetch_span(&self, key: &str, span: std::ops::Range<u64>) -> Result<Bytes, StreamdError> {
-        let path = object_store::path::Path::from(key);
-        let opts = GetOptions {
-            range: Some(GetRange::Bounded(span.clone())),
-            ..Default::default()
-        };
-        let unavailable = |e: object_store::Error| StreamdError::Unavailable(format!("reading object {key}: {e}"));
-        let bytes = self
-            .store
-            .get_opts(&path, opts)
-            .await
-            .map_err(|e| match e {
-                object_store::Error::NotFound { .. } => StreamdError::ObjectGone(key.to_string()),
-                e => unavailable(e),
-            })?
-            .bytes()
-            .await
-            .map_err(unavailable)?;
-        if bytes.len() as u64 != span.end - span.start {
-            return Err(StreamdError::Corrupt(format!(
-                "object {key} returned {} bytes for {}..{}; it is not served",
-                bytes.len(),
-                span.start,
-                span.end
-            )));
-        }
-        Ok(bytes)
+        range_reads::get_span(self.store.as_ref(), key, span).await
     }
 
     /// The whole batches of `range` after its first `skip` bytes: a ranged GET of the
@@ -278,9 +293,9 @@ fn last_end(batches: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{append_tail, Budget};
+    use super::{append_tail, Budget, Gathered};
     use crate::stream::Buffered;
-    use bytes::{Bytes, BytesMut};
+    use bytes::Bytes;
     use std::collections::VecDeque;
 
     /// Batches of 10 bytes each covering offsets `[i*2, i*2+2)`.
@@ -303,28 +318,30 @@ mod tests {
 
     #[test]
     fn the_tail_fills_the_budget_from_the_batch_holding_the_offset() {
-        let mut out = BytesMut::new();
+        let mut out = Gathered::default();
         append_tail(&buffer(0, 10), 5, 20, soft(35), &mut out);
         // Offset 5 is in the batch at 4..6; three whole batches fit in 35 bytes.
-        assert_eq!(&out[..], &[[2u8; 10], [3; 10], [4; 10]].concat()[..]);
+        assert_eq!(&out.into_bytes()[..], &[[2u8; 10], [3; 10], [4; 10]].concat()[..]);
     }
 
     #[test]
     fn the_tail_stops_at_the_durable_end_and_at_a_gap() {
-        let mut out = BytesMut::new();
+        let mut out = Gathered::default();
         append_tail(&buffer(0, 10), 0, 6, soft(1 << 20), &mut out);
-        assert_eq!(out.len(), 30, "only batches below the durable end");
+        assert_eq!(out.len, 30, "only batches below the durable end");
         // A read that ended at offset 4 finds a buffer starting at 6: nothing is skipped over.
-        let mut out = BytesMut::from(&b"committed"[..]);
+        let committed = Bytes::from_static(b"committed");
+        let mut out = Gathered::default();
+        out.push(&committed, &committed);
         append_tail(&buffer(3, 5), 4, 20, soft(1 << 20), &mut out);
-        assert_eq!(&out[..], b"committed");
+        assert_eq!(&out.into_bytes()[..], b"committed");
     }
 
     #[test]
     fn an_empty_read_takes_one_batch_even_over_its_budget() {
-        let mut out = BytesMut::new();
+        let mut out = Gathered::default();
         append_tail(&buffer(0, 3), 0, 6, soft(1), &mut out);
-        assert_eq!(out.len(), 10);
+        assert_eq!(out.len, 10);
     }
 
     // Issue 19: a Fetch's share of its byte budget is never exceeded, even by one batch.
@@ -334,10 +351,34 @@ mod tests {
             bytes,
             at_least_one: false,
         };
-        let mut out = BytesMut::new();
+        let mut out = Gathered::default();
         append_tail(&buffer(0, 3), 0, 6, exact(9), &mut out);
-        assert!(out.is_empty());
+        assert_eq!(out.len, 0);
         append_tail(&buffer(0, 3), 0, 6, exact(25), &mut out);
-        assert_eq!(out.len(), 20);
+        assert_eq!(out.len, 20);
+    }
+
+    // Issue 17: a read inside one cached range is a slice of it, not a copy.
+    #[test]
+    fn batches_that_follow_each_other_in_one_range_are_one_slice() {
+        let range = Bytes::from((0u8..100).collect::<Vec<_>>());
+        let mut out = Gathered::default();
+        out.push(&range, &range[10..30]);
+        out.push(&range, &range[30..60]);
+        let got = out.into_bytes();
+        assert_eq!(&got[..], &range[10..60]);
+        assert_eq!(got.as_ptr(), range[10..].as_ptr(), "no copy");
+    }
+
+    #[test]
+    fn pieces_of_several_parents_or_with_a_hole_are_joined_in_order() {
+        let (a, b) = (Bytes::from_static(b"abcdef"), Bytes::from_static(b"ghij"));
+        let mut out = Gathered::default();
+        out.push(&a, &a[0..2]);
+        out.push(&a, &a[3..4]);
+        out.push(&b, &b[..]);
+        assert_eq!(out.spans.len(), 3);
+        assert_eq!(&out.into_bytes()[..], b"abdghij");
+        assert!(Gathered::default().into_bytes().is_empty());
     }
 }

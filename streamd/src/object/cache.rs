@@ -33,6 +33,11 @@ impl BlockCache {
         inner.entries.get(&(key.to_string(), pos)).cloned()
     }
 
+    pub fn contains(&self, key: &str, pos: u64) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.entries.contains_key(&(key.to_string(), pos))
+    }
+
     pub fn insert(&self, key: &str, pos: u64, data: Bytes) {
         if data.len() as u64 > self.budget {
             return;

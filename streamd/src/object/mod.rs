@@ -5,4 +5,5 @@ pub mod cache;
 pub mod format;
 pub mod gc;
 pub mod local;
+pub mod range_reads;
 pub mod store;
