@@ -6,7 +6,7 @@ use crate::error::StreamdError;
 use crate::stream::producers::{Decision, SequenceError};
 use crate::stream::{Buffered, StreamHandle};
 use crate::wal::{WalError, WalRecord};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use weir_shared::batch::{check_record_count, set_base_offset, set_partition_leader_epoch, split_batches, BatchError};
@@ -137,31 +137,38 @@ impl Node {
         }
         let base = inner.next_offset;
         let mut next = base;
-        let mut all = BytesMut::with_capacity(batches.len());
+        // One copy of the request's batches, stamped in place: the WAL record holds it
+        // whole and the tail buffer slices of it (the batches lie end to end in it).
+        let mut all = BytesMut::from(batches);
         let mut offsets = Vec::with_capacity(parsed.len());
-        let mut buffered = Vec::with_capacity(parsed.len());
+        let mut spans = Vec::with_capacity(parsed.len());
+        let mut at = 0;
         for (header, bytes) in &parsed {
-            let mut b = BytesMut::from(*bytes);
-            set_base_offset(&mut b, next as i64);
-            set_partition_leader_epoch(&mut b, handle.leader_epoch);
+            let span = at..at + bytes.len();
+            set_base_offset(&mut all[span.clone()], next as i64);
+            set_partition_leader_epoch(&mut all[span.clone()], handle.leader_epoch);
             let end = next + header.offset_count();
             offsets.push(next);
-            let frozen: Bytes = b.freeze();
-            all.extend_from_slice(&frozen);
-            buffered.push(Buffered {
-                start: next,
-                end,
-                data: frozen,
-            });
+            spans.push((next, end, span));
+            at += bytes.len();
             next = end;
         }
+        let all = all.freeze();
+        let buffered: Vec<Buffered> = spans
+            .into_iter()
+            .map(|(start, end, span)| Buffered {
+                start,
+                end,
+                data: all.slice(span),
+            })
+            .collect();
         let record = WalRecord {
             stream: handle.id,
             stream_epoch: handle.epoch,
             base_offset: base,
             offset_count: u32::try_from(next - base)
                 .map_err(|_| StreamdError::InvalidArgument("append spans too many offsets".into()))?,
-            batches: all.freeze(),
+            batches: all,
         };
         // Queue while holding the lock: WAL order is offset order.
         let durable = match self.wal.submit(&record).await {
