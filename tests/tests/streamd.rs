@@ -1216,13 +1216,20 @@ async fn a_sequential_reader_finds_each_next_range_fetched_ahead() {
             got.extend(values(&r.batches));
         }
         for (i, (offset, value)) in got.iter().enumerate() {
-            assert_eq!((*offset, value.as_slice()), (i as u64, format!("r-{i}-{filler}").as_bytes()));
+            assert_eq!(
+                (*offset, value.as_slice()),
+                (i as u64, format!("r-{i}-{filler}").as_bytes())
+            );
         }
         let metrics = weir_tests::get_text(&format!("http://{}/metrics", stack.nodes[0].http)).await;
         let gets = |by: &str| {
             weir_tests::metric_value(&metrics, &format!("weir_streamd_range_gets_total{{by=\"{by}\"}}")).unwrap_or(0.0)
         };
-        assert_eq!(gets("reader"), 1.0, "only the first range waits on its reader's GET:\n{metrics}");
+        assert_eq!(
+            gets("reader"),
+            1.0,
+            "only the first range waits on its reader's GET:\n{metrics}"
+        );
         assert!(gets("read_ahead") >= 5.0, "the ranges after it come ahead:\n{metrics}");
     })
     .await;

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 use weir_meta::model::ObjectRange;
-use weir_shared::batch::split_batches;
+use weir_shared::batch::split_batches_by_header;
 
 /// Ranged GETs one read or open has in flight at once.
 pub const FETCH_CONCURRENCY: usize = 16;
@@ -217,7 +217,9 @@ impl Node {
         let mut at = offset;
         while let Some(fetched) = chunks.next().await {
             let (range, chunk) = fetched?;
-            let parsed = split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
+            // Checked whole against the range's CRC when it was fetched.
+            let parsed = split_batches_by_header(&chunk)
+                .map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
             let parsed = self.note_damage(handle.id, &range, parsed)?;
             for (header, bytes) in parsed {
                 let start = header.base_offset as u64;
@@ -285,7 +287,7 @@ impl Node {
 
 /// The offset after the last batch in `batches`.
 fn last_end(batches: &[u8]) -> Option<u64> {
-    split_batches(batches)
+    split_batches_by_header(batches)
         .ok()?
         .last()
         .map(|(h, _)| h.base_offset as u64 + h.offset_count())

@@ -17,6 +17,9 @@ use weir_shared::task_kinds::KindTasks;
 /// the store's bandwidth (or the cache) from reads that are waiting.
 pub const READ_AHEAD_CONCURRENCY: usize = 4;
 
+/// Ranges larger than this are checked off the runtime's workers.
+const BLOCKING_CHECK_BYTES: usize = 1 << 20;
+
 type Fetch = Shared<BoxFuture<'static, Result<Bytes, StreamdError>>>;
 type Key = (String, u64);
 
@@ -109,7 +112,17 @@ impl RangeReads {
 /// One committed range's bytes by a ranged GET, checked against its CRC.
 pub async fn get_checked(store: &dyn ObjectStore, range: &ObjectRange) -> Result<Bytes, StreamdError> {
     let bytes = get_span(store, &range.key.0, range.pos..range.pos + range.len).await?;
-    if crc32c::crc32c(&bytes) != range.crc {
+    // A compacted range is tens of MiB: checked on a blocking thread, so the runtime's
+    // workers go on answering appends meanwhile.
+    let crc = if bytes.len() > BLOCKING_CHECK_BYTES {
+        let whole = bytes.clone();
+        tokio::task::spawn_blocking(move || crc32c::crc32c(&whole))
+            .await
+            .map_err(|e| StreamdError::Internal(format!("checking object {}: {e}", range.key)))?
+    } else {
+        crc32c::crc32c(&bytes)
+    };
+    if crc != range.crc {
         return Err(StreamdError::Corrupt(format!(
             "object {} range {}..{} fails its checksum; it is not served",
             range.key, range.start, range.end
@@ -153,13 +166,16 @@ mod tests {
     use super::*;
     use object_store::memory::InMemory;
     use object_store::path::Path;
-    use object_store::PutPayload;
     use object_store::ObjectStoreExt;
+    use object_store::PutPayload;
     use weir_shared::ids::{ObjectKey, Offset};
 
     async fn store_with(key: &str, data: &'static [u8]) -> Arc<dyn ObjectStore> {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        store.put(&Path::from(key), PutPayload::from_static(data)).await.unwrap();
+        store
+            .put(&Path::from(key), PutPayload::from_static(data))
+            .await
+            .unwrap();
         store
     }
 

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_meta::model::{Applied, Command, NewObject, ObjectRange, RejectCode, ReplacedRange, StreamSwap};
-use weir_shared::batch::split_batches;
+use weir_shared::batch::split_batches_by_header;
 use weir_shared::ids::{ObjectKey, Offset};
 
 /// Objects fetched or written at once while compacting (less than reads use:
@@ -266,8 +266,9 @@ impl Node {
             .buffered(FETCH_CONCURRENCY);
         while let Some(fetched) = chunks.next().await {
             let (range, bytes) = fetched?;
-            let batches =
-                split_batches(&bytes).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
+            // Each source range was checked whole against its CRC when it was read.
+            let batches = split_batches_by_header(&bytes)
+                .map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
             let batches = self.note_damage(handle.id, &range, batches)?;
             for (header, raw) in batches {
                 piece.batches.push(bytes.slice_ref(raw));
