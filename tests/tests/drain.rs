@@ -543,6 +543,62 @@ async fn a_failed_drain_still_closes_what_it_left_in_place() {
     assert_eq!(gw.bodies("left").await, acked);
 }
 
+// SD-REL-8: the release of the drain cordon runs alongside the closes in place, both
+// within what is left of the drain timeout (2 s here, once part 1 spent its share).
+// Each takes 1 s here (failpoints `release=sleep(1000)` on metad and
+// `close_stream_slow=sleep(1000)` on the stopping node): one after the other they
+// would not both fit. Both finish, every acknowledged record is committed, and the
+// stream is placed on the other node, never back on the terminating one.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_release_runs_alongside_the_closes_in_place() {
+    let metad_env = [
+        ("WEIR_FAILPOINT_TRANSFER_PREPARE", "hang"),
+        ("WEIR_FAILPOINT_DRAIN_REPLY", "drop"),
+        ("WEIR_FAILPOINT_RELEASE", "sleep(1000)"),
+    ];
+    // An 8 s drain timeout: part 2 keeps the whole 2 s share.
+    let timing = [
+        "--drain-timeout-sec",
+        "8",
+        "--shutdown-deadline-sec",
+        "12",
+        "--shutdown-drain-sec",
+        "0",
+        "--shutdown-timeout-sec",
+        "2",
+    ];
+    let flags = [&timing[..], WAL_ONLY].concat();
+    let mut stack = Stack::start_replicas_with_env(1, 0, Backend::FileWal, &flags, &[], &metad_env).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        &flags,
+        &[("WEIR_FAILPOINT_CLOSE_STREAM_SLOW", "sleep(1000)")],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, &flags);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    let (mut stack, gw) = with_streams_on_the_first(stack, &["slow"]).await;
+    let acked: Vec<String> = (0..10).map(|i| format!("r-{i}")).collect();
+    for body in &acked {
+        gw.append("slow", &[body]).await;
+    }
+    let log = stop_unanswered(&mut stack).await;
+    assert_eq!(records(&log, "failpoint: slow close").len(), 1, "{log}");
+    assert_eq!(
+        records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
+        1,
+        "the slow release committed: {log}"
+    );
+    let closed = records(&log, "closed stream for shutdown");
+    assert_eq!(closed.len(), 1, "the slow close finished: {log}");
+    assert_eq!(closed[0]["offset"], 10, "with every acknowledged record committed");
+    gw.wait_open("slow").await;
+    assert_eq!(owner_of(&gw, "slow").await.as_deref(), Some(stack.nodes[1].id.as_str()));
+    assert_eq!(gw.bodies("slow").await, acked);
+}
+
 // SD-ADM-8, SD-ADM-9, SD-ADM-12, SD-DRN-13: the object store goes silent (a blackholed
 // link) while the last streamd stops with buffered records. The drain holds until its
 // timeout, names the uploader that did not drain and counts what is outstanding, and

@@ -49,14 +49,20 @@ impl Node {
             inner.closers += 1;
             inner.next_offset
         };
-        // Failpoint for SD-DRN-7: this stream's close fails after intake stopped.
-        if weir_shared::failpoint::action(&format!("close_stream_{stream}"))
-            == Some(weir_shared::failpoint::Action::Error)
-        {
-            release_intake(&handle).await;
-            return Err(StreamdError::Unavailable(format!(
-                "failpoint close_stream: stream '{stream}' did not close"
-            )));
+        // Failpoints: this stream's close fails after intake stopped (SD-DRN-7), or is
+        // slow, within its bound (SD-REL-8).
+        match weir_shared::failpoint::action(&format!("close_stream_{stream}")) {
+            Some(weir_shared::failpoint::Action::Error) => {
+                release_intake(&handle).await;
+                return Err(StreamdError::Unavailable(format!(
+                    "failpoint close_stream: stream '{stream}' did not close"
+                )));
+            }
+            Some(weir_shared::failpoint::Action::Sleep(d)) => {
+                tracing::warn!(stream, delay = ?d, "failpoint: slow close");
+                tokio::time::sleep_until(deadline.min(Instant::now() + d)).await;
+            }
+            _ => {}
         }
         let mut durable = handle.durable.subscribe();
         // The watch's read guard is dropped at once: it must not live across an await.
