@@ -135,7 +135,13 @@ impl Shutdown {
     pub fn install(args: &ShutdownArgs) -> Arc<Self> {
         use tokio::signal::unix::{signal, SignalKind};
         let this = Self::new(args);
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Tests: registration fails (failpoint `signal_register=return(err)`).
+        let refused = crate::failpoint::action("signal_register") == Some(crate::failpoint::Action::Error);
+        let registered = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(term), Ok(int)) if !refused => Some((term, int)),
+            _ => None,
+        };
+        let Some((mut term, mut int)) = registered else {
             tracing::error!("failed to register termination signal handlers");
             eprintln!("failed to register termination signal handlers");
             std::process::exit(1);

@@ -167,7 +167,7 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
 }
 
-// SD-EX-4, SD-PH-4, SD-PH-6: a second signal abandons the shutdown at once with the
+// SD-EX-4, SD-PH-4, SD-PH-6, OBS-7: a second signal abandons the shutdown at once with the
 // shell's status for it (130 SIGINT, 143 SIGTERM), logs the phase reached, and runs
 // neither the self-fence nor terminal teardown.
 #[tokio::test(flavor = "multi_thread")]
@@ -233,7 +233,7 @@ async fn stopped_by_its_3_s_deadline(node: &mut weir_tests::streamd::Streamd) ->
     log
 }
 
-// SD-DL-3: the deadline is kept by a thread of its own, so a process whose every
+// SD-DL-3, OBS-7: the deadline is kept by a thread of its own, so a process whose every
 // runtime worker is blocked right after SIGTERM (failpoint `block_all_runtime_workers`)
 // still exits 1 at its 3 s deadline, logging the expiry.
 #[tokio::test(flavor = "multi_thread")]
@@ -250,6 +250,7 @@ async fn a_wedged_runtime_cannot_outlive_the_deadline() {
     );
     let expired = records(&log, "shutdown deadline expired; abandoning graceful shutdown");
     assert_eq!(expired.len(), 1, "{log}");
+    assert!(expired[0]["phase"].is_string(), "with the phase reached: {log}");
 }
 
 // SD-DL-1/3/4, SD-EX-3: the deadline is absolute: a drain that would take longer is
@@ -366,6 +367,36 @@ async fn a_signal_during_startup_is_held_until_startup_completes() {
     let log = stack.nodes[late].log_text();
     assert_eq!(code, Some(0), "{log}");
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
+}
+
+// SD-TRG-6, OBS-7: a process whose termination signal handlers cannot be registered
+// (failpoint `signal_register=return(err)`) says `failed to register termination
+// signal handlers` and exits 1 before any other work: metad, streamd and gatewayd alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_signal_registration_exits_1_before_any_other_work() {
+    const MESSAGE: &str = "failed to register termination signal handlers";
+    let env = [("WEIR_FAILPOINT_SIGNAL_REGISTER", "return(err)")];
+    let mut stack = Stack::start_with(0, Backend::FileWal, SHORT, &[]).await;
+    stack.add_node_with_env("no-signals", Backend::FileWal, SHORT, &env);
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(20)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(1), "{log}");
+    assert_eq!(log.trim(), MESSAGE, "the message alone: no other work began");
+    let mut gw = Gatewayd::start_with_env(
+        "gw-no-signals",
+        &stack.metad.replicas[0].grpc,
+        stack.dir.path(),
+        SHORT,
+        &env,
+    );
+    assert_eq!(gw.proc().wait_exit(Duration::from_secs(20)).await, Some(1));
+    assert_eq!(gw.log_text().trim(), MESSAGE);
+    let metad = &mut stack.metad.replicas[0];
+    metad.kill();
+    let before = metad.log_text().len();
+    metad.start_with_env(&env);
+    assert_eq!(metad.wait_exit(Duration::from_secs(20)).await, Some(1));
+    assert_eq!(metad.log_text()[before..].trim(), MESSAGE);
 }
 
 // SD-DRN-13: the last streamd stops with nowhere to move its streams: it says so, still
