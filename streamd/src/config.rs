@@ -131,6 +131,13 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_COMPACTION_INTERVAL_MS", default_value_t = 60_000)]
     pub compaction_interval_ms: u64,
 
+    /// Bytes per second a compaction pass reads and writes, at most (Kafka's
+    /// `log.cleaner.io.max.bytes.per.second`), so a backlog is rewritten without taking
+    /// the disk from appends; raised for a pass that would not end within most of
+    /// `--compaction-interval-ms` at it. 0 for no limit.
+    #[arg(long, env = "WEIR_COMPACTION_MAX_BYTES_PER_SEC", default_value_t = 32 << 20)]
+    pub compaction_max_bytes_per_sec: u64,
+
     /// How often the owner checks its streams' `retention.ms` and `retention.bytes`
     /// (Kafka's `log.retention.check.interval.ms`).
     #[arg(long, env = "WEIR_RETENTION_CHECK_INTERVAL_MS", default_value_t = 300_000)]

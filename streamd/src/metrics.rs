@@ -1,6 +1,6 @@
 //! streamd's Prometheus metrics, served at `/metrics` on its HTTP port.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
+use prometheus::{Counter, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
 use std::sync::OnceLock;
 
 pub struct StreamdMetrics {
@@ -31,6 +31,9 @@ pub struct StreamdMetrics {
     pub compaction_objects: IntCounter,
     /// Seconds one compaction pass over every served stream took.
     pub compaction_pass_seconds: Histogram,
+    /// Compaction's rate for its current pass, and the seconds it waited on it.
+    pub compaction_rate: IntGauge,
+    pub compaction_paced_seconds: Counter,
     /// Bytes read by partial reads of a range's tail (producer-state rebuilds).
     pub tail_bytes_read: IntCounter,
     /// Ranged GETs of committed ranges for reads, by who asked first (`reader`, or
@@ -133,6 +136,20 @@ pub fn metrics() -> &'static StreamdMetrics {
                         "Time one compaction pass over every served stream took",
                     )
                     .buckets(vec![0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
+                )
+                .expect("valid metric"),
+            ),
+            compaction_rate: register(
+                IntGauge::new(
+                    "streamd_compaction_rate_bytes",
+                    "Bytes per second the current compaction pass reads and writes at most (0: no limit)",
+                )
+                .expect("valid metric"),
+            ),
+            compaction_paced_seconds: register(
+                Counter::new(
+                    "streamd_compaction_paced_seconds_total",
+                    "Seconds compaction waited on its rate (--compaction-max-bytes-per-sec)",
                 )
                 .expect("valid metric"),
             ),

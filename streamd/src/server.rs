@@ -79,6 +79,8 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         producer_state_bytes: args.producer_state_bytes,
         cache_bytes: args.cache_bytes,
         compaction_target_bytes: args.compaction_target_bytes,
+        compaction_interval: Duration::from_millis(args.compaction_interval_ms),
+        compaction_max_bytes_per_sec: args.compaction_max_bytes_per_sec,
     };
     let node = Arc::new(Node::new(
         &registered,
@@ -123,11 +125,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         "compaction",
         "compaction",
         None,
-        crate::node::compaction_loop(
-            node.clone(),
-            Duration::from_millis(args.compaction_interval_ms),
-            background_stop.clone(),
-        ),
+        crate::node::compaction_loop(node.clone(), node.tunables.compaction_interval, background_stop.clone()),
     );
     loops.spawn(
         "retention",

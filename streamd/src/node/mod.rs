@@ -15,6 +15,7 @@ mod uploader;
 
 use crate::error::StreamdError;
 use crate::object::cache::BlockCache;
+use crate::object::pace::Pace;
 use crate::object::range_reads::RangeReads;
 use crate::stream::StreamHandle;
 use crate::wal::WalWriter;
@@ -62,6 +63,10 @@ pub struct Tunables {
     pub cache_bytes: u64,
     /// Size of the per-stream objects compaction writes.
     pub compaction_target_bytes: u64,
+    /// How often compaction passes start, and the bytes per second they read and
+    /// write at most (0: no limit).
+    pub compaction_interval: Duration,
+    pub compaction_max_bytes_per_sec: u64,
 }
 
 /// One streamd incarnation's data plane.
@@ -74,6 +79,8 @@ pub struct Node {
     pub cache: Arc<BlockCache>,
     /// Readers' GETs of committed ranges, shared and fetched ahead.
     pub range_reads: RangeReads,
+    /// Compaction's reads and writes, at its rate.
+    pub compaction_pace: Pace,
     /// Where committed offsets are stored: cached ranges of the object index.
     pub ranges: ranges::RangeCache,
     pub tunables: Tunables,
@@ -125,6 +132,10 @@ impl Node {
             view: registered.view.clone(),
             wal,
             range_reads: RangeReads::new(store.clone(), cache.clone(), tasks.clone()),
+            compaction_pace: Pace::new(
+                tunables.compaction_max_bytes_per_sec,
+                crate::metrics::metrics().compaction_paced_seconds.clone(),
+            ),
             store,
             cache,
             ranges: ranges::RangeCache::new(ranges::CAPACITY),

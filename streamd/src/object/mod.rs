@@ -5,5 +5,6 @@ pub mod cache;
 pub mod format;
 pub mod gc;
 pub mod local;
+pub mod pace;
 pub mod range_reads;
 pub mod store;

@@ -5,19 +5,22 @@
 //!
 //! A pass plans every stream's windows ([`plan`]), reads each source object once per
 //! batch, cuts each window into pieces at the target size, and lays a batch out as a
-//! few `CompactStreams` entries and objects ([`layout`]).
+//! few `CompactStreams` entries and objects ([`layout`]). Its reads and writes go at
+//! the pass's rate ([`io_limit`]).
 
+mod io_limit;
 mod layout;
 mod plan;
 
 use super::Node;
 use crate::error::StreamdError;
 use crate::object::format::ObjectBuilder;
+use crate::object::pace::paced;
 use crate::stream::StreamHandle;
 use bytes::Bytes;
 use futures::StreamExt;
 use layout::{layout, EntryLayout, WindowShape, MAX_COMMAND_RANGES};
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, PutPayload};
 use plan::{batches, plan};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -93,13 +96,25 @@ impl Node {
             .filter_map(|p| async move { p.filter(|(_, w)| !w.is_empty()) })
             .collect()
             .await;
+        let source_bytes: u64 = planned
+            .iter()
+            .flat_map(|(_, windows)| windows.iter().flatten())
+            .map(|r| r.len)
+            .sum();
+        let rate = io_limit::pass_rate(
+            self.tunables.compaction_max_bytes_per_sec,
+            source_bytes,
+            self.tunables.compaction_interval,
+        );
+        self.compaction_pace.set_rate(rate);
+        crate::metrics::metrics().compaction_rate.set(rate as i64);
         let mut stats = PassStats {
             streams: planned.len(),
             plan: started.elapsed(),
             ..PassStats::default()
         };
         for batch in batches(planned, BATCH_BYTES) {
-            if self.fenced.is_cancelled() {
+            if self.fenced.is_cancelled() || self.compaction_pace.is_stopped() {
                 break;
             }
             let read = Instant::now();
@@ -145,6 +160,8 @@ impl Node {
         if stats.replaced > 0 {
             tracing::debug!(
                 streams = stats.streams,
+                source_bytes,
+                rate,
                 replaced = stats.replaced,
                 entries = stats.entries,
                 objects = stats.objects,
@@ -194,6 +211,7 @@ impl Node {
             .map(|(key, ranges)| async move {
                 let from = ranges.iter().map(|r| r.pos).min().unwrap_or(0);
                 let to = ranges.iter().map(|r| r.pos + r.len).max().unwrap_or(0);
+                self.compaction_pace.take(to - from).await;
                 let span = match self.fetch_span(&key, from..to).await {
                     Ok(span) => span,
                     Err(e) => {
@@ -259,7 +277,10 @@ impl Node {
             .map(|range| async move {
                 let bytes = match sources.get(&(range.key.0.clone(), range.pos)) {
                     Some(b) => b.clone(),
-                    None => self.note_damage(handle.id, &range, self.fetch_range_uncached(&range).await)?,
+                    None => {
+                        self.compaction_pace.take(range.len).await;
+                        self.note_damage(handle.id, &range, self.fetch_range_uncached(&range).await)?
+                    }
                 };
                 Ok::<_, StreamdError>((range, bytes))
             })
@@ -355,7 +376,7 @@ impl Node {
             .map(|(key, object)| async move {
                 let path = object_store::path::Path::from(key.0.as_str());
                 self.store
-                    .put(&path, PutPayload::from_bytes(object))
+                    .put_opts(&path, PutPayload::from_bytes(object), paced(&self.compaction_pace))
                     .await
                     .map_err(|e| StreamdError::Unavailable(format!("writing compacted object {key}: {e}")))
             })
@@ -531,7 +552,18 @@ pub async fn compaction_loop(node: Arc<Node>, every: Duration, cancel: tokio_uti
             _ = ticks.tick() => {}
         }
         if node.is_admitted() {
-            node.compact_streams().await;
+            let pass = node.compact_streams();
+            tokio::pin!(pass);
+            tokio::select! {
+                _ = &mut pass => {}
+                _ = cancel.cancelled() => {
+                    // Teardown: the pass waits on its pace no more and ends at its next
+                    // batch; a pass stuck elsewhere is aborted after its grace.
+                    node.compaction_pace.stop();
+                    pass.await;
+                    return;
+                }
+            }
         }
     }
 }
