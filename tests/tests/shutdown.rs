@@ -1121,3 +1121,57 @@ async fn kafka_fetch_long_polls_end_when_their_owner_or_gateway_stops() {
     assert!(took < Duration::from_secs(5), "the long poll held the stop: {took:?}");
     assert_eq!(gw.proc().wait_exit(Duration::from_secs(20)).await, Some(0));
 }
+
+// SD-CS-7: step 6. A stream the stopping node could not move (metad failpoints
+// `transfer_prepare=hang`, `drain_reply=drop`) or close in place (failpoint
+// `close_stream_left=return(err)`) is still its own when it fences itself; the failover
+// holder's next ticks take the node's WAL over and place the stream on the live node,
+// about a second after the self-fence (the holder's takeover and placement loops tick
+// every 250 ms), with every acknowledged record. The bound, 2.5 s from the `fenced
+// self` record to the new owner's `opened stream`, leaves a loaded CI machine room.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_cs_7_a_stream_left_at_the_self_fence_is_placed_on_a_live_node_about_a_second_later() {
+    let metad_env = [
+        ("WEIR_FAILPOINT_TRANSFER_PREPARE", "hang"),
+        ("WEIR_FAILPOINT_DRAIN_REPLY", "drop"),
+    ];
+    let mut stack = Stack::start_replicas_with_env(1, 0, Backend::FileWal, QUICK_STOP, &[], &metad_env).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        QUICK_STOP,
+        &[("WEIR_FAILPOINT_CLOSE_STREAM_LEFT", "return(err)")],
+    );
+    stack.nodes[0].wait_ready().await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    // Placed on the only node there is.
+    gw.create_stream("left").await;
+    gw.wait_open("left").await;
+    stack.add_node("streamd-2", Backend::FileWal, QUICK_STOP);
+    stack.nodes[1].wait_ready().await;
+    let acked: Vec<String> = (0..10).map(|i| format!("r-{i}")).collect();
+    for body in &acked {
+        gw.append("left", &[body]).await;
+    }
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    assert!(
+        records(&log, "closed stream for shutdown").is_empty() && records(&log, "closed stream").is_empty(),
+        "the stream never closed: {log}"
+    );
+    let fenced = records(&log, "fenced self");
+    assert_eq!(fenced.len(), 1, "{log}");
+    gw.wait_open("left").await;
+    let opened = wait_for("the live node opens the stream", Duration::from_secs(30), || async {
+        records(&stack.nodes[1].log_text(), "opened stream")
+            .into_iter()
+            .find(|r| r["stream"] == "left")
+    })
+    .await;
+    let after = (seconds_of_day(&opened) - seconds_of_day(&fenced[0])).rem_euclid(86_400.0);
+    assert!(after <= 2.5, "SD-CS-7: placed {after:.3} s after the self-fence");
+    assert_eq!(gw.bodies("left").await, acked, "every acknowledged record");
+}
