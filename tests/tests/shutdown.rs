@@ -1175,3 +1175,83 @@ async fn sd_cs_7_a_stream_left_at_the_self_fence_is_placed_on_a_live_node_about_
     assert!(after <= 2.5, "SD-CS-7: placed {after:.3} s after the self-fence");
     assert_eq!(gw.bodies("left").await, acked, "every acknowledged record");
 }
+
+// SD-INT-11: no loop misses its shutdown or hand-off notification. Eight stops of a
+// streamd at random moments of a burst (SIGTERM 0–400 ms after HTTP writers start on
+// the streams it owns, and while a long poll waits on an idle stream; the seed is
+// printed and `WEIR_STOPS_SEED` replays it). A loop that started waiting after its
+// notification came and missed it (the stream writer, the uploader, a long-poll or
+// transfer waiter, a close) would hold its step until that step's bound: the drain
+// would end Abandoned, or the stop Forced at its deadline with status 1. Every stop
+// exits 0 with its three phases Completed, and every acknowledged record reads back
+// once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_int_11_stops_at_random_moments_of_bursts_miss_no_notification() {
+    use rand::{Rng, SeedableRng};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let seed = std::env::var("WEIR_STOPS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("seed {seed}; replay with WEIR_STOPS_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut stack = Stack::start_with(2, Backend::FileWal, SHORT, &[]).await;
+    let gw = Arc::new(Gatewayd::start(
+        "gw-1",
+        &stack.metad.replicas[0].grpc,
+        stack.dir.path(),
+        SHORT,
+    ));
+    gw.wait_ready().await;
+    let streams = ["w-0", "w-1", "w-2"];
+    for s in streams.iter().chain(&["w-idle"]) {
+        gw.create_stream(s).await;
+        gw.wait_open(s).await;
+    }
+    let history = Arc::new(weir_tests::history::History::default());
+    for round in 0..8 {
+        let victim = round % 2;
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                tokio::spawn(weir_tests::writer::client(
+                    gw.clone(),
+                    s,
+                    round * streams.len() + i,
+                    history.clone(),
+                    stop.clone(),
+                ))
+            })
+            .collect();
+        let poll = tokio::spawn(
+            gw.request(Method::GET, "/v1/streams/w-idle/records?seq_num=0&wait=30")
+                .send(),
+        );
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+        stack.nodes[victim].term();
+        let code = stack.nodes[victim].wait_exit(Duration::from_secs(30)).await;
+        let log = stack.nodes[victim].log_text();
+        assert_eq!(code, Some(0), "round {round} (seed {seed}): {log}");
+        for phase in PHASES {
+            let last = records(&log, phase).pop().expect(phase);
+            assert_eq!(last["outcome"], "Completed", "round {round} (seed {seed}): {phase}");
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.await.expect("writer");
+        }
+        poll.abort();
+        stack.nodes[victim].start();
+        stack.nodes[victim].wait_ready().await;
+    }
+    for s in streams {
+        gw.wait_open(s).await;
+    }
+    let read_back = weir_tests::writer::read_back(&gw, &streams).await;
+    assert!(history.acknowledged() > 0, "the writers made progress");
+    let problems = history.check(&read_back);
+    assert!(problems.is_empty(), "seed {seed}: {problems:#?}");
+}
