@@ -1255,3 +1255,94 @@ async fn sd_int_11_stops_at_random_moments_of_bursts_miss_no_notification() {
     let problems = history.check(&read_back);
     assert!(problems.is_empty(), "seed {seed}: {problems:#?}");
 }
+
+/// The HTTP/2 frame types a server sends on a connection opened to `addr` (a client
+/// preface and SETTINGS, no request), until the server ends it; SETTINGS and PINGs are
+/// acknowledged so the server has no protocol reason of its own to close it.
+async fn h2_frames_until_closed(addr: &str) -> tokio::task::JoinHandle<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .expect("preface");
+    tokio::spawn(async move {
+        let mut types = Vec::new();
+        let mut header = [0u8; 9];
+        while conn.read_exact(&mut header).await.is_ok() {
+            let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+            let (kind, flags) = (header[3], header[4]);
+            let mut payload = vec![0u8; len];
+            if conn.read_exact(&mut payload).await.is_err() {
+                break;
+            }
+            types.push(kind);
+            let ack: Option<Vec<u8>> = match (kind, flags & 1) {
+                (0x4, 0) => Some(b"\0\0\0\x04\x01\0\0\0\0".to_vec()),
+                (0x6, 0) => Some([&b"\0\0\x08\x06\x01\0\0\0\0"[..], &payload].concat()),
+                _ => None,
+            };
+            if let Some(ack) = ack {
+                if conn.write_all(&ack).await.is_err() {
+                    break;
+                }
+            }
+        }
+        types
+    })
+}
+
+const GOAWAY: u8 = 0x7;
+
+// SD-TD-8: a forced ending skips the protocol close entirely, so peers see their
+// connections end exactly as after a crash. A raw HTTP/2 connection to a streamd's gRPC
+// port records the frames the server sends until the connection ends. A graceful stop
+// ends it with a GOAWAY (the observer sees one); a second signal during drain-support
+// exits at once (130) and the connection just closes, with no GOAWAY.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_td_8_a_forced_ending_closes_connections_without_a_goaway() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack.add_node("streamd-1", Backend::FileWal, QUICK_STOP);
+    let slow_stop = [
+        "--shutdown-drain-sec",
+        "30",
+        "--drain-timeout-sec",
+        "60",
+        "--shutdown-deadline-sec",
+        "60",
+    ];
+    stack.add_node("streamd-2", Backend::FileWal, &slow_stop);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+
+    let graceful = h2_frames_until_closed(&stack.nodes[0].grpc).await;
+    stack.nodes[0].term();
+    assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(20)).await, Some(0));
+    let frames = tokio::time::timeout(Duration::from_secs(10), graceful)
+        .await
+        .expect("the connection ends with the process")
+        .expect("observer");
+    assert!(
+        frames.contains(&GOAWAY),
+        "a graceful stop says GOAWAY: frames {frames:?}"
+    );
+
+    let node = &mut stack.nodes[1];
+    let forced = h2_frames_until_closed(&node.grpc).await;
+    node.signal(Signal::SIGTERM);
+    wait_for("stop-requested finished", Duration::from_secs(10), || async {
+        (!records(&node.log_text(), PHASES[0]).is_empty()).then_some(())
+    })
+    .await;
+    node.signal(Signal::SIGINT);
+    assert_eq!(node.wait_exit(Duration::from_secs(10)).await, Some(130));
+    let frames = tokio::time::timeout(Duration::from_secs(10), forced)
+        .await
+        .expect("the connection ends with the process")
+        .expect("observer");
+    assert!(!frames.is_empty(), "the observer saw the server's SETTINGS");
+    assert!(
+        !frames.contains(&GOAWAY),
+        "SD-TD-8: no GOAWAY, as after a crash: frames {frames:?}"
+    );
+}
