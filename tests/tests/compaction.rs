@@ -843,3 +843,93 @@ async fn compaction_goes_no_faster_than_its_byte_rate_limit() {
     })
     .await;
 }
+
+/// Orphans written straight into the bucket for the GC test: what crashed uploads of a
+/// node that is gone leave behind.
+const ORPHANS: usize = 3_000;
+const ORPHAN_PREFIX: &str = "data/gone-node/";
+
+async fn orphans(stack: &Stack) -> usize {
+    bucket(stack)
+        .await
+        .iter()
+        .filter(|k| k.starts_with(ORPHAN_PREFIX))
+        .count()
+}
+
+// RR-INT-7: orphan cleanup deletes in bounded batches, is cancelled by terminal
+// teardown, and resumes on the next start. 3,000 uncommitted objects lie in the
+// bucket; a streamd with a 1 s safety delay and grace reaches the store through a
+// proxy that delays every chunk 500 ms, so a pass (listing, index reads, bulk
+// deletes) takes longer than the 2 s grace of a background task at teardown. It is
+// stopped (SIGTERM) at its first delete. Its GC stops at once at the teardown's
+// background step, wherever it waits: no task is aborted past its grace, it exits 0,
+// and orphans are left. Each batch it deleted is logged, none of more than 1,000.
+// Restarted, the node deletes the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn rr_int_7_orphan_gc_stops_at_a_stop_and_resumes_after_a_restart() {
+    use futures::StreamExt;
+    use object_store::{ObjectStoreExt, PutPayload};
+    within(240, async {
+        let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+        let s3 = weir_tests::proxy::Proxy::start(stack.s3.endpoint.trim_start_matches("http://")).await;
+        s3.delay(Duration::from_millis(500));
+        let endpoint = format!("http://{}", s3.addr);
+        let flags = [
+            "--gc-delay-sec",
+            "1",
+            "--gc-grace-sec",
+            "1",
+            "--shutdown-drain-sec",
+            "0",
+        ];
+        stack.add_node_with_env("streamd-1", Backend::FileWal, &flags, &[("AWS_ENDPOINT", &endpoint)]);
+        stack.nodes[0].wait_ready().await;
+        let store = Arc::new(stack.s3.store());
+        futures::stream::iter(0..ORPHANS)
+            .map(|i| {
+                let store = store.clone();
+                async move {
+                    let path = object_store::path::Path::from(format!("{ORPHAN_PREFIX}{i:06}.wdo"));
+                    store
+                        .put(&path, PutPayload::from_static(b"orphan"))
+                        .await
+                        .expect("put an orphan");
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+        wait_for("GC deletes its first orphan", Duration::from_secs(60), || async {
+            (!weir_tests::records(&stack.nodes[0].log_text(), "deleted unreferenced data object").is_empty())
+                .then_some(())
+        })
+        .await;
+        stack.nodes[0].term();
+        let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+        let log = stack.nodes[0].log_text();
+        assert_eq!(code, Some(0), "{log}");
+        let aborted = weir_tests::records(&log, "shutdown task exceeded grace period; aborting");
+        assert!(aborted.is_empty(), "GC stopped within its grace: {aborted:?}");
+        let left = orphans(&stack).await;
+        assert!(left > 0 && left < ORPHANS, "the stop came midway: {left} orphans left");
+        let batches: Vec<u64> = weir_tests::records(&log, "deleted a batch of unreferenced data objects")
+            .iter()
+            .map(|r| r["deleted"].as_u64().expect("deleted"))
+            .collect();
+        assert!(
+            !batches.is_empty() && batches.iter().all(|&n| n <= 1000),
+            "batches of at most 1,000: {batches:?}"
+        );
+
+        stack.nodes[0].start();
+        stack.nodes[0].wait_ready().await;
+        wait_for(
+            "the restarted node deletes the rest",
+            Duration::from_secs(120),
+            || async { (orphans(&stack).await == 0).then_some(()) },
+        )
+        .await;
+    })
+    .await;
+}

@@ -8,12 +8,14 @@
 //! The decision is made from the index, not from this node's view of the log: right
 //! before deleting, a linearizable read (through the metad leader) shows which of the
 //! candidates are committed, so a node whose view lags — or that follows a lagging
-//! replica — deletes nothing committed (design 0002). Deletes in bounded batches and
-//! checks for cancellation between them.
+//! replica — deletes nothing committed (design 0002). Deletes in bounded batches of
+//! [`MAX_PAGE`] keys, one bulk request each on S3, and stops between results when
+//! cancelled; what a stop leaves is listed again by the next pass, after a restart too
+//! (RR-INT-7).
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,23 +66,46 @@ pub async fn collect(
         let keys: Vec<ObjectKey> = batch.iter().map(|p| ObjectKey(p.to_string())).collect();
         // Asked right before deleting: a commit that landed since the listing counts.
         let (committed, read_index) = metad.objects_committed(&keys).await?;
+        let mut doomed = Vec::new();
         for (path, key) in batch.iter().zip(&keys) {
             if committed.contains(key) {
                 unreferenced.since.remove(path);
-                continue;
+            } else if unreferenced.grace_passed(path, grace) {
+                doomed.push(path.clone());
             }
-            if !unreferenced.grace_passed(path, grace) {
-                continue;
-            }
-            match store.delete(path).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-                    deleted += 1;
-                    crate::metrics::metrics().gc_deleted.inc();
-                    unreferenced.since.remove(path);
-                    tracing::info!(object_key = %path, log_index = read_index, "deleted unreferenced data object");
+        }
+        // One bulk request per batch where the store has one (S3's DeleteObjects takes
+        // up to 1,000 keys), not a request per object; a stop ends it between results.
+        let asked = doomed.len();
+        let before = deleted;
+        let mut results = store.delete_stream(futures::stream::iter(doomed.into_iter().map(Ok)).boxed());
+        loop {
+            let result = tokio::select! {
+                r = results.next() => r,
+                _ = cancel.cancelled() => None,
+            };
+            let path = match result {
+                None => break,
+                Some(Ok(path)) => path,
+                // Gone already: deleted by an earlier pass whose answer was lost.
+                Some(Err(object_store::Error::NotFound { path, .. })) => Path::from(path),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot delete unreferenced data object");
+                    continue;
                 }
-                Err(e) => tracing::warn!(object_key = %path, error = %e, "cannot delete unreferenced data object"),
-            }
+            };
+            deleted += 1;
+            crate::metrics::metrics().gc_deleted.inc();
+            unreferenced.since.remove(&path);
+            tracing::info!(object_key = %path, log_index = read_index, "deleted unreferenced data object");
+        }
+        if asked > 0 {
+            tracing::info!(
+                deleted = deleted - before,
+                asked,
+                log_index = read_index,
+                "deleted a batch of unreferenced data objects"
+            );
         }
     }
     Ok(deleted)
@@ -101,7 +126,13 @@ pub async fn gc_loop(
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        match collect(store.as_ref(), &metad, delay, grace, &mut unreferenced, &cancel).await {
+        // A stop ends a pass wherever it waits (a listing of a large bucket takes a
+        // while): every step is safe to drop, and the next start lists again.
+        let pass = tokio::select! {
+            pass = collect(store.as_ref(), &metad, delay, grace, &mut unreferenced, &cancel) => pass,
+            _ = cancel.cancelled() => return,
+        };
+        match pass {
             Ok(_) => crate::metrics::metrics().gc_passes.inc(),
             Err(e) => tracing::warn!(error = %format!("{e:#}"), "object garbage collection failed; will retry"),
         }
