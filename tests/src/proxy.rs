@@ -17,11 +17,16 @@ pub enum Mode {
     Cut = 1,
     /// Connections stay open but nothing is forwarded either way.
     Blackhole = 2,
+    /// Requests reach the target, and its replies are dropped: a request that landed
+    /// whose answer was lost.
+    DropReplies = 3,
 }
 
 struct Shared {
     mode: AtomicU8,
     delay_ms: AtomicU64,
+    /// Connections accepted so far.
+    accepted: AtomicU64,
     /// Bumped on every cut, so live connections notice and close.
     generation: watch::Sender<u64>,
 }
@@ -42,6 +47,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             mode: AtomicU8::new(Mode::Pass as u8),
             delay_ms: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
             generation: watch::channel(0).0,
         });
         let target = target.to_string();
@@ -52,6 +58,7 @@ impl Proxy {
                     let Ok((client, _)) = listener.accept().await else {
                         return;
                     };
+                    shared.accepted.fetch_add(1, Ordering::SeqCst);
                     let (shared, target) = (shared.clone(), target.clone());
                     tokio::spawn(async move { serve(client, &target, shared).await });
                 }
@@ -70,6 +77,11 @@ impl Proxy {
     /// Adds `delay` to every forwarded chunk.
     pub fn delay(&self, delay: Duration) {
         self.shared.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Connections accepted so far: a client whose request timed out retries on a new one.
+    pub fn connections(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
     }
 
     fn mode(shared: &Shared) -> u8 {
@@ -96,13 +108,19 @@ async fn serve(client: TcpStream, target: &str, shared: Arc<Shared>) {
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
     tokio::select! {
-        _ = pipe(cr, sw, shared.clone()) => {}
-        _ = pipe(sr, cw, shared.clone()) => {}
+        _ = pipe(cr, sw, shared.clone(), false) => {}
+        _ = pipe(sr, cw, shared.clone(), true) => {}
         _ = cut.changed() => {}
     }
 }
 
-async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, shared: Arc<Shared>) {
+/// Forwards `from` to `to`; `replies` is the direction from the target back.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    shared: Arc<Shared>,
+    replies: bool,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
@@ -116,6 +134,9 @@ async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp:
                 m if m == Mode::Blackhole as u8 => tokio::time::sleep(Duration::from_millis(20)).await,
                 _ => break,
             }
+        }
+        if replies && Proxy::mode(&shared) == Mode::DropReplies as u8 {
+            continue;
         }
         let delay = shared.delay_ms.load(Ordering::SeqCst);
         if delay > 0 {

@@ -1823,3 +1823,89 @@ async fn a_close_refused_after_its_lost_answer_landed_acknowledges_nothing_more(
         "INV-2: every acknowledged record reads back"
     );
 }
+
+/// Data objects the node `node` uploaded that are in the bucket.
+async fn objects_of(stack: &Stack, node: &str) -> Vec<String> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let prefix = object_store::path::Path::from(format!("data/{node}"));
+    let listed: Vec<_> = stack
+        .s3
+        .store()
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .expect("list the bucket");
+    listed.into_iter().map(|m| m.location.to_string()).collect()
+}
+
+// SD-ADM-10: the drain retries an upload whose earlier attempt went unanswered with the
+// same object key and the same bytes, so a PUT that did land adds no second copy. The
+// stopping node holds 10 acknowledged records in its WAL only; its link to the store
+// delivers requests and drops every reply (proxy mode DropReplies), with a 2 s request
+// timeout (AWS_TIMEOUT). The drain's upload lands in the bucket unanswered, and is
+// retried on a new connection; then the link heals. The retry succeeds, the stream is
+// committed and moves to the other node, the bucket holds exactly one object of the
+// stopping node, and every record reads back once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_adm_10_an_unanswered_upload_is_retried_with_the_same_key_and_bytes() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let s3 = Proxy::start(stack.s3.endpoint.trim_start_matches("http://")).await;
+    let endpoint = format!("http://{}", s3.addr);
+    let timing = [
+        "--drain-timeout-sec",
+        "30",
+        "--shutdown-deadline-sec",
+        "40",
+        "--shutdown-drain-sec",
+        "0",
+    ];
+    let flags = [&timing[..], WAL_ONLY].concat();
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        &flags,
+        &[("AWS_ENDPOINT", &endpoint), ("AWS_TIMEOUT", "2s")],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, &flags);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    let (mut stack, gw) = with_streams_on_the_first(stack, &["lost"]).await;
+    let acked: Vec<String> = (0..10).map(|i| format!("r-{i}")).collect();
+    for body in &acked {
+        gw.append("lost", &[body]).await;
+    }
+    assert!(objects_of(&stack, "streamd-1").await.is_empty(), "nothing uploaded yet");
+    s3.set(Mode::DropReplies);
+    stack.nodes[0].term();
+    let landed = wait_for(
+        "the drain's upload lands unanswered",
+        Duration::from_secs(20),
+        || async {
+            let objects = objects_of(&stack, "streamd-1").await;
+            (!objects.is_empty()).then_some(objects)
+        },
+    )
+    .await;
+    let seen = s3.connections();
+    wait_for(
+        "the upload is retried on a new connection",
+        Duration::from_secs(20),
+        || async { (s3.connections() > seen).then_some(()) },
+    )
+    .await;
+    s3.set(Mode::Pass);
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(60)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(phase_outcome(&log, "drain-support"), "Completed");
+    assert_eq!(
+        objects_of(&stack, "streamd-1").await,
+        landed,
+        "SD-ADM-10: the retry rewrote the same object; no second copy"
+    );
+    gw.wait_open("lost").await;
+    assert_eq!(owner_of(&gw, "lost").await.as_deref(), Some(stack.nodes[1].id.as_str()));
+    assert_eq!(gw.bodies("lost").await, acked, "every record, once, in order");
+}
