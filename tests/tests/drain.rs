@@ -1909,3 +1909,69 @@ async fn sd_adm_10_an_unanswered_upload_is_retried_with_the_same_key_and_bytes()
     assert_eq!(owner_of(&gw, "lost").await.as_deref(), Some(stack.nodes[1].id.as_str()));
     assert_eq!(gw.bodies("lost").await, acked, "every record, once, in order");
 }
+
+// SD-REL-9: the release outlives a change of metad leader. Three metad replicas each
+// hold a drain-cordon release 1.5 s where it arrives (failpoint `release=sleep(1500)`).
+// A streamd moves its stream to the other node and releases its cordon; once the
+// release has reached a replica, the leader is killed. Whether the release was at the
+// dead leader or at a follower that must forward to it, the stopping node asks the next
+// replica within the same bound: the release lands (an uncordon by the node is in the
+// log, and its row is not cordoned on the new leader; a second clearing would be
+// harmless), the node logs the clearance once, and its stop completes with status 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_rel_9_the_release_lands_through_the_next_leader_when_the_leader_dies() {
+    let metad_env = [("WEIR_FAILPOINT_RELEASE", "sleep(1500)")];
+    let timing = [
+        "--drain-timeout-sec",
+        "20",
+        "--shutdown-deadline-sec",
+        "30",
+        "--shutdown-drain-sec",
+        "0",
+    ];
+    let stack = Stack::start_replicas_with_env(3, 2, Backend::FileWal, &timing, &[], &metad_env).await;
+    let (mut stack, gw) = with_streams_on_the_first(stack, &["rel"]).await;
+    let a = stack.nodes[0].id.clone();
+    gw.append("rel", &["before"]).await;
+    stack.nodes[0].term();
+    wait_for("the release reaches a replica", Duration::from_secs(20), || async {
+        stack
+            .metad
+            .replicas
+            .iter()
+            .any(|r| {
+                records(&r.log_text(), "failpoint: sleeping")
+                    .iter()
+                    .any(|f| f["failpoint"] == "release")
+            })
+            .then_some(())
+    })
+    .await;
+    let leader = stack.metad.wait_leader(&[]).await;
+    stack.metad.replicas[leader].kill();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(60)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(
+        records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
+        1,
+        "{log}"
+    );
+    for phase in ["stop-requested", "drain-support", "terminal-teardown"] {
+        assert_eq!(phase_outcome(&log, phase), "Completed", "{phase}");
+    }
+    let next = stack.metad.wait_leader(&[leader]).await;
+    let entries = log_entries_of(&stack.metad.replicas[next].client()).await;
+    let released = entries
+        .iter()
+        .filter(|(_, k, c, p)| k == "uncordon" && c["node"] == a.as_str() && c["by"] == "drain" && by_node(p, &a))
+        .count();
+    assert!(released >= 1, "the release is in the log: {entries:?}");
+    let nodes = stack.metad.replicas[next]
+        .http_json("/admin/nodes")
+        .await
+        .expect("nodes");
+    assert_eq!(node_row(&nodes, &a)["cordoned"], false);
+    gw.wait_open("rel").await;
+    assert_eq!(gw.bodies("rel").await, ["before"]);
+}
