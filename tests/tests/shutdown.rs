@@ -1346,3 +1346,65 @@ async fn sd_td_8_a_forced_ending_closes_connections_without_a_goaway() {
         "SD-TD-8: no GOAWAY, as after a crash: frames {frames:?}"
     );
 }
+
+// SD-INT-2: closing a connection cancels the requests on it not yet admitted: they have
+// no effect (no offset, nothing in the WAL), so the client can resend them. An append
+// `x` is held before admission on the owner (failpoint `before_admit=sleep(3000)`), and
+// the gateway's connection to the owner is cut. The client learns nothing of `x`'s
+// outcome. The next append, `y`, is held as long and admitted after `x`'s hold would
+// have ended: the stream holds `y` alone, so `x` was never admitted; resent, `x` lands
+// once, after `y`.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_int_2_a_closed_connection_cancels_its_requests_not_yet_admitted() {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let link = stack
+        .add_node_behind_proxy_with_env(
+            "streamd-1",
+            Backend::FileWal,
+            &[],
+            &[("WEIR_FAILPOINT_BEFORE_ADMIT", "sleep(3000)")],
+        )
+        .await;
+    stack.nodes[0].wait_ready().await;
+    let gw = std::sync::Arc::new(Gatewayd::start(
+        "gw-1",
+        &stack.metad.replicas[0].grpc,
+        stack.dir.path(),
+        &[],
+    ));
+    gw.wait_ready().await;
+    gw.create_stream("held").await;
+    gw.wait_open("held").await;
+    let first = tokio::spawn({
+        let gw = gw.clone();
+        async move {
+            gw.request(Method::POST, "/v1/streams/held/records")
+                .json(&serde_json::json!({"records": [{"body": "x"}]}))
+                .send()
+                .await
+                .map(|r| r.status())
+        }
+    });
+    wait_for("x is held before admission", Duration::from_secs(20), || async {
+        records(&stack.nodes[0].log_text(), "failpoint: sleeping")
+            .iter()
+            .any(|r| r["failpoint"] == "before_admit")
+            .then_some(())
+    })
+    .await;
+    link.set(weir_tests::proxy::Mode::Cut);
+    let status = first.await.expect("task");
+    assert!(
+        status.as_ref().is_ok_and(|s| !s.is_success()),
+        "x was not acknowledged: {status:?}"
+    );
+    link.set(weir_tests::proxy::Mode::Pass);
+    gw.append("held", &["y"]).await;
+    assert_eq!(
+        gw.bodies("held").await,
+        ["y"],
+        "x, cancelled before admission, is nowhere"
+    );
+    gw.append("held", &["x"]).await;
+    assert_eq!(gw.bodies("held").await, ["y", "x"], "resent, x lands once");
+}

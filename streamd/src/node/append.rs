@@ -86,6 +86,9 @@ impl Node {
         batches: &[u8],
         match_next_offset: Option<u64>,
     ) -> Result<Admitted, StreamdError> {
+        // Failpoint (tests, SD-INT-2): an append held before it is admitted, where a
+        // caller that goes away cancels it.
+        weir_shared::failpoint::pause("before_admit").await;
         if self.intake_closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(StreamdError::Draining);
         }
