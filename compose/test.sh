@@ -7,8 +7,9 @@
 # Checks DEP-1, DEP-2 and DEP-3 (grace periods set and above deadlines, statically, with
 # a negative case; a SIGKILLed node recovered by takeover), DEP-6 and DEP-7 (one
 # `docker-compose stop`: the binary as PID 1 gets SIGTERM, exits 0 with three phase
-# records), DEP-8 (only the bootstrap metad gets the admin secret) and INV-2 after
-# `docker kill`.
+# records), DEP-8 (only the bootstrap metad gets the admin secret), INV-2 after
+# `docker kill`, and DEP-5 (a streamd paused past the node timeout is fenced, exits
+# 75, and is restarted by its restart policy at a new epoch).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -113,13 +114,32 @@ before="$(owner)"
 victim="$(cut -d' ' -f2 <<<"$before")"
 docker kill "${project}_${victim}_1" >/dev/null
 seq 1001 1500 | sed 's/.*/k&:v&/' | kc -P -t orders -K: -X acks=all -X message.timeout.ms=120000
-# Served again by another node or by the victim's restarted incarnation (restart policy).
+# Served again by another node (`docker kill` is a stop by hand: no restart follows).
 moved() { now="$(owner)" && [ "${now%% *}" = open ] && [ "$now" != "$before" ]; }
 wait_until 120 "orders/0 served again" moved
 [ "$(count)" = 1500 ] || fail "every acknowledged record after the kill: got $(count) of 1500"
 
-log "docker-compose stop of another streamd: exit 0 and the three phase records"
+log "docker pause a streamd past the node timeout: fenced, it exits 75, Docker restarts it at a new epoch (DEP-5)"
+# The row of node $1 in /admin/nodes: "<epoch> <fenced>".
+row() { c -sf "$http/admin/nodes" | python3 -c 'import json,sys; r=[n for n in json.load(sys.stdin)["nodes"] if n["node_id"]==sys.argv[1]][0]; print(int(r["epoch"]), str(r["fenced"]).lower())' "$1"; }
+# Not the node killed above: `docker kill` counts as stopping it by hand, which the
+# restart policy leaves stopped. Nor the one stopped below.
 other="streamd-1"; [ "$victim" = streamd-1 ] && other="streamd-2"
+paused="streamd-3"; [ "$victim" = streamd-3 ] && paused="streamd-2"
+container="${project}_${paused}_1"
+epoch="$(row "$paused" | cut -d' ' -f1)"
+since="$(date +%s)"
+docker pause "$container" >/dev/null
+fenced() { [ "$(row "$paused")" = "$epoch true" ]; }
+wait_until 60 "$paused fenced while paused" fenced
+docker unpause "$container" >/dev/null
+died() { docker events --since "$since" --until "$(date +%s)" --filter "container=$container" --filter event=die --format '{{.Actor.Attributes.exitCode}}' | grep -qx 75; }
+wait_until 60 "$paused exited 75 (fenced)" died
+newer() { read -r e f <<<"$(row "$paused")"; [ "$e" -gt "$epoch" ] && [ "$f" = false ]; }
+wait_until 120 "$paused restarted by Docker at a new epoch" newer
+[ "$(count)" = 1500 ] || fail "every record after the pause: got $(count)"
+
+log "docker-compose stop of another streamd: exit 0 and the three phase records"
 "${compose[@]}" stop "$other" >/dev/null
 code="$(docker inspect -f '{{.State.ExitCode}}' "${project}_${other}_1")"
 [ "$code" = 0 ] || fail "$other exited $code"
