@@ -79,7 +79,10 @@ async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, stop: &Canc
             _ = tick.tick() => {}
         }
         let holder = hub.with_state(|s| s.leases.get(FAILOVER_LEASE).map(|l| l.holder.clone()));
-        if holder.as_ref() != Some(me) {
+        // Failpoint (tests, INV-9): this replica ticks as a holder whether or not it holds
+        // the lease, as one that missed losing it would, alongside the real holder.
+        let overlapping = holder.as_ref() != Some(me) && weir_shared::failpoint::is_set("holder_ignore_lease_loss");
+        if holder.as_ref() != Some(me) && !overlapping {
             if holding {
                 tracing::info!(node_id = %me.node, epoch = %me.epoch, "lost the failover lease");
                 crate::metrics::metrics().failover_holder.set(0);
@@ -93,7 +96,11 @@ async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, stop: &Canc
             clock.reset();
             holding = true;
             crate::metrics::metrics().failover_holder.set(1);
-            tracing::info!(node_id = %me.node, epoch = %me.epoch, "holding the failover lease");
+            if overlapping {
+                tracing::warn!(node_id = %me.node, epoch = %me.epoch, "failpoint: acting as failover holder without the lease");
+            } else {
+                tracing::info!(node_id = %me.node, epoch = %me.epoch, "holding the failover lease");
+            }
         }
         let judge = last_judged.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
         if judge {
