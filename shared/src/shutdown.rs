@@ -312,15 +312,30 @@ impl Shutdown {
     /// The phase sequence of a clean stop (SD-PH-1..4): stop-requested, drain-support,
     /// terminal-teardown, each logged with its outcome. The deadline thread ends the
     /// process if a phase runs past the deadline.
+    /// Each phase is a span (`shutdown.phase`, with `phase` and `outcome`), so a trace
+    /// shows where a stop spent its time; the exporter is flushed after the last one
+    /// ends (SD-TD-10, `telemetry::TelemetryGuard`).
     pub async fn run_phases(&self, steps: &mut impl StopSteps) {
+        use tracing::Instrument;
+        let span =
+            |phase: Phase| tracing::info_span!("shutdown.phase", phase = phase.name(), outcome = tracing::field::Empty);
         self.begin(Phase::StopRequested);
-        steps.stop_requested().await;
+        let phase = span(Phase::StopRequested);
+        steps.stop_requested().instrument(phase.clone()).await;
+        phase.record("outcome", "Completed");
+        drop(phase);
         self.finish(Phase::StopRequested, PhaseOutcome::Completed);
         self.begin(Phase::DrainSupport);
-        let outcome = steps.drain_support().await;
+        let phase = span(Phase::DrainSupport);
+        let outcome = steps.drain_support().instrument(phase.clone()).await;
+        phase.record("outcome", tracing::field::debug(&outcome));
+        drop(phase);
         self.finish(Phase::DrainSupport, outcome);
         self.begin(Phase::TerminalTeardown);
-        let outcome = steps.terminal_teardown().await;
+        let phase = span(Phase::TerminalTeardown);
+        let outcome = steps.terminal_teardown().instrument(phase.clone()).await;
+        phase.record("outcome", tracing::field::debug(&outcome));
+        drop(phase);
         self.finish(Phase::TerminalTeardown, outcome);
     }
 }

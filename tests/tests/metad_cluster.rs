@@ -1,5 +1,7 @@
 //! Three real metad processes under process faults: leader loss, a paused replica,
 //! a full restart, snapshot catch-up, linearizable reads, and a lost quorum.
+// Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 use weir_meta::client::{ClientError, MetadClient};
@@ -663,4 +665,82 @@ async fn the_bootstrap_admin_token_is_issued_once() {
         .expect("log dump");
     let issues = dump.to_string().matches("issue_token").count();
     assert_eq!(issues, 1, "one IssueToken entry in the log: {dump}");
+}
+
+/// A span as the collector saw it: its name and string attributes.
+type CollectedSpan = (String, std::collections::HashMap<String, String>);
+
+/// A local OTLP/gRPC trace collector: the spans it was sent.
+#[derive(Clone, Default)]
+struct Collector(std::sync::Arc<std::sync::Mutex<Vec<CollectedSpan>>>);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest>,
+    ) -> Result<
+        tonic::Response<opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse>,
+        tonic::Status,
+    > {
+        use opentelemetry_proto::tonic::common::v1::any_value::Value;
+        let mut spans = self.0.lock().expect("collector lock");
+        for resource in request.into_inner().resource_spans {
+            for scope in resource.scope_spans {
+                for span in scope.spans {
+                    let attributes = span
+                        .attributes
+                        .iter()
+                        .filter_map(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                            Value::StringValue(v) => Some((kv.key.clone(), v.clone())),
+                            _ => None,
+                        })
+                        .collect();
+                    spans.push((span.name, attributes));
+                }
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+// SD-TD-10: with OTLP export on, the exporter is flushed after the application returns
+// and before the runtime is dropped. The shutdown phases are spans, the last of which
+// ends just before the process exits; a local collector has all three, with their
+// outcomes, once metad has exited 0. Without the flush they would wait for the batch
+// exporter's 5 s schedule, and go with the process.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_td_10_the_shutdown_phase_spans_reach_the_collector_by_a_graceful_exit() {
+    with_timeout(async {
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{}", weir_tests::free_port()).parse().expect("addr");
+        let collector = Collector::default();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(
+                    opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(
+                        collector.clone(),
+                    ),
+                )
+                .serve(addr),
+        );
+        let endpoint = format!("http://{addr}");
+        let mut cluster = Cluster::start(1, &["--otlp-endpoint", &endpoint]).await;
+        cluster.replicas[0].signal(nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(cluster.replicas[0].wait_exit(Duration::from_secs(20)).await, Some(0));
+        let phases: std::collections::BTreeMap<String, String> = collector
+            .0
+            .lock()
+            .expect("collector lock")
+            .iter()
+            .filter(|(name, _)| name == "shutdown.phase")
+            .map(|(_, a)| (a["phase"].clone(), a.get("outcome").cloned().unwrap_or_default()))
+            .collect();
+        let expected: std::collections::BTreeMap<String, String> =
+            ["stop-requested", "drain-support", "terminal-teardown"]
+                .into_iter()
+                .map(|p| (p.to_string(), "Completed".to_string()))
+                .collect();
+        assert_eq!(phases, expected, "every phase's span, exported by the exit");
+    })
+    .await;
 }
