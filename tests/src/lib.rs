@@ -23,6 +23,17 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// A randomized test's seed: `$var` when set, to replay a run, else a fresh one. It is
+/// printed with how to replay it.
+pub fn seed(var: &str) -> u64 {
+    let seed = std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("seed {seed}; replay with {var}={seed}");
+    seed
+}
+
 /// The path of a workspace binary next to the running test executable.
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");

@@ -53,6 +53,21 @@ pub async fn client(gw: Arc<Gatewayd>, stream: &'static str, id: usize, history:
     }
 }
 
+/// One [`client`] per stream of `streams`, with ids counting from `first_id`, until `stop`.
+pub fn spawn_clients(
+    gw: &Arc<Gatewayd>,
+    streams: &[&'static str],
+    first_id: usize,
+    history: &Arc<History>,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    streams
+        .iter()
+        .enumerate()
+        .map(|(i, s)| tokio::spawn(client(gw.clone(), s, first_id + i, history.clone(), stop.clone())))
+        .collect()
+}
+
 /// Every record of each of `streams`, as `(offset, payload)` in read order, for
 /// [`History::check`].
 pub async fn read_back(gw: &Gatewayd, streams: &[&str]) -> std::collections::HashMap<String, Vec<(u64, String)>> {

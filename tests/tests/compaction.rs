@@ -209,19 +209,7 @@ fn writers(
     history: &Arc<History>,
 ) -> (Arc<AtomicBool>, Vec<tokio::task::JoinHandle<()>>) {
     let stop = Arc::new(AtomicBool::new(false));
-    let tasks = streams
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            tokio::spawn(weir_tests::writer::client(
-                gw.clone(),
-                s,
-                i,
-                history.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
+    let tasks = weir_tests::writer::spawn_clients(gw, streams, 0, history, &stop);
     (stop, tasks)
 }
 

@@ -1284,11 +1284,7 @@ async fn inv_9_overlapping_failover_holders_cannot_make_two_writers() {
     use rand::{Rng, SeedableRng};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let seed = std::env::var("WEIR_INV9_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed {seed}; replay with WEIR_INV9_SEED={seed}");
+    let seed = weir_tests::seed("WEIR_INV9_SEED");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let env = [("WEIR_FAILPOINT_HOLDER_IGNORE_LEASE_LOSS", "return(err)")];
     let mut stack = Stack::start_replicas_with_env(3, 3, Backend::FileWal, &[], &[], &env).await;
@@ -1315,19 +1311,7 @@ async fn inv_9_overlapping_failover_holders_cannot_make_two_writers() {
     .await;
     let history = Arc::new(weir_tests::history::History::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = streams
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            tokio::spawn(weir_tests::writer::client(
-                gw.clone(),
-                s,
-                i,
-                history.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
+    let writers = weir_tests::writer::spawn_clients(&gw, &streams, 0, &history, &stop);
     let started = std::time::Instant::now();
     let mut pauses = 0;
     while started.elapsed() < Duration::from_secs(60) {

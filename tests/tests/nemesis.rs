@@ -245,19 +245,7 @@ async fn run(seed: u64, secs: u64) -> Run {
     gw.wait_open(&format!("{TOPIC}/0")).await;
     let history = Arc::new(History::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let mut clients: Vec<_> = STREAMS
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            tokio::spawn(weir_tests::writer::client(
-                gw.clone(),
-                s,
-                i,
-                history.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
+    let mut clients = weir_tests::writer::spawn_clients(&gw, &STREAMS, 0, &history, &stop);
     clients.push(tokio::spawn(kafka_client(gw.clone(), history.clone(), stop.clone())));
 
     let started = Instant::now();

@@ -1190,11 +1190,7 @@ async fn sd_int_11_stops_at_random_moments_of_bursts_miss_no_notification() {
     use rand::{Rng, SeedableRng};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let seed = std::env::var("WEIR_STOPS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    println!("seed {seed}; replay with WEIR_STOPS_SEED={seed}");
+    let seed = weir_tests::seed("WEIR_STOPS_SEED");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut stack = Stack::start_with(2, Backend::FileWal, SHORT, &[]).await;
     let gw = Arc::new(Gatewayd::start(
@@ -1213,19 +1209,7 @@ async fn sd_int_11_stops_at_random_moments_of_bursts_miss_no_notification() {
     for round in 0..8 {
         let victim = round % 2;
         let stop = Arc::new(AtomicBool::new(false));
-        let writers: Vec<_> = streams
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                tokio::spawn(weir_tests::writer::client(
-                    gw.clone(),
-                    s,
-                    round * streams.len() + i,
-                    history.clone(),
-                    stop.clone(),
-                ))
-            })
-            .collect();
+        let writers = weir_tests::writer::spawn_clients(&gw, &streams, round * streams.len(), &history, &stop);
         let poll = tokio::spawn(
             gw.request(Method::GET, "/v1/streams/w-idle/records?seq_num=0&wait=30")
                 .send(),
