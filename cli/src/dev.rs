@@ -59,6 +59,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // SD-TRG-6: the signal handlers come before any other work.
     let shutdown = Shutdown::install(&args.shutdown);
     let _telemetry = weir_shared::telemetry::init("weir-dev", &args.telemetry)?;
+    args.shutdown.warn_if_drain_outlasts_deadline();
     let metad = MetadArgs {
         id: 1,
         listen: args.metad_listen,

@@ -265,8 +265,8 @@ impl StopSteps for MetadStop<'_> {
             self.stopping.transport_drain(end).await
         };
         TeardownStep::Storage.begin();
-        // Flush RocksDB before the handle is released.
-        if let Err(e) = self.db.flush_wal(true) {
+        // Flush RocksDB and stop its workers before the handle is released.
+        if let Err(e) = crate::store::db::prepare_close(&self.db) {
             // OBS-17: a storage failure at close is an error; the handle is released anyway.
             tracing::error!(error = %e, "flushing the metadata store failed");
         }

@@ -63,6 +63,7 @@ where
                 return ExitCode::from(1);
             }
         };
+        config.shutdown_args().warn_if_drain_outlasts_deadline();
         match run(config, shutdown.clone()).await {
             Ok(Exit::Clean) => ExitCode::from(shutdown.exit_code() as u8),
             Ok(Exit::Fenced) => ExitCode::from(EXIT_FENCED),

@@ -49,6 +49,19 @@ impl ShutdownArgs {
         }
         Ok(())
     }
+
+    /// DEP-4: a drain timeout at or past the deadline never lengthens the drain (the
+    /// deadline ends the process first). Said once at startup: such a setting usually
+    /// means one of the two was raised alone.
+    pub fn warn_if_drain_outlasts_deadline(&self) {
+        if self.drain_timeout_sec >= self.shutdown_deadline_sec {
+            tracing::warn!(
+                drain_timeout_sec = self.drain_timeout_sec,
+                shutdown_deadline_sec = self.shutdown_deadline_sec,
+                "--drain-timeout-sec is not below --shutdown-deadline-sec, so the deadline ends the drain first; raise both together"
+            );
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

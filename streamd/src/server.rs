@@ -64,6 +64,10 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     // heartbeat, `stop` the view, registration and HTTP, `storage_stop` the WAL.
     let stop = CancellationToken::new();
     let background_stop = CancellationToken::new();
+    // SD-INT-7: compaction, retention and GC write and delete objects on their own
+    // account, so they stop at the stop request; the uploader goes on, since the
+    // hand-off's closes need it.
+    let object_work_stop = background_stop.child_token();
     let storage = TaskTracker::new();
     let storage_stop = CancellationToken::new();
     let wal = WalWriter::start(sink, args.wal_max_bytes, &storage, storage_stop.clone());
@@ -125,7 +129,11 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         "compaction",
         "compaction",
         None,
-        crate::node::compaction_loop(node.clone(), node.tunables.compaction_interval, background_stop.clone()),
+        crate::node::compaction_loop(
+            node.clone(),
+            node.tunables.compaction_interval,
+            object_work_stop.clone(),
+        ),
     );
     loops.spawn(
         "retention",
@@ -134,7 +142,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         crate::node::retention_loop(
             node.clone(),
             Duration::from_millis(args.retention_check_interval_ms),
-            background_stop.clone(),
+            object_work_stop.clone(),
         ),
     );
     let gc_delay = Duration::from_secs(args.gc_delay_sec);
@@ -150,7 +158,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
             gc_grace,
             (gc_delay.min(gc_grace.max(Duration::from_secs(1))) / 4)
                 .clamp(Duration::from_secs(1), Duration::from_secs(300)),
-            background_stop.clone(),
+            object_work_stop.clone(),
         ),
     );
 
@@ -191,6 +199,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         grpc_stop,
         http_stop,
         background_stop,
+        object_work_stop,
         loops,
         stop,
         tasks,
@@ -219,6 +228,8 @@ struct Teardown {
     grpc_stop: CancellationToken,
     http_stop: CancellationToken,
     background_stop: CancellationToken,
+    /// Compaction, retention and GC (SD-INT-7); a child of `background_stop`.
+    object_work_stop: CancellationToken,
     loops: KindTasks,
     stop: CancellationToken,
     tasks: TaskTracker,
@@ -287,6 +298,7 @@ impl StopSteps for StreamdStop {
     /// streams (SD-CS-2, D-4).
     async fn stop_requested(&mut self) {
         self.node.terminating.store(true, Ordering::Release);
+        self.teardown.object_work_stop.cancel();
         let within = self.teardown.shutdown.step(Duration::from_secs(2));
         registration::mark_terminating(&self.node.metad, &self.node.me, within).await;
     }

@@ -65,6 +65,11 @@ impl Streamd for DataPlane {
 
     async fn read(&self, req: Request<ReadRequest>) -> Result<Response<ReadReply>, Status> {
         weir_shared::peer::require(&req, CLIENTS, "Read")?;
+        // SD-INT-6: once intake stops, reads are refused too, at once and retryably
+        // (`x-weir-draining`); the gateway sends them on to the stream's next owner.
+        if self.node.intake_closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(crate::error::StreamdError::Draining.into());
+        }
         let req = req.into_inner();
         let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_WAIT);
         let max_bytes = if req.max_bytes == 0 {

@@ -292,20 +292,53 @@ fn metad_quorum_stays(state: &State) -> bool {
 
 /// SD-ADM-2: closes every stream this node still serves, within the drain budget.
 async fn close_in_place(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
-    let mut outcome = Outcome::Completed;
-    for handle in node.all_streams() {
-        let budget = shutdown.step(Duration::MAX);
-        match node.close_stream(&handle.name, budget).await {
-            Ok(end) => tracing::info!(stream = %handle.name, offset = end, "closed stream for shutdown"),
-            Err(e) if budget.is_zero() || shutdown.step(Duration::MAX).is_zero() => {
-                tracing::warn!(stream = %handle.name, error = %e, "drain budget spent; failover will recover the rest");
-                return Outcome::Abandoned;
+    use futures::StreamExt;
+    // SD-ADM-11: the streams close independently, many at once, each within what is
+    // left of the budget: a close that hangs or fails leaves the others theirs.
+    let closed: Vec<Closed> = futures::stream::iter(node.all_streams())
+        .map(|handle| async move {
+            let budget = shutdown.step(Duration::MAX);
+            if budget.is_zero() {
+                return Closed::NotTried;
             }
-            Err(e) => {
-                tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it");
-                outcome = Outcome::Abandoned;
+            match node.close_stream(&handle.name, budget).await {
+                Ok(end) => {
+                    tracing::info!(stream = %handle.name, offset = end, "closed stream for shutdown");
+                    Closed::Yes
+                }
+                Err(_) if shutdown.step(Duration::MAX).is_zero() => Closed::NotTried,
+                Err(e) => {
+                    tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it");
+                    Closed::Failed
+                }
             }
-        }
+        })
+        .buffer_unordered(CLOSE_CONCURRENCY)
+        .collect()
+        .await;
+    let unfinished = closed.iter().filter(|c| **c == Closed::NotTried).count();
+    if unfinished > 0 {
+        tracing::warn!(
+            streams = unfinished,
+            "drain budget spent; failover will recover the rest"
+        );
     }
-    outcome
+    if closed.iter().all(|c| *c == Closed::Yes) {
+        Outcome::Completed
+    } else {
+        Outcome::Abandoned
+    }
 }
+
+/// How one stream's close in place ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    Yes,
+    /// It failed with budget left: its own fault.
+    Failed,
+    /// The budget ran out before or while it closed.
+    NotTried,
+}
+
+/// Closes in place at once, at most; each close is mostly a wait for its upload.
+const CLOSE_CONCURRENCY: usize = 64;

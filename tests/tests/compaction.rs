@@ -615,6 +615,74 @@ async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
     .await;
 }
 
+// SD-INT-7: compaction starts no new object write once a stop is requested. Passes run
+// every 300 ms while a writer appends, each waiting 2 s before its write (failpoint
+// `compaction_write=sleep(2000)`). SIGTERM comes while a pass waits there; it wakes in
+// drain-support (which lasts the 5 s `--shutdown-drain-sec` and more) and writes
+// nothing: no `writing compacted objects` record follows `stop requested`. Without the
+// stop at the request it writes then, since the loops otherwise stop only at terminal
+// teardown. Nothing acknowledged is lost: the stream reads back whole on a second node.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_int_7_compaction_starts_no_object_write_after_the_stop_request() {
+    within(240, async {
+        let mut stack = Stack::start(0, Backend::FileWal, COMPACTING).await;
+        stack.add_node_with_env(
+            "streamd-1",
+            Backend::FileWal,
+            COMPACTING,
+            &[
+                ("WEIR_FAILPOINT_COMPACTION_WRITE", "sleep(2000)"),
+                ("WEIR_LOG_LEVEL", "info,weir_streamd::node::compaction=debug"),
+            ],
+        );
+        stack.nodes[0].wait_ready().await;
+        let gw = Arc::new(Gatewayd::start(
+            "gw-1",
+            &stack.metad.replicas[0].grpc,
+            stack.dir.path(),
+            &[],
+        ));
+        gw.wait_ready().await;
+        let streams = ["w-0"];
+        let id = stack.create_stream(streams[0], 0).await;
+        let history = Arc::new(History::default());
+        let (stop, tasks) = writers(&gw, &streams, &history);
+        wait_for(
+            "a compacted write, then a pass waiting before its own",
+            Duration::from_secs(60),
+            || async {
+                let log = stack.nodes[0].log_text();
+                let wrote = log.rfind("writing compacted objects")?;
+                log[wrote..].contains("\"compaction_write\"").then_some(())
+            },
+        )
+        .await;
+        stack.nodes[0].term();
+        let code = stack.nodes[0].wait_exit(Duration::from_secs(60)).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.expect("writer");
+        }
+        let log = stack.nodes[0].log_text();
+        assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+        let requested = log.find("stop requested; shutting down").expect("the stop record");
+        assert!(
+            log[..requested].contains("writing compacted objects"),
+            "compaction wrote before the stop"
+        );
+        let after: Vec<&str> = log[requested..]
+            .lines()
+            .filter(|l| l.contains("writing compacted objects"))
+            .collect();
+        assert!(after.is_empty(), "compaction wrote after the stop request: {after:?}");
+        stack.add_node("streamd-2", Backend::FileWal, COMPACTING);
+        stack.nodes[1].wait_ready().await;
+        stack.place_once_closed(id, 1).await;
+        check_history(&gw, &streams, &history).await;
+    })
+    .await;
+}
+
 // INV-1, RR-WAL-5: a compaction whose commit landed but whose answer was lost keeps its
 // objects. The metad leader drops the answer to the first committed CompactStreams
 // (failpoint `reply_compact_streams=1*drop`), so the compactor's client asks the next

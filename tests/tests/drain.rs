@@ -1975,3 +1975,77 @@ async fn sd_rel_9_the_release_lands_through_the_next_leader_when_the_leader_dies
     gw.wait_open("rel").await;
     assert_eq!(gw.bodies("rel").await, ["before"]);
 }
+
+// SD-INT-6: once intake stops (step 4) the node refuses appends and reads sent straight
+// to it, at once and retryably (`x-weir-draining`), while the close that moves the
+// stream still runs (it sleeps 2 s: failpoint `close_stream_held=sleep(2000)`). An
+// append through the gateway meanwhile is rerouted and lands on the new owner after the
+// hand-off, and every acknowledged record reads back.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_int_6_a_draining_node_refuses_appends_and_reads_sent_straight_to_it() {
+    let timing = [
+        "--drain-timeout-sec",
+        "10",
+        "--shutdown-deadline-sec",
+        "20",
+        "--shutdown-drain-sec",
+        "0",
+    ];
+    let flags = [&timing[..], WAL_ONLY].concat();
+    let mut stack = Stack::start_with(0, Backend::FileWal, &flags, &[]).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        &flags,
+        &[("WEIR_FAILPOINT_CLOSE_STREAM_HELD", "sleep(2000)")],
+    );
+    stack.add_node("streamd-2", Backend::FileWal, &flags);
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    let (mut stack, gw) = with_streams_on_the_first(stack, &["held"]).await;
+    gw.append("held", &["before"]).await;
+    let mut direct = stack.nodes[0].client().await;
+    stack.nodes[0].term();
+    wait_for(
+        "intake stopped on the stopping node",
+        Duration::from_secs(10),
+        || async {
+            (!records(&stack.nodes[0].log_text(), "live reads ended and intake stopped").is_empty()).then_some(())
+        },
+    )
+    .await;
+    let appended = direct
+        .append(weir_proto::streamd::AppendRequest {
+            stream: "held".into(),
+            batches: weir_tests::batches::batch(b"direct").into(),
+            match_next_offset: None,
+        })
+        .await
+        .expect_err("an append sent straight to a draining node is refused");
+    let read = direct
+        .read(weir_proto::streamd::ReadRequest {
+            stream: "held".into(),
+            offset: 0,
+            ..Default::default()
+        })
+        .await
+        .expect_err("a read sent straight to a draining node is refused");
+    let log = stack.nodes[0].log_text();
+    assert!(
+        records(&log, "closed stream for shutdown").is_empty(),
+        "refused while the stream's close still ran: {log}"
+    );
+    for (what, status) in [("append", &appended), ("read", &read)] {
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{what}: {status:?}");
+        assert!(weir_shared::error_code::is_draining(status), "{what}: {status:?}");
+    }
+    gw.append("held", &["after"]).await;
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(records(&log, "failpoint: slow close").len(), 1, "{log}");
+    gw.wait_open("held").await;
+    assert_eq!(owner_of(&gw, "held").await.as_deref(), Some(stack.nodes[1].id.as_str()));
+    assert_eq!(gw.bodies("held").await, ["before", "after"]);
+}

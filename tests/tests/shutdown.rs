@@ -6,6 +6,8 @@
 
 use nix::sys::signal::Signal;
 use reqwest::Method;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
@@ -1188,8 +1190,6 @@ async fn sd_cs_7_a_stream_left_at_the_self_fence_is_placed_on_a_live_node_about_
 #[tokio::test(flavor = "multi_thread")]
 async fn sd_int_11_stops_at_random_moments_of_bursts_miss_no_notification() {
     use rand::{Rng, SeedableRng};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     let seed = weir_tests::seed("WEIR_STOPS_SEED");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut stack = Stack::start_with(2, Backend::FileWal, SHORT, &[]).await;
@@ -1350,7 +1350,7 @@ async fn sd_int_2_a_closed_connection_cancels_its_requests_not_yet_admitted() {
         )
         .await;
     stack.nodes[0].wait_ready().await;
-    let gw = std::sync::Arc::new(Gatewayd::start(
+    let gw = Arc::new(Gatewayd::start(
         "gw-1",
         &stack.metad.replicas[0].grpc,
         stack.dir.path(),
@@ -1391,4 +1391,196 @@ async fn sd_int_2_a_closed_connection_cancels_its_requests_not_yet_admitted() {
     );
     gw.append("held", &["x"]).await;
     assert_eq!(gw.bodies("held").await, ["y", "x"], "resent, x lands once");
+}
+
+// DEP-4: a drain timeout at or past the deadline cannot lengthen the drain, so a start
+// with 60/50 warns, naming both flags and saying to raise both together; one with the
+// defaults (30/50) says nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn dep_4_a_drain_timeout_past_the_deadline_is_warned_at_startup() {
+    const WARNING: &str =
+        "--drain-timeout-sec is not below --shutdown-deadline-sec, so the deadline ends the drain first; raise both together";
+    let raised =
+        weir_tests::metad::Cluster::start(1, &["--drain-timeout-sec", "60", "--shutdown-deadline-sec", "50"]).await;
+    let warned = records(&raised.replicas[0].log_text(), WARNING);
+    assert_eq!(warned.len(), 1, "{}", raised.logs());
+    assert_eq!(warned[0]["level"], "WARN");
+    assert_eq!(warned[0]["drain_timeout_sec"], 60);
+    assert_eq!(warned[0]["shutdown_deadline_sec"], 50);
+    let defaults = weir_tests::metad::Cluster::start(1, &[]).await;
+    assert!(
+        records(&defaults.replicas[0].log_text(), WARNING).is_empty(),
+        "{}",
+        defaults.logs()
+    );
+}
+
+// SD-INT-4, SD-INT-12: an HTTP append whose chunked body still arrives, a byte a second
+// and then nothing, never complete, is cancelled at stop admission (step 4, after the 1 s readiness
+// drain): its connection ends with a 503 then, not after the 10 s
+// --shutdown-timeout-sec; the gateway exits 0 with every phase Completed, counts the
+// request as dropped, and nothing of it is stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_int_4_a_request_body_still_arriving_is_cancelled_at_stop_admission() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stack = Stack::start_with(1, Backend::FileWal, SHORT, &[]).await;
+    let flags = [
+        "--shutdown-deadline-sec",
+        "30",
+        "--shutdown-drain-sec",
+        "1",
+        "--shutdown-timeout-sec",
+        "10",
+    ];
+    let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &flags);
+    gw.wait_ready().await;
+    gw.create_stream("trickled").await;
+    gw.wait_open("trickled").await;
+    let upload = tokio::net::TcpStream::connect(&gw.http).await.expect("connect");
+    let (mut replies, mut sending) = upload.into_split();
+    let head = "POST /v1/streams/trickled/records HTTP/1.1\r\nhost: weir\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n15\r\n{\"records\":[{\"body\":\"\r\n";
+    sending.write_all(head.as_bytes()).await.expect("request head");
+    // The sender goes quiet before the signal but keeps its half open: bytes still unread
+    // when the gateway closes would make it reset the connection, and a body that ended
+    // would fail on its own.
+    let quiet = Arc::new(AtomicBool::new(false));
+    let _trickle = tokio::spawn({
+        let quiet = quiet.clone();
+        async move {
+            while !quiet.load(Ordering::Relaxed) && sending.write_all(b"1\r\nx\r\n").await.is_ok() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            std::future::pending::<()>().await;
+            drop(sending);
+        }
+    });
+    wait_for("the body arriving", Duration::from_secs(10), || async {
+        let m = gw_metrics(&gw).await;
+        (metric_value(&m, "weir_gatewayd_http_requests_receiving") == Some(1.0)).then_some(())
+    })
+    .await;
+    quiet.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let started = Instant::now();
+    gw.signal(Signal::SIGTERM);
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(8), replies.read_to_end(&mut answer))
+        .await
+        .expect("the connection ended before --shutdown-timeout-sec")
+        .expect("read the answer");
+    let ended = started.elapsed();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "a shutdown refusal: {answer}");
+    assert!(
+        ended >= Duration::from_millis(900) && ended < Duration::from_secs(5),
+        "ended at stop admission, after the 1 s readiness drain: {ended:?}"
+    );
+    let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
+    let log = gw.log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_phases(&log, ["Completed", "Completed", "Completed"]);
+    let ended = records(&log, "ended the clients of a listener");
+    let http = ended
+        .iter()
+        .find(|r| r["listener"] == "http")
+        .expect("the http listener's record");
+    assert_eq!(http["dropped_requests"], 1, "SD-INT-12: {log}");
+    let reader = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    reader.wait_ready().await;
+    assert!(reader.bodies("trickled").await.is_empty(), "nothing of it is stored");
+}
+
+// SD-DL-7: the readiness drain (step 2) is nested in the drain budget. With
+// --shutdown-drain-sec 40 and --drain-timeout-sec 4, a gateway keeps accepting for
+// 4 s after the signal, then refuses connects; a streamd's window ends at 4 s too (its
+// `live reads ended and intake stopped` record, 4 s after `stop requested`).
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_dl_7_the_readiness_drain_ends_with_the_drain_budget() {
+    let flags = [
+        "--shutdown-drain-sec",
+        "40",
+        "--drain-timeout-sec",
+        "4",
+        "--shutdown-deadline-sec",
+        "20",
+    ];
+    let mut stack = Stack::start_with(1, Backend::FileWal, &flags, &[]).await;
+    let mut gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &flags);
+    gw.wait_ready().await;
+    let started = Instant::now();
+    gw.signal(Signal::SIGTERM);
+    stack.nodes[0].term();
+    let refused = wait_for("the gateway refusing connects", Duration::from_secs(15), || async {
+        tokio::net::TcpStream::connect(&gw.http)
+            .await
+            .is_err()
+            .then(|| started.elapsed())
+    })
+    .await;
+    assert!(
+        refused >= Duration::from_millis(3700) && refused <= Duration::from_millis(4800),
+        "the gateway accepted for {refused:?}, not 4 s"
+    );
+    assert_eq!(gw.proc().wait_exit(Duration::from_secs(20)).await, Some(0));
+    assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(20)).await, Some(0));
+    let log = stack.nodes[0].log_text();
+    let at = |message: &str| seconds_of_day(&records(&log, message)[0]);
+    let window = (at("live reads ended and intake stopped") - at("stop requested; shutting down")).rem_euclid(86_400.0);
+    assert!(
+        (3.7..=4.3).contains(&window),
+        "streamd's window was {window:.3} s: {log}"
+    );
+}
+
+// SD-ADM-11, SD-ADM-2: the last streamd stops with six streams, one of whose closes
+// hangs (failpoint `close_stream_stuck=sleep(60000)`, cut at the drain budget). The
+// closes run independently, so the other five close and commit every acknowledged
+// record, whatever order they come in; drain-support is Abandoned for the stuck one
+// alone, and a node started later recovers it with every record.
+#[tokio::test(flavor = "multi_thread")]
+async fn sd_adm_11_a_hung_close_in_place_leaves_the_other_streams_theirs() {
+    let flags = [QUICK_STOP, WAL_ONLY].concat();
+    let mut stack = Stack::start_with(0, Backend::FileWal, &flags, &[]).await;
+    stack.add_node_with_env(
+        "streamd-1",
+        Backend::FileWal,
+        &flags,
+        &[("WEIR_FAILPOINT_CLOSE_STREAM_STUCK", "sleep(60000)")],
+    );
+    stack.nodes[0].wait_ready().await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
+    gw.wait_ready().await;
+    let names = ["stuck", "s-1", "s-2", "s-3", "s-4", "s-5"];
+    let acked: Vec<String> = (0..3).map(|i| format!("r-{i}")).collect();
+    for name in names {
+        gw.create_stream(name).await;
+        gw.wait_open(name).await;
+        for body in &acked {
+            gw.append(name, &[body]).await;
+        }
+    }
+    stack.nodes[0].term();
+    let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
+    let log = stack.nodes[0].log_text();
+    assert_eq!(code, Some(0), "{log}");
+    assert_phases(&log, ["Completed", "Abandoned", "Completed"]);
+    let closed: Vec<String> = records(&log, "closed stream for shutdown")
+        .iter()
+        .filter_map(|r| r["stream"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(closed.len(), 5, "every stream but the stuck one closed: {log}");
+    assert!(!closed.iter().any(|s| s == "stuck"), "{closed:?}");
+    let spent = records(&log, "drain budget spent; failover will recover the rest");
+    assert_eq!(spent.len(), 1, "{log}");
+    assert_eq!(spent[0]["streams"], 1);
+    for name in &names[1..] {
+        let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{name}"))).await;
+        assert_eq!(d["state"], "closed", "{name}: {d}");
+        assert_eq!(d["committed_seq_num"], 3, "{name}: {d}");
+    }
+    stack.add_node("next", Backend::FileWal, &[]);
+    for name in names {
+        gw.wait_open(name).await;
+        assert_eq!(gw.bodies(name).await, acked, "{name}");
+    }
 }

@@ -129,6 +129,7 @@ impl From<JsonRejection> for ApiError {
         let status = r.status();
         let text = r.body_text();
         match r {
+            _ if text.contains(super::in_flight::BODY_CUT_AT_STOP) => ApiError::stopping(text),
             _ if status == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
                 ErrorCode::TooLarge,
                 "request body is over the gateway's --max-body-bytes limit",

@@ -15,7 +15,7 @@ pub mod tokens;
 pub mod trim;
 
 use crate::route::Routes;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -164,12 +164,12 @@ pub fn router(gw: Arc<Gateway>) -> Router {
             .into_response()
         })
         .layer(DefaultBodyLimit::max(gw.max_body_bytes))
-        .layer(middleware::from_fn(count_requests))
+        .layer(middleware::from_fn_with_state(gw.clone(), count_requests))
         .with_state(gw)
 }
 
 /// OBS: requests by route, method and status, and their latency.
-async fn count_requests(req: Request, next: Next) -> Response {
+async fn count_requests(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -178,7 +178,7 @@ async fn count_requests(req: Request, next: Next) -> Response {
     let method = req.method().to_string();
     let started = std::time::Instant::now();
     let _in_flight = in_flight::InFlight::new();
-    let response = next.run(in_flight::track_body(req)).await;
+    let response = next.run(in_flight::track_body(req, &gw.stopping)).await;
     let m = crate::metrics::metrics();
     m.http_requests
         .with_label_values(&[&route, &method, response.status().as_str()])

@@ -190,6 +190,9 @@ impl Node {
             if self.fenced.is_cancelled() {
                 return Err(StreamdError::Fenced);
             }
+            if self.compaction_pace.is_stopped() {
+                break;
+            }
             let replaced = self.commit_entry(&windows, &entry, stats).await?;
             stats.replaced += replaced;
         }
@@ -372,6 +375,13 @@ impl Node {
                 size: object.len() as u64,
             })
             .collect();
+        weir_shared::failpoint::pause("compaction_write").await;
+        // SD-INT-7: a stopping node starts no new compaction write; the sources stay
+        // referenced and nothing is lost.
+        if self.compaction_pace.is_stopped() {
+            return Ok(0);
+        }
+        tracing::debug!(objects = objects.len(), "writing compacted objects");
         futures::stream::iter(objects)
             .map(|(key, object)| async move {
                 let path = object_store::path::Path::from(key.0.as_str());
@@ -557,8 +567,9 @@ pub async fn compaction_loop(node: Arc<Node>, every: Duration, cancel: tokio_uti
             tokio::select! {
                 _ = &mut pass => {}
                 _ = cancel.cancelled() => {
-                    // Teardown: the pass waits on its pace no more and ends at its next
-                    // batch; a pass stuck elsewhere is aborted after its grace.
+                    // A stop: the pass waits on its pace no more, writes nothing new and
+                    // ends at its next batch; a pass stuck elsewhere is aborted after
+                    // its grace at teardown.
                     node.compaction_pace.stop();
                     pass.await;
                     return;
