@@ -9,6 +9,13 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use weir_shared::ids::{NodeId, StreamId};
 
+/// Whether metad replica `metad` may place streams: only while its own row is live
+/// (FO-LIV-11). A replica fenced by a peer, or not yet registered, places nothing; its
+/// proposals would only be refused or race the live holder's.
+pub fn may_place(state: &State, metad: &NodeId) -> bool {
+    state.nodes.get(metad).is_some_and(|n| n.is_live())
+}
+
 /// The placements to make now: (stream, node), balancing by owned-stream count.
 pub fn plan(state: &State) -> Vec<(StreamId, NodeId)> {
     let mut load: BTreeMap<NodeId, usize> = state
@@ -120,6 +127,61 @@ mod tests {
 
     fn op() -> Proposer {
         Proposer::Operator { principal: "t".into() }
+    }
+
+    // FO-LIV-11: a metad replica places streams only while its own row is live: not
+    // before it registers, and not once a peer has fenced it, until it registers again.
+    #[test]
+    fn fo_liv_11_a_fenced_metad_places_nothing() {
+        let mut s = State::default();
+        let mut i = 0;
+        let mut next = |s: &mut State, c: Command| {
+            i += 1;
+            s.apply(
+                i,
+                &Proposal {
+                    proposer: op(),
+                    command: c,
+                },
+                &crate::model::MemIndex::default(),
+            )
+            .outcome
+        };
+        next(
+            &mut s,
+            Command::InitCluster {
+                settings: ClusterSettings {
+                    heartbeat_interval_sec: 1,
+                    node_timeout_sec: 3,
+                },
+            },
+        )
+        .unwrap();
+        let me = NodeId::new("metad-1");
+        assert!(!may_place(&s, &me), "not registered yet");
+        let register = Command::RegisterNode {
+            node: me.clone(),
+            kind: NodeKind::Metad,
+            addrs: NodeAddrs::default(),
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        let Ok(Applied::Registered { epoch }) = next(&mut s, register.clone()) else {
+            panic!("registered")
+        };
+        assert!(may_place(&s, &me));
+        next(
+            &mut s,
+            Command::FenceNode {
+                node: me.clone(),
+                epoch,
+                seen_heartbeats: 0,
+            },
+        )
+        .unwrap();
+        assert!(!may_place(&s, &me), "fenced by a peer");
+        next(&mut s, register).unwrap();
+        assert!(may_place(&s, &me), "live again once registered again");
     }
 
     proptest! {

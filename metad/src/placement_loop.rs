@@ -1,5 +1,6 @@
-//! The leader's placement loop: four times a second, once the restart grace is over,
-//! proposes the pure `placement::plan` as `PlaceStream` commands.
+//! The leader's placement loop: four times a second, once the restart grace is over and
+//! while its own row is live (FO-LIV-11), proposes the pure `placement::plan` as
+//! `PlaceStream` commands.
 
 use crate::raft_types::Raft;
 use crate::store::ViewHub;
@@ -7,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use weir_meta::model::{Command, Proposal, Proposer};
-use weir_meta::placement::{plan, RestartGrace};
+use weir_meta::placement::{may_place, plan, RestartGrace};
 
 /// On the leader, places orphaned closed streams four times a second (after the
 /// restart grace), so a stream closed by a move or a takeover is reopened quickly.
@@ -27,7 +28,10 @@ pub async fn placement_loop(raft: Raft, hub: Arc<ViewHub>, id: u64, cancel: Canc
         if raft.metrics().borrow().current_leader != Some(id) {
             continue;
         }
-        let decisions = hub.with_state(plan);
+        let me = weir_shared::ids::NodeId::new(format!("metad-{id}"));
+        let Some(decisions) = hub.with_state(|s| may_place(s, &me).then(|| plan(s))) else {
+            continue;
+        };
         for (stream, node) in decisions {
             let proposal = Proposal {
                 proposer: Proposer::Operator {
