@@ -234,15 +234,44 @@ pub fn split_batches(mut bytes: &[u8]) -> Result<Vec<(BatchHeader, &[u8])>, Batc
 /// Splits a buffer of concatenated batches by their headers alone, for bytes already
 /// checked as a whole (a committed range whose CRC-32C matched): a read of one batch
 /// must not pay for checking every batch of a 64 MiB range again (issue 17).
-pub fn split_batches_by_header(mut bytes: &[u8]) -> Result<Vec<(BatchHeader, &[u8])>, BatchError> {
-    let mut out = Vec::new();
-    while !bytes.is_empty() {
-        let header = parse_header(bytes)?;
-        let (batch, rest) = bytes.split_at(header.total_len);
-        out.push((header, batch));
-        bytes = rest;
+pub fn split_batches_by_header(bytes: &[u8]) -> Result<Vec<(BatchHeader, &[u8])>, BatchError> {
+    batches_from(bytes, 0)
+        .map(|b| b.map(|(_, header, batch)| (header, batch)))
+        .collect()
+}
+
+/// The batches of `bytes` from byte `pos` on, by their headers alone as
+/// [`split_batches_by_header`], each with its position. A read takes only the batches
+/// it returns, and starts where the previous read of a range stopped, rather than
+/// walking a 64 MiB range's tens of thousands of headers from its start (issue 17).
+/// After an error it yields nothing more.
+pub fn batches_from(bytes: &[u8], pos: usize) -> BatchesFrom<'_> {
+    BatchesFrom { bytes, pos }
+}
+
+/// See [`batches_from`].
+pub struct BatchesFrom<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Iterator for BatchesFrom<'a> {
+    type Item = Result<(usize, BatchHeader, &'a [u8]), BatchError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let rest = self.bytes.get(self.pos..).filter(|r| !r.is_empty())?;
+        let at = self.pos;
+        match parse_header(rest) {
+            Ok(header) => {
+                self.pos += header.total_len;
+                Some(Ok((at, header, &rest[..header.total_len])))
+            }
+            Err(e) => {
+                self.pos = self.bytes.len();
+                Some(Err(e))
+            }
+        }
     }
-    Ok(out)
 }
 
 /// The newest `maxTimestamp` among the batches in `bytes` (already validated; headers
@@ -326,6 +355,38 @@ pub fn opaque_batch(count: i32, payload: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    // Issue 17: a read walks a range's batches from where the last read stopped, each
+    // with its position; a cut batch ends the walk with an error.
+    #[test]
+    fn batches_from_starts_at_a_position_and_stops_at_a_cut_batch() {
+        let batches: Vec<Vec<u8>> = (1..=4).map(|n| opaque_batch(n, &vec![b'x'; n as usize * 10])).collect();
+        let joined = batches.concat();
+        let all: Vec<(usize, i32)> = batches_from(&joined, 0)
+            .map(|b| b.map(|(pos, h, _)| (pos, h.record_count)).expect("whole"))
+            .collect();
+        let starts: Vec<usize> = batches
+            .iter()
+            .scan(0, |at, b| {
+                let start = *at;
+                *at += b.len();
+                Some(start)
+            })
+            .collect();
+        assert_eq!(all, starts.iter().copied().zip(1..=4).collect::<Vec<_>>());
+        let later: Vec<i32> = batches_from(&joined, starts[2])
+            .map(|b| b.expect("whole").1.record_count)
+            .collect();
+        assert_eq!(later, [3, 4]);
+        assert_eq!(batches_from(&joined, joined.len()).count(), 0);
+        let cut = &joined[..joined.len() - 1];
+        let walked: Vec<bool> = batches_from(cut, 0).map(|b| b.is_ok()).collect();
+        assert_eq!(
+            walked,
+            [true, true, true, false],
+            "the cut batch is an error, and the last item"
+        );
+    }
 
     // Issue 17: reads and compaction split ranges already checked whole by headers alone.
     #[test]

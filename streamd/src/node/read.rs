@@ -4,13 +4,13 @@
 use super::Node;
 use crate::error::StreamdError;
 use crate::object::range_reads;
-use crate::stream::StreamHandle;
+use crate::stream::{ReadHint, StreamHandle};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 use weir_meta::model::ObjectRange;
-use weir_shared::batch::split_batches_by_header;
+use weir_shared::batch::{batches_from, split_batches_by_header};
 
 /// Ranged GETs one read or open has in flight at once.
 pub const FETCH_CONCURRENCY: usize = 16;
@@ -217,16 +217,23 @@ impl Node {
         let mut at = offset;
         while let Some(fetched) = chunks.next().await {
             let (range, chunk) = fetched?;
-            // Checked whole against the range's CRC when it was fetched.
-            let parsed = split_batches_by_header(&chunk)
-                .map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
-            let parsed = self.note_damage(handle.id, &range, parsed)?;
-            for (header, bytes) in parsed {
+            // Checked whole against the range's CRC when it was fetched, so headers
+            // alone split it; from where the last read stopped, if it stopped here.
+            let from = handle.read_hint(&range.key, range.pos, at).unwrap_or(0);
+            for batch in batches_from(&chunk, from) {
+                let batch = batch.map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
+                let (pos, header, bytes) = self.note_damage(handle.id, &range, batch)?;
                 let start = header.base_offset as u64;
                 if start + header.offset_count() <= at {
                     continue;
                 }
                 if max_bytes.full(out.len, bytes.len()) {
+                    handle.remember_read(ReadHint {
+                        key: range.key.clone(),
+                        pos: range.pos,
+                        offset: start,
+                        at: pos,
+                    });
                     return Ok(out.into_bytes());
                 }
                 out.push(&chunk, bytes);

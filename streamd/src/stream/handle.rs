@@ -5,7 +5,7 @@ use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::{watch, Mutex};
-use weir_shared::ids::{StreamEpoch, StreamId};
+use weir_shared::ids::{ObjectKey, StreamEpoch, StreamId};
 
 /// One batch in the tail buffer, with its assigned offsets.
 #[derive(Clone, Debug)]
@@ -76,6 +76,20 @@ pub struct StreamHandle {
     /// `inner.start_offset`, readable without the lock (the view follower compares it).
     pub start: AtomicU64,
     serving: AtomicBool,
+    /// Where the last read stopped inside a committed range, so a sequential reader's
+    /// next read starts there rather than at the range's first batch.
+    read_hint: std::sync::Mutex<Option<ReadHint>>,
+}
+
+/// A read stopped before the batch at `offset`, which begins `at` bytes into the range
+/// stored at (`key`, `pos`). Objects never change, so the position stays right for as
+/// long as the range exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadHint {
+    pub key: ObjectKey,
+    pub pos: u64,
+    pub offset: u64,
+    pub at: usize,
 }
 
 impl StreamHandle {
@@ -108,7 +122,21 @@ impl StreamHandle {
             committed: watch::channel(committed_end).0,
             start: AtomicU64::new(start_offset),
             serving: AtomicBool::new(true),
+            read_hint: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Where the batch at `offset` begins in the range at (`key`, `pos`), if the last
+    /// read stopped right there.
+    pub fn read_hint(&self, key: &ObjectKey, pos: u64, offset: u64) -> Option<usize> {
+        let hint = self.read_hint.lock().unwrap_or_else(|p| p.into_inner());
+        hint.as_ref()
+            .filter(|h| h.key == *key && h.pos == pos && h.offset == offset)
+            .map(|h| h.at)
+    }
+
+    pub fn remember_read(&self, hint: ReadHint) {
+        *self.read_hint.lock().unwrap_or_else(|p| p.into_inner()) = Some(hint);
     }
 
     pub fn is_serving(&self) -> bool {

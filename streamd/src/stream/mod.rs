@@ -4,4 +4,4 @@
 pub mod handle;
 pub mod producers;
 
-pub use handle::{Buffered, StreamHandle, StreamInner};
+pub use handle::{Buffered, ReadHint, StreamHandle, StreamInner};
