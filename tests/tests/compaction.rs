@@ -213,6 +213,42 @@ fn writers(
     (stop, tasks)
 }
 
+/// One compacting streamd with environment `env` (failpoints, log level), a gateway,
+/// and stream `stream` on the node with a writer appending to it until the returned
+/// flag is set.
+struct WrittenNode {
+    stack: Stack,
+    gw: Arc<Gatewayd>,
+    id: StreamId,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+async fn one_written_node(env: &[(&str, &str)], stream: &'static str) -> WrittenNode {
+    let mut stack = Stack::start(0, Backend::FileWal, COMPACTING).await;
+    stack.add_node_with_env("streamd-1", Backend::FileWal, COMPACTING, env);
+    stack.nodes[0].wait_ready().await;
+    let gw = Arc::new(Gatewayd::start(
+        "gw-1",
+        &stack.metad.replicas[0].grpc,
+        stack.dir.path(),
+        &[],
+    ));
+    gw.wait_ready().await;
+    let id = stack.create_stream(stream, 0).await;
+    let history = Arc::new(History::default());
+    let (stop, tasks) = writers(&gw, &[stream], &history);
+    WrittenNode {
+        stack,
+        gw,
+        id,
+        history,
+        stop,
+        tasks,
+    }
+}
+
 async fn check_history(gw: &Gatewayd, streams: &[&str], history: &History) {
     for s in streams {
         gw.wait_open(s).await;
@@ -541,28 +577,22 @@ async fn an_open_reads_only_the_tail_of_a_large_range() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
     within(240, async {
-        let mut stack = Stack::start(0, Backend::FileWal, COMPACTING).await;
-        stack.add_node_with_env(
-            "streamd-1",
-            Backend::FileWal,
-            COMPACTING,
+        let streams = ["h-0"];
+        let WrittenNode {
+            mut stack,
+            gw,
+            id,
+            history,
+            stop,
+            tasks,
+        } = one_written_node(
             &[
                 ("WEIR_FAILPOINT_COMPACTION_COMMIT", "hang"),
                 ("WEIR_LOG_LEVEL", "info,weir_shared::shutdown=debug"),
             ],
-        );
-        stack.nodes[0].wait_ready().await;
-        let gw = Arc::new(Gatewayd::start(
-            "gw-1",
-            &stack.metad.replicas[0].grpc,
-            stack.dir.path(),
-            &[],
-        ));
-        gw.wait_ready().await;
-        let streams = ["h-0"];
-        let id = stack.create_stream(streams[0], 0).await;
-        let history = Arc::new(History::default());
-        let (stop, tasks) = writers(&gw, &streams, &history);
+            streams[0],
+        )
+        .await;
         wait_for(
             "the compactor hangs before its commit",
             Duration::from_secs(60),
@@ -625,28 +655,22 @@ async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sd_int_7_compaction_starts_no_object_write_after_the_stop_request() {
     within(240, async {
-        let mut stack = Stack::start(0, Backend::FileWal, COMPACTING).await;
-        stack.add_node_with_env(
-            "streamd-1",
-            Backend::FileWal,
-            COMPACTING,
+        let streams = ["w-0"];
+        let WrittenNode {
+            mut stack,
+            gw,
+            id,
+            history,
+            stop,
+            tasks,
+        } = one_written_node(
             &[
                 ("WEIR_FAILPOINT_COMPACTION_WRITE", "sleep(2000)"),
                 ("WEIR_LOG_LEVEL", "info,weir_streamd::node::compaction=debug"),
             ],
-        );
-        stack.nodes[0].wait_ready().await;
-        let gw = Arc::new(Gatewayd::start(
-            "gw-1",
-            &stack.metad.replicas[0].grpc,
-            stack.dir.path(),
-            &[],
-        ));
-        gw.wait_ready().await;
-        let streams = ["w-0"];
-        let id = stack.create_stream(streams[0], 0).await;
-        let history = Arc::new(History::default());
-        let (stop, tasks) = writers(&gw, &streams, &history);
+            streams[0],
+        )
+        .await;
         wait_for(
             "a compacted write, then a pass waiting before its own",
             Duration::from_secs(60),
