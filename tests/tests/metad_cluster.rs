@@ -751,7 +751,7 @@ struct Tmpfs(std::path::PathBuf);
 impl Tmpfs {
     /// Mounts a tmpfs of `size` at `at`; `None` when this process may not mount
     /// (not root), which the caller reports.
-    fn mount(at: &std::path::Path, size: &str) -> Option<Tmpfs> {
+    fn mount(at: &std::path::Path, size: &str, inodes: u32) -> Option<Tmpfs> {
         let root = std::process::Command::new("id")
             .arg("-u")
             .output()
@@ -761,7 +761,7 @@ impl Tmpfs {
         }
         std::fs::create_dir_all(at).expect("mount point");
         let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .args(["-t", "tmpfs", "-o", &format!("size={size},nr_inodes={inodes}"), "tmpfs"])
             .arg(at)
             .status()
             .expect("run mount");
@@ -769,7 +769,9 @@ impl Tmpfs {
         Some(Tmpfs(at.to_path_buf()))
     }
 
-    /// Writes a file until the filesystem refuses more: the disk is full.
+    /// Fills the disk: a file takes every byte left, then empty files every inode left,
+    /// so a write to a file already open still fits its preallocated space, but no new
+    /// file can be made (ENOSPC either way).
     fn fill(&self) {
         use std::io::Write;
         let mut f = std::fs::File::create(self.0.join("filler")).expect("filler file");
@@ -781,10 +783,19 @@ impl Tmpfs {
                 Err(e) => panic!("filling the disk failed otherwise: {e}"),
             }
         }
+        std::fs::create_dir(self.0.join("inodes")).expect("inode filler directory");
+        for i in 0.. {
+            match std::fs::File::create(self.0.join("inodes").join(i.to_string())) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(28) => break,
+                Err(e) => panic!("filling the inodes failed otherwise: {e}"),
+            }
+        }
     }
 
     fn free(&self) {
         std::fs::remove_file(self.0.join("filler")).expect("remove the filler");
+        std::fs::remove_dir_all(self.0.join("inodes")).expect("remove the inode filler");
     }
 }
 
@@ -794,14 +805,15 @@ impl Drop for Tmpfs {
     }
 }
 
-// SD-TD-6: metad's data directory is on a small disk that fills while it runs. RocksDB's
-// write-ahead log, preallocated, keeps taking entries; SIGTERM then finds the disk full.
-// The close (a synced log, memtables written out, workers stopped) holds nothing open:
-// the exit is graceful, well within the deadline. Once the disk has room again the
-// same directory opens, its lock released, and its journal replays every entry applied
-// before and while the disk was full.
+// OBS-17, SD-TD-6: metad's data directory is on a small disk (48 MiB, 4,096 inodes)
+// that fills, bytes and inodes, while it runs. RocksDB's preallocated write-ahead log
+// keeps taking entries; the close, whose flush needs new files (a log and table files),
+// meets the full disk. The failure is logged at error with RocksDB's own message, it
+// holds nothing open (the exit is graceful, well within the deadline) and the database
+// and its lock are released: once the disk has room again the same directory opens and
+// its journal replays every entry applied before and while the disk was full.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sd_td_6_a_full_disk_holds_no_close_open_and_loses_no_entry() {
+async fn obs_17_sd_td_6_a_full_disk_at_close_is_logged_at_error_and_loses_no_entry() {
     with_timeout(async {
         let mut cluster = Cluster::start(1, &[]).await;
         let client = cluster.client();
@@ -810,8 +822,8 @@ async fn sd_td_6_a_full_disk_holds_no_close_open_and_loses_no_entry() {
         assert_eq!(cluster.replicas[0].wait_exit(Duration::from_secs(20)).await, Some(0));
 
         let small = cluster.replicas[0].data_dir.with_file_name("small-disk");
-        let Some(disk) = Tmpfs::mount(&small, "48m") else {
-            eprintln!("SD-TD-6 not checked: mounting a tmpfs needs root");
+        let Some(disk) = Tmpfs::mount(&small, "48m", 4096) else {
+            eprintln!("OBS-17, SD-TD-6 not checked: mounting a tmpfs needs root");
             return;
         };
         let moved = small.join("metad-1");
@@ -829,7 +841,17 @@ async fn sd_td_6_a_full_disk_holds_no_close_open_and_loses_no_entry() {
         propose_until_applied(&client, topic("while-full")).await;
         cluster.replicas[0].signal(nix::sys::signal::Signal::SIGTERM);
         let code = cluster.replicas[0].wait_exit(Duration::from_secs(20)).await;
-        assert_eq!(code, Some(0), "a graceful exit:\n{}", cluster.replicas[0].log_text());
+        let log = cluster.replicas[0].log_text();
+        let failure = log
+            .lines()
+            .find(|l| l.contains("flushing the metadata store failed"))
+            .unwrap_or_else(|| panic!("no close failure logged (exit {code:?}):\n{log}"));
+        assert!(failure.contains("\"ERROR\""), "logged at error: {failure}");
+        assert!(
+            failure.contains("No space left on device"),
+            "RocksDB's own message: {failure}"
+        );
+        assert_eq!(code, Some(0), "a graceful exit past the failure:\n{log}");
 
         disk.free();
         cluster.replicas[0].start();
@@ -841,6 +863,13 @@ async fn sd_td_6_a_full_disk_holds_no_close_open_and_loses_no_entry() {
         assert!(topics.contains(&"before-full".to_string()) && topics.contains(&"while-full".to_string()));
         cluster.replicas[0].signal(nix::sys::signal::Signal::SIGTERM);
         assert_eq!(cluster.replicas[0].wait_exit(Duration::from_secs(20)).await, Some(0));
+        // The log is appended across starts: the one failure is the full disk's.
+        let log = cluster.replicas[0].log_text();
+        assert_eq!(
+            log.matches("flushing the metadata store failed").count(),
+            1,
+            "a close with room succeeds"
+        );
         drop(disk);
     })
     .await;
