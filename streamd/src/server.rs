@@ -70,7 +70,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     let object_work_stop = background_stop.child_token();
     let storage = TaskTracker::new();
     let storage_stop = CancellationToken::new();
-    let wal = WalWriter::start(sink, args.wal_max_bytes, &storage, storage_stop.clone());
+    let wal = WalWriter::start(sink, args.wal_max_bytes, &storage, storage_stop.clone())?;
     let tunables = Tunables {
         upload_interval: Duration::from_millis(args.upload_interval_ms),
         upload_bytes: args.upload_bytes,

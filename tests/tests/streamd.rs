@@ -498,7 +498,7 @@ async fn reclaimed_object_wal_still_fences_the_writer(store: std::sync::Arc<dyn 
     );
     let (node, epoch, stream) = (NodeId::new("streamd-9"), Epoch(3), StreamId(7));
     let sink = Sink::Object(ObjectSink::create(store.clone(), &node, epoch));
-    let wal = WalWriter::start(sink, u64::MAX, &tasks, stop.clone());
+    let wal = WalWriter::start(sink, u64::MAX, &tasks, stop.clone()).expect("writer");
     let record = |i: u64| WalRecord {
         stream,
         stream_epoch: StreamEpoch(1),

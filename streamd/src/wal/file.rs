@@ -15,12 +15,10 @@ use super::record::{
     classify_tail, decode_past_damage, decode_segment, segment_header, SegmentEnd, Tail, SEGMENT_HEADER_LEN,
 };
 use super::{Replay, SegmentId, WalDamage, WalError};
-use bytes::Bytes;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use weir_shared::durable_dir::sync_dir;
 use weir_shared::ids::{Epoch, NodeId};
@@ -80,9 +78,10 @@ struct Inner {
     preparing: Option<JoinHandle<std::io::Result<File>>>,
 }
 
-/// The writer side of a file WAL.
+/// The writer side of a file WAL. Its calls block on the disk: the WAL writer runs it on
+/// a thread of its own.
 pub struct FileSink {
-    inner: Arc<Mutex<Inner>>,
+    inner: Inner,
 }
 
 impl FileSink {
@@ -109,53 +108,34 @@ impl FileSink {
         };
         // The first segment is ready by the first append, most likely.
         inner.start_preparing();
-        Ok(Self {
-            inner: Arc::new(Mutex::new(inner)),
-        })
+        Ok(Self { inner })
     }
 
     pub fn active_segment(&self) -> Option<SegmentId> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .active
-            .as_ref()
-            .map(|a| a.id)
+        self.inner.active.as_ref().map(|a| a.id)
     }
 
-    pub async fn persist(&mut self, group: Bytes) -> Result<(SegmentId, u64), WalError> {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || inner.lock().unwrap_or_else(|p| p.into_inner()).persist(&group))
-            .await
-            .map_err(|e| WalError::Io(e.to_string()))?
+    /// Writes and syncs `group` (whole encoded records); the segment holding it, and its length.
+    pub fn persist(&mut self, group: &[u8]) -> Result<(SegmentId, u64), WalError> {
+        self.inner.persist(group)
     }
 
     /// Cuts the active segment to its records and deletes the prepared one, so a WAL
     /// that stopped holds only what was written. A WAL taken over is left to its agent.
-    pub async fn close(&mut self) {
-        let inner = self.inner.clone();
-        let closed = tokio::task::spawn_blocking(move || inner.lock().unwrap_or_else(|p| p.into_inner()).close()).await;
-        match closed {
-            Ok(Ok(())) => {}
-            // OBS-17: cutting and syncing the active segment failed (a full or failing
-            // disk): an error, though what was acknowledged was synced before.
-            Ok(Err(e)) => tracing::error!(error = %e, "closing the write-ahead log failed"),
-            Err(e) => tracing::error!(error = %e, "closing the write-ahead log stopped"),
+    pub fn close(&mut self) {
+        // OBS-17: cutting and syncing the active segment failed (a full or failing
+        // disk): an error, though what was acknowledged was synced before.
+        if let Err(e) = self.inner.close() {
+            tracing::error!(error = %e, "closing the write-ahead log failed");
         }
     }
 
-    pub async fn delete(&mut self, segment: SegmentId) -> Result<(), WalError> {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let inner = inner.lock().unwrap_or_else(|p| p.into_inner());
-            match fs::remove_file(segment_path(&inner.dir, segment)) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(io(e)),
-            }
-        })
-        .await
-        .map_err(|e| WalError::Io(e.to_string()))?
+    pub fn delete(&mut self, segment: SegmentId) -> Result<(), WalError> {
+        match fs::remove_file(segment_path(&self.inner.dir, segment)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io(e)),
+        }
     }
 }
 
@@ -391,6 +371,7 @@ pub fn replay_dir(dir: &Path) -> Result<Replay, WalError> {
 mod tests {
     use super::*;
     use crate::wal::record::WalRecord;
+    use bytes::Bytes;
     use weir_shared::ids::{StreamEpoch, StreamId};
 
     fn record(i: u64, size: usize) -> WalRecord {
@@ -416,13 +397,13 @@ mod tests {
 
     // Issue 17: a segment is zero-filled to its full size before it is written, and its
     // never-written tail is a clean end on replay: no damage, nothing invented.
-    #[tokio::test]
-    async fn a_segment_is_preallocated_and_its_zeroed_tail_ends_the_log() {
+    #[test]
+    fn a_segment_is_preallocated_and_its_zeroed_tail_ends_the_log() {
         let root = tempfile::tempdir().expect("tmp");
         let node = NodeId::new("n");
         let mut sink = FileSink::create(root.path(), &node, Epoch(1), 1 << 20).expect("create");
         for i in 0..3 {
-            sink.persist(record(i, 100).encode()).await.expect("persist");
+            sink.persist(&record(i, 100).encode()).expect("persist");
         }
         let dir = incarnation_dir(root.path(), &node, Epoch(1));
         let files = segments(&dir);
@@ -436,17 +417,17 @@ mod tests {
     // Issue 17: a WAL whose writer stopped gives its preallocated space back (a clean
     // stop's incarnation is never taken over, so nothing else would), and keeps every
     // record.
-    #[tokio::test]
-    async fn a_closed_wal_holds_only_its_records() {
+    #[test]
+    fn a_closed_wal_holds_only_its_records() {
         let root = tempfile::tempdir().expect("tmp");
         let node = NodeId::new("n");
         let mut sink = FileSink::create(root.path(), &node, Epoch(1), 64 << 10).expect("create");
         // Past half the segment, so the next one is being prepared.
         for i in 0..300 {
-            sink.persist(record(i, 100).encode()).await.expect("persist");
+            sink.persist(&record(i, 100).encode()).expect("persist");
         }
-        assert!(sink.inner.lock().expect("lock").preparing.is_some());
-        sink.close().await;
+        assert!(sink.inner.preparing.is_some());
+        sink.close();
         let dir = incarnation_dir(root.path(), &node, Epoch(1));
         let files = segments(&dir);
         assert_eq!(files.len(), 1);
@@ -460,13 +441,13 @@ mod tests {
     // Issue 17, issue 20: a finished segment is cut to the end of its records before the
     // next one is named, so only the last segment can end in zeros (anywhere else a
     // zeroed tail is damage), and a WAL of many segments replays whole.
-    #[tokio::test]
-    async fn finished_segments_end_at_their_records_and_replay_whole() {
+    #[test]
+    fn finished_segments_end_at_their_records_and_replay_whole() {
         let root = tempfile::tempdir().expect("tmp");
         let node = NodeId::new("n");
         let mut sink = FileSink::create(root.path(), &node, Epoch(1), 4096).expect("create");
         for i in 0..20 {
-            sink.persist(record(i, 1000).encode()).await.expect("persist");
+            sink.persist(&record(i, 1000).encode()).expect("persist");
         }
         let dir = incarnation_dir(root.path(), &node, Epoch(1));
         let files = segments(&dir);

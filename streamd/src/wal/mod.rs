@@ -57,38 +57,3 @@ pub enum Sink {
     File(file::FileSink),
     Object(object::ObjectSink),
 }
-
-impl Sink {
-    /// Makes `group` (whole encoded records) durable; returns the segment holding it.
-    pub async fn persist(&mut self, group: bytes::Bytes) -> Result<(SegmentId, u64), WalError> {
-        match self {
-            Sink::File(f) => f.persist(group).await,
-            Sink::Object(o) => o.persist(group).await,
-        }
-    }
-
-    /// The writer stopped: gives back the disk a file WAL holds ahead (its preallocated
-    /// tail and the prepared next segment). Nothing written is removed.
-    pub async fn close(&mut self) {
-        if let Sink::File(f) = self {
-            f.close().await;
-        }
-    }
-
-    /// Deletes a segment whose records are all committed in data objects.
-    pub async fn delete(&mut self, segment: SegmentId) -> Result<(), WalError> {
-        match self {
-            Sink::File(f) => f.delete(segment).await,
-            Sink::Object(o) => o.delete(segment).await,
-        }
-    }
-
-    /// The segment reclaim must keep: the file being written, or the newest WAL object,
-    /// whose key is how a takeover finds where the writer is and fences above it.
-    pub fn boundary_segment(&self) -> Option<SegmentId> {
-        match self {
-            Sink::File(f) => f.active_segment(),
-            Sink::Object(o) => o.newest_segment(),
-        }
-    }
-}

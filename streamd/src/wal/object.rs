@@ -275,7 +275,8 @@ mod tests {
             u64::MAX,
             &tasks,
             stop.clone(),
-        );
+        )
+        .expect("writer");
         for i in 0..n {
             let record = WalRecord {
                 stream: StreamId(1),

@@ -41,10 +41,24 @@ impl WalRecord {
         self.base_offset + u64::from(self.offset_count)
     }
 
+    /// Bytes the framed record takes.
+    pub fn encoded_len(&self) -> usize {
+        RECORD_PREFIX + BODY_FIXED + self.batches.len()
+    }
+
     /// The framed record, ready to write.
     pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.encoded_len());
+        self.encode_into(&mut out);
+        out.freeze()
+    }
+
+    /// Appends the framed record to `out`: the group commit frames each record straight
+    /// into its write, so the batches are copied once on their way to the disk.
+    pub fn encode_into(&self, out: &mut BytesMut) {
         let body_len = BODY_FIXED + self.batches.len();
-        let mut out = BytesMut::with_capacity(RECORD_PREFIX + body_len);
+        let start = out.len();
+        out.reserve(RECORD_PREFIX + body_len);
         out.put_u32(body_len as u32);
         out.put_u32(0);
         out.put_u8(KIND_BATCHES);
@@ -53,9 +67,8 @@ impl WalRecord {
         out.put_u64(self.base_offset);
         out.put_u32(self.offset_count);
         out.put_slice(&self.batches);
-        let crc = crc32c::crc32c(&out[RECORD_PREFIX..]);
-        out[4..8].copy_from_slice(&crc.to_be_bytes());
-        out.freeze()
+        let crc = crc32c::crc32c(&out[start + RECORD_PREFIX..]);
+        out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
     }
 }
 
@@ -347,6 +360,23 @@ mod tests {
         let (got, end) = decode_segment(cut).unwrap();
         assert_eq!(got, records[..4].to_vec());
         assert!(matches!(end, SegmentEnd::Invalid { .. }));
+    }
+
+    // Issue 17: the group commit frames records one after another into one buffer; each
+    // is framed as alone, so a group decodes as its records, CRCs and all.
+    #[test]
+    fn records_framed_into_one_buffer_decode_as_framed_alone() {
+        let records: Vec<_> = (0..4).map(|i| record(i, &vec![i as u8; 100 * i as usize])).collect();
+        let mut group = BytesMut::from(&segment_header()[..]);
+        for r in &records {
+            r.encode_into(&mut group);
+        }
+        assert_eq!(&group[..], &segment(&records)[..]);
+        assert_eq!(decode_segment(&group).unwrap(), (records.clone(), SegmentEnd::Clean));
+        assert_eq!(
+            group.len(),
+            SEGMENT_HEADER_LEN + records.iter().map(WalRecord::encoded_len).sum::<usize>()
+        );
     }
 
     fn first_invalid(data: &[u8]) -> usize {

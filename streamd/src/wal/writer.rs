@@ -1,14 +1,24 @@
-//! Group commit: one task drains every waiting append, makes them durable with one
+//! Group commit: one writer drains every waiting append, makes them durable with one
 //! write and one sync, and only then answers them all. It also reclaims segments whose
 //! records are all committed in data objects, and bounds the WAL by `--wal-max-bytes`.
+//!
+//! A file WAL's writer is a thread of its own that blocks on the disk (issue 17): an
+//! append wakes it and its answer wakes the appender, two hand-offs, where a runtime
+//! task handing each group to the blocking pool and back took four. An object WAL's
+//! writer is a runtime task, since its writes are object store requests.
 
+use super::file::FileSink;
+use super::object::ObjectSink;
 use super::record::WalRecord;
 use super::{SegmentId, Sink, WalError};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use weir_shared::failpoint::Action;
 use weir_shared::ids::StreamId;
 
 /// Most bytes one group commit writes.
@@ -17,14 +27,15 @@ const MAX_GROUP_BYTES: usize = 8 * 1024 * 1024;
 const QUEUE: usize = 4096;
 
 enum Request {
+    /// Framed by the writer into its group, so the batches are copied once.
     Append {
-        stream: StreamId,
-        end_offset: u64,
-        record: Bytes,
+        record: WalRecord,
         done: oneshot::Sender<Result<(), WalError>>,
     },
     /// Delete segments whose every stream's records end at or below these committed ends.
     Reclaim { committed: HashMap<StreamId, u64> },
+    /// The stop was requested: wakes a writer thread waiting for appends.
+    Wake,
 }
 
 /// What a segment holds, for reclaiming it.
@@ -45,13 +56,14 @@ pub struct WalWriter {
 }
 
 impl WalWriter {
-    /// Starts the group-commit task on `sink`.
+    /// Starts the group-commit writer on `sink`: a thread for a file WAL, a task on
+    /// `tasks` for an object WAL. Either ends at `stop`, answering nothing queued after.
     pub fn start(
         sink: Sink,
         max_bytes: u64,
         tasks: &tokio_util::task::TaskTracker,
-        stop: tokio_util::sync::CancellationToken,
-    ) -> Self {
+        stop: CancellationToken,
+    ) -> Result<Self, WalError> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer = Self {
             tx,
@@ -59,16 +71,51 @@ impl WalWriter {
             max_bytes,
             fenced: Arc::new(AtomicBool::new(false)),
         };
-        let (writer_bytes, writer_fenced) = (writer.bytes.clone(), writer.fenced.clone());
-        tasks.spawn(async move {
-            let mut sink = sink;
-            tokio::select! {
-                _ = run(&mut sink, rx, writer_bytes, writer_fenced) => {}
-                _ = stop.cancelled() => {}
+        let log = Log {
+            segments: BTreeMap::new(),
+            failed: None,
+            bytes: writer.bytes.clone(),
+            fenced: writer.fenced.clone(),
+        };
+        match sink {
+            Sink::File(file) => {
+                let (ended, thread_ended) = oneshot::channel::<()>();
+                let thread_stop = stop.clone();
+                std::thread::Builder::new()
+                    .name("wal-writer".into())
+                    .spawn(move || {
+                        run_file(file, rx, log, &thread_stop);
+                        let _ = ended.send(());
+                    })
+                    .map_err(|e| WalError::Io(format!("cannot start the WAL writer thread: {e}")))?;
+                // Tracked, so teardown waits for the file to be closed; weak, so the
+                // thread also ends once every handle is gone.
+                let wake = writer.tx.downgrade();
+                tasks.spawn(async move {
+                    let mut thread_ended = thread_ended;
+                    tokio::select! {
+                        _ = stop.cancelled() => {
+                            if let Some(tx) = wake.upgrade() {
+                                // A full queue means the thread is busy, and sees the stop next.
+                                let _ = tx.try_send(Request::Wake);
+                            }
+                            let _ = (&mut thread_ended).await;
+                        }
+                        _ = &mut thread_ended => {}
+                    }
+                });
             }
-            sink.close().await;
-        });
-        writer
+            Sink::Object(object) => {
+                tasks.spawn(async move {
+                    let mut object = object;
+                    tokio::select! {
+                        _ = run_object(&mut object, rx, log) => {}
+                        _ = stop.cancelled() => {}
+                    }
+                });
+            }
+        }
+        Ok(writer)
     }
 
     /// Appends `record`; returns once it is durable and the WAL was not taken over.
@@ -98,9 +145,7 @@ impl WalWriter {
     ) -> Result<impl std::future::Future<Output = Result<(), WalError>>, WalError> {
         let (done, rx) = oneshot::channel();
         let req = Request::Append {
-            stream: record.stream,
-            end_offset: record.end_offset(),
-            record: record.encode(),
+            record: record.clone(),
             done,
         };
         self.tx
@@ -128,53 +173,55 @@ impl WalWriter {
     }
 }
 
-async fn run(sink: &mut Sink, mut rx: mpsc::Receiver<Request>, bytes: Arc<AtomicU64>, fenced: Arc<AtomicBool>) {
-    let mut segments: BTreeMap<SegmentId, SegmentInfo> = BTreeMap::new();
-    let mut failed: Option<WalError> = None;
-    while let Some(first) = rx.recv().await {
-        let mut group = BytesMut::new();
-        let mut waiters = Vec::new();
-        let mut ends = Vec::new();
-        let mut next = Some(first);
-        while let Some(req) = next.take() {
-            match req {
-                Request::Append {
-                    stream,
-                    end_offset,
-                    record,
-                    done,
-                } => {
-                    group.extend_from_slice(&record);
-                    waiters.push(done);
-                    ends.push((stream, end_offset));
-                }
-                Request::Reclaim { committed } => {
-                    reclaim(sink, &mut segments, &committed, &bytes).await;
-                }
+/// The writer's account of its log: what each segment holds, and whether it failed.
+struct Log {
+    segments: BTreeMap<SegmentId, SegmentInfo>,
+    /// Set by the first failure: nothing after it is acknowledged.
+    failed: Option<WalError>,
+    bytes: Arc<AtomicU64>,
+    fenced: Arc<AtomicBool>,
+}
+
+/// Appends gathered for one write.
+#[derive(Default)]
+struct Group {
+    data: BytesMut,
+    waiters: Vec<oneshot::Sender<Result<(), WalError>>>,
+    ends: Vec<(StreamId, u64)>,
+    reclaims: Vec<HashMap<StreamId, u64>>,
+}
+
+impl Group {
+    fn take(&mut self, req: Request) {
+        match req {
+            Request::Append { record, done } => {
+                record.encode_into(&mut self.data);
+                self.waiters.push(done);
+                self.ends.push((record.stream, record.end_offset()));
             }
-            if group.len() < MAX_GROUP_BYTES {
-                next = rx.try_recv().ok();
-            }
+            Request::Reclaim { committed } => self.reclaims.push(committed),
+            Request::Wake => {}
         }
-        if waiters.is_empty() {
-            continue;
-        }
-        // Tests: a slow disk, so appends that arrive meanwhile pile up for the next group.
-        weir_shared::failpoint::pause("wal_persist").await;
-        let result = match &failed {
-            Some(e) => Err(e.clone()),
-            None => sink.persist(group.freeze()).await,
-        };
+    }
+
+    fn is_full(&self) -> bool {
+        self.data.len() >= MAX_GROUP_BYTES
+    }
+}
+
+impl Log {
+    /// Answers a group's appends with what its write did.
+    fn settle(&mut self, group: Group, result: Result<(SegmentId, u64), WalError>) {
         match result {
             Ok((segment, len)) => {
-                let info = segments.entry(segment).or_default();
+                let info = self.segments.entry(segment).or_default();
                 info.bytes += len;
-                for (stream, end) in ends {
+                for (stream, end) in group.ends {
                     let e = info.stream_ends.entry(stream).or_insert(0);
                     *e = (*e).max(end);
                 }
-                bytes.fetch_add(len, Ordering::Relaxed);
-                for w in waiters {
+                self.bytes.fetch_add(len, Ordering::Relaxed);
+                for w in group.waiters {
                     let _ = w.send(Ok(()));
                 }
             }
@@ -182,55 +229,221 @@ async fn run(sink: &mut Sink, mut rx: mpsc::Receiver<Request>, bytes: Arc<Atomic
                 // Nothing after a failure is acknowledged: a taken-over or broken WAL stays failed.
                 if e == WalError::Fenced {
                     tracing::error!("write-ahead log was taken over; acknowledging nothing more");
-                    fenced.store(true, Ordering::Release);
+                    self.fenced.store(true, Ordering::Release);
                 } else {
                     tracing::error!(error = %e, "write-ahead log write failed; acknowledging nothing more");
                 }
-                failed = Some(e.clone());
-                for w in waiters {
+                self.failed = Some(e.clone());
+                for w in group.waiters {
                     let _ = w.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+
+    /// Segments, oldest first, whose every record is covered by `committed`; never the
+    /// `boundary` one, which the writer still needs.
+    fn reclaimable(&self, committed: &HashMap<StreamId, u64>, boundary: Option<SegmentId>) -> Vec<SegmentId> {
+        tracing::debug!(
+            segments = self.segments.len(),
+            ?boundary,
+            ?committed,
+            "reclaiming WAL segments"
+        );
+        self.segments
+            .iter()
+            .take_while(|(id, info)| {
+                Some(**id) != boundary
+                    && info
+                        .stream_ends
+                        .iter()
+                        .all(|(s, end)| committed.get(s).is_none_or(|c| c >= end))
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Records that deleting `segment` went as it did; false stops this reclaim.
+    fn deleted(&mut self, segment: SegmentId, result: Result<(), WalError>) -> bool {
+        match result {
+            Ok(()) => {
+                if let Some(info) = self.segments.remove(&segment) {
+                    self.bytes.fetch_sub(info.bytes, Ordering::Relaxed);
+                }
+                tracing::debug!(segment, "reclaimed WAL segment");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(segment, error = %e, "cannot reclaim WAL segment; will retry");
+                false
+            }
+        }
+    }
+}
+
+/// The file WAL's writer thread: blocks for the first waiting request, takes every
+/// other one already waiting, writes and syncs them as one, answers them; until `stop`.
+fn run_file(mut file: FileSink, mut rx: mpsc::Receiver<Request>, mut log: Log, stop: &CancellationToken) {
+    while let Some(first) = rx.blocking_recv() {
+        if stop.is_cancelled() {
+            break;
+        }
+        let mut group = Group::default();
+        group.take(first);
+        while !group.is_full() {
+            match rx.try_recv() {
+                Ok(req) => group.take(req),
+                Err(_) => break,
+            }
+        }
+        let reclaims = std::mem::take(&mut group.reclaims);
+        if !group.waiters.is_empty() {
+            // Tests: a slow disk, so appends that arrive meanwhile pile up for the next group.
+            if !pause_blocking("wal_persist", stop) {
+                break;
+            }
+            let result = match &log.failed {
+                Some(e) => Err(e.clone()),
+                None => file.persist(&group.data),
+            };
+            log.settle(group, result);
+        }
+        for committed in reclaims {
+            for segment in log.reclaimable(&committed, file.active_segment()) {
+                if !log.deleted(segment, file.delete(segment)) {
+                    break;
+                }
+            }
+        }
+    }
+    // Appends still queued are answered "stopped" as their senders drop.
+    drop(rx);
+    file.close();
+}
+
+/// The waiting actions of failpoint `name` on the writer thread, in steps, so a stop
+/// is not held up by them; false if the stop came first.
+fn pause_blocking(name: &str, stop: &CancellationToken) -> bool {
+    let until = match weir_shared::failpoint::action(name) {
+        Some(Action::Sleep(d)) => {
+            tracing::warn!(failpoint = name, delay = ?d, "failpoint: sleeping");
+            Some(Instant::now() + d)
+        }
+        Some(Action::Hang) => {
+            tracing::warn!(failpoint = name, "failpoint: hanging");
+            None
+        }
+        _ => return true,
+    };
+    while until.is_none_or(|t| Instant::now() < t) {
+        if stop.is_cancelled() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// The object WAL's writer task: as [`run_file`], each group one object.
+async fn run_object(object: &mut ObjectSink, mut rx: mpsc::Receiver<Request>, mut log: Log) {
+    while let Some(first) = rx.recv().await {
+        let mut group = Group::default();
+        group.take(first);
+        while !group.is_full() {
+            match rx.try_recv() {
+                Ok(req) => group.take(req),
+                Err(_) => break,
+            }
+        }
+        let reclaims = std::mem::take(&mut group.reclaims);
+        if !group.waiters.is_empty() {
+            weir_shared::failpoint::pause("wal_persist").await;
+            let result = match &log.failed {
+                Some(e) => Err(e.clone()),
+                None => object.persist(std::mem::take(&mut group.data).freeze()).await,
+            };
+            log.settle(group, result);
+        }
+        for committed in reclaims {
+            for segment in log.reclaimable(&committed, object.newest_segment()) {
+                if !log.deleted(segment, object.delete(segment).await) {
+                    break;
                 }
             }
         }
     }
 }
 
-async fn reclaim(
-    sink: &mut Sink,
-    segments: &mut BTreeMap<SegmentId, SegmentInfo>,
-    committed: &HashMap<StreamId, u64>,
-    bytes: &AtomicU64,
-) {
-    let boundary = sink.boundary_segment();
-    tracing::debug!(
-        segments = segments.len(),
-        ?boundary,
-        ?committed,
-        "reclaiming WAL segments"
-    );
-    let reclaimable: Vec<SegmentId> = segments
-        .iter()
-        .take_while(|(id, info)| {
-            Some(**id) != boundary
-                && info
-                    .stream_ends
-                    .iter()
-                    .all(|(s, end)| committed.get(s).is_none_or(|c| c >= end))
-        })
-        .map(|(id, _)| *id)
-        .collect();
-    for id in reclaimable {
-        match sink.delete(id).await {
-            Ok(()) => {
-                if let Some(info) = segments.remove(&id) {
-                    bytes.fetch_sub(info.bytes, Ordering::Relaxed);
-                }
-                tracing::debug!(segment = id, "reclaimed WAL segment");
-            }
-            Err(e) => {
-                tracing::warn!(segment = id, error = %e, "cannot reclaim WAL segment; will retry");
-                return;
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wal::file::{incarnation_dir, replay_dir};
+    use bytes::Bytes;
+    use std::time::Duration;
+    use weir_shared::ids::{Epoch, NodeId, StreamEpoch};
+
+    fn record(stream: u64, i: u64) -> WalRecord {
+        WalRecord {
+            stream: StreamId(stream),
+            stream_epoch: StreamEpoch(1),
+            base_offset: i,
+            offset_count: 1,
+            batches: Bytes::from(format!("{stream}-{i}")),
         }
+    }
+
+    // Issue 17: the file WAL's writer thread groups appends from many tasks, answers each
+    // once it is durable, keeps each stream's submit order, and at the stop ends, closes
+    // the WAL (its preallocated tail given back) and answers nothing after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_writer_thread_commits_concurrent_appends_in_order_and_ends_at_the_stop() {
+        let root = tempfile::tempdir().expect("tmp");
+        let node = NodeId::new("n");
+        let sink = Sink::File(FileSink::create(root.path(), &node, Epoch(1), 1 << 20).expect("create"));
+        let (tasks, stop) = (tokio_util::task::TaskTracker::new(), CancellationToken::new());
+        let wal = WalWriter::start(sink, u64::MAX, &tasks, stop.clone()).expect("writer");
+        let appenders = tokio_util::task::TaskTracker::new();
+        let writers: Vec<_> = (0..8u64)
+            .map(|s| {
+                let wal = wal.clone();
+                appenders.spawn(async move {
+                    for i in 0..50 {
+                        wal.append(&record(s, i)).await.expect("durable");
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await.expect("writer task");
+        }
+        stop.cancel();
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+            .await
+            .expect("the writer thread ends at the stop");
+        assert!(wal.append(&record(0, 50)).await.is_err(), "an append after the stop");
+        let dir = incarnation_dir(root.path(), &node, Epoch(1));
+        let replay = replay_dir(&dir).expect("replay");
+        assert!(replay.damage.is_empty(), "{:?}", replay.damage);
+        assert_eq!(replay.records.len(), 400);
+        for s in 0..8 {
+            let offsets: Vec<u64> = replay
+                .records
+                .iter()
+                .filter(|r| r.stream == StreamId(s))
+                .map(|r| r.base_offset)
+                .collect();
+            assert_eq!(offsets, (0..50).collect::<Vec<_>>(), "stream {s}");
+        }
+        // Closed: the segment ends at its records, and nothing is prepared ahead.
+        let entries: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let written =
+            super::super::record::SEGMENT_HEADER_LEN + replay.records.iter().map(WalRecord::encoded_len).sum::<usize>();
+        assert_eq!(std::fs::metadata(&entries[0]).expect("segment").len(), written as u64);
     }
 }
