@@ -4,9 +4,9 @@
 //! are stored in the order it sent them.
 
 use super::frame::{self, DecodeError, FrameError};
+use super::response_frame::SharedFrame;
 use super::{admin, brokers, groups, produce, sasl, versions, Kafka};
 use crate::ordered_appends::OrderedAppends;
-use bytes::{BufMut, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
 use kafka_protocol::messages::{ApiKey, RequestKind, ResponseHeader, ResponseKind};
@@ -503,21 +503,30 @@ async fn write<W: AsyncWriteExt + Unpin>(
     version: i16,
     body: &ResponseKind,
 ) -> anyhow::Result<()> {
-    // Sized up front: a Fetch response of megabytes would otherwise be copied again at
-    // each doubling of the buffer.
-    let records = match body {
-        ResponseKind::Fetch(f) => f.compute_size(version).unwrap_or(0),
-        _ => 0,
+    // A Fetch response's batches are referenced, not copied into the frame (issue 17).
+    let shared = match body {
+        ResponseKind::Fetch(f) => f
+            .responses
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .filter_map(|p| p.records.clone())
+            .collect(),
+        _ => Vec::new(),
     };
-    let mut buf = BytesMut::with_capacity(256 + records);
-    buf.put_i32(0);
+    let mut frame = SharedFrame::new(shared);
     ResponseHeader::default()
         .with_correlation_id(correlation_id)
-        .encode(&mut buf, key.response_header_version(version))?;
-    body.encode(&mut buf, version)?;
-    let size = (buf.len() - 4) as i32;
-    buf[..4].copy_from_slice(&size.to_be_bytes());
-    w.write_all(&buf).await?;
+        .encode(&mut frame, key.response_header_version(version))?;
+    match body {
+        ResponseKind::Fetch(f) => f.encode(&mut frame, version)?,
+        // Other responses are small: encoded as the crate does, then one piece.
+        other => {
+            let mut buf = bytes::BytesMut::new();
+            other.encode(&mut buf, version)?;
+            frame.push(buf.freeze());
+        }
+    }
+    w.write_all_buf(&mut frame.finish()).await?;
     // Under TLS, write_all may leave the last records in the session when the socket
     // is full; without a flush they wait for the next response, and a client waiting
     // for this one stalls.

@@ -16,6 +16,7 @@ pub mod groups;
 pub mod leader_epochs;
 pub mod principals;
 pub mod produce;
+pub mod response_frame;
 pub mod sasl;
 pub mod scopes;
 pub mod scram;
