@@ -192,6 +192,19 @@ struct Group {
 }
 
 impl Group {
+    /// `first`, and every request already waiting behind it, up to a group's bytes.
+    fn gather(first: Request, rx: &mut mpsc::Receiver<Request>) -> Self {
+        let mut group = Group::default();
+        group.take(first);
+        while !group.is_full() {
+            match rx.try_recv() {
+                Ok(req) => group.take(req),
+                Err(_) => break,
+            }
+        }
+        group
+    }
+
     fn take(&mut self, req: Request) {
         match req {
             Request::Append { record, done } => {
@@ -288,14 +301,7 @@ fn run_file(mut file: FileSink, mut rx: mpsc::Receiver<Request>, mut log: Log, s
         if stop.is_cancelled() {
             break;
         }
-        let mut group = Group::default();
-        group.take(first);
-        while !group.is_full() {
-            match rx.try_recv() {
-                Ok(req) => group.take(req),
-                Err(_) => break,
-            }
-        }
+        let mut group = Group::gather(first, &mut rx);
         let reclaims = std::mem::take(&mut group.reclaims);
         if !group.waiters.is_empty() {
             // Tests: a slow disk, so appends that arrive meanwhile pile up for the next group.
@@ -347,14 +353,7 @@ fn pause_blocking(name: &str, stop: &CancellationToken) -> bool {
 /// The object WAL's writer task: as [`run_file`], each group one object.
 async fn run_object(object: &mut ObjectSink, mut rx: mpsc::Receiver<Request>, mut log: Log) {
     while let Some(first) = rx.recv().await {
-        let mut group = Group::default();
-        group.take(first);
-        while !group.is_full() {
-            match rx.try_recv() {
-                Ok(req) => group.take(req),
-                Err(_) => break,
-            }
-        }
+        let mut group = Group::gather(first, &mut rx);
         let reclaims = std::mem::take(&mut group.reclaims);
         if !group.waiters.is_empty() {
             weir_shared::failpoint::pause("wal_persist").await;
