@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // to the WAL and back to a Fetch response without being copied into a `Vec`.
     tonic_prost_build::configure()
         .bytes(".weir.streamd.v1")
+        // Messages are encoded into a buffer reserved to their size (src/codec.rs).
+        .codec_path("crate::codec::SizedProstCodec")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! gRPC messages and services of Weir, generated from `proto/`.
 
+pub mod codec;
+
 /// Raft replication between metad replicas.
 pub mod raft {
     #![allow(clippy::all)]
