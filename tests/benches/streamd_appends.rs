@@ -55,6 +55,18 @@ fn pct(v: &[Duration], p: f64) -> Duration {
         .unwrap_or_default()
 }
 
+/// Prints a concurrency-64 load's rate and bandwidth against the disk's sequential `seq` MB/s.
+fn bandwidth(label: &str, size: usize, (n, secs, lat): (usize, f64, &[Duration]), seq: f64) {
+    let mbs = n as f64 * size as f64 / secs / 1e6;
+    println!(
+        "streamd concurrency 64 ({label}): {:.0} appends/s, {mbs:.1} MB/s ({:.0}% of sequential), p50 {:?} p99 {:?}",
+        n as f64 / secs,
+        100.0 * mbs / seq,
+        pct(lat, 0.5),
+        pct(lat, 0.99)
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let stack = Stack::start(1, Backend::FileWal, weir_tests::streamd::PRODUCTION_WAL).await;
@@ -74,20 +86,6 @@ async fn main() {
         pct(&l1, 0.5),
         pct(&l1, 0.99)
     );
-    let mbs = n64 as f64 * 1024.0 / s64 / 1e6;
-    println!(
-        "streamd concurrency 64 (1 KiB): {:.0} appends/s, {mbs:.1} MB/s ({:.0}% of sequential), p50 {:?} p99 {:?}",
-        n64 as f64 / s64,
-        100.0 * mbs / seq,
-        pct(&l64, 0.5),
-        pct(&l64, 0.99)
-    );
-    let large = nl as f64 * 65536.0 / sl / 1e6;
-    println!(
-        "streamd concurrency 64 (64 KiB): {:.0} appends/s, {large:.1} MB/s ({:.0}% of sequential), p50 {:?} p99 {:?}",
-        nl as f64 / sl,
-        100.0 * large / seq,
-        pct(&ll, 0.5),
-        pct(&ll, 0.99)
-    );
+    bandwidth("1 KiB", 1024, (n64, s64, &l64), seq);
+    bandwidth("64 KiB", 64 * 1024, (nl, sl, &ll), seq);
 }
