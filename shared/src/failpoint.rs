@@ -179,6 +179,29 @@ pub async fn pause(name: &str) -> Option<Action> {
     }
 }
 
+/// As [`pause`], for a thread that blocks (the WAL writer): a `sleep` or `hang` action
+/// waits in 10 ms steps, so `stop` ends it early; false if the stop came first.
+pub fn pause_blocking(name: &str, stop: &tokio_util::sync::CancellationToken) -> bool {
+    let until = match action(name) {
+        Some(Action::Sleep(d)) => {
+            tracing::warn!(failpoint = name, delay = ?d, "failpoint: sleeping");
+            Some(std::time::Instant::now() + d)
+        }
+        Some(Action::Hang) => {
+            tracing::warn!(failpoint = name, "failpoint: hanging");
+            None
+        }
+        _ => return true,
+    };
+    while until.is_none_or(|t| std::time::Instant::now() < t) {
+        if stop.is_cancelled() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

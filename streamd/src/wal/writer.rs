@@ -17,10 +17,8 @@ use bytes::BytesMut;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use weir_shared::failpoint::Action;
 use weir_shared::ids::StreamId;
 
 /// Most bytes one group commit writes.
@@ -307,7 +305,7 @@ fn run_file(mut file: FileSink, mut rx: mpsc::Receiver<Request>, mut log: Log, s
         let reclaims = std::mem::take(&mut group.reclaims);
         if !group.waiters.is_empty() {
             // Tests: a slow disk, so appends that arrive meanwhile pile up for the next group.
-            if !pause_blocking("wal_persist", stop) {
+            if !weir_shared::failpoint::pause_blocking("wal_persist", stop) {
                 break;
             }
             let result = match &log.failed {
@@ -327,29 +325,6 @@ fn run_file(mut file: FileSink, mut rx: mpsc::Receiver<Request>, mut log: Log, s
     // Appends still queued are answered "stopped" as their senders drop.
     drop(rx);
     file.close();
-}
-
-/// The waiting actions of failpoint `name` on the writer thread, in steps, so a stop
-/// is not held up by them; false if the stop came first.
-fn pause_blocking(name: &str, stop: &CancellationToken) -> bool {
-    let until = match weir_shared::failpoint::action(name) {
-        Some(Action::Sleep(d)) => {
-            tracing::warn!(failpoint = name, delay = ?d, "failpoint: sleeping");
-            Some(Instant::now() + d)
-        }
-        Some(Action::Hang) => {
-            tracing::warn!(failpoint = name, "failpoint: hanging");
-            None
-        }
-        _ => return true,
-    };
-    while until.is_none_or(|t| Instant::now() < t) {
-        if stop.is_cancelled() {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    true
 }
 
 /// The object WAL's writer task: as [`run_file`], each group one object.
