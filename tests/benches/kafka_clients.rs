@@ -11,6 +11,7 @@
 //! confluent-kafka, see .ci/run). `WEIR_BENCH_MAX_IN_FLIGHT` caps the producer's
 //! requests in flight per connection; `WEIR_BENCH_CLIENTS` (`rdkafka,confluent`),
 //! `WEIR_BENCH_RUNS` (3) and `WEIR_BENCH_MESSAGES` (200000) narrow it;
+//! `WEIR_BENCH_PHASES` (`throughput,latency`) picks the phases;
 //! `WEIR_BENCH_OBJECT_STORE` is `file` (the default, as `weir dev`) or `s3` (s3s-fs);
 //! `WEIR_BENCH_CLUSTER=1` runs 3 metad replicas and 2 streamd instead of one of each.
 //! `WEIR_BENCH_TLS=1` serves Kafka over TLS (`SSL`, a certificate from `weir certs`) to
@@ -132,6 +133,79 @@ async fn latency(gw: &Gatewayd, topic: &str) -> [Duration; 3] {
     [pct(0.5), pct(0.99), lat[lat.len() - 1]]
 }
 
+/// Cumulative counts of the servers' latency histograms: the gateway's Produce requests
+/// (`weir_gatewayd_kafka_request_seconds`) and the streamd nodes' appends
+/// (`weir_streamd_append_seconds`), so a run can tell the time spent in Weir from the time
+/// spent in the client and between the processes.
+#[derive(Clone, Default)]
+struct ServerLatency {
+    produce: Vec<f64>,
+    append: Vec<f64>,
+}
+
+/// Bucket bounds the two histograms share (seconds, as `le` prints them), and `+Inf`.
+const LE: [&str; 5] = ["0.0005", "0.001", "0.002", "0.005", "+Inf"];
+
+impl ServerLatency {
+    async fn scrape(gw: &Gatewayd, nodes: &[String]) -> Self {
+        let gateway = weir_tests::get_text(&gw.url("/metrics")).await;
+        let mut streamd = String::new();
+        for http in nodes {
+            streamd += &weir_tests::get_text(&format!("http://{http}/metrics")).await;
+        }
+        let sum = |text: &str, line: String| -> f64 {
+            text.lines()
+                .filter_map(|l| {
+                    l.strip_prefix(line.as_str())?
+                        .strip_prefix(' ')?
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                })
+                .sum()
+        };
+        Self {
+            produce: LE
+                .iter()
+                .map(|le| {
+                    sum(
+                        &gateway,
+                        format!("weir_gatewayd_kafka_request_seconds_bucket{{api=\"Produce\",le=\"{le}\"}}"),
+                    )
+                })
+                .collect(),
+            append: LE
+                .iter()
+                .map(|le| sum(&streamd, format!("weir_streamd_append_seconds_bucket{{le=\"{le}\"}}")))
+                .collect(),
+        }
+    }
+
+    /// What was observed since `before`, as the share at or under each bound.
+    fn since(&self, before: &Self) -> String {
+        let shares = |now: &[f64], then: &[f64]| {
+            let total = now[LE.len() - 1] - then[LE.len() - 1];
+            LE[..LE.len() - 1]
+                .iter()
+                .enumerate()
+                .map(|(i, le)| {
+                    format!(
+                        "≤{} ms {:.2} %",
+                        le.parse::<f64>().expect("bound") * 1e3,
+                        (now[i] - then[i]) / total.max(1.0) * 100.0
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "gateway Produce {}; streamd appends {}",
+            shares(&self.produce, &before.produce),
+            shares(&self.append, &before.append)
+        )
+    }
+}
+
 /// One throughput figure.
 #[derive(Debug, Clone, Copy, Default)]
 struct Figure {
@@ -202,6 +276,16 @@ enum Client {
 async fn main() {
     let runs: usize = env_or("WEIR_BENCH_RUNS", 3).max(1);
     let count: usize = env_or("WEIR_BENCH_MESSAGES", 200_000);
+    // `WEIR_BENCH_PHASES=latency` measures latency alone, without the background work
+    // (uploads, compaction) that the throughput runs leave behind.
+    let phases = env_or("WEIR_BENCH_PHASES", "throughput,latency".to_string());
+    let phases: Vec<&str> = phases.split(',').map(str::trim).collect();
+    for p in &phases {
+        assert!(
+            ["throughput", "latency"].contains(p),
+            "WEIR_BENCH_PHASES: unknown phase {p:?} (throughput, latency)"
+        );
+    }
     let clients: Vec<Client> = env_or("WEIR_BENCH_CLIENTS", "rdkafka,confluent".to_string())
         .split(',')
         .map(|c| match c.trim() {
@@ -279,6 +363,9 @@ async fn main() {
     println!("{count} messages per run, median of {runs} runs (range in brackets), data objects on {store}");
     for client in clients {
         for size in [100, 1024] {
+            if !phases.contains(&"throughput") {
+                break;
+            }
             let (mut produced, mut consumed) = (vec![], vec![]);
             for run in 0..runs {
                 let topic = create(format!("{client:?}-{size}-{run}").to_lowercase()).await;
@@ -313,7 +400,12 @@ async fn main() {
                 c.first.unwrap_or_default(),
             );
         }
+        if !phases.contains(&"latency") {
+            continue;
+        }
         let mut lat = vec![];
+        let nodes: Vec<String> = stack.nodes.iter().map(|n| n.http.clone()).collect();
+        let before = ServerLatency::scrape(&gw, &nodes).await;
         for run in 0..runs {
             let topic = create(format!("{client:?}-lat-{run}").to_lowercase()).await;
             lat.push(match client {
@@ -339,6 +431,10 @@ async fn main() {
             "{client:?} latency at {LATENCY_RATE} msg/s, 1 KiB, acks=all: p50 {p50:?}, p99 {p99:?}, max {max:?} (median run by p99; p99s {:?}); raw fdatasync p99 {:?}",
             lat.iter().map(|l| l[1]).collect::<Vec<_>>(),
             raw.p99
+        );
+        println!(
+            "  server side over those runs: {}",
+            ServerLatency::scrape(&gw, &nodes).await.since(&before)
         );
     }
 }
