@@ -148,7 +148,7 @@ const LE: [&str; 5] = ["0.0005", "0.001", "0.002", "0.005", "+Inf"];
 
 impl ServerLatency {
     async fn scrape(gw: &Gatewayd, nodes: &[String]) -> Self {
-        let gateway = weir_tests::get_text(&gw.url("/metrics")).await;
+        let gateway = gw.metrics().await;
         let mut streamd = String::new();
         for http in nodes {
             streamd += &weir_tests::get_text(&format!("http://{http}/metrics")).await;

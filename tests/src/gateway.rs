@@ -124,13 +124,18 @@ impl Gatewayd {
 
     /// The value of one line of the gateway's `/metrics` (`name{labels}`), 0 when absent.
     pub async fn metric(&self, line: &str) -> f64 {
-        let metrics = reqwest::get(self.url("/metrics"))
+        crate::metric_value(&self.metrics().await, line).unwrap_or(0.0)
+    }
+
+    /// The gateway's `/metrics` text, over HTTPS when the gateway serves it.
+    pub async fn metrics(&self) -> String {
+        self.request(Method::GET, "/metrics")
+            .send()
             .await
             .expect("metrics")
             .text()
             .await
-            .expect("metrics text");
-        crate::metric_value(&metrics, line).unwrap_or(0.0)
+            .expect("metrics text")
     }
 
     pub async fn wait_ready(&self) {
