@@ -129,11 +129,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         "compaction",
         "compaction",
         None,
-        crate::node::compaction_loop(
-            node.clone(),
-            node.tunables.compaction_interval,
-            object_work_stop.clone(),
-        ),
+        crate::node::compaction_loop(node.clone(), object_work_stop.clone()),
     );
     loops.spawn(
         "retention",

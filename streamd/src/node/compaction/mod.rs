@@ -548,11 +548,13 @@ fn build(key: ObjectKey, members: Vec<Member>) -> (ObjectKey, Bytes, Vec<(usize,
     (key, object, ranges)
 }
 
-/// Starts a compaction pass every `every` until `cancel`. Passes start at a fixed rate
-/// (a pass longer than `every` delays the next, never overlaps it) rather than `every`
-/// after the last one ended: a range written just after a pass planned waits at most
-/// `every` plus one pass to be merged, not `every` plus two (the ranges bound, D-20).
-pub async fn compaction_loop(node: Arc<Node>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
+/// Starts a compaction pass every `--compaction-interval-ms` (`every`) until `cancel`.
+/// Passes start at a fixed rate (a pass longer than `every` delays the next, never
+/// overlaps it) rather than `every` after the last one ended: a range written just
+/// after a pass planned waits at most `every` plus one pass to be merged, not `every`
+/// plus two (the ranges bound, D-20).
+pub async fn compaction_loop(node: Arc<Node>, cancel: tokio_util::sync::CancellationToken) {
+    let every = node.tunables.compaction_interval;
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
