@@ -10,7 +10,11 @@
 //! ext4). The zeroed, never-written tail is a clean end of the last segment on replay;
 //! a segment that is finished is cut to the end of its records first, so only the last
 //! segment may end in zeros.
+//!
+//! Both the zeros and the records are written with direct I/O where the file system
+//! allows it ([`super::direct`]), so neither is copied through the page cache.
 
+use super::direct::{self, AlignedBuf, DirectAppender, BLOCK};
 use super::record::{
     classify_tail, decode_past_damage, decode_segment, segment_header, SegmentEnd, Tail, SEGMENT_HEADER_LEN,
 };
@@ -40,14 +44,34 @@ fn segment_path(dir: &Path, id: SegmentId) -> PathBuf {
 /// Replay reads only `.wal` files, so a prepared segment is never mistaken for one.
 const PREPARED: &str = "next-segment.prepared";
 
+/// A segment ready to be written: preallocated, and whether it was opened for direct I/O.
+struct Prepared {
+    file: File,
+    direct: bool,
+}
+
 /// Creates the next segment at [`PREPARED`]: the header, then zeros up to `size`,
-/// synced. Replaces a leftover from before.
-fn prepare_segment(dir: &Path, size: u64) -> std::io::Result<File> {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(dir.join(PREPARED))?;
+/// synced. Replaces a leftover from before. With `direct`, the zeros are written with
+/// direct I/O, unless the file system does not do it.
+fn prepare_segment(dir: &Path, size: u64, direct: bool) -> std::io::Result<Prepared> {
+    let path = dir.join(PREPARED);
+    let mut options = OpenOptions::new();
+    options.create(true).write(true).truncate(true);
+    if direct {
+        if let Some(file) = direct::open(&options, &path)? {
+            match zero_fill_direct(&file, size) {
+                Ok(()) => {
+                    file.sync_all()?;
+                    return Ok(Prepared { file, direct: true });
+                }
+                // Opened, but its writes are refused (a file system that accepts the flag only).
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        tracing::info!(dir = %dir.display(), "the WAL's file system does not do direct I/O; writing segments through the page cache");
+    }
+    let mut file = options.open(&path)?;
     file.write_all(&segment_header())?;
     let zeros = vec![0u8; 1 << 20];
     let mut left = size.saturating_sub(SEGMENT_HEADER_LEN as u64);
@@ -57,7 +81,24 @@ fn prepare_segment(dir: &Path, size: u64) -> std::io::Result<File> {
         left -= n as u64;
     }
     file.sync_all()?;
-    Ok(file)
+    Ok(Prepared { file, direct: false })
+}
+
+/// Writes the header and zeros up to `size`, rounded up to whole blocks, with direct I/O.
+fn zero_fill_direct(file: &File, size: u64) -> std::io::Result<()> {
+    let size = size.max(SEGMENT_HEADER_LEN as u64).div_ceil(BLOCK as u64) * BLOCK as u64;
+    let mut zeros = AlignedBuf::zeroed((1 << 20).min(size as usize));
+    zeros.as_mut()[..SEGMENT_HEADER_LEN].copy_from_slice(&segment_header());
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(zeros.as_ref().len() as u64) as usize;
+        file.write_all_at(&zeros.as_ref()[..n], at)?;
+        if at == 0 {
+            zeros.as_mut()[..SEGMENT_HEADER_LEN].fill(0);
+        }
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// An open segment file.
@@ -65,6 +106,8 @@ struct Active {
     id: SegmentId,
     file: File,
     len: u64,
+    /// Set when the file was opened for direct I/O: its writes go through this.
+    direct: Option<DirectAppender>,
 }
 
 struct Inner {
@@ -74,8 +117,11 @@ struct Inner {
     active: Option<Active>,
     next_id: SegmentId,
     segment_bytes: u64,
+    /// Whether segments are written with direct I/O: asked for, and until the file
+    /// system refuses it.
+    direct: bool,
     /// The next segment being zero-filled in the background, if started.
-    preparing: Option<JoinHandle<std::io::Result<File>>>,
+    preparing: Option<JoinHandle<std::io::Result<Prepared>>>,
 }
 
 /// The writer side of a file WAL. Its calls block on the disk: the WAL writer runs it on
@@ -88,6 +134,17 @@ impl FileSink {
     /// Creates the WAL directory of a new incarnation. It must not exist: an incarnation
     /// writes one WAL, and its predecessor's is recovered by takeover.
     pub fn create(root: &Path, node: &NodeId, epoch: Epoch, segment_bytes: u64) -> Result<Self, WalError> {
+        Self::create_with(root, node, epoch, segment_bytes, true)
+    }
+
+    /// As [`FileSink::create`]; `direct` false writes through the page cache.
+    fn create_with(
+        root: &Path,
+        node: &NodeId,
+        epoch: Epoch,
+        segment_bytes: u64,
+        direct: bool,
+    ) -> Result<Self, WalError> {
         let dir = incarnation_dir(root, node, epoch);
         let parent = dir.parent().expect("incarnation dir has a parent");
         // The root and the node's directory are synced into their parents too: a crash
@@ -104,6 +161,7 @@ impl FileSink {
             active: None,
             next_id: 1,
             segment_bytes,
+            direct,
             preparing: None,
         };
         // The first segment is ready by the first append, most likely.
@@ -150,7 +208,11 @@ impl Inner {
         }
         let active = self.active.as_mut().expect("rolled above");
         // Positioned: the file is longer than what is written (its zeroed tail).
-        active.file.write_all_at(group, active.len).map_err(io)?;
+        match &mut active.direct {
+            Some(direct) => direct.write_at(&active.file, active.len, group),
+            None => active.file.write_all_at(group, active.len),
+        }
+        .map_err(io)?;
         active.file.sync_data().map_err(io)?;
         active.len += group.len() as u64;
         let (at, filled) = ((active.id, group.len() as u64), active.len);
@@ -186,10 +248,10 @@ impl Inner {
 
     /// Starts zero-filling the next segment on its own thread.
     fn start_preparing(&mut self) {
-        let (dir, size) = (self.dir.clone(), self.segment_bytes);
+        let (dir, size, direct) = (self.dir.clone(), self.segment_bytes, self.direct);
         let spawned = std::thread::Builder::new()
             .name("wal-prepare".into())
-            .spawn(move || prepare_segment(&dir, size));
+            .spawn(move || prepare_segment(&dir, size, direct));
         match spawned {
             Ok(handle) => self.preparing = Some(handle),
             // The next roll prepares it inline instead.
@@ -198,15 +260,17 @@ impl Inner {
     }
 
     /// The prepared next segment: waits for the one being prepared, or prepares it now.
-    fn take_prepared(&mut self) -> std::io::Result<File> {
-        match self.preparing.take().map(|h| h.join()) {
-            Some(Ok(Ok(file))) => Ok(file),
+    fn take_prepared(&mut self) -> std::io::Result<Prepared> {
+        let prepared = match self.preparing.take().map(|h| h.join()) {
+            Some(Ok(Ok(prepared))) => prepared,
             Some(Ok(Err(e))) => {
                 tracing::warn!(error = %e, "preparing the next WAL segment failed; trying again");
-                prepare_segment(&self.dir, self.segment_bytes)
+                prepare_segment(&self.dir, self.segment_bytes, self.direct)?
             }
-            Some(Err(_)) | None => prepare_segment(&self.dir, self.segment_bytes),
-        }
+            Some(Err(_)) | None => prepare_segment(&self.dir, self.segment_bytes, self.direct)?,
+        };
+        self.direct = prepared.direct;
+        Ok(prepared)
     }
 
     fn roll(&mut self) -> Result<(), WalError> {
@@ -214,7 +278,7 @@ impl Inner {
             return Err(WalError::Fenced);
         }
         let fenced_or = |this: &Self, e: std::io::Error| if this.still_ours() { io(e) } else { WalError::Fenced };
-        let file = self.take_prepared().map_err(|e| fenced_or(self, e))?;
+        let prepared = self.take_prepared().map_err(|e| fenced_or(self, e))?;
         // A finished segment ends where its records end, so only the last segment of a
         // WAL can end in zeros; synced before the next segment exists.
         if let Some(done) = &self.active {
@@ -228,8 +292,9 @@ impl Inner {
         self.next_id += 1;
         self.active = Some(Active {
             id,
-            file,
+            file: prepared.file,
             len: SEGMENT_HEADER_LEN as u64,
+            direct: prepared.direct.then(|| DirectAppender::new(&segment_header())),
         });
         Ok(())
     }
@@ -370,7 +435,7 @@ pub fn replay_dir(dir: &Path) -> Result<Replay, WalError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wal::record::WalRecord;
+    use crate::wal::record::{WalRecord, RECORD_OVERHEAD};
     use bytes::Bytes;
     use weir_shared::ids::{StreamEpoch, StreamId};
 
@@ -436,6 +501,56 @@ mod tests {
         assert!(!dir.join(PREPARED).exists(), "the prepared segment is deleted");
         let replay = replay_dir(&dir).expect("replay");
         assert_eq!(replay.records.len(), 300);
+    }
+
+    // Issue 17: segments are written with direct I/O, block by block, rewriting the
+    // block each write ended in, and hold byte for byte what writes through the page
+    // cache make of the same groups: records that end mid-block, on a block's end, span
+    // many blocks, and roll over into new segments.
+    #[test]
+    fn direct_segments_hold_what_buffered_writes_make() {
+        let node = NodeId::new("n");
+        let (direct_root, buffered_root) = (tempfile::tempdir().expect("tmp"), tempfile::tempdir().expect("tmp"));
+        let mut direct = FileSink::create(direct_root.path(), &node, Epoch(1), 64 << 10).expect("create");
+        let mut buffered =
+            FileSink::create_with(buffered_root.path(), &node, Epoch(1), 64 << 10, false).expect("create");
+        // The first record ends its group exactly on the first block's end.
+        let first = BLOCK - SEGMENT_HEADER_LEN - RECORD_OVERHEAD;
+        let sizes = [first, 1, 100, 4000, 4096, 20_000, 3, 9000, 70_000, 5, 12_000];
+        let records: Vec<WalRecord> = (0..60).map(|i| record(i, sizes[i as usize % sizes.len()])).collect();
+        for (i, r) in records.iter().enumerate() {
+            let mut group = r.encode().to_vec();
+            if i % 7 == 3 {
+                // Some groups hold two records.
+                group.extend_from_slice(&record(1000 + i as u64, 10).encode());
+            }
+            let at = direct.persist(&group).expect("direct persist");
+            assert_eq!(at, buffered.persist(&group).expect("buffered persist"));
+            let active = direct.inner.active.as_ref().expect("active");
+            assert!(
+                direct::is_direct(&active.file),
+                "segment {} is written with direct I/O",
+                active.id
+            );
+        }
+        // Closed, the last segments end at their records too.
+        direct.close();
+        buffered.close();
+        let (direct_dir, buffered_dir) = (
+            incarnation_dir(direct_root.path(), &node, Epoch(1)),
+            incarnation_dir(buffered_root.path(), &node, Epoch(1)),
+        );
+        let (direct_files, buffered_files) = (segments(&direct_dir), segments(&buffered_dir));
+        assert!(direct_files.len() > 3, "{direct_files:?}");
+        assert_eq!(direct_files.len(), buffered_files.len());
+        for (d, b) in direct_files.iter().zip(&buffered_files) {
+            let (d_data, b_data) = (fs::read(d).expect("direct"), fs::read(b).expect("buffered"));
+            assert_eq!(d_data.len(), b_data.len(), "{}", d.display());
+            assert!(d_data == b_data, "{} differs from the buffered segment", d.display());
+        }
+        let replay = replay_dir(&direct_dir).expect("replay");
+        assert!(replay.damage.is_empty(), "{:?}", replay.damage);
+        assert_eq!(replay.records.len(), 60 + (0..60).filter(|i| i % 7 == 3).count());
     }
 
     // Issue 17, issue 20: a finished segment is cut to the end of its records before the

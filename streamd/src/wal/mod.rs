@@ -3,6 +3,7 @@
 //! Two backends: segment files in a per-incarnation directory on a shared volume
 //! (`file`), or segment objects written with put-if-absent (`object`).
 
+mod direct;
 pub mod file;
 pub mod object;
 pub mod record;
