@@ -66,6 +66,35 @@ impl BatchHeader {
     pub fn is_control(&self) -> bool {
         self.attributes & 0x20 != 0
     }
+
+    /// Whether the batch was written inside a Kafka transaction.
+    pub fn is_transactional(&self) -> bool {
+        self.attributes & 0x10 != 0
+    }
+}
+
+/// Why a producer's batch is one only a transaction coordinator may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ProducerBatchError {
+    /// A control batch (a transaction marker): as in Kafka, clients may not write one.
+    #[error("clients are not allowed to write control records")]
+    Control,
+    /// A transactional batch: it would stand for a transaction no coordinator knows
+    /// about, which `read_committed` readers would wait on for ever.
+    #[error("transactional records need a transactional producer, and transactions are not supported")]
+    Transactional,
+}
+
+/// Checks a batch a producer sent (Kafka Produce, HTTP append): markers are written by
+/// transaction coordinators only, and transactional data only inside a transaction.
+pub fn check_producer_batch(header: &BatchHeader) -> Result<(), ProducerBatchError> {
+    if header.is_control() {
+        return Err(ProducerBatchError::Control);
+    }
+    if header.is_transactional() {
+        return Err(ProducerBatchError::Transactional);
+    }
+    Ok(())
 }
 
 fn be_i64(b: &[u8], at: usize) -> i64 {
@@ -355,6 +384,25 @@ pub fn opaque_batch(count: i32, payload: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    // Issue 23: markers and transactional data come from coordinators and transactions,
+    // never from a plain producer.
+    #[test]
+    fn a_producer_may_not_write_markers_or_transactional_batches() {
+        let plain = opaque_batch(1, b"a");
+        let header = |attributes: i16| BatchHeader {
+            attributes,
+            ..parse_header(&plain).expect("header")
+        };
+        assert_eq!(check_producer_batch(&header(0)), Ok(()));
+        assert_eq!(check_producer_batch(&header(0x01)), Ok(()), "compressed (gzip)");
+        assert_eq!(check_producer_batch(&header(0x30)), Err(ProducerBatchError::Control));
+        assert_eq!(check_producer_batch(&header(0x20)), Err(ProducerBatchError::Control));
+        assert_eq!(
+            check_producer_batch(&header(0x10)),
+            Err(ProducerBatchError::Transactional)
+        );
+    }
 
     // Issue 17: a read walks a range's batches from where the last read stopped, each
     // with its position; a cut batch ends the walk with an error.

@@ -37,6 +37,15 @@ pub fn batch(value: &[u8]) -> Vec<u8> {
     b
 }
 
+/// `batch` with its attributes set to `attributes` (and its CRC made right again): a
+/// control batch (0x20), a transactional one (0x10).
+pub fn with_attributes(mut batch: Vec<u8>, attributes: i16) -> Vec<u8> {
+    batch[21..23].copy_from_slice(&attributes.to_be_bytes());
+    let crc = crc32c::crc32c(&batch[21..]);
+    batch[17..21].copy_from_slice(&crc.to_be_bytes());
+    batch
+}
+
 fn put_varint(out: &mut Vec<u8>, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     loop {

@@ -36,6 +36,8 @@ pub const KAFKA_STORAGE_ERROR: i16 = KafkaError::KafkaStorageError.code();
 pub const UNKNOWN_TOPIC_ID: i16 = KafkaError::UnknownTopicId.code();
 pub const FENCED_LEADER_EPOCH: i16 = KafkaError::FencedLeaderEpoch.code();
 pub const UNKNOWN_LEADER_EPOCH: i16 = KafkaError::UnknownLeaderEpoch.code();
+pub const INVALID_RECORD: i16 = KafkaError::InvalidRecord.code();
+pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = KafkaError::TransactionalIdAuthorizationFailed.code();
 
 /// A routed call's failure as a partition-level Kafka error of a data API. An owner
 /// that failed mid-append (outcome unknown) is REQUEST_TIMED_OUT, as a Kafka broker's

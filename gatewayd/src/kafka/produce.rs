@@ -11,6 +11,7 @@ use kafka_protocol::messages::produce_response::{PartitionProduceResponse, Topic
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 use weir_meta::model::scopes::{Access, Grants};
+use weir_shared::batch::ProducerBatchError;
 
 /// One partition's outcome: (error code, base offset, message).
 type Outcome = (i16, i64, Option<String>);
@@ -140,6 +141,17 @@ fn send(
         Ok(_) => return Err((errors::CORRUPT_MESSAGE, -1, Some("no record batch".into()))),
         Err(e) => return Err((errors::CORRUPT_MESSAGE, -1, Some(e.to_string()))),
     };
+    // Kafka's answers: a marker is an invalid record; transactional data without a
+    // transaction is not authorized for any transactional id.
+    for (h, _) in &batches {
+        if let Err(e) = weir_shared::batch::check_producer_batch(h) {
+            let code = match e {
+                ProducerBatchError::Control => errors::INVALID_RECORD,
+                ProducerBatchError::Transactional => errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            };
+            return Err((code, -1, Some(e.to_string())));
+        }
+    }
     // The topic's max.message.bytes, or the gateway's default, bounds each batch.
     let limit = super::configs::max_message_bytes(kafka, topic);
     if let Some((h, _)) = batches.iter().find(|(h, _)| h.total_len > limit) {

@@ -9,7 +9,9 @@ use crate::wal::{WalError, WalRecord};
 use bytes::BytesMut;
 use futures::future::BoxFuture;
 use std::sync::Arc;
-use weir_shared::batch::{check_record_count, set_base_offset, set_partition_leader_epoch, split_batches, BatchError};
+use weir_shared::batch::{
+    check_producer_batch, check_record_count, set_base_offset, set_partition_leader_epoch, split_batches, BatchError,
+};
 
 /// What an acknowledged append was assigned.
 #[derive(Debug, Clone)]
@@ -105,6 +107,7 @@ impl Node {
                 BatchError::TooLarge(_) => StreamdError::TooLarge(e.to_string()),
                 e => StreamdError::InvalidArgument(e.to_string()),
             })?;
+            check_producer_batch(header).map_err(|e| StreamdError::InvalidArgument(e.to_string()))?;
         }
         if parsed.is_empty() {
             return Err(StreamdError::InvalidArgument(

@@ -1154,6 +1154,38 @@ async fn pipeline(s: std::net::TcpStream, frames: Vec<Vec<u8>>) -> Vec<(i32, i16
     answers
 }
 
+// Issue 23: a producer cannot write what only a transaction coordinator writes. A
+// control batch (a forged commit or abort marker) is INVALID_RECORD, and a
+// transactional batch outside a transaction TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as
+// Kafka answers; neither is stored, so the plain batch after them gets offset 0. The
+// owner refuses them too when they come straight to it, past the gateway's check.
+#[tokio::test(flavor = "multi_thread")]
+async fn producers_cannot_write_markers_or_transactional_batches() {
+    use weir_tests::batches::{batch, with_attributes};
+    let (stack, gw) = kafka_stack(1, &[]).await;
+    create_topic(&gw, "forged", 1).await;
+    let marker = with_attributes(batch(b"commit?"), 0x30);
+    let frames = vec![
+        produce_v3("forged", &marker, 1),
+        produce_v3("forged", &with_attributes(batch(b"in a txn"), 0x10), 2),
+        produce_v3("forged", &batch(b"plain"), 3),
+    ];
+    let s = std::net::TcpStream::connect(&gw.kafka).expect("connect");
+    let answers = tokio::time::timeout(T, pipeline(s, frames)).await.expect("answered");
+    assert_eq!(answers, [(1, 87, -1), (2, 53, -1), (3, 0, 0)]);
+    let mut owner = stack.nodes[0].client().await;
+    let refused = owner
+        .append(weir_proto::streamd::AppendRequest {
+            stream: "forged/0".into(),
+            batches: marker.into(),
+            match_next_offset: None,
+        })
+        .await
+        .expect_err("a marker from a producer is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("control records"), "{refused:?}");
+}
+
 // Issue 17, D-22: a connection's Produce requests are pipelined. 60 requests to one
 // partition, sent back to back while every WAL write takes 100 ms (a failpoint), are
 // answered in far less than the 6 s one-at-a-time would take (they share syncs), in
