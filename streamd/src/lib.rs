@@ -6,6 +6,7 @@ pub mod config;
 pub mod error;
 pub mod groups;
 pub mod http;
+pub mod keyed_records;
 pub mod metrics;
 pub mod node;
 pub mod object;
@@ -13,6 +14,7 @@ pub mod server;
 pub mod service;
 pub mod shutdown_drain;
 pub mod stream;
+pub mod txn;
 pub mod wal;
 
 pub use config::StreamdArgs;

@@ -6,9 +6,8 @@
 //! commits survive a move or failover of the stream with it (like Kafka's
 //! `__consumer_offsets`).
 
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::indexmap::IndexMap;
-use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use bytes::Bytes;
+use kafka_protocol::records::Record;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -120,23 +119,11 @@ impl OffsetTable {
     /// do not decode, are skipped (one bad batch must not make every group on the
     /// stream unavailable).
     pub fn replay(&mut self, batches: Bytes) -> Result<(), String> {
-        let split = weir_shared::batch::split_batches(&batches).map_err(|e| format!("offsets stream: {e}"))?;
-        for (header, raw) in split {
-            let mut one = Bytes::copy_from_slice(raw);
-            match weir_shared::inflate::decode_all(&mut one, OFFSETS_BATCH_INFLATED_BYTES) {
-                Ok(sets) => {
-                    for r in sets.into_iter().flat_map(|s| s.records) {
-                        if let Some(change) = decode(&r) {
-                            self.apply(change);
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(offset = header.base_offset, error = %e, "skipped an offsets-stream batch that does not decode")
-                }
+        crate::keyed_records::replay(batches, OFFSETS_BATCH_INFLATED_BYTES, "offsets", |r| {
+            if let Some(change) = decode(r) {
+                self.apply(change);
             }
-        }
-        Ok(())
+        })
     }
 }
 
@@ -156,70 +143,39 @@ fn decode(r: &Record) -> Option<Change> {
 
 /// Encodes changes as one batch for the offsets stream.
 pub fn encode(changes: &[Change]) -> Result<Bytes, String> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
-    let records = changes
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let (key, value) = match c {
-                Change::Commit {
-                    group,
-                    topic,
-                    partition,
-                    committed,
-                } => (
-                    Key {
-                        group: group.clone(),
-                        topic: Some(topic.clone()),
-                        partition: Some(*partition),
-                    },
-                    Some(serde_json::to_vec(committed).unwrap_or_default()),
-                ),
-                Change::DeleteGroup { group } => (
-                    Key {
-                        group: group.clone(),
-                        topic: None,
-                        partition: None,
-                    },
-                    None,
-                ),
-            };
-            Record {
-                transactional: false,
-                control: false,
-                delete_horizon: false,
-                partition_leader_epoch: -1,
-                producer_id: -1,
-                producer_epoch: -1,
-                timestamp_type: TimestampType::Creation,
-                offset: i as i64,
-                sequence: -1,
-                timestamp: now,
-                key: Some(Bytes::from(serde_json::to_vec(&key).unwrap_or_default())),
-                value: value.map(Bytes::from),
-                headers: IndexMap::new(),
-            }
-        })
-        .collect::<Vec<_>>();
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .map_err(|e| format!("cannot encode offset commits: {e}"))?;
-    Ok(buf.freeze())
+    let records = changes.iter().map(|c| {
+        let (key, value) = match c {
+            Change::Commit {
+                group,
+                topic,
+                partition,
+                committed,
+            } => (
+                Key {
+                    group: group.clone(),
+                    topic: Some(topic.clone()),
+                    partition: Some(*partition),
+                },
+                Some(serde_json::to_vec(committed).unwrap_or_default()),
+            ),
+            Change::DeleteGroup { group } => (
+                Key {
+                    group: group.clone(),
+                    topic: None,
+                    partition: None,
+                },
+                None,
+            ),
+        };
+        (serde_json::to_vec(&key).unwrap_or_default(), value)
+    });
+    crate::keyed_records::encode(records, "offset commits")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BytesMut;
 
     fn commit(group: &str, p: i32, offset: i64) -> Change {
         Change::Commit {

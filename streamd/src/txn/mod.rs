@@ -1,0 +1,12 @@
+//! Kafka transactions (issue 23; design in `docs/design/0005-transactions.md`).
+//!
+//! The coordinator of a transactional id is the owner of the id's transaction-state
+//! stream (`__transaction_state/N`), as a group's is the owner of its offsets stream.
+//! This module holds the coordinator's rules and log, the markers it writes, and what
+//! a partition's owner keeps of the transactions in it; the services that serve the
+//! requests and write the markers build on them.
+
+pub mod log;
+pub mod marker;
+pub mod partition;
+pub mod state;
