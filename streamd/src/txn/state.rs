@@ -172,16 +172,24 @@ fn bump(e: &TxnEntry, req: InitRequest, now: u64) -> Result<TxnEntry, i16> {
             (next, if expected.is_some() { e.epoch } else { NO_EPOCH })
         }
     };
-    Ok(TxnEntry {
+    let bumped = TxnEntry {
         epoch,
         last_epoch,
-        timeout_ms: req.timeout_ms,
+        ..e.clone()
+    };
+    Ok(idle(bumped, req.timeout_ms, now))
+}
+
+/// `e` with no transaction begun: what an `InitProducerId` leaves.
+fn idle(e: TxnEntry, timeout_ms: u32, now: u64) -> TxnEntry {
+    TxnEntry {
+        timeout_ms,
         state: TxnState::Empty,
         partitions: BTreeSet::new(),
         started_ms: 0,
         updated_ms: now,
-        ..e.clone()
-    })
+        ..e
+    }
 }
 
 /// Aborts an ongoing transaction under a bumped epoch, so the producer that began it
