@@ -26,9 +26,12 @@ impl DataPlane {
 
 /// Who may call the data plane on an mTLS cluster (D-21): gateways route clients'
 /// requests here, and metad's leader closes streams for transfers and drains; nothing
-/// else, and only metad may close a stream.
+/// else, and only metad may close a stream. Only a streamd (a transaction's
+/// coordinator) writes transaction markers.
 const CLIENTS: &[Role] = &[Role::Gatewayd, Role::Metad];
 const METAD: &[Role] = &[Role::Metad];
+/// Transaction markers come from the coordinator of the transaction, a streamd.
+const COORDINATORS: &[Role] = &[Role::Streamd];
 
 #[tonic::async_trait]
 impl Streamd for DataPlane {
@@ -152,5 +155,31 @@ impl Streamd for DataPlane {
             .handle(&req.stream, api_key, version, req.body, client)
             .await?;
         Ok(Response::new(GroupReply { body }))
+    }
+
+    async fn write_txn_marker(
+        &self,
+        req: Request<WriteTxnMarkerRequest>,
+    ) -> Result<Response<WriteTxnMarkerReply>, Status> {
+        weir_shared::peer::require(&req, COORDINATORS, "WriteTxnMarker")?;
+        let req = req.into_inner();
+        let epoch = i16::try_from(req.producer_epoch)
+            .ok()
+            .filter(|e| *e >= 0)
+            .ok_or_else(|| crate::error::StreamdError::InvalidArgument("producer_epoch out of range".into()))?;
+        if req.producer_id < 0 {
+            return Err(crate::error::StreamdError::InvalidArgument("producer_id must be at least 0".into()).into());
+        }
+        let marker = crate::txn::marker::Marker {
+            producer_id: req.producer_id,
+            epoch,
+            commit: req.commit,
+            coordinator_epoch: req.coordinator_epoch,
+        };
+        let written = self.node.write_marker(&req.stream, &marker).await?;
+        Ok(Response::new(WriteTxnMarkerReply {
+            offset: written.offset,
+            end_offset: written.end_offset,
+        }))
     }
 }

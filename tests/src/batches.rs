@@ -46,6 +46,17 @@ pub fn with_attributes(mut batch: Vec<u8>, attributes: i16) -> Vec<u8> {
     batch
 }
 
+/// `batch` as an idempotent producer's: producer id `pid`, epoch `epoch`, base
+/// sequence `seq` (and its CRC made right again).
+pub fn idempotent(mut batch: Vec<u8>, pid: i64, epoch: i16, seq: i32) -> Vec<u8> {
+    batch[43..51].copy_from_slice(&pid.to_be_bytes());
+    batch[51..53].copy_from_slice(&epoch.to_be_bytes());
+    batch[53..57].copy_from_slice(&seq.to_be_bytes());
+    let crc = crc32c::crc32c(&batch[21..]);
+    batch[17..21].copy_from_slice(&crc.to_be_bytes());
+    batch
+}
+
 fn put_varint(out: &mut Vec<u8>, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     loop {

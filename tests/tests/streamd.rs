@@ -5,9 +5,9 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
-use weir_proto::streamd::{AppendRequest, CloseStreamRequest, ReadRequest, StatusRequest};
+use weir_proto::streamd::{AppendRequest, CloseStreamRequest, ReadRequest, StatusRequest, WriteTxnMarkerRequest};
 use weir_shared::ids::{Epoch, NodeId};
-use weir_tests::batches::{batch, values};
+use weir_tests::batches::{batch, idempotent, values};
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
@@ -1231,6 +1231,123 @@ async fn a_sequential_reader_finds_each_next_range_fetched_ahead() {
             "only the first range waits on its reader's GET:\n{metrics}"
         );
         assert!(gets("read_ahead") >= 5.0, "the ranges after it come ahead:\n{metrics}");
+    })
+    .await;
+}
+
+/// Issue 23 (design 0005, "Markers fence"): a transaction marker from a transaction's
+/// coordinator (a streamd certificate) fences its producer's older epochs in the
+/// stream; a retried marker is not written again; a marker older than the producer's
+/// epoch is refused; and the fence survives a move, the new owner replaying the marker
+/// from the stored tail. No other certificate may write a marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_marker_fences_its_producer_and_the_fence_survives_a_move() {
+    with_timeout(async {
+        let stack = secure_stack(2, Backend::FileWal, &["--upload-interval-ms", "100"]).await;
+        let id = stack.create_stream("fenced", 0).await;
+        let append = |epoch: i16, seq: i32, value: &str| AppendRequest {
+            stream: "fenced".into(),
+            batches: idempotent(batch(value.as_bytes()), 42, epoch, seq).into(),
+            match_next_offset: None,
+        };
+        let marker = |epoch: i32| WriteTxnMarkerRequest {
+            stream: "fenced".into(),
+            producer_id: 42,
+            producer_epoch: epoch,
+            commit: false,
+            coordinator_epoch: 1,
+        };
+        let mut a = stack.nodes[0].client().await;
+        a.append(append(0, 0, "p-0")).await.expect("append at epoch 0");
+
+        // The tests' own certificate is metad's: not a coordinator.
+        let err = a.write_txn_marker(marker(1)).await.expect_err("metad wrote a marker");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+        let coordinator = |on: usize| {
+            let tls = stack.metad.certs.as_ref().expect("mTLS").tls("streamd", "streamd-2");
+            let ch = weir_shared::grpc::channel_with(&stack.nodes[on].grpc, Some(tls.client())).expect("channel");
+            weir_proto::streamd::streamd_client::StreamdClient::new(ch)
+        };
+        let mut c = coordinator(0);
+        let written = c.write_txn_marker(marker(1)).await.expect("marker").into_inner();
+        assert_eq!(written.offset, Some(1), "{written:?}");
+        assert_eq!(written.end_offset, 2);
+        // A retry is answered without a second marker.
+        let again = c
+            .write_txn_marker(marker(1))
+            .await
+            .expect("retried marker")
+            .into_inner();
+        assert_eq!(again.offset, None, "{again:?}");
+        assert_eq!(again.end_offset, 2);
+        // The zombie at epoch 0 is fenced; an older marker is refused.
+        let fenced = a
+            .append(append(0, 1, "zombie"))
+            .await
+            .expect_err("a fenced epoch appended");
+        assert_eq!(
+            weir_shared::error_code::ErrorCode::of_status(&fenced).map(|c| c.as_str()),
+            Some("invalid_producer_epoch"),
+            "{fenced:?}"
+        );
+        let stale = c
+            .write_txn_marker(marker(0))
+            .await
+            .expect_err("an older marker was written");
+        assert_eq!(
+            weir_shared::error_code::ErrorCode::of_status(&stale).map(|c| c.as_str()),
+            Some("invalid_producer_epoch"),
+            "{stale:?}"
+        );
+        // The marker is stored as a control batch between the data.
+        let r = a
+            .read(ReadRequest {
+                stream: "fenced".into(),
+                offset: 0,
+                max_bytes: 64 * 1024,
+                wait_ms: 0,
+                exact_max_bytes: false,
+            })
+            .await
+            .expect("read")
+            .into_inner();
+        let parsed = weir_shared::batch::split_batches(&r.batches).expect("batches");
+        let control: Vec<bool> = parsed.iter().map(|(h, _)| h.is_control()).collect();
+        assert_eq!(control, vec![false, true], "{parsed:?}");
+
+        // Moved to node 2, which rebuilds the producer's state from the stored tail.
+        stack.wait_committed(0, "fenced", 2).await;
+        a.close_stream(CloseStreamRequest {
+            stream: "fenced".into(),
+            timeout_ms: 0,
+        })
+        .await
+        .expect("close");
+        stack.place(id, 1).await;
+        stack.wait_serving("fenced", 1).await;
+        let mut b = stack.nodes[1].client().await;
+        let fenced = b
+            .append(append(0, 1, "zombie"))
+            .await
+            .expect_err("the fence was lost in the move");
+        assert_eq!(
+            weir_shared::error_code::ErrorCode::of_status(&fenced).map(|c| c.as_str()),
+            Some("invalid_producer_epoch"),
+            "{fenced:?}"
+        );
+        let again = coordinator(1)
+            .write_txn_marker(marker(1))
+            .await
+            .expect("retried marker on the new owner")
+            .into_inner();
+        assert_eq!(again.offset, None, "{again:?}");
+        // The producer's next epoch starts at sequence 0 and is taken.
+        let ok = b
+            .append(append(2, 0, "p-2"))
+            .await
+            .expect("the next epoch")
+            .into_inner();
+        assert_eq!(ok.base_offset, 2);
     })
     .await;
 }

@@ -4,13 +4,14 @@
 use super::Node;
 use crate::error::StreamdError;
 use crate::stream::producers::{Decision, SequenceError};
-use crate::stream::{Buffered, StreamHandle};
+use crate::stream::{Buffered, StreamHandle, StreamInner};
 use crate::wal::{WalError, WalRecord};
 use bytes::BytesMut;
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use weir_shared::batch::{
     check_producer_batch, check_record_count, set_base_offset, set_partition_leader_epoch, split_batches, BatchError,
+    BatchHeader,
 };
 
 /// What an acknowledged append was assigned.
@@ -22,10 +23,31 @@ pub struct Appended {
     pub batch_base_offsets: Vec<u64>,
 }
 
+/// Batches given offsets, queued for the WAL and buffered, under the stream's lock.
+pub(super) struct Queued {
+    pub durable: BoxFuture<'static, Result<(), WalError>>,
+    pub appended: Appended,
+    /// `(base, end)` of each batch.
+    pub spans: Vec<(u64, u64)>,
+    /// The stream's buffer reached the upload threshold with these batches.
+    pub upload_due: bool,
+}
+
 /// An append whose offsets are assigned and whose WAL record is queued; what is left
 /// is to wait for durability ([`Node::complete`]). Admitting in order and completing
 /// concurrently is what lets a pipelined connection's appends share one fdatasync.
 pub struct Admitted(Admission);
+
+impl Admitted {
+    pub(super) fn queued(handle: Arc<StreamHandle>, q: Queued) -> Self {
+        Admitted(Admission::Queued {
+            handle,
+            durable: q.durable,
+            appended: q.appended,
+            upload_due: q.upload_due,
+        })
+    }
+}
 
 enum Admission {
     /// New records: durable once the WAL writer says so.
@@ -141,6 +163,23 @@ impl Node {
                 });
             }
         }
+        let queued = self.queue(&handle, &mut inner, batches, &parsed).await?;
+        inner.producers.record(&headers, &queued.spans);
+        inner.txns.record_batches(&headers, &queued.spans);
+        drop(inner);
+        Ok(Admitted::queued(handle, queued))
+    }
+
+    /// Assigns `batches` (parsed as `parsed`) the offsets at the stream's end, queues
+    /// their WAL record and adds them to the tail buffer. The caller holds the stream's
+    /// lock, so WAL order is offset order.
+    pub(super) async fn queue(
+        &self,
+        handle: &StreamHandle,
+        inner: &mut StreamInner,
+        batches: &[u8],
+        parsed: &[(BatchHeader, &[u8])],
+    ) -> Result<Queued, StreamdError> {
         let base = inner.next_offset;
         let mut next = base;
         // One copy of the request's batches, stamped in place: the WAL record holds it
@@ -149,7 +188,7 @@ impl Node {
         let mut offsets = Vec::with_capacity(parsed.len());
         let mut spans = Vec::with_capacity(parsed.len());
         let mut at = 0;
-        for (header, bytes) in &parsed {
+        for (header, bytes) in parsed {
             let span = at..at + bytes.len();
             set_base_offset(&mut all[span.clone()], next as i64);
             set_partition_leader_epoch(&mut all[span.clone()], handle.leader_epoch);
@@ -176,34 +215,33 @@ impl Node {
                 .map_err(|_| StreamdError::InvalidArgument("append spans too many offsets".into()))?,
             batches: all,
         };
-        // Queue while holding the lock: WAL order is offset order.
         let durable = match self.wal.submit(&record).await {
             Ok(d) => d,
             Err(e) => return Err(self.wal_failed(e)),
         };
         inner.next_offset = next;
         let spans: Vec<(u64, u64)> = buffered.iter().map(|b| (b.start, b.end)).collect();
-        inner.producers.record(&headers, &spans);
         inner.push(buffered);
-        let upload_due = inner.buffered_bytes() >= self.tunables.upload_bytes;
-        drop(inner);
-        let appended = Appended {
-            base_offset: base,
-            end_offset: next,
-            stream_epoch: handle.epoch.0,
-            batch_base_offsets: offsets,
-        };
-        Ok(Admitted(Admission::Queued {
-            handle,
+        Ok(Queued {
             durable: Box::pin(durable),
-            appended,
-            upload_due,
-        }))
+            appended: Appended {
+                base_offset: base,
+                end_offset: next,
+                stream_epoch: handle.epoch.0,
+                batch_base_offsets: offsets,
+            },
+            spans,
+            upload_due: inner.buffered_bytes() >= self.tunables.upload_bytes,
+        })
     }
 
     /// The answer to a retried append: its original offsets, once they are durable (a
     /// retry can overtake the original's WAL write, and must not be acknowledged first).
-    async fn answer_duplicate(&self, handle: &StreamHandle, offsets: &[(u64, u64)]) -> Result<Appended, StreamdError> {
+    pub(super) async fn answer_duplicate(
+        &self,
+        handle: &StreamHandle,
+        offsets: &[(u64, u64)],
+    ) -> Result<Appended, StreamdError> {
         let end = offsets.last().map_or(0, |o| o.1);
         let mut durable = handle.durable.subscribe();
         tokio::select! {
@@ -240,7 +278,7 @@ impl Node {
     }
 }
 
-fn sequence_error(e: SequenceError) -> StreamdError {
+pub(super) fn sequence_error(e: SequenceError) -> StreamdError {
     match e {
         SequenceError::InvalidProducerEpoch { .. } => StreamdError::InvalidProducerEpoch(e.to_string()),
         SequenceError::OutOfOrder { .. } | SequenceError::PartialRetry => {
@@ -249,7 +287,7 @@ fn sequence_error(e: SequenceError) -> StreamdError {
     }
 }
 
-fn wal_error(e: WalError) -> StreamdError {
+pub(super) fn wal_error(e: WalError) -> StreamdError {
     match e {
         WalError::Full(n) => StreamdError::WalFull(n),
         WalError::Fenced => StreamdError::Fenced,

@@ -5,6 +5,7 @@ mod append;
 pub(crate) mod close;
 pub mod compaction;
 mod damage;
+mod markers;
 mod producers;
 pub mod ranges;
 mod read;
@@ -34,6 +35,7 @@ use weir_shared::ids::{Incarnation, StreamId};
 
 pub use append::{Admitted, Appended};
 pub use compaction::compaction_loop;
+pub use markers::MarkerWritten;
 pub use reconcile::reconcile_loop;
 pub use retention::{retention_loop, Retention};
 pub use takeover::{takeover_loop, WalSource};

@@ -1,20 +1,21 @@
-//! Rebuilding a stream's idempotent-producer state from its stored batches when the
-//! stream is opened, so duplicate detection survives moves and failover. Only the
-//! tail is read, however large the range holding it (a compacted object): the oldest
-//! range needed is read from where the tail starts, to its first whole batch.
+//! Rebuilding a stream's idempotent-producer and transaction state from its stored
+//! batches when the stream is opened, so duplicate detection, producer fences and open
+//! transactions survive moves and failover. Only the tail is read, however large the
+//! range holding it (a compacted object): the oldest range needed is read from where
+//! the tail starts, to its first whole batch.
 
 use super::Node;
 use crate::error::StreamdError;
-use crate::stream::producers::ProducerTable;
+use crate::stream::TailState;
 use futures::StreamExt;
 use weir_shared::batch::split_batches;
 use weir_shared::ids::StreamId;
 
 impl Node {
-    /// Replays the batch headers of the last `--producer-state-bytes` of the stream's
+    /// Replays the batches of the last `--producer-state-bytes` of the stream's
     /// committed data, below `end` (read from the object index's tail).
-    pub async fn rebuild_producers(&self, stream: StreamId, end: u64) -> Result<ProducerTable, StreamdError> {
-        let mut table = ProducerTable::default();
+    pub async fn rebuild_tail_state(&self, stream: StreamId, end: u64) -> Result<TailState, StreamdError> {
+        let mut tail = TailState::default();
         let wanted = self.tunables.producer_state_bytes;
         let ranges = self.tail_ranges(stream, end, wanted).await?;
         // Of the oldest range, only what the tail needs.
@@ -37,13 +38,8 @@ impl Node {
             let (range, chunk) = fetched?;
             let parsed = split_batches(&chunk).map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
             let parsed = self.note_damage(stream, &range, parsed)?;
-            let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();
-            let spans: Vec<(u64, u64)> = headers
-                .iter()
-                .map(|h| (h.base_offset as u64, h.base_offset as u64 + h.offset_count()))
-                .collect();
-            table.record(&headers, &spans);
+            tail.replay(parsed.iter().map(|(h, b)| (h, *b)));
         }
-        Ok(table)
+        Ok(tail)
     }
 }

@@ -192,13 +192,13 @@ async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) -> Result<(), S
                 // Tests: the tail's read fails as an unreachable object store would.
                 Err(crate::error::StreamdError::Unavailable("failpoint open_read".into()))
             } else {
-                node.rebuild_producers(id, committed_end.0).await
+                node.rebuild_tail_state(id, committed_end.0).await
             };
-            let producers = match rebuilt {
-                Ok(mut p) => {
+            let tail = match rebuilt {
+                Ok(mut t) => {
                     // A range holding the start can carry trimmed producers' batches.
-                    p.expire_below(row.start_offset.0);
-                    p
+                    t.forget_below(row.start_offset.0);
+                    t
                 }
                 // Damaged data is never served, but must not keep the stream closed to appends.
                 Err(e @ crate::error::StreamdError::Corrupt(_)) => {
@@ -215,7 +215,7 @@ async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) -> Result<(), S
                 leader_epoch,
                 row.start_offset.0,
                 committed_end.0,
-                producers,
+                tail,
             );
             tracing::info!(stream = name, stream_epoch = %stream_epoch, leader_epoch, offset = committed_end.0, log_index = index, "opened stream");
             node.insert_stream(Arc::new(handle));

@@ -132,6 +132,7 @@ impl Node {
         inner.start_offset = start;
         handle.start.store(start, std::sync::atomic::Ordering::Release);
         self.ranges.forget_below(handle.id, start);
+        inner.txns.forget_below(start);
         inner.producers.expire_below(start)
     }
 

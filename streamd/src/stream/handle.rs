@@ -1,6 +1,8 @@
 //! One served stream at one stream epoch.
 
 use super::producers::ProducerTable;
+use super::tail::TailState;
+use crate::txn::partition::StreamTxns;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +35,9 @@ pub struct StreamInner {
     pub settling: bool,
     /// Idempotent producers' recent batches (duplicate and sequence checks).
     pub producers: ProducerTable,
+    /// Transactions open in the stream, its last stable offset and the aborts behind
+    /// it (issue 23).
+    pub txns: StreamTxns,
     /// Bytes in `buffer`, kept so the append path need not sum it.
     buffered: u64,
 }
@@ -100,7 +105,7 @@ impl StreamHandle {
         leader_epoch: i32,
         start_offset: u64,
         committed_end: u64,
-        producers: ProducerTable,
+        tail: TailState,
     ) -> Self {
         Self {
             id,
@@ -115,7 +120,8 @@ impl StreamHandle {
                 committed_end,
                 closers: 0,
                 settling: false,
-                producers,
+                producers: tail.producers,
+                txns: tail.txns,
                 buffered: 0,
             }),
             durable: watch::channel(committed_end).0,

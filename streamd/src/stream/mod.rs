@@ -3,5 +3,7 @@
 
 pub mod handle;
 pub mod producers;
+pub mod tail;
 
 pub use handle::{Buffered, ReadHint, StreamHandle, StreamInner};
+pub use tail::TailState;

@@ -6,6 +6,11 @@
 //!
 //! HTTP appends with an idempotency key use the same mechanism, through the producer
 //! id the gateway derives from the key (`weir_shared::batch::idempotency_producer_id`).
+//!
+//! Transaction markers fence (issue 23): a marker's epoch becomes its producer's epoch
+//! here, so a zombie's late write at an older epoch is refused, as after Kafka's
+//! abort-on-timeout. A marker at a newer epoch leaves no sequence to continue from;
+//! the producer's next batch at that epoch is taken at any sequence (KIP-360).
 
 use std::collections::{HashMap, VecDeque};
 use weir_shared::batch::BatchHeader;
@@ -26,11 +31,14 @@ struct SeqBatch {
 struct Producer {
     epoch: i16,
     batches: VecDeque<SeqBatch>,
+    /// End offset of the producer's last marker: it is remembered at least as long as
+    /// that marker's data is, so the fence holds while the marker is retained.
+    marker_end: u64,
 }
 
 impl Producer {
     fn last_offset(&self) -> u64 {
-        self.batches.back().map_or(0, |b| b.end_offset)
+        self.batches.back().map_or(0, |b| b.end_offset).max(self.marker_end)
     }
 }
 
@@ -126,6 +134,11 @@ impl ProducerTable {
                     current: p.epoch,
                 });
             }
+            if h.producer_epoch == p.epoch && p.batches.is_empty() {
+                // Only a marker was seen at this epoch: no sequence to continue from.
+                scratch.insert(h.producer_id, provisional(h));
+                continue;
+            }
             if h.producer_epoch > p.epoch {
                 if h.base_sequence != 0 {
                     return Err(SequenceError::OutOfOrder {
@@ -171,6 +184,41 @@ impl ProducerTable {
         }
     }
 
+    /// The epoch this stream last saw of `producer_id`, if it remembers the producer.
+    pub fn epoch_of(&self, producer_id: i64) -> Option<i16> {
+        self.producers.get(&producer_id).map(|p| p.epoch)
+    }
+
+    /// Checks a transaction marker for `producer_id` at `epoch` before it is written:
+    /// a marker older than the producer's epoch here is refused.
+    pub fn check_marker(&self, producer_id: i64, epoch: i16) -> Result<(), SequenceError> {
+        match self.producers.get(&producer_id) {
+            Some(p) if epoch < p.epoch => Err(SequenceError::InvalidProducerEpoch {
+                producer_id,
+                epoch,
+                current: p.epoch,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records a marker written at `[base, end)`: its epoch fences older ones. At a
+    /// newer epoch the producer's sequences start again.
+    pub fn record_marker(&mut self, producer_id: i64, epoch: i16, end: u64) {
+        let p = self.producers.entry(producer_id).or_insert_with(|| Producer {
+            epoch,
+            ..Producer::default()
+        });
+        if epoch > p.epoch {
+            p.epoch = epoch;
+            p.batches.clear();
+        }
+        p.marker_end = p.marker_end.max(end);
+        if self.producers.len() > self.max_producers {
+            self.evict();
+        }
+    }
+
     /// Forgets producers whose every remembered batch lies below `start`: their data
     /// was trimmed, as Kafka evicts producers below the log start offset. Returns how many.
     pub fn expire_below(&mut self, start: u64) -> usize {
@@ -186,7 +234,7 @@ impl ProducerTable {
                 continue;
             }
             let p = self.producers.entry(h.producer_id).or_default();
-            if h.producer_epoch != p.epoch || p.batches.is_empty() {
+            if h.producer_epoch != p.epoch {
                 p.epoch = h.producer_epoch;
                 p.batches.clear();
             }
@@ -225,6 +273,7 @@ fn provisional(h: &BatchHeader) -> Producer {
             base_offset: 0,
             end_offset: 0,
         }]),
+        marker_end: 0,
     }
 }
 
@@ -305,6 +354,49 @@ mod tests {
         ));
         // A new epoch starts again at sequence 0.
         assert_eq!(append(&mut t, header(7, 2, 0, 1), 1), Ok(Decision::Append));
+    }
+
+    // Issue 23: a marker's epoch fences the producer's older epochs here; one at a newer
+    // epoch leaves no sequence to continue from; a marker older than the producer's
+    // epoch is refused.
+    #[test]
+    fn a_marker_fences_older_epochs_of_its_producer() {
+        let mut t = ProducerTable::default();
+        append(&mut t, header(7, 1, 0, 2), 0).expect("first");
+        // A marker at the same epoch leaves the sequence where it was.
+        assert_eq!(t.check_marker(7, 1), Ok(()));
+        t.record_marker(7, 1, 3);
+        assert!(matches!(
+            append(&mut t, header(7, 1, 5, 1), 3),
+            Err(SequenceError::OutOfOrder { expected: 2, .. })
+        ));
+        assert_eq!(append(&mut t, header(7, 1, 2, 1), 3), Ok(Decision::Append));
+        // An abort at a bumped epoch (the coordinator's timeout) fences epoch 1.
+        t.record_marker(7, 2, 5);
+        assert!(matches!(
+            append(&mut t, header(7, 1, 3, 1), 5),
+            Err(SequenceError::InvalidProducerEpoch { current: 2, .. })
+        ));
+        assert!(matches!(
+            t.check_marker(7, 1),
+            Err(SequenceError::InvalidProducerEpoch { current: 2, .. })
+        ));
+        // At the marker's epoch no sequence is known; the next epoch starts at 0.
+        assert_eq!(append(&mut t, header(7, 2, 9, 1), 5), Ok(Decision::Append));
+        assert!(matches!(
+            append(&mut t, header(7, 3, 4, 1), 6),
+            Err(SequenceError::OutOfOrder { expected: 0, .. })
+        ));
+        // A producer known only by its marker is fenced too, and kept while the
+        // marker is: trimming below it does not forget it.
+        let mut t = ProducerTable::default();
+        t.record_marker(8, 4, 10);
+        assert_eq!(t.expire_below(9), 0);
+        assert!(matches!(
+            append(&mut t, header(8, 3, 0, 1), 10),
+            Err(SequenceError::InvalidProducerEpoch { current: 4, .. })
+        ));
+        assert_eq!(t.expire_below(10), 1);
     }
 
     #[test]
