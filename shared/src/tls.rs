@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
@@ -99,7 +99,6 @@ where
     let Some(tls) = tls else {
         return Ok(MaybeTls::Plain(io));
     };
-    let io = BufReader::with_capacity(TLS_READ_AHEAD, io);
     match tokio::time::timeout(within, tls.acceptor.accept(io)).await {
         Ok(Ok(stream)) => Ok(MaybeTls::Tls(Box::new(stream))),
         Ok(Err(e)) => {
@@ -113,16 +112,10 @@ where
     }
 }
 
-/// How much of a TLS connection's socket is read at once (issue 18's TLS cost). rustls
-/// asks its transport for at most 4 KiB per read, so a 16 KiB record took four or five
-/// syscalls, each followed by a pass over the session; reading ahead into this buffer
-/// makes it one syscall per 64 KiB, for one more copy of bytes that are in cache.
-const TLS_READ_AHEAD: usize = 64 * 1024;
-
 /// A connection in clear or under TLS.
 pub enum MaybeTls<S> {
     Plain(S),
-    Tls(Box<TlsStream<BufReader<S>>>),
+    Tls(Box<TlsStream<S>>),
 }
 
 impl<S> MaybeTls<S> {
@@ -254,76 +247,6 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-    }
-
-    /// A transport that counts the reads made of it.
-    struct CountingReads<S> {
-        inner: S,
-        reads: Arc<std::sync::atomic::AtomicUsize>,
-    }
-
-    impl<S: AsyncRead + Unpin> AsyncRead for CountingReads<S> {
-        fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-            let this = self.get_mut();
-            let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-            if polled.is_ready() {
-                this.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            polled
-        }
-    }
-
-    impl<S: AsyncWrite + Unpin> AsyncWrite for CountingReads<S> {
-        fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-            Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-        }
-        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-        }
-        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-        }
-    }
-
-    // Issue 18's TLS cost: rustls reads its transport about 4 KiB at a time; the
-    // listener reads ahead, so a MiB arrives in a few large reads of the socket.
-    #[tokio::test]
-    async fn a_tls_connection_reads_its_socket_in_large_pieces() {
-        let (cert, key) = self_signed();
-        let tls = ServerTls::new(vec![cert.clone()], key, &[]).unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert).unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
-        const SENT: usize = 1 << 20;
-        let (a, b) = tokio::io::duplex(1 << 16);
-        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let b = CountingReads {
-            inner: b,
-            reads: reads.clone(),
-        };
-        let tasks = tokio_util::task::TaskTracker::new();
-        let server = tasks.spawn(async move {
-            let mut s = start(Some(&tls), b, Duration::from_secs(5), "test").await.unwrap();
-            let mut got = vec![0u8; SENT];
-            s.read_exact(&mut got).await.unwrap();
-            got
-        });
-        let mut c = connector
-            .connect(ServerName::try_from("localhost").unwrap(), a)
-            .await
-            .unwrap();
-        let sent: Vec<u8> = (0..SENT).map(|i| (i % 251) as u8).collect();
-        c.write_all(&sent).await.unwrap();
-        c.flush().await.unwrap();
-        assert!(server.await.unwrap() == sent, "the bytes arrive as sent");
-        let reads = reads.load(std::sync::atomic::Ordering::Relaxed);
-        // rustls alone reads it in 85 pieces here (4 KiB and up); reading ahead, in 18.
-        assert!(reads <= 40, "{reads} reads of the socket for 1 MiB");
     }
 
     #[test]
