@@ -137,10 +137,22 @@ fn send(
         return Err((errors::UNKNOWN_TOPIC_OR_PARTITION, -1, None));
     }
     let batches = match weir_shared::batch::split_batches(&records) {
-        Ok(b) if !b.is_empty() => b,
-        Ok(_) => return Err((errors::CORRUPT_MESSAGE, -1, Some("no record batch".into()))),
+        Ok(b) => b,
         Err(e) => return Err((errors::CORRUPT_MESSAGE, -1, Some(e.to_string()))),
     };
+    // Kafka's rule for Produce v3 and later (the only versions served): exactly one
+    // record batch per partition, so a producer's sequence numbers and (later) its
+    // transaction verification apply to one batch at a time.
+    if batches.len() != 1 {
+        return Err((
+            errors::INVALID_RECORD,
+            -1,
+            Some(format!(
+                "a Produce request carries exactly one record batch per partition, not {}",
+                batches.len()
+            )),
+        ));
+    }
     // Kafka's answers: a marker is an invalid record; transactional data without a
     // transaction is not authorized for any transactional id.
     for (h, _) in &batches {

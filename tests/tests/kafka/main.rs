@@ -1158,7 +1158,8 @@ async fn pipeline(s: std::net::TcpStream, frames: Vec<Vec<u8>>) -> Vec<(i32, i16
 // control batch (a forged commit or abort marker) is INVALID_RECORD, and a
 // transactional batch outside a transaction TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as
 // Kafka answers; neither is stored, so the plain batch after them gets offset 0. The
-// owner refuses them too when they come straight to it, past the gateway's check.
+// owner refuses them too when they come straight to it, past the gateway's check. A
+// partition's data of two batches, or none, is INVALID_RECORD (Produce v3+ rule).
 #[tokio::test(flavor = "multi_thread")]
 async fn producers_cannot_write_markers_or_transactional_batches() {
     use weir_tests::batches::{batch, with_attributes};
@@ -1169,10 +1170,18 @@ async fn producers_cannot_write_markers_or_transactional_batches() {
         produce_v3("forged", &marker, 1),
         produce_v3("forged", &with_attributes(batch(b"in a txn"), 0x10), 2),
         produce_v3("forged", &batch(b"plain"), 3),
+        // Kafka's rule for Produce v3+: one batch per partition (INVALID_RECORD), and
+        // nothing of a refused request is stored.
+        produce_v3("forged", &[batch(b"two"), batch(b"batches")].concat(), 4),
+        produce_v3("forged", &[], 5),
     ];
     let s = std::net::TcpStream::connect(&gw.kafka).expect("connect");
     let answers = tokio::time::timeout(T, pipeline(s, frames)).await.expect("answered");
-    assert_eq!(answers, [(1, 87, -1), (2, 53, -1), (3, 0, 0)]);
+    assert_eq!(answers, [(1, 87, -1), (2, 53, -1), (3, 0, 0), (4, 87, -1), (5, 87, -1)]);
+    let (_, high) = consumer(&gw, "unused")
+        .fetch_watermarks("forged", 0, T)
+        .expect("watermarks");
+    assert_eq!(high, 1, "only the plain batch was stored");
     let mut owner = stack.nodes[0].client().await;
     let refused = owner
         .append(weir_proto::streamd::AppendRequest {
