@@ -1285,20 +1285,12 @@ async fn a_transaction_marker_fences_its_producer_and_the_fence_survives_a_move(
             .append(append(0, 1, "zombie"))
             .await
             .expect_err("a fenced epoch appended");
-        assert_eq!(
-            weir_shared::error_code::ErrorCode::of_status(&fenced).map(|c| c.as_str()),
-            Some("invalid_producer_epoch"),
-            "{fenced:?}"
-        );
+        assert_code(&fenced, "invalid_producer_epoch");
         let stale = c
             .write_txn_marker(marker(0))
             .await
             .expect_err("an older marker was written");
-        assert_eq!(
-            weir_shared::error_code::ErrorCode::of_status(&stale).map(|c| c.as_str()),
-            Some("invalid_producer_epoch"),
-            "{stale:?}"
-        );
+        assert_code(&stale, "invalid_producer_epoch");
         // The marker is stored as a control batch between the data.
         let r = a
             .read(ReadRequest {
@@ -1330,11 +1322,7 @@ async fn a_transaction_marker_fences_its_producer_and_the_fence_survives_a_move(
             .append(append(0, 1, "zombie"))
             .await
             .expect_err("the fence was lost in the move");
-        assert_eq!(
-            weir_shared::error_code::ErrorCode::of_status(&fenced).map(|c| c.as_str()),
-            Some("invalid_producer_epoch"),
-            "{fenced:?}"
-        );
+        assert_code(&fenced, "invalid_producer_epoch");
         let again = coordinator(1)
             .write_txn_marker(marker(1))
             .await
@@ -1350,4 +1338,13 @@ async fn a_transaction_marker_fences_its_producer_and_the_fence_survives_a_move(
         assert_eq!(ok.base_offset, 2);
     })
     .await;
+}
+
+/// Asserts that `status` carries the stable error code `code` (`x-weir-error`).
+fn assert_code(status: &tonic::Status, code: &str) {
+    assert_eq!(
+        weir_shared::error_code::ErrorCode::of_status(status).map(|c| c.as_str()),
+        Some(code),
+        "{status:?}"
+    );
 }

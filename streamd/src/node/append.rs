@@ -138,17 +138,7 @@ impl Node {
         }
         let handle = self.stream(stream)?;
         self.wal.check().map_err(wal_error)?;
-
-        let mut inner = handle.inner.lock().await;
-        if !handle.is_serving() {
-            return Err(StreamdError::NotOwner {
-                stream: stream.to_string(),
-                owner: None,
-            });
-        }
-        if inner.closers > 0 {
-            return Err(StreamdError::Unavailable(format!("stream '{stream}' is closing")));
-        }
+        let mut inner = self.lock_for_write(&handle).await?;
         // A retry is answered with its original offsets, even when the stream moved on.
         let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();
         if let Decision::Duplicate(offsets) = inner.producers.check(&headers).map_err(sequence_error)? {
@@ -168,6 +158,28 @@ impl Node {
         inner.txns.record_batches(&headers, &queued.spans);
         drop(inner);
         Ok(Admitted::queued(handle, queued))
+    }
+
+    /// Locks `handle`'s state for a write: refused when the stream is no longer served
+    /// here, or while a close is under way.
+    pub(super) async fn lock_for_write<'h>(
+        &self,
+        handle: &'h StreamHandle,
+    ) -> Result<tokio::sync::MutexGuard<'h, StreamInner>, StreamdError> {
+        let inner = handle.inner.lock().await;
+        if !handle.is_serving() {
+            return Err(StreamdError::NotOwner {
+                stream: handle.name.clone(),
+                owner: None,
+            });
+        }
+        if inner.closers > 0 {
+            return Err(StreamdError::Unavailable(format!(
+                "stream '{}' is closing",
+                handle.name
+            )));
+        }
+        Ok(inner)
     }
 
     /// Assigns `batches` (parsed as `parsed`) the offsets at the stream's end, queues

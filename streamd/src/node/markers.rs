@@ -32,16 +32,7 @@ impl Node {
         }
         let handle = self.stream(stream)?;
         self.wal.check().map_err(wal_error)?;
-        let mut inner = handle.inner.lock().await;
-        if !handle.is_serving() {
-            return Err(StreamdError::NotOwner {
-                stream: stream.to_string(),
-                owner: None,
-            });
-        }
-        if inner.closers > 0 {
-            return Err(StreamdError::Unavailable(format!("stream '{stream}' is closing")));
-        }
+        let mut inner = self.lock_for_write(&handle).await?;
         inner
             .producers
             .check_marker(m.producer_id, m.epoch)
