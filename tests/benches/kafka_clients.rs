@@ -5,7 +5,9 @@
 //! fdatasync rate and sequential bandwidth measured in the same run. Two clients:
 //! librdkafka through the `rdkafka` crate (native, so the client is not the bound) and
 //! confluent-kafka (Python; `tests/clients/confluent_bench.py`). Consume MB/s counts
-//! from the first message; the time to it is printed apart. Prints; asserts nothing.
+//! from the first message; the time to it is printed apart. The gateway's and the
+//! streamd nodes' CPU time per MB is printed for each phase (`/proc/<pid>/stat`), so a
+//! TLS run's cost on the server can be told from its client's. Prints; asserts nothing.
 //!
 //! Run: `cargo bench -p weir-tests --bench kafka_clients` (needs s3s-fs and
 //! confluent-kafka, see .ci/run). `WEIR_BENCH_MAX_IN_FLIGHT` caps the producer's
@@ -236,6 +238,29 @@ impl Figure {
 }
 
 /// The median run by MB/s, and the range of all runs.
+/// CPU time the gateway and the streamd nodes used (issue 18: what TLS costs the
+/// server, apart from what it costs a client sharing the machine).
+#[derive(Default)]
+struct ServerCpu {
+    gateway: Duration,
+    streamd: Duration,
+}
+
+impl ServerCpu {
+    fn now(gw: &Gatewayd, stack: &Stack) -> ServerCpu {
+        ServerCpu {
+            gateway: weir_tests::process::cpu_time(gw.pid()),
+            streamd: stack.nodes.iter().map(|n| weir_tests::process::cpu_time(n.pid())).sum(),
+        }
+    }
+
+    /// Adds what was used between `from` and `to`.
+    fn add(&mut self, from: &ServerCpu, to: &ServerCpu) {
+        self.gateway += to.gateway.saturating_sub(from.gateway);
+        self.streamd += to.streamd.saturating_sub(from.streamd);
+    }
+}
+
 fn median(mut runs: Vec<Figure>) -> (Figure, f64, f64) {
     runs.sort_by(|a, b| a.mb_s.total_cmp(&b.mb_s));
     (runs[runs.len() / 2], runs[0].mb_s, runs[runs.len() - 1].mb_s)
@@ -367,23 +392,35 @@ async fn main() {
                 break;
             }
             let (mut produced, mut consumed) = (vec![], vec![]);
+            let (mut produce_cpu, mut consume_cpu) = (ServerCpu::default(), ServerCpu::default());
             for run in 0..runs {
                 let topic = create(format!("{client:?}-{size}-{run}").to_lowercase()).await;
-                let (p, c) = match client {
+                let before = ServerCpu::now(&gw, &stack);
+                let (p, mid, c) = match client {
                     Client::Rdkafka => {
                         let p = produce(&gw, &topic, size, count).await;
+                        let mid = ServerCpu::now(&gw, &stack);
                         let gw_ref = &gw;
-                        (p, tokio::task::block_in_place(|| consume(gw_ref, &topic, size, count)))
+                        (
+                            p,
+                            mid,
+                            tokio::task::block_in_place(|| consume(gw_ref, &topic, size, count)),
+                        )
                     }
                     Client::Confluent => tokio::task::block_in_place(|| {
                         let args =
                             |phase: &str| [phase.to_string(), topic.clone(), size.to_string(), count.to_string()];
+                        let p = Figure::from_json(&confluent(&gw, ca.as_deref(), &args("produce")));
+                        let mid = ServerCpu::now(&gw, &stack);
                         (
-                            Figure::from_json(&confluent(&gw, ca.as_deref(), &args("produce"))),
+                            p,
+                            mid,
                             Figure::from_json(&confluent(&gw, ca.as_deref(), &args("consume"))),
                         )
                     }),
                 };
+                produce_cpu.add(&before, &mid);
+                consume_cpu.add(&mid, &ServerCpu::now(&gw, &stack));
                 produced.push(p);
                 consumed.push(c);
             }
@@ -398,6 +435,14 @@ async fn main() {
                 c.mb_s,
                 c.mb_s / seq * 100.0,
                 c.first.unwrap_or_default(),
+            );
+            let mb = (size * count * runs) as f64 / 1e6;
+            println!(
+                "  server CPU per MB: produce gateway {:.2} ms, streamd {:.2} ms; consume gateway {:.2} ms, streamd {:.2} ms",
+                produce_cpu.gateway.as_secs_f64() * 1e3 / mb,
+                produce_cpu.streamd.as_secs_f64() * 1e3 / mb,
+                consume_cpu.gateway.as_secs_f64() * 1e3 / mb,
+                consume_cpu.streamd.as_secs_f64() * 1e3 / mb,
             );
         }
         if !phases.contains(&"latency") {

@@ -25,6 +25,10 @@ pub struct Gatewayd {
 }
 
 impl Gatewayd {
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     /// Starts appending `body` to `stream` and returns once `owner`'s WAL holds the
     /// write (failpoint `wal_persist=sleep(..)` on it): the append is admitted and
     /// unanswered. The task ends with the HTTP answer.
