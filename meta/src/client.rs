@@ -3,7 +3,7 @@
 
 use crate::model::codec;
 use crate::model::command::{Command, Outcome, Proposal, Proposer};
-use crate::model::rows::ObjectRange;
+use crate::model::rows::{AbortedTxn, ObjectRange, RangeTxns};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -13,8 +13,8 @@ use tonic::transport::ClientTlsConfig;
 use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::metad_client::MetadClient as GrpcMetadClient;
 use weir_proto::metad::{
-    AdminReply, AdminRequest, DrainRequest, LinearizableReadRequest, ObjectsCommittedRequest, ProposeRequest, Range,
-    ReadRangesRequest, TransferRequest, WatchEvent, WatchRequest,
+    AbortedTxn as ProtoAbortedTxn, AdminReply, AdminRequest, DrainRequest, LinearizableReadRequest,
+    ObjectsCommittedRequest, ProposeRequest, Range, ReadRangesRequest, TransferRequest, WatchEvent, WatchRequest,
 };
 use weir_shared::grpc::Channel;
 use weir_shared::grpc::MAX_MESSAGE;
@@ -52,6 +52,17 @@ pub fn range_to_proto(r: &ObjectRange) -> Range {
         len: r.len,
         crc: r.crc,
         max_timestamp: r.max_timestamp,
+        lso_at_end: r.txns.lso_at_end,
+        aborted: r
+            .txns
+            .aborted
+            .iter()
+            .map(|a| ProtoAbortedTxn {
+                producer_id: a.producer_id,
+                first_offset: a.first_offset,
+                last_offset: a.last_offset,
+            })
+            .collect(),
     }
 }
 
@@ -64,6 +75,18 @@ pub fn range_from_proto(r: Range) -> ObjectRange {
         len: r.len,
         crc: r.crc,
         max_timestamp: r.max_timestamp,
+        txns: RangeTxns {
+            lso_at_end: r.lso_at_end,
+            aborted: r
+                .aborted
+                .into_iter()
+                .map(|a| AbortedTxn {
+                    producer_id: a.producer_id,
+                    first_offset: a.first_offset,
+                    last_offset: a.last_offset,
+                })
+                .collect(),
+        },
     }
 }
 

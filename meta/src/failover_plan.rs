@@ -517,6 +517,7 @@ mod tests {
                 len: 10,
                 crc: 0,
                 max_timestamp: 0,
+                txns: Default::default(),
             }],
         };
         w.apply(Proposer::Node(b.clone()), commit).expect("commit");

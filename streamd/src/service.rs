@@ -1,7 +1,7 @@
 //! The data-plane gRPC service gatewayd calls.
 
 use crate::groups::{Client, Groups};
-use crate::node::Node;
+use crate::node::{Isolation, Node};
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
@@ -80,9 +80,21 @@ impl Streamd for DataPlane {
         } else {
             req.max_bytes as usize
         };
+        let isolation = if req.read_committed {
+            Isolation::ReadCommitted
+        } else {
+            Isolation::ReadUncommitted
+        };
         let r = self
             .node
-            .read(&req.stream, req.offset, max_bytes, !req.exact_max_bytes, wait)
+            .read(
+                &req.stream,
+                req.offset,
+                max_bytes,
+                !req.exact_max_bytes,
+                wait,
+                isolation,
+            )
             .await?;
         crate::metrics::metrics().read_bytes.inc_by(r.batches.len() as u64);
         Ok(Response::new(ReadReply {
@@ -90,6 +102,16 @@ impl Streamd for DataPlane {
             next_offset: r.next_offset,
             start_offset: r.start_offset,
             end_offset: r.end_offset,
+            last_stable_offset: r.last_stable_offset,
+            aborted: r
+                .aborted
+                .into_iter()
+                .map(|a| weir_proto::streamd::AbortedTxn {
+                    producer_id: a.producer_id,
+                    first_offset: a.first_offset,
+                    last_offset: a.last_offset,
+                })
+                .collect(),
         }))
     }
 
@@ -104,6 +126,7 @@ impl Streamd for DataPlane {
             stream_epoch: h.epoch.0,
             start_offset: inner.start_offset,
             end_offset: h.durable_end(),
+            last_stable_offset: inner.txns.lso(h.durable_end()),
             committed_end: inner.committed_end,
             buffered_bytes: inner.buffered_bytes(),
             leader_epoch: (h.leader_epoch >= 0).then_some(h.leader_epoch),

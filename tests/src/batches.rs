@@ -57,6 +57,16 @@ pub fn idempotent(mut batch: Vec<u8>, pid: i64, epoch: i16, seq: i32) -> Vec<u8>
     batch
 }
 
+/// `batch` marked transactional (attribute bit 4), its CRC recomputed: data written
+/// inside a producer's transaction (issue 23).
+pub fn transactional(mut batch: Vec<u8>) -> Vec<u8> {
+    let attributes = i16::from_be_bytes([batch[21], batch[22]]) | 0x10;
+    batch[21..23].copy_from_slice(&attributes.to_be_bytes());
+    let crc = crc32c::crc32c(&batch[21..]);
+    batch[17..21].copy_from_slice(&crc.to_be_bytes());
+    batch
+}
+
 fn put_varint(out: &mut Vec<u8>, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     loop {

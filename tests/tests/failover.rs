@@ -633,6 +633,7 @@ async fn cut_off_streamd_is_fenced_and_acknowledges_nothing_more(backend: Backen
             max_bytes: 1 << 20,
             wait_ms: 0,
             exact_max_bytes: false,
+            read_committed: false,
         })
         .await
         .expect("read")

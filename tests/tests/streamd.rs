@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 use weir_proto::streamd::{AppendRequest, CloseStreamRequest, ReadRequest, StatusRequest, WriteTxnMarkerRequest};
 use weir_shared::ids::{Epoch, NodeId};
-use weir_tests::batches::{batch, idempotent, values};
+use weir_tests::batches::{batch, idempotent, transactional, values};
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
@@ -42,6 +42,7 @@ async fn read_all(stack: &Stack, on: usize, stream: &str, from: u64, until: u64)
                 max_bytes: 64 * 1024,
                 wait_ms: 0,
                 exact_max_bytes: false,
+                read_committed: false,
             })
             .await
             .expect("read")
@@ -173,6 +174,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
                     max_bytes: 0,
                     wait_ms: 10_000,
                     exact_max_bytes: false,
+                    read_committed: false,
                 })
                 .await
                 .expect("long poll")
@@ -202,6 +204,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
                 max_bytes: 0,
                 wait_ms: 0,
                 exact_max_bytes: false,
+                read_committed: false,
             })
             .await
             .expect_err("past the end");
@@ -594,6 +597,7 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
                 max_bytes: 0,
                 wait_ms: 0,
                 exact_max_bytes: false,
+                read_committed: false,
             })
             .await
             .expect_err("corrupt data served");
@@ -1208,6 +1212,7 @@ async fn a_sequential_reader_finds_each_next_range_fetched_ahead() {
                     max_bytes: 1,
                     wait_ms: 0,
                     exact_max_bytes: false,
+                    read_committed: false,
                 })
                 .await
                 .expect("read")
@@ -1299,6 +1304,7 @@ async fn a_transaction_marker_fences_its_producer_and_the_fence_survives_a_move(
                 max_bytes: 64 * 1024,
                 wait_ms: 0,
                 exact_max_bytes: false,
+                read_committed: false,
             })
             .await
             .expect("read")
@@ -1336,6 +1342,200 @@ async fn a_transaction_marker_fences_its_producer_and_the_fence_survives_a_move(
             .expect("the next epoch")
             .into_inner();
         assert_eq!(ok.base_offset, 2);
+    })
+    .await;
+}
+
+/// Issue 23 (design 0005, "Durable with the data" and "Fetch"): a `read_committed` read
+/// stops at the last stable offset and is told the aborted transactions with data in
+/// what it returns, whether their markers are still in memory, in an upload's range
+/// summary, or in a compacted range; a new owner whose producer-state tail starts after
+/// the oldest open transaction finds it through the last range's LSO. Transactional
+/// data is admitted unverified (failpoint) until the coordinator exists (step 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_committed_stops_at_the_lso_and_finds_aborts_in_range_summaries_across_compaction_and_a_move() {
+    with_timeout(async {
+        let mut stack = Stack::secure(1, 0, Backend::FileWal, &[], &["--auto-place", "false"]).await;
+        let unverified = [("WEIR_FAILPOINT_ADMIT_UNVERIFIED_TRANSACTIONS", "on")];
+        // One range per step on the first node; the second compacts them into one.
+        let common = ["--upload-interval-ms", "100", "--producer-state-bytes", "1"];
+        let first: Vec<&str> = common
+            .iter()
+            .copied()
+            .chain(["--compaction-interval-ms", "600000"])
+            .collect();
+        let second: Vec<&str> = common
+            .iter()
+            .copied()
+            .chain(["--compaction-interval-ms", "300"])
+            .collect();
+        stack.add_node_with_env("streamd-1", Backend::FileWal, &first, &unverified);
+        stack.add_node_with_env("streamd-2", Backend::FileWal, &second, &unverified);
+        for n in &stack.nodes {
+            n.wait_ready().await;
+        }
+        let id = stack.create_stream("txn", 0).await;
+        let data = |pid: i64, seq: i32, txn: bool, value: &str| {
+            let b = idempotent(batch(value.as_bytes()), pid, 0, seq);
+            AppendRequest {
+                stream: "txn".into(),
+                batches: if txn { transactional(b) } else { b }.into(),
+                match_next_offset: None,
+            }
+        };
+        let marker = |pid: i64, commit: bool| WriteTxnMarkerRequest {
+            stream: "txn".into(),
+            producer_id: pid,
+            producer_epoch: 0,
+            commit,
+            coordinator_epoch: 1,
+        };
+        let coordinator = |on: usize| {
+            let tls = stack.metad.certs.as_ref().expect("mTLS").tls("streamd", "streamd-2");
+            let ch = weir_shared::grpc::channel_with(&stack.nodes[on].grpc, Some(tls.client())).expect("channel");
+            weir_proto::streamd::streamd_client::StreamdClient::new(ch)
+        };
+        let committed_read = |on: usize, offset: u64| {
+            let stack = &stack;
+            async move {
+                stack.nodes[on]
+                    .client()
+                    .await
+                    .read(ReadRequest {
+                        stream: "txn".into(),
+                        offset,
+                        max_bytes: 1 << 20,
+                        wait_ms: 0,
+                        exact_max_bytes: false,
+                        read_committed: true,
+                    })
+                    .await
+                    .expect("read_committed")
+                    .into_inner()
+            }
+        };
+        let aborts = |r: &weir_proto::streamd::ReadReply| -> Vec<(i64, u64, u64)> {
+            r.aborted
+                .iter()
+                .map(|a| (a.producer_id, a.first_offset, a.last_offset))
+                .collect()
+        };
+        let mut a = stack.nodes[0].client().await;
+        let mut c = coordinator(0);
+        a.append(data(1, 0, false, "plain-0")).await.expect("offset 0");
+        a.append(data(7, 0, true, "aborted-1"))
+            .await
+            .expect("offset 1: 7 opens");
+        a.append(data(8, 0, true, "committed-2"))
+            .await
+            .expect("offset 2: 8 opens");
+        let m = c
+            .write_txn_marker(marker(7, false))
+            .await
+            .expect("7 aborts")
+            .into_inner();
+        assert_eq!(m.offset, Some(3));
+        // 8 is open from 2: a committed read stops there, told of 7's abort (in memory).
+        let r = committed_read(0, 0).await;
+        assert_eq!((r.last_stable_offset, r.end_offset, r.next_offset), (2, 4, 2), "{r:?}");
+        assert_eq!(values(&r.batches).len(), 2);
+        assert_eq!(aborts(&r), vec![(7, 1, 3)]);
+        let unread = committed_read(0, 2).await;
+        assert!(unread.batches.is_empty() && unread.next_offset == 2, "{unread:?}");
+
+        // Uploaded: 7's abort is now found in the range summary.
+        stack.wait_committed(0, "txn", 4).await;
+        a.append(data(8, 1, true, "committed-4")).await.expect("offset 4");
+        c.write_txn_marker(marker(8, true)).await.expect("8 commits at 5");
+        a.append(data(9, 0, true, "aborted-6"))
+            .await
+            .expect("offset 6: 9 opens");
+        stack.wait_committed(0, "txn", 7).await;
+        a.append(data(1, 1, false, "plain-7")).await.expect("offset 7");
+        a.append(data(1, 2, false, "plain-8")).await.expect("offset 8");
+        stack.wait_committed(0, "txn", 9).await;
+        let r = committed_read(0, 0).await;
+        assert_eq!((r.last_stable_offset, r.next_offset), (6, 6), "{r:?}");
+        assert_eq!(aborts(&r), vec![(7, 1, 3)], "the abort from the range summary");
+        assert!(
+            aborts(&committed_read(0, 4).await).is_empty(),
+            "7's abort ends before 4"
+        );
+        // The index holds the summaries: the LSO at each range's end, each abort once.
+        let ranges = stack
+            .metad
+            .client()
+            .read_ranges(
+                id,
+                weir_shared::ids::Offset(0),
+                false,
+                100,
+                weir_meta::client::Consistency::Linearizable,
+            )
+            .await
+            .expect("ranges")
+            .ranges;
+        assert_eq!(ranges.last().map(|r| r.txns.lso_at_end), Some(Some(6)), "{ranges:?}");
+        let indexed: Vec<_> = ranges.iter().flat_map(|r| r.txns.aborted.clone()).collect();
+        assert_eq!(indexed.len(), 1, "{ranges:?}");
+
+        // Moved: the new owner's producer tail is the last range, [7, 9), after 9's
+        // transaction began at 6; the LSO stays there.
+        a.close_stream(CloseStreamRequest {
+            stream: "txn".into(),
+            timeout_ms: 0,
+        })
+        .await
+        .expect("close");
+        stack.place(id, 1).await;
+        stack.wait_serving("txn", 1).await;
+        let r = committed_read(1, 6).await;
+        assert_eq!(
+            (r.last_stable_offset, r.next_offset),
+            (6, 6),
+            "the open transaction was lost: {r:?}"
+        );
+        // The second node compacts the stream's ranges into one, summaries merged.
+        let client = stack.metad.client();
+        wait_for(
+            "the stream's ranges compacted into one",
+            Duration::from_secs(60),
+            || async {
+                let page = client
+                    .read_ranges(
+                        id,
+                        weir_shared::ids::Offset(0),
+                        false,
+                        100,
+                        weir_meta::client::Consistency::Linearizable,
+                    )
+                    .await
+                    .ok()?;
+                (page.ranges.len() == 1).then_some(page.ranges)
+            },
+        )
+        .await;
+        let m = coordinator(1)
+            .write_txn_marker(marker(9, false))
+            .await
+            .expect("9 aborts")
+            .into_inner();
+        assert_eq!(m.offset, Some(9));
+        let r = committed_read(1, 0).await;
+        assert_eq!((r.last_stable_offset, r.next_offset), (10, 10), "{r:?}");
+        assert_eq!(
+            aborts(&r),
+            vec![(7, 1, 3), (9, 6, 9)],
+            "the compacted range kept 7's abort"
+        );
+        // Batches are returned as stored: the reader drops the aborted ones.
+        let stored = weir_shared::batch::split_batches(&r.batches).expect("batches");
+        let control: Vec<u64> = stored
+            .iter()
+            .filter(|(h, _)| h.is_control())
+            .map(|(h, _)| h.base_offset as u64)
+            .collect();
+        assert_eq!((stored.len(), control), (10, vec![3, 5, 9]));
     })
     .await;
 }

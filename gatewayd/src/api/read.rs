@@ -106,6 +106,7 @@ pub async fn read_page(gw: &Gateway, name: &str, from: u64, limits: Limits) -> R
                     max_bytes: limits.bytes as u32,
                     wait_ms: limits.wait_ms,
                     exact_max_bytes: false,
+                    read_committed: false,
                 };
                 async move { c.read(request).await }
             })

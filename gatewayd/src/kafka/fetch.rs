@@ -5,7 +5,7 @@ use super::errors;
 use super::Kafka;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse};
 use std::time::Duration;
@@ -30,14 +30,18 @@ struct Part {
     /// The client's `current_leader_epoch` is not this partition's: the error it is
     /// answered with, and it is never read (issue 22).
     stale: i16,
+    /// `isolation_level` 1: read up to the last stable offset (issue 23).
+    read_committed: bool,
 }
 
 #[derive(Default)]
 struct Got {
     error: i16,
     high_watermark: i64,
+    last_stable: i64,
     log_start: i64,
     records: Bytes,
+    aborted: Vec<AbortedTransaction>,
 }
 
 impl Got {
@@ -45,8 +49,19 @@ impl Got {
         Got {
             error,
             high_watermark: -1,
+            last_stable: -1,
             log_start: -1,
             records: Bytes::new(),
+            aborted: Vec::new(),
+        }
+    }
+
+    /// The offset the partition's reader can read up to.
+    fn readable_end(&self, p: &Part) -> i64 {
+        if p.read_committed {
+            self.last_stable
+        } else {
+            self.high_watermark
         }
     }
 }
@@ -86,6 +101,7 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration, limit: Limit) -> Got {
                 max_bytes: max_bytes.min(u32::MAX as usize) as u32,
                 wait_ms: wait.as_millis() as u32,
                 exact_max_bytes: exact,
+                read_committed: p.read_committed,
             };
             async move { c.read(req).await }
         })
@@ -94,8 +110,18 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration, limit: Limit) -> Got {
         Ok(r) => Got {
             error: errors::NONE,
             high_watermark: r.end_offset as i64,
+            last_stable: r.last_stable_offset as i64,
             log_start: r.start_offset as i64,
             records: r.batches,
+            aborted: r
+                .aborted
+                .into_iter()
+                .map(|a| {
+                    AbortedTransaction::default()
+                        .with_producer_id(a.producer_id.into())
+                        .with_first_offset(a.first_offset as i64)
+                })
+                .collect(),
         },
         Err(e) => Got::failed(errors::route(&e)),
     }
@@ -125,8 +151,10 @@ async fn offsets_only(kafka: &Kafka, p: &Part) -> Got {
         Ok(s) => Got {
             error: errors::NONE,
             high_watermark: s.end_offset as i64,
+            last_stable: s.last_stable_offset as i64,
             log_start: s.start_offset as i64,
             records: Bytes::new(),
+            aborted: Vec::new(),
         },
         Err(code) => Got::failed(code),
     }
@@ -180,6 +208,7 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
                 offset: p.fetch_offset,
                 max_bytes,
                 reserved,
+                read_committed: r.isolation_level == 1,
             });
         }
     }
@@ -191,7 +220,7 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
         let pending = parts
             .iter()
             .zip(&got)
-            .position(|(p, g)| g.error == errors::NONE && g.high_watermark > p.offset);
+            .position(|(p, g)| g.error == errors::NONE && g.readable_end(p) > p.offset);
         if let Some(i) = pending {
             let limit = Limit::AtLeastOne(parts[i].max_bytes.min(budget));
             got[i] = read(kafka, &parts[i], Duration::ZERO, limit).await;
@@ -243,14 +272,16 @@ pub async fn fetch(kafka: &Kafka, r: FetchRequest) -> FetchResponse {
         })
         .collect();
     for (p, g) in parts.iter().zip(got) {
+        // Kafka answers no list at all in read_uncommitted.
+        let aborted = p.read_committed.then_some(g.aborted);
         topics[p.topic].partitions.push(
             PartitionData::default()
                 .with_partition_index(p.partition)
                 .with_error_code(g.error)
                 .with_high_watermark(g.high_watermark)
-                .with_last_stable_offset(g.high_watermark)
+                .with_last_stable_offset(g.last_stable)
                 .with_log_start_offset(g.log_start)
-                .with_aborted_transactions(Some(vec![]))
+                .with_aborted_transactions(aborted)
                 .with_preferred_read_replica((-1).into())
                 .with_records(Some(g.records)),
         );
@@ -269,7 +300,7 @@ pub async fn list_offsets(kafka: &Kafka, r: ListOffsetsRequest) -> ListOffsetsRe
             let stream = format!("{}/{}", t.name.0, p.partition_index);
             let stale = super::leader_epochs::check_partition(kafka, &stream, p.current_leader_epoch);
             let found = match stale {
-                errors::NONE => lookup(kafka, &stream, p.timestamp).await,
+                errors::NONE => lookup(kafka, &stream, p.timestamp, r.isolation_level == 1).await,
                 fenced => Err(fenced),
             };
             let (error, found) = match found {
@@ -313,12 +344,17 @@ impl Found {
 }
 
 /// The answer to a ListOffsets spec. The earliest offset's epoch is not known
-/// consistently with it, so it is −1 (the client then validates nothing).
-async fn lookup(kafka: &Kafka, stream: &str, spec: i64) -> Result<Found, i16> {
+/// consistently with it, so it is −1 (the client then validates nothing). In
+/// `read_committed` the latest offset is the last stable offset (issue 23).
+async fn lookup(kafka: &Kafka, stream: &str, spec: i64, read_committed: bool) -> Result<Found, i16> {
     let status = owner_status(kafka, stream).await?;
     match spec {
         LATEST => Ok(Found {
-            offset: status.end_offset as i64,
+            offset: if read_committed {
+                status.last_stable_offset
+            } else {
+                status.end_offset
+            } as i64,
             timestamp: -1,
             leader_epoch: status.leader_epoch.unwrap_or(-1),
         }),
@@ -346,6 +382,7 @@ async fn by_timestamp(kafka: &Kafka, stream: &str, start: u64, end: u64, ts: i64
             reserved: 1 << 20,
             duplicate: false,
             stale: errors::NONE,
+            read_committed: false,
         };
         let g = read(kafka, &part, Duration::ZERO, Limit::AtLeastOne(1 << 20)).await;
         if g.error != errors::NONE {

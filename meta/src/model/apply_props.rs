@@ -284,6 +284,7 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
                         len: 10,
                         crc: 0,
                         max_timestamp: NO_TIMESTAMP,
+                        txns: Default::default(),
                     }
                 })
                 .collect::<Vec<_>>();
@@ -384,6 +385,7 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
                             len: 10,
                             crc: 0,
                             max_timestamp: NO_TIMESTAMP,
+                            txns: Default::default(),
                         },
                     }
                 })
@@ -418,6 +420,7 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
                         len: 10,
                         crc: 0,
                         max_timestamp: NO_TIMESTAMP,
+                        txns: Default::default(),
                     };
                     pos += 10;
                     StreamSwap {

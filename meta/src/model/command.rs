@@ -45,6 +45,9 @@ pub struct CommitRange {
     /// Newest record timestamp in the range (ms), for `retention.ms`.
     #[serde(default = "super::rows::no_timestamp_default")]
     pub max_timestamp: i64,
+    /// The transactions as the range leaves them (issue 23).
+    #[serde(default, skip_serializing_if = "super::rows::RangeTxns::is_empty")]
+    pub txns: super::rows::RangeTxns,
 }
 
 /// One range a compaction replaces, exactly as the compactor read it from the index.

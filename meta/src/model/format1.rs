@@ -157,6 +157,7 @@ pub(crate) mod tests {
             len: 10,
             crc: 7,
             max_timestamp: crate::model::rows::NO_TIMESTAMP,
+            txns: Default::default(),
         };
         meta.index.apply(&[
             IndexChange::PutRange {

@@ -132,6 +132,54 @@ pub struct ObjectRange {
     /// Newest record timestamp in the range (ms since the epoch), for `retention.ms`.
     #[serde(default = "no_timestamp_default")]
     pub max_timestamp: i64,
+    /// The transactions as the range leaves them, for `read_committed` readers and a
+    /// new owner (issue 23). Empty in ranges without transactional data, and in ranges
+    /// committed before it existed.
+    #[serde(default, skip_serializing_if = "RangeTxns::is_empty")]
+    pub txns: RangeTxns,
+}
+
+/// An aborted transaction: `read_committed` readers drop the producer's batches from
+/// `first_offset` up to its abort marker at `last_offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbortedTxn {
+    pub producer_id: i64,
+    pub first_offset: u64,
+    pub last_offset: u64,
+}
+
+/// A committed range's summary of the transactions in its stream (design 0005): small,
+/// kept in the object index beside the range, merged by compaction and dropped by
+/// retention with it, so it grows with aborts and open transactions, never with
+/// uploads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeTxns {
+    /// The last stable offset at the range's end: the first offset of the oldest
+    /// transaction still open there, none when none is. A reader looking for aborts
+    /// that overlap offsets below `x` stops after the first range whose value is none
+    /// or at least `x`: every transaction begun below `x` ended before it. A value may
+    /// be lower than the exact one (compaction cuts inside a range), never higher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lso_at_end: Option<u64>,
+    /// The aborted transactions whose markers lie in the range, in offset order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aborted: Vec<AbortedTxn>,
+}
+
+impl RangeTxns {
+    pub fn is_empty(&self) -> bool {
+        self.lso_at_end.is_none() && self.aborted.is_empty()
+    }
+
+    /// Whether the summary fits the range `[start, end)` it is carried with: every
+    /// marker inside it, every abort's data before its marker, the LSO at most `end`.
+    pub fn fits(&self, start: u64, end: u64) -> bool {
+        self.lso_at_end.is_none_or(|l| l <= end)
+            && self
+                .aborted
+                .iter()
+                .all(|a| a.first_offset <= a.last_offset && (start..end).contains(&a.last_offset))
+    }
 }
 
 /// One stream (an HTTP stream, or one partition of a topic).
@@ -364,7 +412,55 @@ pub fn streams_per_owner(streams: &BTreeMap<StreamId, StreamRow>) -> BTreeMap<No
 
 #[cfg(test)]
 mod tests {
-    use super::TokenRow;
+    use super::{AbortedTxn, ObjectRange, RangeTxns, TokenRow};
+
+    // Issue 23: a range's transaction summary is stored only when it says something,
+    // rows written before it read as "nothing open, no aborts", and metad takes only
+    // a summary that fits its range.
+    #[test]
+    fn a_range_summary_is_optional_in_stored_rows_and_must_fit_its_range() {
+        let plain = r#"{"key":"data/a","start":10,"end":20,"pos":0,"len":5,"crc":1,"max_timestamp":7}"#;
+        let old: ObjectRange = serde_json::from_str(plain).expect("a row from before summaries");
+        assert_eq!(old.txns, RangeTxns::default());
+        assert_eq!(
+            serde_json::to_string(&old).expect("json"),
+            plain,
+            "an empty summary is not stored"
+        );
+        let abort = |first, last| AbortedTxn {
+            producer_id: 7,
+            first_offset: first,
+            last_offset: last,
+        };
+        let summary = RangeTxns {
+            lso_at_end: Some(4),
+            aborted: vec![abort(2, 15)],
+        };
+        let with = ObjectRange {
+            txns: summary.clone(),
+            ..old
+        };
+        let back: ObjectRange = serde_json::from_str(&serde_json::to_string(&with).expect("json")).expect("decode");
+        assert_eq!(back.txns, summary);
+        assert!(summary.fits(10, 20));
+        assert!(!summary.fits(16, 20), "its marker at 15 is outside");
+        assert!(
+            !RangeTxns {
+                lso_at_end: Some(21),
+                aborted: vec![]
+            }
+            .fits(10, 20),
+            "an LSO past the end"
+        );
+        assert!(
+            !RangeTxns {
+                lso_at_end: None,
+                aborted: vec![abort(16, 15)]
+            }
+            .fits(10, 20),
+            "data after its marker"
+        );
+    }
 
     #[test]
     fn a_token_is_refused_once_revoked_or_from_its_expiry_on() {

@@ -150,6 +150,7 @@ mod tests {
             len: end - start,
             crc: 1,
             max_timestamp: weir_meta::model::NO_TIMESTAMP,
+            txns: Default::default(),
         }
     }
 

@@ -16,7 +16,7 @@ pub mod membership;
 pub mod offsets;
 
 use crate::error::StreamdError;
-use crate::node::Node;
+use crate::node::{Isolation, Node};
 use bytes::{Bytes, BytesMut};
 use consumer_group::ConsumerGroup;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
@@ -267,7 +267,18 @@ impl Groups {
         let mut offset = 0;
         let mut end = None;
         loop {
-            let r = match self.node.read(stream, offset, 1 << 20, true, Duration::ZERO).await {
+            let r = match self
+                .node
+                .read(
+                    stream,
+                    offset,
+                    1 << 20,
+                    true,
+                    Duration::ZERO,
+                    Isolation::ReadUncommitted,
+                )
+                .await
+            {
                 Ok(r) => r,
                 Err(StreamdError::OffsetOutOfRange { start, end, .. }) if offset < start && start <= end => {
                     offset = start;

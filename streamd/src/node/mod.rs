@@ -1,6 +1,7 @@
 //! The node: the streams it serves, and the tasks that keep them (reconciling
 //! ownership with the view, uploading, heartbeating).
 
+mod aborts;
 mod append;
 pub(crate) mod close;
 pub mod compaction;
@@ -13,6 +14,8 @@ mod reconcile;
 mod retention;
 mod takeover;
 mod uploader;
+
+pub use read::Isolation;
 
 use crate::error::StreamdError;
 use crate::object::cache::BlockCache;

@@ -326,6 +326,7 @@ mod tests {
             len: end - start,
             crc: 0,
             max_timestamp: weir_meta::model::NO_TIMESTAMP,
+            txns: Default::default(),
         }
     }
 

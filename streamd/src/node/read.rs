@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
-use weir_meta::model::ObjectRange;
+use weir_meta::model::{AbortedTxn, ObjectRange};
 use weir_shared::batch::{batches_from, split_batches_by_header};
 
 /// Ranged GETs one read or open has in flight at once.
@@ -101,11 +101,25 @@ pub struct ReadResult {
     pub next_offset: u64,
     pub start_offset: u64,
     pub end_offset: u64,
+    /// Below it every transaction is decided.
+    pub last_stable_offset: u64,
+    /// In `read_committed`: the aborted transactions with data in `batches`.
+    pub aborted: Vec<AbortedTxn>,
+}
+
+/// Which records a read may return (Kafka's `isolation_level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Up to the durable end (the high watermark).
+    ReadUncommitted,
+    /// Up to the last stable offset, told the aborted transactions (issue 23).
+    ReadCommitted,
 }
 
 impl Node {
     /// Reads whole batches from `offset`, at most `max_bytes` (but at least one batch
-    /// when `at_least_one`), waiting up to `wait` when `offset` is the durable end.
+    /// when `at_least_one`), waiting up to `wait` when `offset` is the durable end (in
+    /// `read_committed`, the last stable offset).
     pub async fn read(
         &self,
         stream: &str,
@@ -113,6 +127,7 @@ impl Node {
         max_bytes: usize,
         at_least_one: bool,
         wait: Duration,
+        isolation: Isolation,
     ) -> Result<ReadResult, StreamdError> {
         let budget = Budget {
             bytes: if at_least_one { max_bytes.max(1) } else { max_bytes },
@@ -123,18 +138,31 @@ impl Node {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let end = handle.durable_end();
-            let start = handle.inner.lock().await.start_offset;
+            let (start, lso) = {
+                let inner = handle.inner.lock().await;
+                (inner.start_offset, inner.txns.lso(end))
+            };
             if offset < start || offset > end {
                 return Err(StreamdError::OffsetOutOfRange { offset, start, end });
             }
-            if offset < end {
-                let batches = self.read_at(&handle, offset, end, budget).await?;
+            let limit = match isolation {
+                Isolation::ReadUncommitted => end,
+                Isolation::ReadCommitted => lso,
+            };
+            if offset < limit {
+                let batches = self.read_at(&handle, offset, limit, budget).await?;
                 let next_offset = last_end(&batches).unwrap_or(offset);
+                let aborted = match isolation {
+                    Isolation::ReadUncommitted => Vec::new(),
+                    Isolation::ReadCommitted => self.aborted_in(&handle, offset, next_offset).await?,
+                };
                 return Ok(ReadResult {
                     batches,
                     next_offset,
                     start_offset: start,
                     end_offset: end,
+                    last_stable_offset: lso,
+                    aborted,
                 });
             }
             // At the tail: wait for an append, the deadline, or the stream stopping.
@@ -158,11 +186,15 @@ impl Node {
                     next_offset: offset,
                     start_offset: start,
                     end_offset: end,
+                    last_stable_offset: lso,
+                    aborted: Vec::new(),
                 });
             }
         }
     }
 
+    /// Reads from `offset` up to `durable_end` (or a lower limit: the last stable
+    /// offset, which is always a batch's start).
     async fn read_at(
         &self,
         handle: &Arc<StreamHandle>,
@@ -226,6 +258,9 @@ impl Node {
                 let start = header.base_offset as u64;
                 if start + header.offset_count() <= at {
                     continue;
+                }
+                if start >= durable_end {
+                    return Ok(out.into_bytes());
                 }
                 if max_bytes.full(out.len, bytes.len()) {
                     handle.remember_read(ReadHint {

@@ -213,6 +213,7 @@ mod tests {
             len,
             crc: 0,
             max_timestamp,
+            txns: Default::default(),
         }
     }
 

@@ -9,13 +9,14 @@
 use super::uploader::Part;
 use super::Node;
 use crate::object::format::ObjectBuilder;
+use crate::stream::TailState;
 use crate::wal::{file, object, Replay};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use weir_meta::model::{Command, RejectCode, StreamState, TakeoverState};
+use weir_meta::model::{Command, RangeTxns, RejectCode, StreamState, TakeoverState};
 use weir_shared::batch::split_batches;
 use weir_shared::ids::{Incarnation, ObjectKey, Offset, StreamEpoch, StreamId};
 
@@ -172,12 +173,14 @@ impl Node {
         let mut parts = Vec::new();
         let mut recovered = 0u64;
         for (stream, (epoch, start, end, batches)) in &missing {
+            let txns = self.recovered_txns(*stream, *start, *end, batches).await?;
             let chunk = builder.add(*stream, *epoch, *start, *end, batches).clone();
             recovered += end - start;
             parts.push(Part {
                 stream: *stream,
                 chunk,
                 batches: batches.clone(),
+                txns,
             });
         }
         if !parts.is_empty() {
@@ -250,6 +253,31 @@ impl Node {
             }
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    /// The transaction summary of recovered records `[start, end)`: the transactions
+    /// open at the committed end `start`, carried through the records.
+    async fn recovered_txns(
+        &self,
+        stream: StreamId,
+        start: u64,
+        end: u64,
+        batches: &[Bytes],
+    ) -> Result<RangeTxns, String> {
+        let committed = if start > 0 {
+            self.txns_at(stream, start).await.map_err(|e| e.to_string())?
+        } else {
+            Default::default()
+        };
+        let mut state = TailState {
+            txns: committed,
+            ..Default::default()
+        };
+        for batch in batches {
+            let parsed = split_batches(batch).map_err(|e| format!("recovered batch of stream {stream}: {e}"))?;
+            state.replay(parsed.iter().map(|(h, b)| (h, *b)));
+        }
+        Ok(state.txns.summary(start, end))
     }
 
     /// Whether the log, read with a quorum, shows the takeover of `dead` recovered by

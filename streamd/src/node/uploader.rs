@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_meta::client::ClientError;
-use weir_meta::model::{Command, CommitRange, RejectCode};
+use weir_meta::model::{Command, CommitRange, RangeTxns, RejectCode};
 use weir_shared::ids::{ObjectKey, Offset, StreamEpoch, StreamId};
 
 /// Runs upload rounds until `cancel` (a final round is the caller's, via close).
@@ -46,6 +46,8 @@ pub(super) struct Part {
     pub stream: StreamId,
     pub chunk: Chunk,
     pub batches: Vec<Bytes>,
+    /// The transactions as the part's range leaves them (issue 23).
+    pub txns: RangeTxns,
 }
 
 impl Part {
@@ -99,13 +101,14 @@ impl Node {
             let Some(last) = batches.last() else { continue };
             let end = last.end;
             inner.uploaded_end = end;
+            let txns = inner.txns.summary(from, end);
             // Copying and checksumming the batches waits until the lock is released, so
             // appends to the stream do not wait on them.
             drop(inner);
             // Tests: the copy below takes a while; appends must not wait on it.
             weir_shared::failpoint::pause("upload_copy").await;
             let data: Vec<Bytes> = batches.into_iter().map(|b| b.data).collect();
-            taken.push((handle.id, handle.epoch, from, end, data));
+            taken.push((handle.id, handle.epoch, from, end, data, txns));
         }
         if more {
             self.upload_now.notify_one();
@@ -121,10 +124,11 @@ impl Node {
             let mut builder = ObjectBuilder::with_capacity(bytes);
             let parts: Vec<Part> = taken
                 .into_iter()
-                .map(|(stream, epoch, from, end, batches)| Part {
+                .map(|(stream, epoch, from, end, batches, txns)| Part {
                     stream,
                     chunk: builder.add(stream, epoch, from, end, &batches).clone(),
                     batches,
+                    txns,
                 })
                 .collect();
             (builder.finish().0, parts)
@@ -163,6 +167,7 @@ impl Node {
                 len: p.chunk.len,
                 crc: p.chunk.crc,
                 max_timestamp: p.max_timestamp(),
+                txns: p.txns.clone(),
             })
             .collect();
         let command = Command::CommitObjects {
@@ -294,6 +299,7 @@ impl Node {
             let mut inner = handle.inner.lock().await;
             if committed {
                 inner.committed_end = part.chunk.end;
+                inner.txns.forget_below(part.chunk.end);
                 handle.committed.send_replace(part.chunk.end);
                 if commit == Commit::Committed {
                     self.ranges.insert(
@@ -306,6 +312,7 @@ impl Node {
                             len: part.chunk.len,
                             crc: part.chunk.crc,
                             max_timestamp: part.max_timestamp(),
+                            txns: part.txns.clone(),
                         }],
                     );
                 } else {
@@ -322,6 +329,7 @@ impl Node {
                 if seen > inner.committed_end {
                     tracing::info!(stream = %handle.name, from = inner.committed_end, to = seen, "the view shows more committed than this node knew; uploads go on from there");
                     inner.committed_end = seen;
+                    inner.txns.forget_below(seen);
                     handle.committed.send_replace(seen);
                     inner.trim_committed();
                     self.ranges.forget_unsettled(part.stream);

@@ -188,6 +188,7 @@ mod tests {
             len: data.len() as u64,
             crc: crc32c::crc32c(data),
             max_timestamp: 0,
+            txns: Default::default(),
         }
     }
 

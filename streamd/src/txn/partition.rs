@@ -8,7 +8,6 @@
 //! refused, so a fenced producer cannot write into, or end, its successor's transaction.
 
 use super::marker::Marker;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
 use weir_shared::batch::BatchHeader;
 
@@ -19,13 +18,15 @@ pub struct OpenTxn {
     pub first_offset: u64,
 }
 
-/// An aborted transaction: readers in `read_committed` drop the producer's batches
-/// from `first_offset` up to the marker at `last_offset`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AbortedTxn {
-    pub producer_id: i64,
-    pub first_offset: u64,
-    pub last_offset: u64,
+pub use weir_meta::model::{AbortedTxn, RangeTxns};
+
+/// A transaction ended by a marker that no committed range summarises yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ended {
+    producer_id: i64,
+    first_offset: u64,
+    marker: u64,
+    commit: bool,
 }
 
 /// Why a transactional write or marker was refused.
@@ -46,8 +47,10 @@ pub struct StreamTxns {
     open: HashMap<i64, OpenTxn>,
     /// `(first offset, producer)` of every open transaction: the least is the LSO.
     by_first: BTreeSet<(u64, i64)>,
-    /// Aborts in marker order, from the oldest retained.
-    aborted: Vec<AbortedTxn>,
+    /// Transactions ended since the committed end, in marker order: what the next
+    /// range summaries are made of, and the aborts of the data not yet uploaded. Kept
+    /// until an upload commits past their markers ([`StreamTxns::forget_below`]).
+    ended: Vec<Ended>,
 }
 
 impl StreamTxns {
@@ -126,36 +129,78 @@ impl StreamTxns {
             return;
         };
         self.by_first.remove(&(t.first_offset, marker.producer_id));
-        if !marker.commit {
-            self.aborted.push(AbortedTxn {
-                producer_id: marker.producer_id,
-                first_offset: t.first_offset,
-                last_offset: offset,
-            });
-        }
+        self.ended.push(Ended {
+            producer_id: marker.producer_id,
+            first_offset: t.first_offset,
+            marker: offset,
+            commit: marker.commit,
+        });
     }
 
-    /// The last stable offset: below it every transaction is decided. `next_offset` is
-    /// the stream's end, the LSO when no transaction is open.
-    pub fn lso(&self, next_offset: u64) -> u64 {
-        self.by_first
-            .first()
-            .map_or(next_offset, |(first, _)| (*first).min(next_offset))
-    }
-
-    /// Aborted transactions with data in `[from, to)`, which a `read_committed` read of
-    /// that range must be told about.
-    pub fn aborted_overlapping(&self, from: u64, to: u64) -> Vec<AbortedTxn> {
-        self.aborted
+    /// The last stable offset when the stream ended at `x` (at or past the committed
+    /// end): the first offset of the oldest transaction open there, none when none
+    /// was. A transaction counts as open there until its marker, so a marker admitted
+    /// but not yet durable does not move it.
+    pub fn lso_at(&self, x: u64) -> Option<u64> {
+        let open = self.by_first.first().map(|(first, _)| *first).filter(|f| *f < x);
+        let ended = self
+            .ended
             .iter()
+            .filter(|e| e.first_offset < x && x <= e.marker)
+            .map(|e| e.first_offset)
+            .min();
+        open.into_iter().chain(ended).min()
+    }
+
+    /// The last stable offset of a stream whose durable end is `end`: below it every
+    /// transaction is decided, and `read_committed` readers read no further.
+    pub fn lso(&self, end: u64) -> u64 {
+        self.lso_at(end).unwrap_or(end)
+    }
+
+    fn aborts(&self) -> impl Iterator<Item = AbortedTxn> + '_ {
+        self.ended.iter().filter(|e| !e.commit).map(|e| AbortedTxn {
+            producer_id: e.producer_id,
+            first_offset: e.first_offset,
+            last_offset: e.marker,
+        })
+    }
+
+    /// Aborted transactions with data in `[from, to)` whose markers no committed range
+    /// holds yet, which a `read_committed` read of that range must be told about.
+    pub fn aborted_overlapping(&self, from: u64, to: u64) -> Vec<AbortedTxn> {
+        self.aborts()
             .filter(|a| a.last_offset >= from && a.first_offset < to)
-            .copied()
             .collect()
     }
 
-    /// Forgets aborts whose markers lie below `start` (trimmed data).
-    pub fn forget_below(&mut self, start: u64) {
-        self.aborted.retain(|a| a.last_offset >= start);
+    /// The summary of the range `[from, end)` an upload commits: the LSO at its end and
+    /// the aborts whose markers it holds.
+    pub fn summary(&self, from: u64, end: u64) -> RangeTxns {
+        RangeTxns {
+            lso_at_end: self.lso_at(end),
+            aborted: self.aborts().filter(|a| (from..end).contains(&a.last_offset)).collect(),
+        }
+    }
+
+    /// Forgets the ended transactions whose markers lie below `end`: a committed range
+    /// summarises them (or they were trimmed).
+    pub fn forget_below(&mut self, end: u64) {
+        self.ended.retain(|e| e.marker >= end);
+    }
+
+    /// Replays one stored batch, decoding it when it is a marker (a control batch of
+    /// another kind, or one that does not decode, ends nothing).
+    pub fn replay_stored(&mut self, h: &BatchHeader, bytes: &[u8]) {
+        let marker = if h.is_control() {
+            match super::marker::decode(bytes) {
+                Some(m) => Some(m),
+                None => return,
+            }
+        } else {
+            None
+        };
+        self.replay(h, h.base_offset as u64, marker.as_ref());
     }
 
     /// Replays one stored batch (a new owner rebuilding the state from the tail):
@@ -238,6 +283,51 @@ mod tests {
         assert!(t.aborted_overlapping(0, 20).is_empty());
     }
 
+    // Issue 23: the summary an upload commits with its range, and the LSO at any end
+    // at or past the committed end, marker not yet uploaded included.
+    #[test]
+    fn a_range_summary_holds_its_aborts_and_the_lso_at_its_end() {
+        let mut t = StreamTxns::default();
+        append(&mut t, batch(7, 0, true), 0); // 7 opens at 0
+        append(&mut t, batch(8, 0, true), 1); // 8 opens at 1
+        t.record_marker(&marker(7, 0, false), 2); // 7 aborts at 2
+        append(&mut t, batch(9, 0, true), 3); // 9 opens at 3
+        t.record_marker(&marker(8, 0, true), 4); // 8 commits at 4
+        let abort7 = AbortedTxn {
+            producer_id: 7,
+            first_offset: 0,
+            last_offset: 2,
+        };
+        // A range ending at 2 ends before 7's marker: 7 is still open there.
+        assert_eq!(
+            t.summary(0, 2),
+            RangeTxns {
+                lso_at_end: Some(0),
+                aborted: vec![]
+            }
+        );
+        assert_eq!(
+            t.summary(0, 3),
+            RangeTxns {
+                lso_at_end: Some(1),
+                aborted: vec![abort7]
+            }
+        );
+        assert_eq!(t.summary(3, 5).lso_at_end, Some(3), "9 is still open");
+        assert!(t.summary(3, 5).aborted.is_empty(), "7's marker is in the earlier range");
+        // Until 9's marker, the LSO stays at 3 however far the stream goes.
+        assert_eq!(t.lso(100), 3);
+        t.record_marker(&marker(9, 0, true), 5);
+        assert_eq!(t.lso(5), 3, "the marker at 5 is not durable yet");
+        assert_eq!(t.lso(6), 6);
+        assert_eq!(t.summary(5, 6).lso_at_end, None);
+        // Committed through 3: what the index now holds is forgotten here.
+        t.forget_below(3);
+        assert!(t.aborted_overlapping(0, 10).is_empty());
+        assert_eq!(t.summary(3, 6).lso_at_end, None);
+        assert_eq!(t.lso_at(5), Some(3), "9's record stays until its marker is committed");
+    }
+
     #[test]
     fn only_a_producers_first_write_in_a_transaction_needs_verifying() {
         let mut t = StreamTxns::default();
@@ -300,9 +390,9 @@ mod tests {
             rebuilt.replay(h, *base, m.as_ref());
         }
         assert_eq!(rebuilt.open, live.open);
-        assert_eq!(rebuilt.aborted, live.aborted);
+        assert_eq!(rebuilt.ended, live.ended);
         assert_eq!(rebuilt.lso(at), live.lso(at));
         assert!(live.lso(at) < at, "the run leaves transactions open");
-        assert!(!live.aborted.is_empty());
+        assert!(live.ended.iter().any(|e| !e.commit));
     }
 }

@@ -286,6 +286,11 @@ fn check_swap(swap: &StreamSwap, sizes: &BTreeMap<&ObjectKey, u64>) -> Result<()
         if r.pos.checked_add(r.len).is_none_or(|end| end > size) {
             return invalid(format!("a new range of stream {id} lies outside its object"));
         }
+        if !r.txns.fits(r.start.0, r.end.0) {
+            return invalid(format!(
+                "the transaction summary of a new range of stream {id} lies outside the range"
+            ));
+        }
         if !keys.insert(&r.key) {
             return invalid(format!("stream {id} has two ranges in object '{}'", r.key));
         }
@@ -326,6 +331,7 @@ mod tests {
                 len,
                 crc: 7,
                 max_timestamp: 5,
+                txns: Default::default(),
             },
         }
     }

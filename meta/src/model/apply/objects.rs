@@ -87,6 +87,15 @@ impl Txn<'_> {
                     format!("range of stream '{}' lies outside the object", row.name),
                 ));
             }
+            if !range.txns.fits(range.start.0, range.end.0) {
+                return Err(reject(
+                    RejectCode::InvalidArgument,
+                    format!(
+                        "the transaction summary of stream '{}' lies outside its range",
+                        row.name
+                    ),
+                ));
+            }
             row.committed_end = range.end;
             row.commits += 1;
             row.bytes += range.len;
@@ -100,6 +109,7 @@ impl Txn<'_> {
                     len: range.len,
                     crc: range.crc,
                     max_timestamp: range.max_timestamp,
+                    txns: range.txns.clone(),
                 },
             });
             updated.insert(range.stream, row);

@@ -101,6 +101,7 @@ impl Log {
                     len,
                     crc: 0,
                     max_timestamp: 1,
+                    txns: Default::default(),
                 };
                 pos += len;
                 range

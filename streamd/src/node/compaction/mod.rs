@@ -11,6 +11,7 @@
 mod io_limit;
 mod layout;
 mod plan;
+mod txns;
 
 use super::Node;
 use crate::error::StreamdError;
@@ -53,6 +54,8 @@ struct Piece {
     end: u64,
     batches: Vec<Bytes>,
     bytes: u64,
+    /// The transactions as the piece leaves them (issue 23).
+    txns: weir_meta::model::RangeTxns,
 }
 
 /// What a pass did, for its log line and the soak.
@@ -270,12 +273,15 @@ impl Node {
     ) -> Result<Vec<Piece>, StreamdError> {
         let target = self.tunables.compaction_target_bytes;
         let mut pieces = Vec::new();
-        let mut piece = Piece {
-            start: window[0].start.0,
-            end: window[0].start.0,
+        let new_piece = |at: u64| Piece {
+            start: at,
+            end: at,
             batches: Vec::new(),
             bytes: 0,
+            txns: Default::default(),
         };
+        let mut piece = new_piece(window[0].start.0);
+        let mut summaries = txns::SummaryCutter::new(self.lso_before(handle, &window[0]).await?);
         let mut chunks = futures::stream::iter(window.iter().cloned())
             .map(|range| async move {
                 let bytes = match sources.get(&(range.key.0.clone(), range.pos)) {
@@ -294,27 +300,35 @@ impl Node {
             let batches = split_batches_by_header(&bytes)
                 .map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
             let batches = self.note_damage(handle.id, &range, batches)?;
+            summaries.begin_range(&range);
             for (header, raw) in batches {
+                summaries.batch(&header, raw);
                 piece.batches.push(bytes.slice_ref(raw));
                 piece.bytes += raw.len() as u64;
                 if piece.bytes >= target {
                     let end = header.base_offset as u64 + header.offset_count();
                     piece.end = end;
-                    let next = Piece {
-                        start: end,
-                        end,
-                        batches: Vec::new(),
-                        bytes: 0,
-                    };
-                    pieces.push(std::mem::replace(&mut piece, next));
+                    piece.txns = summaries.cut(piece.start, end);
+                    pieces.push(std::mem::replace(&mut piece, new_piece(end)));
                 }
             }
         }
         if !piece.batches.is_empty() {
             piece.end = window[window.len() - 1].end.0;
+            piece.txns = summaries.cut(piece.start, piece.end);
             pieces.push(piece);
         }
         Ok(pieces)
+    }
+
+    /// The LSO at the end of the range before `first` (none at the stream's start):
+    /// where the transactions open at the window's start began, at the latest.
+    async fn lso_before(&self, handle: &StreamHandle, first: &ObjectRange) -> Result<Option<u64>, StreamdError> {
+        let start = handle.inner.lock().await.start_offset;
+        if first.start.0 <= start {
+            return Ok(None);
+        }
+        Ok(self.range_at(handle.id, first.start.0 - 1).await?.txns.lso_at_end)
     }
 
     /// Writes one entry's objects and proposes its `CompactStreams`; the ranges replaced.
@@ -346,6 +360,7 @@ impl Node {
                             end: piece.end,
                             bytes: piece.bytes,
                             batches: piece.batches.clone(),
+                            txns: piece.txns.clone(),
                         }
                     })
                     .collect();
@@ -515,6 +530,7 @@ struct Member {
     end: u64,
     bytes: u64,
     batches: Vec<Bytes>,
+    txns: weir_meta::model::RangeTxns,
 }
 
 /// Builds one compacted object from its members: the object, and each member's new
@@ -541,6 +557,7 @@ fn build(key: ObjectKey, members: Vec<Member>) -> (ObjectKey, Bytes, Vec<(usize,
                 len: chunk.len,
                 crc: chunk.crc,
                 max_timestamp,
+                txns: m.txns,
             },
         ));
     }

@@ -110,6 +110,7 @@ mod tests {
                 len,
                 crc: 0,
                 max_timestamp: 0,
+                txns: Default::default(),
             })
             .collect()
     }

@@ -1,0 +1,50 @@
+//! The aborted transactions a `read_committed` read is told about (issue 23): those
+//! with data in what it returns. Their markers can lie far past the read, so they are
+//! found in the committed ranges' summaries from the read's start on, up to the first
+//! range after which no transaction begun inside the read can still be open, and then
+//! in the stream's memory for markers not yet uploaded.
+
+use super::Node;
+use crate::error::StreamdError;
+use crate::stream::StreamHandle;
+use weir_meta::model::AbortedTxn;
+
+impl Node {
+    /// Aborted transactions with data in `[from, to)` of `handle`'s stream.
+    pub(super) async fn aborted_in(
+        &self,
+        handle: &StreamHandle,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<AbortedTxn>, StreamdError> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        // Taken together: an upload committing meanwhile moves markers from memory into
+        // a range past `committed`, which the walk below does not reach.
+        let (committed, unuploaded) = {
+            let inner = handle.inner.lock().await;
+            (inner.committed_end, inner.txns.aborted_overlapping(from, to))
+        };
+        let mut out = Vec::new();
+        let mut at = from;
+        while at < committed {
+            let range = self.range_at(handle.id, at).await?;
+            out.extend(
+                range
+                    .txns
+                    .aborted
+                    .iter()
+                    .filter(|a| a.first_offset < to && a.last_offset >= from),
+            );
+            at = range.end.0;
+            // Nothing begun below `to` is open after this range: every later marker
+            // ends a transaction that has no data in the read.
+            if range.txns.lso_at_end.is_none_or(|l| l >= to) {
+                return Ok(out);
+            }
+        }
+        out.extend(unuploaded);
+        Ok(out)
+    }
+}
