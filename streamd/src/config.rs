@@ -114,6 +114,16 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_PRODUCER_STATE_BYTES", default_value_t = 16 << 20)]
     pub producer_state_bytes: u64,
 
+    /// Longest transaction timeout a transactional producer may ask for (Kafka's
+    /// `transaction.max.timeout.ms`).
+    #[arg(long, env = "WEIR_TRANSACTION_MAX_TIMEOUT_MS", default_value_t = 900_000)]
+    pub transaction_max_timeout_ms: u32,
+
+    /// How long an idle transactional id is kept before it is forgotten (Kafka's
+    /// `transactional.id.expiration.ms`).
+    #[arg(long, env = "WEIR_TRANSACTIONAL_ID_EXPIRATION_MS", default_value_t = 604_800_000)]
+    pub transactional_id_expiration_ms: u64,
+
     /// Seconds after which an uploaded but uncommitted object may be garbage-collected.
     #[arg(long, env = "WEIR_GC_DELAY_SEC", default_value_t = 3600)]
     pub gc_delay_sec: u64,

@@ -13,6 +13,7 @@ pub mod object;
 pub mod server;
 pub mod service;
 pub mod shutdown_drain;
+pub mod state_stream;
 pub mod stream;
 pub mod txn;
 pub mod wal;

@@ -141,6 +141,19 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
             object_work_stop.clone(),
         ),
     );
+    let txns = crate::txn::coordinator::Txns::new(
+        node.clone(),
+        crate::txn::coordinator::TxnLimits {
+            max_timeout_ms: args.transaction_max_timeout_ms,
+            id_expiration_ms: args.transactional_id_expiration_ms,
+        },
+    );
+    loops.spawn(
+        "txn",
+        "transaction coordinators",
+        None,
+        txns.clone().run(background_stop.clone()),
+    );
     let gc_delay = Duration::from_secs(args.gc_delay_sec);
     let gc_grace = Duration::from_secs(args.gc_grace_sec);
     loops.spawn(
@@ -164,7 +177,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     let grpc_stop = CancellationToken::new();
     let grpc = weir_shared::grpc::server(&limits)?
         .add_service(
-            StreamdServer::new(DataPlane::new(node.clone()))
+            StreamdServer::new(DataPlane::new(node.clone(), txns.clone()))
                 .max_decoding_message_size(max_message(&args))
                 .max_encoding_message_size(max_message(&args)),
         )

@@ -2,6 +2,7 @@
 
 use crate::groups::{Client, Groups};
 use crate::node::{Isolation, Node};
+use crate::txn::coordinator::Txns;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
@@ -15,12 +16,13 @@ pub const MAX_WAIT: Duration = Duration::from_secs(60);
 pub struct DataPlane {
     node: Arc<Node>,
     groups: Arc<Groups>,
+    txns: Arc<Txns>,
 }
 
 impl DataPlane {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub fn new(node: Arc<Node>, txns: Arc<Txns>) -> Self {
         let groups = Groups::new(node.clone());
-        Self { node, groups }
+        Self { node, groups, txns }
     }
 }
 
@@ -178,6 +180,20 @@ impl Streamd for DataPlane {
             .handle(&req.stream, api_key, version, req.body, client)
             .await?;
         Ok(Response::new(GroupReply { body }))
+    }
+
+    async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnReply>, Status> {
+        weir_shared::peer::require(&req, CLIENTS, "Txn")?;
+        let req = req.into_inner();
+        let version = i16::try_from(req.api_version)
+            .map_err(|_| crate::error::StreamdError::InvalidArgument("api_version out of range".into()))?;
+        let api_key = i16::try_from(req.api_key)
+            .map_err(|_| crate::error::StreamdError::InvalidArgument("api_key out of range".into()))?;
+        let body = self
+            .txns
+            .handle(&req.stream, api_key, version, req.body, req.fresh_producer_id)
+            .await?;
+        Ok(Response::new(TxnReply { body }))
     }
 
     async fn write_txn_marker(

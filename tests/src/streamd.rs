@@ -348,6 +348,27 @@ impl Stack {
         stream
     }
 
+    /// The id of stream `name` (an HTTP stream, or a topic's `topic/partition`).
+    pub async fn stream_id(&self, name: &str) -> StreamId {
+        let streams = self.metad.client().admin("streams", 0, 0).await.expect("streams");
+        let id = streams["streams"]
+            .as_object()
+            .and_then(|rows| rows.values().find(|r| r["name"] == name))
+            .and_then(|r| r["id"].as_u64())
+            .unwrap_or_else(|| panic!("no stream '{name}'"));
+        StreamId(id)
+    }
+
+    /// Creates topic `name`, its partition `p` placed on node `on[p]`, once served.
+    pub async fn create_topic_on(&self, name: &str, on: &[usize]) {
+        self.metad.create_topic(name, on.len() as u32).await;
+        for (p, &node) in on.iter().enumerate() {
+            let stream = format!("{name}/{p}");
+            self.place(self.stream_id(&stream).await, node).await;
+            self.wait_serving(&stream, node).await;
+        }
+    }
+
     pub async fn place(&self, stream: StreamId, on: usize) {
         let client = self.metad.client();
         let op = Proposer::Operator {

@@ -23,19 +23,11 @@ use weir_meta::model::{Command, Proposer, StreamConfig};
 use weir_proto::streamd::GroupRequest;
 use weir_shared::error_code::KafkaApi;
 
-/// Offsets streams groups are hashed over (Kafka's `offsets.topic.num.partitions`).
-pub const OFFSETS_PARTITIONS: u32 = 8;
+pub use weir_meta::model::names::{offsets_stream, OFFSETS_PARTITIONS};
 const GROUP_KEY: i8 = 0;
 /// Longest a JoinGroup or SyncGroup may wait at its coordinator: Kafka's largest
 /// session timeout (`group.max.session.timeout.ms`), which bounds a rebalance.
 const GROUP_WAIT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
-
-pub fn offsets_stream(group: &str) -> String {
-    format!(
-        "{OFFSETS_TOPIC}/{}",
-        crc32c::crc32c(group.as_bytes()) % OFFSETS_PARTITIONS
-    )
-}
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())

@@ -7,6 +7,34 @@ use super::command::{RejectCode, Rejection};
 /// (as nodes, not for a user) when a group first needs it.
 pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
 
+/// Offsets streams groups are hashed over (Kafka's `offsets.topic.num.partitions`).
+pub const OFFSETS_PARTITIONS: u32 = 8;
+
+/// The offsets stream of `group`, whose owner is the group's coordinator: Kafka's rule,
+/// the group id hashed over the offsets topic's partitions (CRC-32C here).
+pub fn offsets_stream(group: &str) -> String {
+    format!(
+        "{OFFSETS_TOPIC}/{}",
+        crc32c::crc32c(group.as_bytes()) % OFFSETS_PARTITIONS
+    )
+}
+
+/// The internal topic holding transactional ids' state (issue 23): the owner of a
+/// partition is the coordinator of the ids hashed to it.
+pub const TXN_STATE_TOPIC: &str = "__transaction_state";
+
+/// Transaction-state streams transactional ids are hashed over (Kafka's
+/// `transaction.state.log.num.partitions`, smaller: each is a stream and a coordinator).
+pub const TXN_STATE_PARTITIONS: u32 = 8;
+
+/// The transaction-state stream of a transactional id, whose owner is its coordinator.
+pub fn txn_state_stream(transactional_id: &str) -> String {
+    format!(
+        "{TXN_STATE_TOPIC}/{}",
+        crc32c::crc32c(transactional_id.as_bytes()) % TXN_STATE_PARTITIONS
+    )
+}
+
 /// Who a gateway without `--auth` acts for; no token may take this name.
 pub const ANONYMOUS: &str = "anonymous";
 

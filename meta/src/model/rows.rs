@@ -156,8 +156,9 @@ pub struct AbortedTxn {
 pub struct RangeTxns {
     /// The last stable offset at the range's end: the first offset of the oldest
     /// transaction still open there, none when none is. A reader looking for aborts
-    /// that overlap offsets below `x` stops after the first range whose value is none
-    /// or at least `x`: every transaction begun below `x` ended before it. A value may
+    /// that overlap offsets below `x` stops after the first range ending at or past `x`
+    /// whose value is none or at least `x`: every transaction begun below `x` ended
+    /// before it. A value may
     /// be lower than the exact one (compaction cuts inside a range), never higher.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lso_at_end: Option<u64>,

@@ -16,7 +16,8 @@ pub mod membership;
 pub mod offsets;
 
 use crate::error::StreamdError;
-use crate::node::{Isolation, Node};
+use crate::node::Node;
+use crate::state_stream::{self, StateLog};
 use bytes::{Bytes, BytesMut};
 use consumer_group::ConsumerGroup;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
@@ -62,18 +63,8 @@ struct GroupCoordinator {
     stream: String,
     epoch: StreamEpoch,
     state: Mutex<State>,
-    /// Held shared by each append-and-apply of changes, and exclusively while a
-    /// snapshot is taken and appended: the snapshot then holds every change stored
-    /// before it, so trimming to it loses none.
-    log: tokio::sync::RwLock<()>,
-    snapshotting: std::sync::atomic::AtomicBool,
+    log: StateLog,
 }
-
-/// A snapshot is taken once this many changes, and at least twice the table's size,
-/// have been stored since the last one: load work stays within a few table sizes.
-const SNAPSHOT_MIN_CHANGES: u64 = 1_000;
-/// Commits per batch of a snapshot.
-const SNAPSHOT_BATCH: usize = 5_000;
 
 #[derive(Default)]
 struct State {
@@ -206,8 +197,7 @@ impl Groups {
                 consumer_groups: BTreeMap::new(),
                 offsets,
             }),
-            log: tokio::sync::RwLock::new(()),
-            snapshotting: Default::default(),
+            log: StateLog::default(),
         });
         self.coordinators.lock().await.insert(stream.to_string(), c.clone());
         let about = Some(c.stream.to_string());
@@ -224,84 +214,44 @@ impl Groups {
 
     /// Starts a snapshot of `c`'s table when enough changes were stored since the last.
     fn maybe_snapshot(self: &Arc<Self>, c: &Arc<GroupCoordinator>) {
-        let due = c.with(|st| {
-            let changes = st.offsets.changes_since_snapshot();
-            changes >= SNAPSHOT_MIN_CHANGES.max(2 * st.offsets.entries())
-        });
-        if due && !c.snapshotting.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            let (groups, c) = (self.clone(), c.clone());
+        let due = c.with(|st| state_stream::snapshot_due(st.offsets.changes_since_snapshot(), st.offsets.entries()));
+        if due && c.log.begin_snapshot() {
+            let (node, c) = (self.node.clone(), c.clone());
             let about = Some(c.stream.to_string());
             self.node.tasks.spawn("group", "offsets snapshot", about, async move {
-                if let Err(e) = groups.snapshot(&c).await {
+                let stored = c
+                    .log
+                    .snapshot(
+                        &node,
+                        &c.stream,
+                        || c.with(|st| (st.offsets.snapshot(), st.offsets.changes_since_snapshot())),
+                        offsets::encode,
+                        || c.with(|st| st.offsets.snapshotted()),
+                        "group offsets",
+                    )
+                    .await;
+                if let Err(e) = stored {
                     tracing::warn!(stream = %c.stream, error = %e, "offsets snapshot failed; will retry after more commits");
                 }
-                c.snapshotting.store(false, std::sync::atomic::Ordering::Release);
+                c.log.end_snapshot();
             });
         }
     }
 
-    /// Appends the whole offsets table and trims the stream to where it starts.
-    async fn snapshot(&self, c: &GroupCoordinator) -> Result<(), StreamdError> {
-        let start = {
-            let _exclusive = c.log.write().await;
-            let (changes, replayed) = c.with(|st| (st.offsets.snapshot(), st.offsets.changes_since_snapshot()));
-            // An empty table is a snapshot too: everything before now can go.
-            let mut start = self.node.stream(&c.stream)?.durable_end();
-            for (i, chunk) in changes.chunks(SNAPSHOT_BATCH).enumerate() {
-                let batch = offsets::encode(chunk).map_err(StreamdError::Internal)?;
-                let appended = self.node.append(&c.stream, &batch, None).await?;
-                if i == 0 {
-                    start = appended.base_offset;
-                }
-            }
-            c.with(|st| st.offsets.snapshotted());
-            tracing::info!(stream = %c.stream, entries = changes.len(), replaced_changes = replayed, offset = start, "stored a snapshot of the group offsets");
-            start
-        };
-        self.node.trim(&c.stream, start).await?;
-        Ok(())
-    }
-
     async fn replay(&self, stream: &str) -> Result<OffsetTable, StreamdError> {
         let mut table = OffsetTable::default();
-        let mut offset = 0;
-        let mut end = None;
-        loop {
-            let r = match self
-                .node
-                .read(
-                    stream,
-                    offset,
-                    1 << 20,
-                    true,
-                    Duration::ZERO,
-                    Isolation::ReadUncommitted,
-                )
-                .await
-            {
-                Ok(r) => r,
-                Err(StreamdError::OffsetOutOfRange { start, end, .. }) if offset < start && start <= end => {
-                    offset = start;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let end = *end.get_or_insert(r.end_offset);
-            table.replay(r.batches.clone()).map_err(StreamdError::Corrupt)?;
-            if r.next_offset <= offset || r.next_offset >= end {
-                return Ok(table);
-            }
-            offset = r.next_offset;
-        }
+        state_stream::load(&self.node, stream, |batches| table.replay(batches)).await?;
+        Ok(table)
     }
 
     /// Appends `changes` to the offsets stream, then applies them to the table.
     async fn store(&self, c: &GroupCoordinator, changes: Vec<Change>) -> Result<(), StreamdError> {
-        let _shared = c.log.read().await;
-        let batch = offsets::encode(&changes).map_err(StreamdError::Internal)?;
-        self.node.append(&c.stream, &batch, None).await?;
-        c.with(|st| changes.into_iter().for_each(|ch| st.offsets.apply(ch)));
-        Ok(())
+        let batch = offsets::encode(&changes);
+        c.log
+            .store(&self.node, &c.stream, batch, || {
+                c.with(|st| changes.into_iter().for_each(|ch| st.offsets.apply(ch)))
+            })
+            .await
     }
 
     async fn join(&self, c: &GroupCoordinator, r: JoinGroupRequest, version: i16, client: Client) -> JoinGroupResponse {

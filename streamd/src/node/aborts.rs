@@ -1,7 +1,8 @@
 //! The aborted transactions a `read_committed` read is told about (issue 23): those
 //! with data in what it returns. Their markers can lie far past the read, so they are
 //! found in the committed ranges' summaries from the read's start on, up to the first
-//! range after which no transaction begun inside the read can still be open, and then
+//! range at or past the read's end after which no transaction begun inside the read
+//! can still be open, and then
 //! in the stream's memory for markers not yet uploaded.
 
 use super::Node;
@@ -38,9 +39,9 @@ impl Node {
                     .filter(|a| a.first_offset < to && a.last_offset >= from),
             );
             at = range.end.0;
-            // Nothing begun below `to` is open after this range: every later marker
+            // Past the read, with nothing begun below `to` open: every later marker
             // ends a transaction that has no data in the read.
-            if range.txns.lso_at_end.is_none_or(|l| l >= to) {
+            if at >= to && range.txns.lso_at_end.is_none_or(|l| l >= to) {
                 return Ok(out);
             }
         }

@@ -6,7 +6,9 @@
 //! a partition's owner keeps of the transactions in it; the services that serve the
 //! requests and write the markers build on them.
 
+pub mod coordinator;
 pub mod log;
 pub mod marker;
+pub mod marker_sender;
 pub mod partition;
 pub mod state;

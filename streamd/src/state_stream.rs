@@ -1,0 +1,148 @@
+//! A coordinator's table kept in an internal stream this node owns (the offsets
+//! stream of a group coordinator, the transaction-state stream of a transaction
+//! coordinator). Changes are appended before they are applied, so what a client was
+//! told is what a new owner replays; a load replays the stream from its start; and
+//! once enough changes pile up the whole table is appended and the stream trimmed to
+//! it, so a load replays the table and a short tail, not every change ever made.
+
+use crate::error::StreamdError;
+use crate::node::{Isolation, Node};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// A snapshot is due once this many changes, and at least twice the table's size,
+/// have been stored since the last one: load work stays within a few table sizes.
+const SNAPSHOT_MIN_CHANGES: u64 = 1_000;
+/// Changes per batch of a snapshot.
+const SNAPSHOT_BATCH: usize = 5_000;
+
+/// Replays every stored batch of `stream`, from its start to the durable end it had
+/// when the load began, into `replay`.
+pub async fn load(
+    node: &Node,
+    stream: &str,
+    mut replay: impl FnMut(Bytes) -> Result<(), String>,
+) -> Result<(), StreamdError> {
+    let mut offset = 0;
+    let mut end = None;
+    loop {
+        let read = node
+            .read(
+                stream,
+                offset,
+                1 << 20,
+                true,
+                Duration::ZERO,
+                Isolation::ReadUncommitted,
+            )
+            .await;
+        let r = match read {
+            Ok(r) => r,
+            Err(StreamdError::OffsetOutOfRange { start, end, .. }) if offset < start && start <= end => {
+                offset = start;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let end = *end.get_or_insert(r.end_offset);
+        replay(r.batches.clone()).map_err(StreamdError::Corrupt)?;
+        if r.next_offset <= offset || r.next_offset >= end {
+            return Ok(());
+        }
+        offset = r.next_offset;
+    }
+}
+
+/// Whether a table of `entries` with `changes` stored since its last snapshot is due
+/// for another.
+pub fn snapshot_due(changes: u64, entries: u64) -> bool {
+    changes >= SNAPSHOT_MIN_CHANGES.max(2 * entries)
+}
+
+/// The append side of one coordinator's state stream.
+#[derive(Default)]
+pub struct StateLog {
+    /// Held shared by each append-and-apply of changes, and exclusively while a
+    /// snapshot is taken and appended: the snapshot then holds every change stored
+    /// before it, so trimming to it loses none.
+    lock: tokio::sync::RwLock<()>,
+    snapshotting: AtomicBool,
+}
+
+impl StateLog {
+    /// Appends `batch` (the encoded changes) to `stream`, then runs `apply`, once the
+    /// batch is durable.
+    pub async fn store<T>(
+        &self,
+        node: &Node,
+        stream: &str,
+        batch: Result<Bytes, String>,
+        apply: impl FnOnce() -> T,
+    ) -> Result<T, StreamdError> {
+        let _shared = self.lock.read().await;
+        let batch = batch.map_err(StreamdError::Internal)?;
+        node.append(stream, &batch, None).await?;
+        Ok(apply())
+    }
+
+    /// Claims the snapshot: false when one is already under way.
+    pub fn begin_snapshot(&self) -> bool {
+        !self.snapshotting.swap(true, Ordering::AcqRel)
+    }
+
+    pub fn end_snapshot(&self) {
+        self.snapshotting.store(false, Ordering::Release);
+    }
+
+    /// Appends the whole table (`take` returns it as changes, with how many changes it
+    /// replaces), calls `taken` once it is stored, and trims the stream to where it
+    /// starts; the offset it starts at.
+    pub async fn snapshot<C>(
+        &self,
+        node: &Node,
+        stream: &str,
+        take: impl FnOnce() -> (Vec<C>, u64),
+        encode: impl Fn(&[C]) -> Result<Bytes, String>,
+        taken: impl FnOnce(),
+        what: &str,
+    ) -> Result<u64, StreamdError> {
+        let start = {
+            let _exclusive = self.lock.write().await;
+            let (changes, replaced) = take();
+            // An empty table is a snapshot too: everything before now can go.
+            let mut start = node.stream(stream)?.durable_end();
+            for (i, chunk) in changes.chunks(SNAPSHOT_BATCH).enumerate() {
+                let batch = encode(chunk).map_err(StreamdError::Internal)?;
+                let appended = node.append(stream, &batch, None).await?;
+                if i == 0 {
+                    start = appended.base_offset;
+                }
+            }
+            taken();
+            tracing::info!(
+                stream,
+                entries = changes.len(),
+                replaced_changes = replaced,
+                offset = start,
+                "stored a snapshot of the {what}"
+            );
+            start
+        };
+        node.trim(stream, start).await?;
+        Ok(start)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_is_due_after_many_changes_and_twice_the_table() {
+        assert!(!snapshot_due(999, 0));
+        assert!(snapshot_due(1_000, 10));
+        assert!(!snapshot_due(1_999, 1_000), "fewer than twice the table");
+        assert!(snapshot_due(2_000, 1_000));
+    }
+}

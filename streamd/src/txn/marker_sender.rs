@@ -1,0 +1,148 @@
+//! Writing a decided transaction's markers into its partitions (design 0005, "Who
+//! writes them"): the coordinator calls each partition's owner, found in the view, and
+//! retries until the stream has a live owner that takes the marker. A partition this
+//! node owns is written directly. The gateway is not on this path, so a gateway that
+//! dies mid-commit cannot leave a transaction half written.
+
+use super::marker::Marker;
+use crate::error::StreamdError;
+use crate::node::Node;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use weir_proto::streamd::streamd_client::StreamdClient;
+use weir_proto::streamd::WriteTxnMarkerRequest;
+use weir_shared::error_code::ErrorCode;
+use weir_shared::grpc::Channel;
+
+/// Longest one attempt may take.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait between two attempts at one partition.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// How a marker's write ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    /// Written, or found written before.
+    Written,
+    /// Never to be written: the stream is gone, or its producer has moved on to a
+    /// newer epoch there (the marker is obsolete, as Kafka treats it).
+    Obsolete(String),
+}
+
+/// Channels to other streamd nodes, by address.
+#[derive(Default)]
+pub struct MarkerSender {
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl MarkerSender {
+    /// Writes `marker` into `stream`, retrying until it is written, obsolete, or
+    /// `stop` is cancelled (the coordinator lost its state stream: its successor
+    /// resumes the markers); `None` then.
+    pub async fn send(&self, node: &Arc<Node>, stream: &str, marker: Marker, stop: &CancellationToken) -> Option<Sent> {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            // Bounded: a hung owner must not hold the marker up until it is fenced.
+            let attempt = tokio::select! {
+                r = tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(node, stream, marker)) => r.unwrap_or_else(|_| {
+                    Err(Failure::Local(StreamdError::Unavailable(format!("no answer from the owner of '{stream}' within {ATTEMPT_TIMEOUT:?}"))))
+                }),
+                _ = stop.cancelled() => return None,
+            };
+            match attempt {
+                Ok(()) => return Some(Sent::Written),
+                Err(e) if matches!(e.code(), Some(ErrorCode::NotFound | ErrorCode::InvalidProducerEpoch)) => {
+                    return Some(Sent::Obsolete(e.to_string()))
+                }
+                Err(e) => {
+                    tracing::debug!(stream, error = %e, "transaction marker not written yet; retrying");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.cancelled() => return None,
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    async fn attempt(&self, node: &Arc<Node>, stream: &str, marker: Marker) -> Result<(), Failure> {
+        let owner = node.view.with(|s| {
+            let row = s.stream_by_name(stream)?;
+            let owner = row.owner.as_ref()?;
+            let n = s
+                .nodes
+                .get(&owner.node)
+                .filter(|n| n.epoch == owner.epoch && !n.fenced)?;
+            Some((owner.clone(), n.addrs.grpc.clone()))
+        });
+        let exists = node.view.with(|s| s.stream_by_name(stream).is_some());
+        let Some((owner, addr)) = owner else {
+            return Err(if exists {
+                Failure::Local(StreamdError::Unavailable(format!(
+                    "stream '{stream}' has no live owner"
+                )))
+            } else {
+                Failure::Local(StreamdError::NotFound(format!("stream '{stream}'")))
+            });
+        };
+        if owner == node.me {
+            return node
+                .write_marker(stream, &marker)
+                .await
+                .map(|_| ())
+                .map_err(Failure::Local);
+        }
+        let channel = self.channel(&addr).map_err(Failure::Local)?;
+        let request = WriteTxnMarkerRequest {
+            stream: stream.to_string(),
+            producer_id: marker.producer_id,
+            producer_epoch: i32::from(marker.epoch),
+            commit: marker.commit,
+            coordinator_epoch: marker.coordinator_epoch,
+        };
+        StreamdClient::new(channel)
+            .write_txn_marker(request)
+            .await
+            .map(|_| ())
+            .map_err(Failure::Remote)
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, StreamdError> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = channels.get(addr) {
+            return Ok(c.clone());
+        }
+        let c = weir_shared::grpc::channel(addr)
+            .map_err(|e| StreamdError::Unavailable(format!("cannot reach streamd at {addr}: {e}")))?;
+        channels.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+}
+
+/// Why one attempt failed.
+#[derive(Debug)]
+enum Failure {
+    Local(StreamdError),
+    Remote(tonic::Status),
+}
+
+impl Failure {
+    fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Failure::Local(e) => Some(e.code()),
+            Failure::Remote(s) => ErrorCode::of_status(s),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Local(e) => write!(f, "{e}"),
+            Failure::Remote(s) => write!(f, "{}: {}", s.code(), s.message()),
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Kafka transactions over real processes (issue 23, design 0005): the coordinator on
+//! the owner of a transaction-state stream decides transactions, writes their markers
+//! into every partition (its own and other nodes'), resumes decided transactions after
+//! it dies, and aborts transactions left open past their timeout. Requests go to the
+//! coordinator's `Txn` call as Kafka bodies, as the gateway will send them (step 4);
+//! transactional data is admitted unverified (failpoint) until admission checks with
+//! the coordinator.
+// Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
+use bytes::BytesMut;
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Request, StrBytes};
+use std::time::Duration;
+use weir_proto::streamd::{AppendRequest, ReadReply, ReadRequest, TxnRequest};
+use weir_tests::batches::{batch, idempotent, transactional};
+use weir_tests::streamd::{Backend, Stack};
+use weir_tests::wait_for;
+
+const TEST_TIMEOUT: Duration = Duration::from_secs(180);
+const STATE: &str = "__transaction_state/0";
+const VERSION: i16 = 3;
+
+async fn with_timeout(f: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(TEST_TIMEOUT, f).await.expect("test timed out");
+}
+
+/// Two nodes over mTLS admitting transactional data unverified, streams placed by the
+/// tests; the state stream on node 0, topic `out`'s partitions on nodes 0 and 1.
+async fn stack() -> Stack {
+    let mut stack = Stack::secure(1, 0, Backend::FileWal, &[], &["--auto-place", "false"]).await;
+    let unverified = [("WEIR_FAILPOINT_ADMIT_UNVERIFIED_TRANSACTIONS", "on")];
+    for id in ["streamd-1", "streamd-2"] {
+        stack.add_node_with_env(id, Backend::FileWal, &["--upload-interval-ms", "100"], &unverified);
+    }
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
+    stack.create_topic_on("__transaction_state", &[0]).await;
+    stack.create_topic_on("out", &[0, 1]).await;
+    stack
+}
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+/// Sends one Kafka transaction request to the coordinator on node `on`.
+async fn call<R: Request>(stack: &Stack, on: usize, request: R, fresh_producer_id: Option<i64>) -> R::Response {
+    let mut body = BytesMut::new();
+    request.encode(&mut body, VERSION).expect("encode");
+    let reply = stack.nodes[on]
+        .client()
+        .await
+        .txn(TxnRequest {
+            stream: STATE.into(),
+            api_key: i32::from(R::KEY),
+            api_version: i32::from(VERSION),
+            body: body.freeze(),
+            fresh_producer_id,
+        })
+        .await
+        .expect("txn call")
+        .into_inner();
+    R::Response::decode(&mut reply.body.clone(), VERSION).expect("decode")
+}
+
+async fn init(stack: &Stack, on: usize, id: &str, timeout_ms: i32, fresh: i64) -> InitProducerIdResponse {
+    let request = InitProducerIdRequest::default()
+        .with_transactional_id(Some(s(id).into()))
+        .with_transaction_timeout_ms(timeout_ms)
+        .with_producer_id((-1).into())
+        .with_producer_epoch(-1);
+    call(stack, on, request, Some(fresh)).await
+}
+
+/// AddPartitionsToTxn for partitions of `out`; the error codes answered.
+async fn add(stack: &Stack, on: usize, id: &str, pid: i64, epoch: i16, partitions: &[i32]) -> Vec<i16> {
+    let request = AddPartitionsToTxnRequest::default()
+        .with_v3_and_below_transactional_id(s(id).into())
+        .with_v3_and_below_producer_id(pid.into())
+        .with_v3_and_below_producer_epoch(epoch)
+        .with_v3_and_below_topics(vec![AddPartitionsToTxnTopic::default()
+            .with_name(s("out").into())
+            .with_partitions(partitions.to_vec())]);
+    let r = call(stack, on, request, None).await;
+    r.results_by_topic_v3_and_below
+        .iter()
+        .flat_map(|t| t.results_by_partition.iter().map(|p| p.partition_error_code))
+        .collect()
+}
+
+async fn end(stack: &Stack, on: usize, id: &str, pid: i64, epoch: i16, commit: bool) -> i16 {
+    let request = EndTxnRequest::default()
+        .with_transactional_id(s(id).into())
+        .with_producer_id(pid.into())
+        .with_producer_epoch(epoch)
+        .with_committed(commit);
+    call(stack, on, request, None).await.error_code
+}
+
+/// Appends one transactional record of `pid` to `out/partition` on node `on`.
+async fn append(stack: &Stack, on: usize, partition: i32, pid: i64, epoch: i16, seq: i32, value: &str) -> u64 {
+    stack.nodes[on]
+        .client()
+        .await
+        .append(AppendRequest {
+            stream: format!("out/{partition}"),
+            batches: transactional(idempotent(batch(value.as_bytes()), pid, epoch, seq)).into(),
+            match_next_offset: None,
+        })
+        .await
+        .expect("transactional append")
+        .into_inner()
+        .base_offset
+}
+
+async fn read_committed(stack: &Stack, on: usize, partition: i32) -> ReadReply {
+    stack.nodes[on]
+        .client()
+        .await
+        .read(ReadRequest {
+            stream: format!("out/{partition}"),
+            offset: 0,
+            max_bytes: 1 << 20,
+            wait_ms: 0,
+            exact_max_bytes: false,
+            read_committed: true,
+        })
+        .await
+        .expect("read")
+        .into_inner()
+}
+
+/// Waits until `out/partition` on node `on` has no open transaction (its LSO is its
+/// end) and holds `markers` markers; its last answer.
+async fn settled(stack: &Stack, on: usize, partition: i32, markers: usize) -> ReadReply {
+    wait_for(
+        &format!("out/{partition} settled with {markers} markers"),
+        Duration::from_secs(60),
+        || async {
+            let r = read_committed(stack, on, partition).await;
+            let control = weir_shared::batch::split_batches(&r.batches)
+                .ok()?
+                .iter()
+                .filter(|(h, _)| h.is_control())
+                .count();
+            (r.last_stable_offset == r.end_offset && control == markers).then_some(r)
+        },
+    )
+    .await
+}
+
+/// Waits until a retried EndTxn of `id`'s last transaction is answered as done.
+async fn completed(stack: &Stack, on: usize, id: &str, pid: i64, commit: bool) {
+    wait_for(&format!("{id} completed"), Duration::from_secs(30), || async {
+        match end(stack, on, id, pid, 0, commit).await {
+            0 => Some(()),
+            51 => None, // CONCURRENT_TRANSACTIONS: markers still being written
+            other => panic!("EndTxn retry answered {other}"),
+        }
+    })
+    .await;
+}
+
+fn aborts(r: &ReadReply) -> Vec<(i64, u64, u64)> {
+    r.aborted
+        .iter()
+        .map(|a| (a.producer_id, a.first_offset, a.last_offset))
+        .collect()
+}
+
+// Issue 23: a commit and an abort are decided by the coordinator and their markers
+// written into both partitions (one on the coordinator's node, one on the other);
+// then a commit decided just before the coordinator is SIGKILLed (the other partition's
+// owner stopped, so its marker could not be written) is completed by the coordinator's
+// successor, which replays the state stream: no marker is lost or written twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markers_of_decided_transactions_reach_every_partition_even_when_the_coordinator_dies() {
+    with_timeout(async {
+        let mut stack = stack().await;
+        let r = init(&stack, 0, "tx", 60_000, 1000).await;
+        assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, 1000, 0), "{r:?}");
+        // An unknown producer id is refused.
+        assert_eq!(
+            add(&stack, 0, "tx", 999, 0, &[0]).await,
+            vec![49],
+            "INVALID_PRODUCER_ID_MAPPING"
+        );
+
+        // Committed in both partitions.
+        assert_eq!(add(&stack, 0, "tx", 1000, 0, &[0, 1]).await, vec![0, 0]);
+        assert_eq!(append(&stack, 0, 0, 1000, 0, 0, "c-0").await, 0);
+        assert_eq!(append(&stack, 1, 1, 1000, 0, 0, "c-1").await, 0);
+        assert!(
+            read_committed(&stack, 1, 1).await.last_stable_offset == 0,
+            "open: nothing stable"
+        );
+        assert_eq!(end(&stack, 0, "tx", 1000, 0, true).await, 0);
+        let r0 = settled(&stack, 0, 0, 1).await;
+        let r1 = settled(&stack, 1, 1, 1).await;
+        assert!(aborts(&r0).is_empty() && aborts(&r1).is_empty());
+
+        // Aborted in partition 0.
+        assert_eq!(add(&stack, 0, "tx", 1000, 0, &[0]).await, vec![0]);
+        assert_eq!(append(&stack, 0, 0, 1000, 0, 1, "a-0").await, 2);
+        assert_eq!(end(&stack, 0, "tx", 1000, 0, false).await, 0);
+        let r0 = settled(&stack, 0, 0, 2).await;
+        assert_eq!(aborts(&r0), vec![(1000, 2, 3)]);
+        // The retried EndTxn is answered as done once completed (until then it is
+        // CONCURRENT_TRANSACTIONS); the opposite outcome is refused.
+        completed(&stack, 0, "tx", 1000, false).await;
+        assert_eq!(end(&stack, 0, "tx", 1000, 0, true).await, 48, "INVALID_TXN_STATE");
+
+        // Decided, then the coordinator dies before partition 1's owner can take the
+        // marker.
+        assert_eq!(add(&stack, 0, "tx", 1000, 0, &[0, 1]).await, vec![0, 0]);
+        assert_eq!(append(&stack, 0, 0, 1000, 0, 2, "c-2").await, 4);
+        assert_eq!(append(&stack, 1, 1, 1000, 0, 1, "c-3").await, 2);
+        stack.nodes[1].pause();
+        assert_eq!(end(&stack, 0, "tx", 1000, 0, true).await, 0);
+        stack.nodes[0].kill();
+        stack.nodes[1].resume();
+        // Node 1 takes over node 0's WAL; the state stream and partition 0 are placed
+        // on it once the failover closed them.
+        for stream in [STATE, "out/0"] {
+            stack.place_once_closed(stack.stream_id(stream).await, 1).await;
+            stack.wait_serving(stream, 1).await;
+        }
+        let r0 = settled(&stack, 1, 0, 3).await;
+        let r1 = settled(&stack, 1, 1, 2).await;
+        assert_eq!(aborts(&r0), vec![(1000, 2, 3)], "only the abort");
+        assert!(aborts(&r1).is_empty());
+        let log = stack.nodes[1].log_text();
+        assert!(
+            log.contains("transaction coordinator loaded its state stream"),
+            "the successor loaded the state stream"
+        );
+        // The successor resumed the decided transaction and completed it.
+        completed(&stack, 1, "tx", 1000, true).await;
+        assert!(
+            stack.nodes[1].log_text().contains("transaction completed"),
+            "the successor completed the transaction"
+        );
+        // The producer goes on at its epoch with the new coordinator.
+        assert_eq!(add(&stack, 1, "tx", 1000, 0, &[1]).await, vec![0]);
+    })
+    .await;
+}
+
+// Issue 23: a transaction left open past its timeout is aborted by its coordinator
+// under a bumped epoch: the abort marker reaches the partition, the LSO moves on, and
+// the producer that began it is fenced at the coordinator and in the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_left_open_past_its_timeout_is_aborted_and_its_producer_fenced() {
+    with_timeout(async {
+        let stack = stack().await;
+        let r = init(&stack, 0, "slow", 1_000, 77).await;
+        assert_eq!((r.error_code, r.producer_epoch), (0, 0), "{r:?}");
+        // Beyond the coordinator's maximum (15 minutes by default).
+        let too_long = init(&stack, 0, "other", 3_600_000, 78).await;
+        assert_eq!(too_long.error_code, 50, "INVALID_TRANSACTION_TIMEOUT");
+
+        assert_eq!(add(&stack, 0, "slow", 77, 0, &[1]).await, vec![0]);
+        assert_eq!(append(&stack, 1, 1, 77, 0, 0, "left-open").await, 0);
+        let r = settled(&stack, 1, 1, 1).await;
+        assert_eq!(aborts(&r), vec![(77, 0, 1)], "aborted by the timeout");
+        assert_eq!(r.last_stable_offset, 2);
+        // Fenced: at the coordinator, and in the partition.
+        assert_eq!(add(&stack, 0, "slow", 77, 0, &[1]).await, vec![90], "PRODUCER_FENCED");
+        let zombie = stack.nodes[1]
+            .client()
+            .await
+            .append(AppendRequest {
+                stream: "out/1".into(),
+                batches: transactional(idempotent(batch(b"zombie"), 77, 0, 1)).into(),
+                match_next_offset: None,
+            })
+            .await
+            .expect_err("the fenced producer appended");
+        assert_eq!(
+            weir_shared::error_code::ErrorCode::of_status(&zombie).map(|c| c.as_str()),
+            Some("invalid_producer_epoch"),
+            "{zombie:?}"
+        );
+        // A new InitProducerId gets the next epoch.
+        let again = init(&stack, 0, "slow", 1_000, 79).await;
+        assert_eq!(
+            (again.error_code, again.producer_id.0, again.producer_epoch),
+            (0, 77, 2)
+        );
+    })
+    .await;
+}
