@@ -176,6 +176,7 @@ impl Lanes {
                 stream: stream.to_string(),
                 batches,
                 match_next_offset: None,
+                transactional_id: None,
             })
             .map_err(|status| RouteError::NoOwner {
                 stream: stream.to_string(),
@@ -329,6 +330,7 @@ impl OrderedAppend {
                     stream: stream.clone(),
                     batches: batches.clone(),
                     match_next_offset: None,
+                    transactional_id: None,
                 };
                 async move { c.append(req).await }
             })

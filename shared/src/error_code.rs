@@ -57,6 +57,8 @@ pub enum ErrorCode {
     InvalidProducerEpoch,
     /// An idempotent producer's sequence has a gap or goes backwards.
     OutOfOrderSequence,
+    /// A transactional write outside its producer's ongoing transaction (KIP-890).
+    InvalidTxnState,
     /// No valid credentials.
     Unauthorized,
     /// Valid credentials without the scope the request needs.
@@ -76,7 +78,7 @@ pub enum ErrorCode {
 }
 
 /// Every code, for tables and tests.
-pub const ALL: [ErrorCode; 21] = [
+pub const ALL: [ErrorCode; 22] = [
     ErrorCode::NotOwner,
     ErrorCode::Fenced,
     ErrorCode::Unavailable,
@@ -90,6 +92,7 @@ pub const ALL: [ErrorCode; 21] = [
     ErrorCode::OffsetMismatch,
     ErrorCode::InvalidProducerEpoch,
     ErrorCode::OutOfOrderSequence,
+    ErrorCode::InvalidTxnState,
     ErrorCode::Unauthorized,
     ErrorCode::Forbidden,
     ErrorCode::TooLarge,
@@ -137,6 +140,7 @@ impl ErrorCode {
             OffsetMismatch =>       r("offset_mismatch", 409, "conflict", G::FailedPrecondition, false, Kafka::InvalidRequest, Kafka::InvalidRequest, Kafka::InvalidRequest),
             InvalidProducerEpoch => r("invalid_producer_epoch", 409, "conflict", G::FailedPrecondition, false, Kafka::InvalidProducerEpoch, Kafka::InvalidProducerEpoch, Kafka::InvalidRequest),
             OutOfOrderSequence =>   r("out_of_order_sequence", 409, "conflict", G::FailedPrecondition, false, Kafka::OutOfOrderSequenceNumber, Kafka::InvalidRequest, Kafka::InvalidRequest),
+            InvalidTxnState =>      r("invalid_txn_state", 409, "conflict", G::FailedPrecondition, false, Kafka::InvalidTxnState, Kafka::InvalidTxnState, Kafka::InvalidRequest),
             Unauthorized =>         r("unauthorized", 401, "unauthorized", G::Unauthenticated, false, Kafka::TopicAuthorizationFailed, Kafka::GroupAuthorizationFailed, Kafka::TopicAuthorizationFailed),
             Forbidden =>            r("forbidden", 403, "unauthorized", G::PermissionDenied, false, Kafka::TopicAuthorizationFailed, Kafka::GroupAuthorizationFailed, Kafka::TopicAuthorizationFailed),
             TooLarge =>             r("too_large", 413, "too_large", G::ResourceExhausted, false, Kafka::MessageTooLarge, Kafka::InvalidRequest, Kafka::InvalidRequest),

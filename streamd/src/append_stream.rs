@@ -126,7 +126,12 @@ async fn admit(node: Arc<Node>, request: AppendStreamRequest) -> Admission {
     };
     let bytes = append.batches.len();
     match node
-        .admit_append(&append.stream, &append.batches, append.match_next_offset)
+        .admit_append(
+            &append.stream,
+            &append.batches,
+            append.match_next_offset,
+            append.transactional_id.as_deref(),
+        )
         .await
     {
         Ok(admitted) => (

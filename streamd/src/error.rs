@@ -34,6 +34,9 @@ pub enum StreamdError {
     /// An idempotent producer's sequence has a gap or goes backwards.
     #[error("{0}")]
     OutOfOrderSequence(String),
+    /// A transactional write outside its producer's ongoing transaction (KIP-890).
+    #[error("{0}")]
+    InvalidTxnState(String),
     /// Transient: retry.
     #[error("unavailable: {0}")]
     Unavailable(String),
@@ -67,6 +70,7 @@ impl StreamdError {
             StreamdError::OffsetMismatch { .. } => ErrorCode::OffsetMismatch,
             StreamdError::InvalidProducerEpoch(_) => ErrorCode::InvalidProducerEpoch,
             StreamdError::OutOfOrderSequence(_) => ErrorCode::OutOfOrderSequence,
+            StreamdError::InvalidTxnState(_) => ErrorCode::InvalidTxnState,
             StreamdError::Unavailable(_) | StreamdError::ObjectGone(_) | StreamdError::Draining => {
                 ErrorCode::Unavailable
             }

@@ -148,6 +148,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
             id_expiration_ms: args.transactional_id_expiration_ms,
         },
     );
+    let _ = node.txns.set(Arc::downgrade(&txns));
     loops.spawn(
         "txn",
         "transaction coordinators",

@@ -41,7 +41,19 @@ impl Streamd for DataPlane {
         weir_shared::peer::require(&req, CLIENTS, "Append")?;
         let req = req.into_inner();
         let started = std::time::Instant::now();
-        let result = self.node.append(&req.stream, &req.batches, req.match_next_offset).await;
+        let result = match self
+            .node
+            .admit_append(
+                &req.stream,
+                &req.batches,
+                req.match_next_offset,
+                req.transactional_id.as_deref(),
+            )
+            .await
+        {
+            Ok(admitted) => self.node.complete(admitted).await,
+            Err(e) => Err(e),
+        };
         crate::metrics::observe_append(&result, req.batches.len(), started);
         // Failpoint: the answer to an append to this stream is held back after it was
         // applied (a test moves the stream meanwhile).
@@ -194,6 +206,24 @@ impl Streamd for DataPlane {
             .handle(&req.stream, api_key, version, req.body, req.fresh_producer_id)
             .await?;
         Ok(Response::new(TxnReply { body }))
+    }
+
+    async fn verify_txn_partition(
+        &self,
+        req: Request<VerifyTxnPartitionRequest>,
+    ) -> Result<Response<VerifyTxnPartitionReply>, Status> {
+        weir_shared::peer::require(&req, COORDINATORS, "VerifyTxnPartition")?;
+        let req = req.into_inner();
+        let epoch = i16::try_from(req.producer_epoch)
+            .map_err(|_| crate::error::StreamdError::InvalidArgument("producer_epoch out of range".into()))?;
+        let state = weir_meta::model::names::txn_state_stream(&req.transactional_id);
+        let verified = self
+            .txns
+            .verify(&state, &req.transactional_id, req.producer_id, epoch, &[req.stream])
+            .await;
+        Ok(Response::new(VerifyTxnPartitionReply {
+            error_code: i32::from(verified.err().unwrap_or(0)),
+        }))
     }
 
     async fn write_txn_marker(

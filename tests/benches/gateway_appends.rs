@@ -90,6 +90,7 @@ async fn direct(stack: &Stack, stream: &str, concurrency: usize) -> Figures {
                     stream: stream.clone(),
                     batches: payload.clone(),
                     match_next_offset: None,
+                    transactional_id: None,
                 };
                 if client.append(req).await.is_ok() {
                     lat.push(t.elapsed());

@@ -33,6 +33,7 @@ async fn load(stack: &Stack, stream: &str, concurrency: usize, value: usize) -> 
                     stream: stream.clone(),
                     batches: payload.clone(),
                     match_next_offset: None,
+                    transactional_id: None,
                 };
                 if client.append(req).await.is_ok() {
                     lat.push(t.elapsed());

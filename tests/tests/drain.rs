@@ -1784,6 +1784,7 @@ async fn a_close_refused_after_its_lost_answer_landed_acknowledges_nothing_more(
             stream: "lc".into(),
             batches: weir_tests::batches::batch(b"late").into(),
             match_next_offset: None,
+            transactional_id: None,
         })
         .await;
     println!("an append to node 0 after its close landed: {late:?}");
@@ -2020,6 +2021,7 @@ async fn sd_int_6_a_draining_node_refuses_appends_and_reads_sent_straight_to_it(
             stream: "held".into(),
             batches: weir_tests::batches::batch(b"direct").into(),
             match_next_offset: None,
+            transactional_id: None,
         })
         .await
         .expect_err("an append sent straight to a draining node is refused");

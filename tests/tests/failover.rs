@@ -577,6 +577,7 @@ async fn cut_off_streamd_is_fenced_and_acknowledges_nothing_more(backend: Backen
                 stream: "cut".into(),
                 batches: batch(format!("c-{i}").as_bytes()).into(),
                 match_next_offset: None,
+                transactional_id: None,
             })
             .await
             .expect("append before the cut");
@@ -605,6 +606,7 @@ async fn cut_off_streamd_is_fenced_and_acknowledges_nothing_more(backend: Backen
             stream: "cut".into(),
             batches: batch(b"late").into(),
             match_next_offset: None,
+            transactional_id: None,
         })
         .await;
     // SD-TRG-4: the first append after the takeover is never acknowledged; its failed WAL
@@ -1116,6 +1118,7 @@ async fn a_node_whose_view_cannot_install_serves_nothing_from_it_and_converges()
             stream: "rf7".into(),
             batches: weir_tests::batches::batch(b"not yet").into(),
             match_next_offset: None,
+            transactional_id: None,
         })
         .await;
     assert!(

@@ -84,6 +84,7 @@ async fn append_upload_and_read_back(backend: Backend) {
                 stream: "orders".into(),
                 batches: batch(format!("r-{i}").as_bytes()).into(),
                 match_next_offset: None,
+                transactional_id: None,
             })
             .await
             .expect("append")
@@ -120,6 +121,7 @@ async fn append_upload_and_read_back(backend: Backend) {
             stream: "orders".into(),
             batches: batch(b"late").into(),
             match_next_offset: None,
+            transactional_id: None,
         })
         .await
         .expect_err("closed stream accepted an append");
@@ -141,6 +143,7 @@ async fn append_upload_and_read_back(backend: Backend) {
             stream: "orders".into(),
             batches: batch(b"r-200").into(),
             match_next_offset: Some(200),
+            transactional_id: None,
         })
         .await
         .expect("append on B")
@@ -190,6 +193,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
                 stream: "tail".into(),
                 batches: batch(b"woke").into(),
                 match_next_offset: None,
+                transactional_id: None,
             })
             .await
             .expect("append");
@@ -214,6 +218,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
                 stream: "tail".into(),
                 batches: bytes::Bytes::from_static(b"not a batch"),
                 match_next_offset: None,
+                transactional_id: None,
             })
             .await
             .expect_err("garbage");
@@ -223,6 +228,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
                 stream: "tail".into(),
                 batches: batch(b"x").into(),
                 match_next_offset: Some(0),
+                transactional_id: None,
             })
             .await
             .expect_err("stale match");
@@ -250,6 +256,7 @@ async fn sigkill_then_replay(backend: Backend) {
                 stream: "acks".into(),
                 batches: batch(format!("k-{i}").as_bytes()).into(),
                 match_next_offset: None,
+                transactional_id: None,
             })
             .await
             .expect("append")
@@ -420,6 +427,7 @@ async fn takeover_races_appends(backend: Backend) {
                     stream: "race".into(),
                     batches: batch(format!("x-{i}").as_bytes()).into(),
                     match_next_offset: None,
+                    transactional_id: None,
                 };
                 match client.append(req).await {
                     Ok(r) => acked.push((r.into_inner().base_offset, i)),
@@ -570,6 +578,7 @@ async fn torn_wal_tail_is_cut_and_corrupt_object_is_refused() {
                 stream: "c".into(),
                 batches: batch(format!("c-{i}").as_bytes()).into(),
                 match_next_offset: None,
+                transactional_id: None,
             })
             .await
             .expect("append");
@@ -677,6 +686,7 @@ async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
                     stream: name.into(),
                     batches: batch(format!("{name}-{i}").as_bytes()).into(),
                     match_next_offset: None,
+                    transactional_id: None,
                 })
                 .await
                 .expect("append");
@@ -762,6 +772,7 @@ async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
                 stream: "hurt".into(),
                 batches: batch(b"after").into(),
                 match_next_offset: None,
+                transactional_id: None,
             })
             .await
             .expect("append after the repair")
@@ -878,6 +889,7 @@ async fn wal_growth_is_bounded_and_reclaimed_after_commits() {
                     stream: "full".into(),
                     batches: batch(&value).into(),
                     match_next_offset: None,
+                    transactional_id: None,
                 })
                 .await
             {
@@ -929,6 +941,7 @@ async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() 
                 stream: "outage".into(),
                 batches: batch(format!("o-{i}").as_bytes()).into(),
                 match_next_offset: None,
+                transactional_id: None,
             })
             .await
             .expect("append during the outage");
@@ -978,6 +991,7 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
             stream: "gc".into(),
             batches: batch(b"kept").into(),
             match_next_offset: None,
+            transactional_id: None,
         })
         .await
         .expect("append");
@@ -1031,6 +1045,7 @@ async fn sigterm_closes_streams_with_every_record_committed_then_fences_itself()
                 stream: "bye".into(),
                 batches: batch(format!("b-{i}").as_bytes()).into(),
                 match_next_offset: None,
+                transactional_id: None,
             })
             .await
             .expect("append");
@@ -1196,6 +1211,7 @@ async fn a_sequential_reader_finds_each_next_range_fetched_ahead() {
                     stream: "ahead".into(),
                     batches: batch(format!("r-{i}-{filler}").as_bytes()).into(),
                     match_next_offset: None,
+                    transactional_id: None,
                 })
                 .await
                 .expect("append");
@@ -1254,6 +1270,7 @@ async fn a_transaction_marker_fences_its_producer_and_the_fence_survives_a_move(
             stream: "fenced".into(),
             batches: idempotent(batch(value.as_bytes()), 42, epoch, seq).into(),
             match_next_offset: None,
+            transactional_id: None,
         };
         let marker = |epoch: i32| WriteTxnMarkerRequest {
             stream: "fenced".into(),
@@ -1381,6 +1398,7 @@ async fn read_committed_stops_at_the_lso_and_finds_aborts_in_range_summaries_acr
                 stream: "txn".into(),
                 batches: if txn { transactional(b) } else { b }.into(),
                 match_next_offset: None,
+                transactional_id: None,
             }
         };
         let marker = |pid: i64, commit: bool| WriteTxnMarkerRequest {

@@ -3,8 +3,8 @@
 //! into every partition (its own and other nodes'), resumes decided transactions after
 //! it dies, and aborts transactions left open past their timeout. Requests go to the
 //! coordinator's `Txn` call as Kafka bodies, as the gateway will send them (step 4);
-//! transactional data is admitted unverified (failpoint) until admission checks with
-//! the coordinator.
+//! a partition's owner admits a producer's first transactional write only once the
+//! coordinator confirms the partition is in its transaction (KIP-890).
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
@@ -13,31 +13,33 @@ use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnT
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Request, StrBytes};
 use std::time::Duration;
+use weir_meta::model::names::{txn_state_stream, TXN_STATE_PARTITIONS};
 use weir_proto::streamd::{AppendRequest, ReadReply, ReadRequest, TxnRequest};
 use weir_tests::batches::{batch, idempotent, transactional};
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
 const TEST_TIMEOUT: Duration = Duration::from_secs(180);
-const STATE: &str = "__transaction_state/0";
 const VERSION: i16 = 3;
 
 async fn with_timeout(f: impl std::future::Future<Output = ()>) {
     tokio::time::timeout(TEST_TIMEOUT, f).await.expect("test timed out");
 }
 
-/// Two nodes over mTLS admitting transactional data unverified, streams placed by the
-/// tests; the state stream on node 0, topic `out`'s partitions on nodes 0 and 1.
+/// Two nodes over mTLS, streams placed by the tests; the state stream on node 0,
+/// topic `out`'s partitions on nodes 0 and 1.
 async fn stack() -> Stack {
-    let mut stack = Stack::secure(1, 0, Backend::FileWal, &[], &["--auto-place", "false"]).await;
-    let unverified = [("WEIR_FAILPOINT_ADMIT_UNVERIFIED_TRANSACTIONS", "on")];
-    for id in ["streamd-1", "streamd-2"] {
-        stack.add_node_with_env(id, Backend::FileWal, &["--upload-interval-ms", "100"], &unverified);
-    }
-    for n in &stack.nodes {
-        n.wait_ready().await;
-    }
-    stack.create_topic_on("__transaction_state", &[0]).await;
+    let stack = Stack::secure(
+        1,
+        2,
+        Backend::FileWal,
+        &["--upload-interval-ms", "100"],
+        &["--auto-place", "false"],
+    )
+    .await;
+    stack
+        .create_topic_on("__transaction_state", &[0; TXN_STATE_PARTITIONS as usize])
+        .await;
     stack.create_topic_on("out", &[0, 1]).await;
     stack
 }
@@ -46,15 +48,22 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-/// Sends one Kafka transaction request to the coordinator on node `on`.
-async fn call<R: Request>(stack: &Stack, on: usize, request: R, fresh_producer_id: Option<i64>) -> R::Response {
+/// Sends one Kafka transaction request for transactional id `id` to the coordinator
+/// on node `on`.
+async fn call<R: Request>(
+    stack: &Stack,
+    on: usize,
+    id: &str,
+    request: R,
+    fresh_producer_id: Option<i64>,
+) -> R::Response {
     let mut body = BytesMut::new();
     request.encode(&mut body, VERSION).expect("encode");
     let reply = stack.nodes[on]
         .client()
         .await
         .txn(TxnRequest {
-            stream: STATE.into(),
+            stream: txn_state_stream(id),
             api_key: i32::from(R::KEY),
             api_version: i32::from(VERSION),
             body: body.freeze(),
@@ -72,7 +81,7 @@ async fn init(stack: &Stack, on: usize, id: &str, timeout_ms: i32, fresh: i64) -
         .with_transaction_timeout_ms(timeout_ms)
         .with_producer_id((-1).into())
         .with_producer_epoch(-1);
-    call(stack, on, request, Some(fresh)).await
+    call(stack, on, id, request, Some(fresh)).await
 }
 
 /// AddPartitionsToTxn for partitions of `out`; the error codes answered.
@@ -84,7 +93,7 @@ async fn add(stack: &Stack, on: usize, id: &str, pid: i64, epoch: i16, partition
         .with_v3_and_below_topics(vec![AddPartitionsToTxnTopic::default()
             .with_name(s("out").into())
             .with_partitions(partitions.to_vec())]);
-    let r = call(stack, on, request, None).await;
+    let r = call(stack, on, id, request, None).await;
     r.results_by_topic_v3_and_below
         .iter()
         .flat_map(|t| t.results_by_partition.iter().map(|p| p.partition_error_code))
@@ -97,23 +106,43 @@ async fn end(stack: &Stack, on: usize, id: &str, pid: i64, epoch: i16, commit: b
         .with_producer_id(pid.into())
         .with_producer_epoch(epoch)
         .with_committed(commit);
-    call(stack, on, request, None).await.error_code
+    call(stack, on, id, request, None).await.error_code
 }
 
-/// Appends one transactional record of `pid` to `out/partition` on node `on`.
+/// Appends one transactional record of `pid` (transactional id "tx") to
+/// `out/partition` on node `on`.
 async fn append(stack: &Stack, on: usize, partition: i32, pid: i64, epoch: i16, seq: i32, value: &str) -> u64 {
-    stack.nodes[on]
+    try_append(stack, on, partition, Some("tx"), pid, epoch, seq, value)
+        .await
+        .expect("transactional append")
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn try_append(
+    stack: &Stack,
+    on: usize,
+    partition: i32,
+    id: Option<&str>,
+    pid: i64,
+    epoch: i16,
+    seq: i32,
+    value: &str,
+) -> Result<u64, tonic::Status> {
+    let reply = stack.nodes[on]
         .client()
         .await
         .append(AppendRequest {
             stream: format!("out/{partition}"),
             batches: transactional(idempotent(batch(value.as_bytes()), pid, epoch, seq)).into(),
             match_next_offset: None,
+            transactional_id: id.map(str::to_string),
         })
-        .await
-        .expect("transactional append")
-        .into_inner()
-        .base_offset
+        .await?;
+    Ok(reply.into_inner().base_offset)
+}
+
+fn code_of(status: &tonic::Status) -> Option<&'static str> {
+    weir_shared::error_code::ErrorCode::of_status(status).map(|c| c.as_str())
 }
 
 async fn read_committed(stack: &Stack, on: usize, partition: i32) -> ReadReply {
@@ -160,6 +189,61 @@ async fn completed(stack: &Stack, on: usize, id: &str, pid: i64, commit: bool) {
             51 => None, // CONCURRENT_TRANSACTIONS: markers still being written
             other => panic!("EndTxn retry answered {other}"),
         }
+    })
+    .await;
+}
+
+// Issue 23, KIP-890: a partition's owner admits a producer's first transactional
+// write only once the coordinator (on this node or another) confirms the partition is
+// in the producer's ongoing transaction at its epoch; so a late write after the
+// transaction ended cannot open a transaction no coordinator knows about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_write_is_admitted_only_inside_its_producers_transaction() {
+    with_timeout(async {
+        let stack = stack().await;
+        let r = init(&stack, 0, "tx", 60_000, 500).await;
+        assert_eq!((r.error_code, r.producer_id.0), (0, 500), "{r:?}");
+        let refused = |r: Result<u64, tonic::Status>, why: &str| {
+            let e = r.expect_err(why);
+            assert_eq!(code_of(&e), Some("invalid_txn_state"), "{why}: {e:?}");
+        };
+        refused(
+            try_append(&stack, 1, 1, None, 500, 0, 0, "x").await,
+            "no transactional id",
+        );
+        // Not added yet: asked of the coordinator on node 0, from node 1 and locally.
+        refused(
+            try_append(&stack, 1, 1, Some("tx"), 500, 0, 0, "x").await,
+            "not in the transaction",
+        );
+        refused(
+            try_append(&stack, 0, 0, Some("tx"), 500, 0, 0, "x").await,
+            "not in the transaction",
+        );
+        assert_eq!(add(&stack, 0, "tx", 500, 0, &[1]).await, vec![0]);
+        assert_eq!(
+            try_append(&stack, 1, 1, Some("tx"), 500, 0, 0, "in")
+                .await
+                .expect("in the transaction"),
+            0
+        );
+        refused(
+            try_append(&stack, 0, 0, Some("tx"), 500, 0, 0, "x").await,
+            "partition 0 still not added",
+        );
+        assert_eq!(end(&stack, 0, "tx", 500, 0, true).await, 0);
+        settled(&stack, 1, 1, 1).await;
+        // After the commit: the producer's late write at the same epoch is refused.
+        refused(
+            try_append(&stack, 1, 1, Some("tx"), 500, 0, 1, "late").await,
+            "the transaction ended",
+        );
+        let r = read_committed(&stack, 1, 1).await;
+        assert_eq!(
+            (r.last_stable_offset, r.end_offset),
+            (2, 2),
+            "nothing opened by the late write"
+        );
     })
     .await;
 }
@@ -224,9 +308,9 @@ async fn markers_of_decided_transactions_reach_every_partition_even_when_the_coo
         stack.nodes[1].resume();
         // Node 1 takes over node 0's WAL; the state stream and partition 0 are placed
         // on it once the failover closed them.
-        for stream in [STATE, "out/0"] {
-            stack.place_once_closed(stack.stream_id(stream).await, 1).await;
-            stack.wait_serving(stream, 1).await;
+        for stream in [txn_state_stream("tx"), "out/0".into()] {
+            stack.place_once_closed(stack.stream_id(&stream).await, 1).await;
+            stack.wait_serving(&stream, 1).await;
         }
         let r0 = settled(&stack, 1, 0, 3).await;
         let r1 = settled(&stack, 1, 1, 2).await;
@@ -263,27 +347,17 @@ async fn a_transaction_left_open_past_its_timeout_is_aborted_and_its_producer_fe
         assert_eq!(too_long.error_code, 50, "INVALID_TRANSACTION_TIMEOUT");
 
         assert_eq!(add(&stack, 0, "slow", 77, 0, &[1]).await, vec![0]);
-        assert_eq!(append(&stack, 1, 1, 77, 0, 0, "left-open").await, 0);
+        let at = try_append(&stack, 1, 1, Some("slow"), 77, 0, 0, "left-open").await;
+        assert_eq!(at.expect("in the transaction"), 0);
         let r = settled(&stack, 1, 1, 1).await;
         assert_eq!(aborts(&r), vec![(77, 0, 1)], "aborted by the timeout");
         assert_eq!(r.last_stable_offset, 2);
         // Fenced: at the coordinator, and in the partition.
         assert_eq!(add(&stack, 0, "slow", 77, 0, &[1]).await, vec![90], "PRODUCER_FENCED");
-        let zombie = stack.nodes[1]
-            .client()
-            .await
-            .append(AppendRequest {
-                stream: "out/1".into(),
-                batches: transactional(idempotent(batch(b"zombie"), 77, 0, 1)).into(),
-                match_next_offset: None,
-            })
+        let zombie = try_append(&stack, 1, 1, Some("slow"), 77, 0, 1, "zombie")
             .await
             .expect_err("the fenced producer appended");
-        assert_eq!(
-            weir_shared::error_code::ErrorCode::of_status(&zombie).map(|c| c.as_str()),
-            Some("invalid_producer_epoch"),
-            "{zombie:?}"
-        );
+        assert_eq!(code_of(&zombie), Some("invalid_producer_epoch"), "{zombie:?}");
         // A new InitProducerId gets the next epoch.
         let again = init(&stack, 0, "slow", 1_000, 79).await;
         assert_eq!(

@@ -135,6 +135,7 @@ pub async fn append(
                 stream: name.clone(),
                 batches: batches.clone(),
                 match_next_offset: body.match_seq_num,
+                transactional_id: None,
             };
             async move { c.append(request).await }
         })

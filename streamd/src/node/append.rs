@@ -5,6 +5,7 @@ use super::Node;
 use crate::error::StreamdError;
 use crate::stream::producers::{Decision, SequenceError};
 use crate::stream::{Buffered, StreamHandle, StreamInner};
+use crate::txn::partition::{is_transactional_data, TxnError};
 use crate::wal::{WalError, WalRecord};
 use bytes::BytesMut;
 use futures::future::BoxFuture;
@@ -73,7 +74,7 @@ impl Node {
         batches: &[u8],
         match_next_offset: Option<u64>,
     ) -> Result<Appended, StreamdError> {
-        let admitted = self.admit_append(stream, batches, match_next_offset).await?;
+        let admitted = self.admit_append(stream, batches, match_next_offset, None).await?;
         self.complete(admitted).await
     }
 
@@ -109,6 +110,7 @@ impl Node {
         stream: &str,
         batches: &[u8],
         match_next_offset: Option<u64>,
+        transactional_id: Option<&str>,
     ) -> Result<Admitted, StreamdError> {
         // Failpoint (tests, SD-INT-2): an append held before it is admitted, where a
         // caller that goes away cancels it.
@@ -130,10 +132,8 @@ impl Node {
                 e => StreamdError::InvalidArgument(e.to_string()),
             })?;
             match check_producer_batch(header) {
-                // Tests: transactional data admitted unverified, to exercise the
-                // partition side before its coordinator exists (issue 23, step 3).
-                Err(ProducerBatchError::Transactional)
-                    if weir_shared::failpoint::is_set("admit_unverified_transactions") => {}
+                // Checked with the transaction's coordinator below.
+                Err(ProducerBatchError::Transactional) => {}
                 checked => checked.map_err(|e| StreamdError::InvalidArgument(e.to_string()))?,
             }
         }
@@ -144,9 +144,19 @@ impl Node {
         }
         let handle = self.stream(stream)?;
         self.wal.check().map_err(wal_error)?;
-        let mut inner = self.lock_for_write(&handle).await?;
-        // A retry is answered with its original offsets, even when the stream moved on.
         let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();
+        let verified = self.verify_transactions(&handle, transactional_id, &headers).await?;
+        let mut inner = self.lock_for_write(&handle).await?;
+        if let Some(verified) = &verified {
+            // A marker may have ended the transaction while it was being verified.
+            let unverified = inner.txns.unverified(&headers).map_err(txn_error)?;
+            if unverified.iter().any(|p| !verified.contains(p)) {
+                return Err(StreamdError::Unavailable(
+                    "the transaction changed while it was verified; retry".into(),
+                ));
+            }
+        }
+        // A retry is answered with its original offsets, even when the stream moved on.
         if let Decision::Duplicate(offsets) = inner.producers.check(&headers).map_err(sequence_error)? {
             drop(inner);
             return Ok(Admitted(Admission::Duplicate { handle, offsets }));
@@ -164,6 +174,39 @@ impl Node {
         inner.txns.record_batches(&headers, &queued.spans);
         drop(inner);
         Ok(Admitted::queued(handle, queued))
+    }
+
+    /// KIP-890: the producers whose transactional batches in `headers` begin their
+    /// transaction in this stream (or continue it at a newer epoch), each checked with
+    /// the transaction's coordinator first, so a late write after its transaction
+    /// ended cannot open one no coordinator knows about. `None` when the append holds
+    /// no transactional data.
+    async fn verify_transactions(
+        &self,
+        handle: &StreamHandle,
+        transactional_id: Option<&str>,
+        headers: &[BatchHeader],
+    ) -> Result<Option<Vec<(i64, i16)>>, StreamdError> {
+        if !headers.iter().any(is_transactional_data) {
+            return Ok(None);
+        }
+        let wanted = handle.inner.lock().await.txns.unverified(headers).map_err(txn_error)?;
+        if wanted.is_empty() || weir_shared::failpoint::is_set("admit_unverified_transactions") {
+            // Tests of the partition side alone, with no coordinator: all admitted.
+            return Ok(Some(wanted));
+        }
+        let id = transactional_id.filter(|id| !id.is_empty()).ok_or_else(|| {
+            StreamdError::InvalidTxnState("transactional records need the producer's transactional id".into())
+        })?;
+        let txns = self
+            .txns
+            .get()
+            .and_then(std::sync::Weak::upgrade)
+            .ok_or_else(|| StreamdError::Unavailable("the node is stopping".into()))?;
+        for (pid, epoch) in &wanted {
+            txns.verify_partition(id, &handle.name, *pid, *epoch).await?;
+        }
+        Ok(Some(wanted))
     }
 
     /// Locks `handle`'s state for a write: refused when the stream is no longer served
@@ -293,6 +336,12 @@ impl Node {
                 StreamdError::Fenced
             }
         }
+    }
+}
+
+pub(super) fn txn_error(e: TxnError) -> StreamdError {
+    match e {
+        TxnError::InvalidProducerEpoch { .. } => StreamdError::InvalidProducerEpoch(e.to_string()),
     }
 }
 

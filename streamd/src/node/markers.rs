@@ -12,7 +12,6 @@ use super::append::{sequence_error, wal_error, Admitted};
 use super::Node;
 use crate::error::StreamdError;
 use crate::txn::marker::{self, Marker};
-use crate::txn::partition::TxnError;
 use weir_shared::batch::split_batches;
 
 /// Where a marker went.
@@ -37,9 +36,7 @@ impl Node {
             .producers
             .check_marker(m.producer_id, m.epoch)
             .map_err(sequence_error)?;
-        let ends = inner.txns.check_marker(m).map_err(|e| match e {
-            TxnError::InvalidProducerEpoch { .. } => StreamdError::InvalidProducerEpoch(e.to_string()),
-        })?;
+        let ends = inner.txns.check_marker(m).map_err(super::append::txn_error)?;
         let fences = inner.producers.epoch_of(m.producer_id).is_none_or(|e| m.epoch > e);
         if !ends && !fences {
             // A retry: answered once the original (and all before it) is durable.

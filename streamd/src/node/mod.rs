@@ -119,6 +119,9 @@ pub struct Node {
     /// The tasks serving append streams: they end with their calls, and are never
     /// aborted, since an aborted one would end its call as if every append were answered.
     pub calls: tokio_util::task::TaskTracker,
+    /// The transaction coordinators, which admission asks to verify a transactional
+    /// write (KIP-890); set once they exist (they hold the node).
+    pub txns: std::sync::OnceLock<std::sync::Weak<crate::txn::coordinator::Txns>>,
 }
 
 impl Node {
@@ -160,6 +163,7 @@ impl Node {
             damage_seen: Default::default(),
             tasks,
             calls: tokio_util::task::TaskTracker::new(),
+            txns: std::sync::OnceLock::new(),
         }
     }
 

@@ -6,13 +6,13 @@
 //! entry, one decision at a time per state stream; the next entry is appended to the
 //! stream and applied only once durable, so what a client was told is what a new owner
 //! replays. A decided transaction (`PrepareCommit`/`PrepareAbort`) then has its
-//! markers written into every partition by [`MarkerSender`], and is completed. A new
+//! markers written into every partition by [`PeerCalls`], and is completed. A new
 //! owner resumes every decided transaction it replays, and a tick aborts those left
 //! open past their timeout.
 
 use super::log::{self, Change, TxnTable};
 use super::marker::Marker;
-use super::marker_sender::{MarkerSender, Sent};
+use super::peer_calls::{PeerCalls, Sent};
 use super::state::{self, code, EndStep, InitRequest, InitStep, TxnEntry};
 use crate::error::StreamdError;
 use crate::node::Node;
@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use weir_meta::model::names::{offsets_stream, TXN_STATE_TOPIC};
+use weir_meta::model::names::{offsets_stream, txn_state_stream, TXN_STATE_TOPIC};
 use weir_shared::ids::StreamEpoch;
 
 const NOT_COORDINATOR: i16 = kafka_protocol::ResponseError::NotCoordinator.code();
@@ -51,7 +51,7 @@ pub struct Txns {
     coordinators: tokio::sync::Mutex<HashMap<String, Arc<TxnCoordinator>>>,
     /// One load at a time per state stream.
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    markers: MarkerSender,
+    peers: PeerCalls,
 }
 
 /// The transactional ids of one state stream at one stream epoch.
@@ -100,7 +100,7 @@ impl Txns {
             limits,
             coordinators: Default::default(),
             loading: Default::default(),
-            markers: MarkerSender::default(),
+            peers: PeerCalls::default(),
         })
     }
 
@@ -366,6 +366,47 @@ impl Txns {
         }
     }
 
+    /// KIP-890, at a partition's owner: whether `partition` is in the ongoing
+    /// transaction of `id`'s producer at `epoch`, asked of the id's coordinator (this
+    /// node's, or another's over `VerifyTxnPartition`).
+    ///
+    /// Boxed: admission awaits it, and the coordinator's own appends go through
+    /// admission, so its future type would otherwise contain itself.
+    pub fn verify_partition<'a>(
+        self: &'a Arc<Self>,
+        id: &'a str,
+        partition: &'a str,
+        pid: i64,
+        epoch: i16,
+    ) -> futures::future::BoxFuture<'a, Result<(), StreamdError>> {
+        Box::pin(async move {
+            let state = txn_state_stream(id);
+            let served = self.node.stream(&state).is_ok_and(|h| h.is_serving());
+            let answer = if served {
+                self.verify(&state, id, pid, epoch, &[partition.to_string()])
+                    .await
+                    .err()
+                    .unwrap_or(code::NONE)
+            } else {
+                self.peers
+                    .verify_remote(&self.node, &state, id, partition, pid, epoch)
+                    .await?
+            };
+            match answer {
+                code::NONE => Ok(()),
+                code::PRODUCER_FENCED => Err(StreamdError::InvalidProducerEpoch(format!(
+                    "producer {pid} epoch {epoch} of transactional id '{id}' is fenced"
+                ))),
+                NOT_COORDINATOR | COORDINATOR_NOT_AVAILABLE => Err(StreamdError::Unavailable(format!(
+                    "the coordinator of transactional id '{id}' is moving"
+                ))),
+                other => Err(StreamdError::InvalidTxnState(format!(
+                    "stream '{partition}' is not in the ongoing transaction of transactional id '{id}' (producer {pid}, epoch {epoch}; Kafka error {other})"
+                ))),
+            }
+        })
+    }
+
     /// EndTxn: decides the transaction, answered once the decision is durable; its
     /// markers are written after.
     async fn end(self: &Arc<Self>, stream: &str, id: &str, pid: i64, epoch: i16, commit: bool) -> Result<(), i16> {
@@ -433,7 +474,7 @@ impl Txns {
         let writes = decided
             .partitions
             .iter()
-            .map(|stream| async move { (stream, self.markers.send(&self.node, stream, marker, &c.stop).await) });
+            .map(|stream| async move { (stream, self.peers.send(&self.node, stream, marker, &c.stop).await) });
         for (stream, sent) in futures::future::join_all(writes).await {
             match sent {
                 Some(Sent::Written) => {}

@@ -9,6 +9,6 @@
 pub mod coordinator;
 pub mod log;
 pub mod marker;
-pub mod marker_sender;
 pub mod partition;
+pub mod peer_calls;
 pub mod state;

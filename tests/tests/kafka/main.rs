@@ -1188,6 +1188,7 @@ async fn producers_cannot_write_markers_or_transactional_batches() {
             stream: "forged/0".into(),
             batches: marker.into(),
             match_next_offset: None,
+            transactional_id: None,
         })
         .await
         .expect_err("a marker from a producer is refused");

@@ -1,6 +1,8 @@
-//! Writing a decided transaction's markers into its partitions (design 0005, "Who
+//! Calls to other nodes for transactions: a coordinator writing a decided
+//! transaction's markers into its partitions, and a partition's owner asking a
+//! coordinator to verify a transactional write (KIP-890). Markers (design 0005, "Who
 //! writes them"): the coordinator calls each partition's owner, found in the view, and
-//! retries until the stream has a live owner that takes the marker. A partition this
+//! retries until the stream has a live owner that takes the marker; a partition this
 //! node owns is written directly. The gateway is not on this path, so a gateway that
 //! dies mid-commit cannot leave a transaction half written.
 
@@ -12,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use weir_proto::streamd::streamd_client::StreamdClient;
-use weir_proto::streamd::WriteTxnMarkerRequest;
+use weir_proto::streamd::{VerifyTxnPartitionRequest, WriteTxnMarkerRequest};
 use weir_shared::error_code::ErrorCode;
 use weir_shared::grpc::Channel;
 
@@ -31,13 +33,13 @@ pub enum Sent {
     Obsolete(String),
 }
 
-/// Channels to other streamd nodes, by address.
+/// Channels to other streamd nodes, by address, for a node's transaction calls.
 #[derive(Default)]
-pub struct MarkerSender {
+pub struct PeerCalls {
     channels: Mutex<HashMap<String, Channel>>,
 }
 
-impl MarkerSender {
+impl PeerCalls {
     /// Writes `marker` into `stream`, retrying until it is written, obsolete, or
     /// `stop` is cancelled (the coordinator lost its state stream: its successor
     /// resumes the markers); `None` then.
@@ -108,6 +110,43 @@ impl MarkerSender {
             .await
             .map(|_| ())
             .map_err(Failure::Remote)
+    }
+
+    /// Asks the owner of transaction-state stream `state` (another node) whether
+    /// `partition` is in the ongoing transaction of `id`'s producer; its Kafka answer.
+    pub async fn verify_remote(
+        &self,
+        node: &Node,
+        state: &str,
+        id: &str,
+        partition: &str,
+        pid: i64,
+        epoch: i16,
+    ) -> Result<i16, StreamdError> {
+        let addr = node
+            .view
+            .with(|s| {
+                let owner = s.stream_by_name(state)?.owner.clone()?;
+                let n = s
+                    .nodes
+                    .get(&owner.node)
+                    .filter(|n| n.epoch == owner.epoch && !n.fenced)?;
+                Some(n.addrs.grpc.clone())
+            })
+            .ok_or_else(|| StreamdError::Unavailable(format!("stream '{state}' has no live owner")))?;
+        let request = VerifyTxnPartitionRequest {
+            transactional_id: id.to_string(),
+            producer_id: pid,
+            producer_epoch: i32::from(epoch),
+            stream: partition.to_string(),
+        };
+        let mut client = StreamdClient::new(self.channel(&addr)?);
+        let reply = tokio::time::timeout(ATTEMPT_TIMEOUT, client.verify_txn_partition(request))
+            .await
+            .map_err(|_| StreamdError::Unavailable(format!("no answer from the coordinator at {addr}")))?
+            .map_err(|s| StreamdError::Unavailable(format!("the coordinator at {addr}: {}", s.message())))?;
+        i16::try_from(reply.into_inner().error_code)
+            .map_err(|_| StreamdError::Internal("the coordinator answered an error code out of range".into()))
     }
 
     fn channel(&self, addr: &str) -> Result<Channel, StreamdError> {
