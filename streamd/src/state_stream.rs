@@ -8,14 +8,95 @@
 use crate::error::StreamdError;
 use crate::node::{Isolation, Node};
 use bytes::Bytes;
+use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use weir_shared::ids::StreamEpoch;
 
 /// A snapshot is due once this many changes, and at least twice the table's size,
 /// have been stored since the last one: load work stays within a few table sizes.
 const SNAPSHOT_MIN_CHANGES: u64 = 1_000;
 /// Changes per batch of a snapshot.
 const SNAPSHOT_BATCH: usize = 5_000;
+
+/// A coordinator of one internal stream, at the stream epoch it was loaded at.
+pub trait Loaded {
+    fn epoch(&self) -> StreamEpoch;
+}
+
+/// The coordinators of the internal streams this node owns: one per stream, at the
+/// stream's current epoch, each loaded once. Loads of different streams, and requests
+/// to loaded coordinators, do not wait for each other.
+pub struct Registry<C> {
+    loaded: tokio::sync::Mutex<HashMap<String, Arc<C>>>,
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl<C> Default for Registry<C> {
+    fn default() -> Self {
+        Self {
+            loaded: Default::default(),
+            loading: Default::default(),
+        }
+    }
+}
+
+impl<C: Loaded> Registry<C> {
+    /// The coordinator of `stream` at `epoch` if loaded.
+    pub async fn get(&self, stream: &str, epoch: StreamEpoch) -> Option<Arc<C>> {
+        self.loaded
+            .lock()
+            .await
+            .get(stream)
+            .filter(|c| c.epoch() == epoch)
+            .cloned()
+    }
+
+    /// The coordinator of `stream` at `epoch`, loaded by `load` when the stream was
+    /// (re)opened since the last load; `loaded` runs once for each new one (its tasks).
+    /// A coordinator it replaces is handed to `replaced`.
+    pub async fn get_or_load<F, Fut>(
+        &self,
+        stream: &str,
+        epoch: StreamEpoch,
+        load: F,
+        replaced: impl FnOnce(Arc<C>),
+    ) -> Result<(Arc<C>, bool), StreamdError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<C, StreamdError>>,
+    {
+        if let Some(c) = self.get(stream, epoch).await {
+            return Ok((c, false));
+        }
+        let gate = self
+            .loading
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(stream.to_string())
+            .or_default()
+            .clone();
+        let _loading = gate.lock().await;
+        if let Some(c) = self.get(stream, epoch).await {
+            return Ok((c, false));
+        }
+        let c = Arc::new(load().await?);
+        if let Some(old) = self.loaded.lock().await.insert(stream.to_string(), c.clone()) {
+            replaced(old);
+        }
+        Ok((c, true))
+    }
+
+    /// Forgets `c` if it is still the coordinator of `stream` (the stream moved away).
+    pub async fn remove(&self, stream: &str, c: &Arc<C>) {
+        let mut map = self.loaded.lock().await;
+        if map.get(stream).is_some_and(|m| Arc::ptr_eq(m, c)) {
+            map.remove(stream);
+        }
+    }
+}
 
 /// Replays every stored batch of `stream`, from its start to the durable end it had
 /// when the load began, into `replay`.

@@ -17,7 +17,7 @@ pub mod offsets;
 
 use crate::error::StreamdError;
 use crate::node::Node;
-use crate::state_stream::{self, StateLog};
+use crate::state_stream::{self, Loaded, Registry, StateLog};
 use bytes::{Bytes, BytesMut};
 use consumer_group::ConsumerGroup;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
@@ -35,7 +35,7 @@ use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError as Kafka;
 use membership::{code, Answer, Group, JoinArgs, JoinOutcome, SyncOutcome};
 use offsets::{Change, Committed, OffsetTable};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use weir_shared::ids::StreamEpoch;
@@ -52,10 +52,7 @@ const TICK: Duration = Duration::from_millis(250);
 /// The coordinators of the offsets streams this node owns.
 pub struct Groups {
     node: Arc<Node>,
-    coordinators: tokio::sync::Mutex<HashMap<String, Arc<GroupCoordinator>>>,
-    /// One load at a time per offsets stream; loads of different streams, and requests
-    /// to loaded coordinators, do not wait for each other.
-    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    coordinators: Registry<GroupCoordinator>,
 }
 
 /// The groups of one offsets stream at one stream epoch.
@@ -90,6 +87,12 @@ fn instance(id: &Option<StrBytes>) -> Option<&str> {
     id.as_deref().filter(|i| !i.is_empty())
 }
 
+impl Loaded for GroupCoordinator {
+    fn epoch(&self) -> StreamEpoch {
+        self.epoch
+    }
+}
+
 impl GroupCoordinator {
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         f(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()))
@@ -100,8 +103,7 @@ impl Groups {
     pub fn new(node: Arc<Node>) -> Arc<Self> {
         Arc::new(Self {
             node,
-            coordinators: tokio::sync::Mutex::new(HashMap::new()),
-            loading: Mutex::new(HashMap::new()),
+            coordinators: Registry::default(),
         })
     }
 
@@ -162,53 +164,41 @@ impl Groups {
     /// The coordinator for the offsets stream this node owns, rebuilt from the stream
     /// when the stream was (re)opened since.
     async fn coordinator(self: &Arc<Self>, stream: &str) -> Result<Arc<GroupCoordinator>, StreamdError> {
-        let handle = self.node.stream(stream)?;
-        let current =
-            |map: &HashMap<String, Arc<GroupCoordinator>>| map.get(stream).filter(|c| c.epoch == handle.epoch).cloned();
-        if let Some(c) = current(&*self.coordinators.lock().await) {
-            return Ok(c);
+        let epoch = self.node.stream(stream)?.epoch;
+        let load = || async {
+            let loading = Instant::now();
+            let offsets = self.replay(stream).await?;
+            tracing::info!(
+                stream,
+                epoch = %epoch,
+                groups = offsets.groups().count(),
+                changes_replayed = offsets.changes_since_snapshot(),
+                elapsed_ms = loading.elapsed().as_millis() as u64,
+                "group coordinator loaded its offsets stream"
+            );
+            Ok(GroupCoordinator {
+                stream: stream.to_string(),
+                epoch,
+                state: Mutex::new(State {
+                    groups: BTreeMap::new(),
+                    consumer_groups: BTreeMap::new(),
+                    offsets,
+                }),
+                log: StateLog::default(),
+            })
+        };
+        let (c, new) = self.coordinators.get_or_load(stream, epoch, load, |_| {}).await?;
+        if new {
+            let about = Some(c.stream.to_string());
+            self.node.tasks.spawn(
+                "group",
+                "group coordinator tick",
+                about,
+                tick(Arc::downgrade(self), c.clone()),
+            );
+            // A stream written before snapshots existed (or long since one) gets one now.
+            self.maybe_snapshot(&c);
         }
-        let gate = self
-            .loading
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(stream.to_string())
-            .or_default()
-            .clone();
-        let _loading = gate.lock().await;
-        if let Some(c) = current(&*self.coordinators.lock().await) {
-            return Ok(c);
-        }
-        let loading = Instant::now();
-        let offsets = self.replay(stream).await?;
-        tracing::info!(
-            stream,
-            epoch = %handle.epoch,
-            groups = offsets.groups().count(),
-            changes_replayed = offsets.changes_since_snapshot(),
-            elapsed_ms = loading.elapsed().as_millis() as u64,
-            "group coordinator loaded its offsets stream"
-        );
-        let c = Arc::new(GroupCoordinator {
-            stream: stream.to_string(),
-            epoch: handle.epoch,
-            state: Mutex::new(State {
-                groups: BTreeMap::new(),
-                consumer_groups: BTreeMap::new(),
-                offsets,
-            }),
-            log: StateLog::default(),
-        });
-        self.coordinators.lock().await.insert(stream.to_string(), c.clone());
-        let about = Some(c.stream.to_string());
-        self.node.tasks.spawn(
-            "group",
-            "group coordinator tick",
-            about,
-            tick(Arc::downgrade(self), c.clone()),
-        );
-        // A stream written before snapshots existed (or long since one) gets one now.
-        self.maybe_snapshot(&c);
         Ok(c)
     }
 
@@ -443,10 +433,7 @@ async fn tick(groups: Weak<Groups>, c: Arc<GroupCoordinator>) {
         let Some(groups) = groups.upgrade() else { return };
         let owned = groups.node.stream(&c.stream).is_ok_and(|h| h.epoch == c.epoch);
         if !owned {
-            let mut map = groups.coordinators.lock().await;
-            if map.get(&c.stream).is_some_and(|m| Arc::ptr_eq(m, &c)) {
-                map.remove(&c.stream);
-            }
+            groups.coordinators.remove(&c.stream, &c).await;
             c.with(|st| {
                 st.groups.clear();
                 st.consumer_groups.clear();

@@ -16,14 +16,14 @@ use super::peer_calls::{PeerCalls, Sent};
 use super::state::{self, code, EndStep, InitRequest, InitStep, TxnEntry};
 use crate::error::StreamdError;
 use crate::node::Node;
-use crate::state_stream::{self, StateLog};
+use crate::state_stream::{self, Loaded, Registry, StateLog};
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult,
 };
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -48,9 +48,7 @@ pub struct TxnLimits {
 pub struct Txns {
     node: Arc<Node>,
     limits: TxnLimits,
-    coordinators: tokio::sync::Mutex<HashMap<String, Arc<TxnCoordinator>>>,
-    /// One load at a time per state stream.
-    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    coordinators: Registry<TxnCoordinator>,
     peers: PeerCalls,
 }
 
@@ -67,6 +65,12 @@ struct TxnCoordinator {
     /// Cancelled once the stream is no longer served here at `epoch`: its next owner
     /// resumes what this one left.
     stop: CancellationToken,
+}
+
+impl Loaded for TxnCoordinator {
+    fn epoch(&self) -> StreamEpoch {
+        self.epoch
+    }
 }
 
 impl TxnCoordinator {
@@ -98,8 +102,7 @@ impl Txns {
         Arc::new(Self {
             node,
             limits,
-            coordinators: Default::default(),
-            loading: Default::default(),
+            coordinators: Registry::default(),
             peers: PeerCalls::default(),
         })
     }
@@ -118,13 +121,7 @@ impl Txns {
                 if !handle.name.starts_with(&prefix) || !handle.is_serving() {
                     continue;
                 }
-                let loaded = self
-                    .coordinators
-                    .lock()
-                    .await
-                    .get(&handle.name)
-                    .is_some_and(|c| c.epoch == handle.epoch);
-                if !loaded {
+                if self.coordinators.get(&handle.name, handle.epoch).await.is_none() {
                     if let Err(e) = self.coordinator(&handle.name).await {
                         tracing::warn!(stream = %handle.name, error = %e, "transaction coordinator not loaded yet; will retry");
                     }
@@ -511,61 +508,53 @@ impl Txns {
     /// The coordinator of the state stream this node owns, loaded from the stream when
     /// the stream was (re)opened since.
     async fn coordinator(self: &Arc<Self>, stream: &str) -> Result<Arc<TxnCoordinator>, StreamdError> {
-        let handle = self.node.stream(stream)?;
-        let current =
-            |map: &HashMap<String, Arc<TxnCoordinator>>| map.get(stream).filter(|c| c.epoch == handle.epoch).cloned();
-        if let Some(c) = current(&*self.coordinators.lock().await) {
-            return Ok(c);
+        let epoch = self.node.stream(stream)?.epoch;
+        let load = || async {
+            let started = std::time::Instant::now();
+            let mut table = TxnTable::default();
+            state_stream::load(&self.node, stream, |batches| table.replay(batches)).await?;
+            tracing::info!(
+                stream,
+                epoch = %epoch,
+                transactional_ids = table.len(),
+                changes_replayed = table.changes_since_snapshot(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "transaction coordinator loaded its state stream"
+            );
+            Ok(TxnCoordinator {
+                stream: stream.to_string(),
+                epoch,
+                table: Mutex::new(table),
+                log: StateLog::default(),
+                decide: Default::default(),
+                completing: Default::default(),
+                stop: CancellationToken::new(),
+            })
+        };
+        let (c, new) = self
+            .coordinators
+            .get_or_load(stream, epoch, load, |old| old.stop.cancel())
+            .await?;
+        if new {
+            // Decided before the move: their markers are written now.
+            let prepared: Vec<String> = {
+                let table = c.table.lock().unwrap_or_else(|p| p.into_inner());
+                table
+                    .iter()
+                    .filter(|(_, e)| e.state.is_prepared())
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            };
+            for id in &prepared {
+                self.complete_later(&c, id);
+            }
+            self.node.tasks.spawn(
+                "txn",
+                "transaction coordinator tick",
+                Some(stream.to_string()),
+                tick(Arc::downgrade(self), c.clone()),
+            );
         }
-        let gate = self
-            .loading
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(stream.to_string())
-            .or_default()
-            .clone();
-        let _loading = gate.lock().await;
-        if let Some(c) = current(&*self.coordinators.lock().await) {
-            return Ok(c);
-        }
-        let started = std::time::Instant::now();
-        let mut table = TxnTable::default();
-        state_stream::load(&self.node, stream, |batches| table.replay(batches)).await?;
-        tracing::info!(
-            stream,
-            epoch = %handle.epoch,
-            transactional_ids = table.len(),
-            changes_replayed = table.changes_since_snapshot(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "transaction coordinator loaded its state stream"
-        );
-        let prepared: Vec<String> = table
-            .iter()
-            .filter(|(_, e)| e.state.is_prepared())
-            .map(|(id, _)| id.clone())
-            .collect();
-        let c = Arc::new(TxnCoordinator {
-            stream: stream.to_string(),
-            epoch: handle.epoch,
-            table: Mutex::new(table),
-            log: StateLog::default(),
-            decide: Default::default(),
-            completing: Default::default(),
-            stop: CancellationToken::new(),
-        });
-        if let Some(old) = self.coordinators.lock().await.insert(stream.to_string(), c.clone()) {
-            old.stop.cancel();
-        }
-        // Decided before the move: their markers are written now.
-        for id in &prepared {
-            self.complete_later(&c, id);
-        }
-        self.node.tasks.spawn(
-            "txn",
-            "transaction coordinator tick",
-            Some(stream.to_string()),
-            tick(Arc::downgrade(self), c.clone()),
-        );
         Ok(c)
     }
 
@@ -667,10 +656,7 @@ async fn tick(txns: Weak<Txns>, c: Arc<TxnCoordinator>) {
             .is_ok_and(|h| h.epoch == c.epoch && h.is_serving());
         if !served {
             c.stop.cancel();
-            let mut map = txns.coordinators.lock().await;
-            if map.get(&c.stream).is_some_and(|m| Arc::ptr_eq(m, &c)) {
-                map.remove(&c.stream);
-            }
+            txns.coordinators.remove(&c.stream, &c).await;
             return;
         }
         txns.expire(&c).await;
