@@ -29,14 +29,18 @@ async fn with_timeout(f: impl std::future::Future<Output = ()>) {
 /// Two nodes over mTLS, streams placed by the tests; the state stream on node 0,
 /// topic `out`'s partitions on nodes 0 and 1.
 async fn stack() -> Stack {
-    let stack = Stack::secure(
-        1,
-        2,
-        Backend::FileWal,
-        &["--upload-interval-ms", "100"],
-        &["--auto-place", "false"],
-    )
-    .await;
+    stack_with_env(&[]).await
+}
+
+/// As [`stack`], each node with environment `env` (failpoints).
+async fn stack_with_env(env: &[(&str, &str)]) -> Stack {
+    let mut stack = Stack::secure(1, 0, Backend::FileWal, &[], &["--auto-place", "false"]).await;
+    for id in ["streamd-1", "streamd-2"] {
+        stack.add_node_with_env(id, Backend::FileWal, &["--upload-interval-ms", "100"], env);
+    }
+    for n in &stack.nodes {
+        n.wait_ready().await;
+    }
     stack
         .create_topic_on("__transaction_state", &[0; TXN_STATE_PARTITIONS as usize])
         .await;
@@ -244,6 +248,36 @@ async fn a_transactional_write_is_admitted_only_inside_its_producers_transaction
             (2, 2),
             "nothing opened by the late write"
         );
+    })
+    .await;
+}
+
+// Issue 23: a decided transaction whose completion could not be stored is taken up
+// again by the coordinator's tick (no client request, no move needed), so it never
+// stays decided-but-incomplete, answering CONCURRENT_TRANSACTIONS for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_could_not_be_stored_is_taken_up_again() {
+    with_timeout(async {
+        let blocked = tempfile::NamedTempFile::new().expect("temp file");
+        let failpoint = format!("return(err) while exists({})", blocked.path().display());
+        let stack = stack_with_env(&[("WEIR_FAILPOINT_TXN_COMPLETION", &failpoint)]).await;
+        assert_eq!(init(&stack, 0, "tx", 60_000, 9).await.error_code, 0);
+        assert_eq!(add(&stack, 0, "tx", 9, 0, &[0]).await, vec![0]);
+        assert_eq!(append(&stack, 0, 0, 9, 0, 0, "c").await, 0);
+        assert_eq!(end(&stack, 0, "tx", 9, 0, true).await, 0);
+        settled(&stack, 0, 0, 1).await;
+        wait_for("the completion refused", Duration::from_secs(30), || async {
+            stack.nodes[0]
+                .log_text()
+                .contains("transaction completion not stored")
+                .then_some(())
+        })
+        .await;
+        assert_eq!(end(&stack, 0, "tx", 9, 0, true).await, 51, "CONCURRENT_TRANSACTIONS");
+        drop(blocked);
+        completed(&stack, 0, "tx", 9, true).await;
+        let r = read_committed(&stack, 0, 0).await;
+        assert_eq!(r.last_stable_offset, r.end_offset);
     })
     .await;
 }

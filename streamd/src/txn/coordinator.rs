@@ -490,7 +490,13 @@ impl Txns {
         else {
             return;
         };
-        match self.store(c, id, &done).await {
+        let stored = if weir_shared::failpoint::fails("txn_completion") {
+            // Tests: the completion cannot be stored (the state stream refuses it).
+            Err(StreamdError::Unavailable("failpoint txn_completion".into()))
+        } else {
+            self.store(c, id, &done).await
+        };
+        match stored {
             Ok(()) => tracing::info!(
                 transactional_id = id,
                 producer_id = decided.producer_id,
@@ -558,12 +564,18 @@ impl Txns {
         Ok(c)
     }
 
-    /// Aborts transactions past their timeout, forgets ids idle past their expiration,
-    /// and snapshots the table when due.
+    /// Completes decided transactions nobody is completing, aborts transactions past
+    /// their timeout, forgets ids idle past their expiration, and snapshots the table
+    /// when due.
     async fn expire(self: &Arc<Self>, c: &Arc<TxnCoordinator>) {
         let now = now_ms();
-        let (timed_out, expired): (Vec<_>, Vec<_>) = {
+        let (prepared, timed_out, expired): (Vec<_>, Vec<_>, Vec<_>) = {
             let table = c.table.lock().unwrap_or_else(|p| p.into_inner());
+            let prepared = table
+                .iter()
+                .filter(|(_, e)| e.state.is_prepared())
+                .map(|(id, _)| id.clone())
+                .collect();
             let timed_out = table
                 .iter()
                 .filter(|(_, e)| state::abort_if_timed_out(e, now).is_some())
@@ -574,8 +586,13 @@ impl Txns {
                 .filter(|(_, e)| state::expired(e, self.limits.id_expiration_ms, now))
                 .map(|(id, _)| id.clone())
                 .collect();
-            (timed_out, expired)
+            (prepared, timed_out, expired)
         };
+        // A decided transaction whose completion could not be stored (its writer gave
+        // up) is taken up again; one being written is left to its writer.
+        for id in &prepared {
+            self.complete_later(c, id);
+        }
         for id in timed_out {
             let _decide = c.decide.lock().await;
             let Some(aborting) = c.entry(&id).and_then(|e| state::abort_if_timed_out(&e, now_ms())) else {
