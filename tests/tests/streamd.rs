@@ -1480,19 +1480,7 @@ async fn read_committed_stops_at_the_lso_and_finds_aborts_in_range_summaries_acr
             "7's abort ends before 4"
         );
         // The index holds the summaries: the LSO at each range's end, each abort once.
-        let ranges = stack
-            .metad
-            .client()
-            .read_ranges(
-                id,
-                weir_shared::ids::Offset(0),
-                false,
-                100,
-                weir_meta::client::Consistency::Linearizable,
-            )
-            .await
-            .expect("ranges")
-            .ranges;
+        let ranges = index_ranges(&stack, id).await.expect("ranges");
         assert_eq!(ranges.last().map(|r| r.txns.lso_at_end), Some(Some(6)), "{ranges:?}");
         let indexed: Vec<_> = ranges.iter().flat_map(|r| r.txns.aborted.clone()).collect();
         assert_eq!(indexed.len(), 1, "{ranges:?}");
@@ -1514,22 +1502,12 @@ async fn read_committed_stops_at_the_lso_and_finds_aborts_in_range_summaries_acr
             "the open transaction was lost: {r:?}"
         );
         // The second node compacts the stream's ranges into one, summaries merged.
-        let client = stack.metad.client();
         wait_for(
             "the stream's ranges compacted into one",
             Duration::from_secs(60),
             || async {
-                let page = client
-                    .read_ranges(
-                        id,
-                        weir_shared::ids::Offset(0),
-                        false,
-                        100,
-                        weir_meta::client::Consistency::Linearizable,
-                    )
-                    .await
-                    .ok()?;
-                (page.ranges.len() == 1).then_some(page.ranges)
+                let ranges = index_ranges(&stack, id).await.ok()?;
+                (ranges.len() == 1).then_some(ranges)
             },
         )
         .await;
@@ -1556,6 +1534,25 @@ async fn read_committed_stops_at_the_lso_and_finds_aborts_in_range_summaries_acr
         assert_eq!((stored.len(), control), (10, vec![3, 5, 9]));
     })
     .await;
+}
+
+/// The first ranges of `stream` in the object index, read linearizably.
+async fn index_ranges(
+    stack: &Stack,
+    stream: weir_shared::ids::StreamId,
+) -> Result<Vec<weir_meta::model::ObjectRange>, weir_meta::client::ClientError> {
+    let page = stack
+        .metad
+        .client()
+        .read_ranges(
+            stream,
+            weir_shared::ids::Offset(0),
+            false,
+            100,
+            weir_meta::client::Consistency::Linearizable,
+        )
+        .await?;
+    Ok(page.ranges)
 }
 
 /// Asserts that `status` carries the stable error code `code` (`x-weir-error`).

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use weir_meta::model::names::{offsets_stream, txn_state_stream, TXN_STATE_TOPIC};
+use weir_meta::model::now_ms;
 use weir_shared::ids::StreamEpoch;
 
 const NOT_COORDINATOR: i16 = kafka_protocol::ResponseError::NotCoordinator.code();
@@ -77,13 +78,6 @@ impl TxnCoordinator {
     fn entry(&self, id: &str) -> Option<TxnEntry> {
         self.table.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// The error code a failed store or load answers with: the client finds the
