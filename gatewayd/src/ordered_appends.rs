@@ -96,6 +96,8 @@ pub struct OrderedAppend {
     appends: OrderedAppends,
     stream: String,
     batches: Bytes,
+    /// The producer's transactional id, for its owner's KIP-890 check.
+    transactional_id: Option<String>,
     /// The lane's owner and its answer to come, or why it was not sent on one.
     sent: Result<(Incarnation, oneshot::Receiver<Reply>), RouteError>,
     previous: Option<Tail>,
@@ -116,12 +118,26 @@ impl OrderedAppends {
 
     /// Sends `batches` to `stream`'s owner behind every earlier append of this caller.
     /// Returns at once; nothing here waits for the owner.
-    pub fn send(&self, routes: &Routes, stream: &str, batches: Bytes) -> OrderedAppend {
+    /// `transactional_id` names the producer's transaction for transactional batches.
+    pub fn send(
+        &self,
+        routes: &Routes,
+        stream: &str,
+        batches: Bytes,
+        transactional_id: Option<String>,
+    ) -> OrderedAppend {
         let mut lanes = lock(&self.0);
         let previous = lanes.latest.get(stream).filter(|t| !t.is_finished()).cloned();
         let (finished_tx, finished_rx) = watch::channel(());
         let place = Arc::new(Mutex::new(Place::Detoured));
-        let sent = lanes.send_on_lane(routes, stream, batches.clone(), previous.as_ref(), &place);
+        let sent = lanes.send_on_lane(
+            routes,
+            stream,
+            batches.clone(),
+            transactional_id.clone(),
+            previous.as_ref(),
+            &place,
+        );
         lanes.latest.insert(
             stream.to_string(),
             Tail {
@@ -137,6 +153,7 @@ impl OrderedAppends {
             appends: self.clone(),
             stream: stream.to_string(),
             batches,
+            transactional_id,
             sent,
             previous,
             place,
@@ -153,6 +170,7 @@ impl Lanes {
         routes: &Routes,
         stream: &str,
         batches: Bytes,
+        transactional_id: Option<String>,
         previous: Option<&Tail>,
         place: &Mutex<Place>,
     ) -> Result<(Incarnation, oneshot::Receiver<Reply>), RouteError> {
@@ -176,7 +194,7 @@ impl Lanes {
                 stream: stream.to_string(),
                 batches,
                 match_next_offset: None,
-                transactional_id: None,
+                transactional_id,
             })
             .map_err(|status| RouteError::NoOwner {
                 stream: stream.to_string(),
@@ -313,7 +331,14 @@ impl OrderedAppend {
             previous.wait().await;
         }
         // Nothing of this caller to the stream is ahead of it now: a lane is safe again.
-        let again = lock(&self.appends.0).send_on_lane(routes, &self.stream, self.batches.clone(), None, &self.place);
+        let again = lock(&self.appends.0).send_on_lane(
+            routes,
+            &self.stream,
+            self.batches.clone(),
+            self.transactional_id.clone(),
+            None,
+            &self.place,
+        );
         if let Ok((owner, reply)) = again {
             match await_reply(routes, &self.stream, &owner, reply, idempotent).await {
                 Ok(ok) => return Ok(ok),
@@ -323,14 +348,14 @@ impl OrderedAppend {
                 }
             }
         }
-        let (stream, batches) = (self.stream, self.batches);
+        let (stream, batches, transactional_id) = (self.stream, self.batches, self.transactional_id);
         routes
             .call(&stream, idempotent, |mut c| {
                 let req = AppendRequest {
                     stream: stream.clone(),
                     batches: batches.clone(),
                     match_next_offset: None,
-                    transactional_id: None,
+                    transactional_id: transactional_id.clone(),
                 };
                 async move { c.append(req).await }
             })

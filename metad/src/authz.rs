@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tonic::Status;
 use weir_meta::model::command::{Command, Proposal, Proposer};
-use weir_meta::model::names::{ANONYMOUS, OFFSETS_TOPIC};
+use weir_meta::model::names::{ANONYMOUS, OFFSETS_TOPIC, TXN_STATE_TOPIC};
 use weir_meta::model::rows::{CordonBy, NodeKind, TokenRow};
 use weir_meta::model::scopes::{Access, Grants};
 use weir_meta::model::user_commands::{needed, Need};
@@ -148,14 +148,14 @@ pub fn proposal(caller: Option<&Identity>, p: &Proposal, users: &Users<'_>) -> R
 /// What a node of `role` proposes as itself: its liveness, and for a streamd what it
 /// does with the streams it owns (opening, commits, compaction, retention, takeovers of
 /// a failed node's WAL, damage reports, a drain's cordon); for a gatewayd, creating the
-/// consumer offsets topic its group coordinators need.
+/// internal topics its group and transaction coordinators need.
 fn node_command_of(role: Role, c: &Command) -> bool {
     let liveness = matches!(c, Command::Heartbeat | Command::FenceSelf | Command::MarkTerminating);
     match role {
         Role::Gatewayd => {
             liveness
                 || matches!(c, Command::CreateTopic { name, .. } | Command::CreatePartitions { name, .. }
-                    if name == OFFSETS_TOPIC)
+                    if name == OFFSETS_TOPIC || name == TXN_STATE_TOPIC)
         }
         Role::Streamd => {
             liveness
@@ -429,8 +429,9 @@ mod tests {
             node: NodeId::new("s1"),
         };
         assert!(proposal(Some(&gw), &as_user("ops", place), &lax).is_err());
-        // As itself, a gateway creates only the consumer offsets topic.
+        // As itself, a gateway creates only the internal offsets and transaction-state topics.
         assert!(proposal(Some(&gw), &as_node("gw", create(OFFSETS_TOPIC)), &strict).is_ok());
+        assert!(proposal(Some(&gw), &as_node("gw", create(TXN_STATE_TOPIC)), &strict).is_ok());
         assert!(proposal(Some(&gw), &as_node("gw", create("orders-eu")), &strict).is_err());
         // Drains and transfers through a gateway need an admin user.
         assert!(transfer(Some(&gw), "t/0", "ops", &strict).is_ok());

@@ -8,6 +8,18 @@ use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEnc
 /// Encodes `(key, value)` records, a `None` value being a tombstone, as one
 /// uncompressed batch.
 pub fn encode(records: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>, what: &str) -> Result<Bytes, String> {
+    encode_as(records, None, what)
+}
+
+/// [`encode`], as a transactional batch of `producer` (id, epoch) when given: the
+/// coordinator writes a transaction's offsets so (TxnOffsetCommit), with no sequence,
+/// as Kafka's group coordinator does.
+pub fn encode_as(
+    records: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+    producer: Option<(i64, i16)>,
+    what: &str,
+) -> Result<Bytes, String> {
+    let (producer_id, producer_epoch) = producer.unwrap_or((-1, -1));
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -16,12 +28,12 @@ pub fn encode(records: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>, wha
         .into_iter()
         .enumerate()
         .map(|(i, (key, value))| Record {
-            transactional: false,
+            transactional: producer.is_some(),
             control: false,
             delete_horizon: false,
             partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
+            producer_id,
+            producer_epoch,
             timestamp_type: TimestampType::Creation,
             offset: i as i64,
             sequence: -1,

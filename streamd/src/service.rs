@@ -22,6 +22,7 @@ pub struct DataPlane {
 impl DataPlane {
     pub fn new(node: Arc<Node>, txns: Arc<Txns>) -> Self {
         let groups = Groups::new(node.clone());
+        let _ = node.groups.set(Arc::downgrade(&groups));
         Self { node, groups, txns }
     }
 }

@@ -167,6 +167,24 @@ impl StateLog {
         Ok(apply())
     }
 
+    /// [`StateLog::store`] for a transactional batch of `transactional_id`'s producer
+    /// (checked by the stream against the transaction's coordinator); `apply` gets the
+    /// batch's first offset.
+    pub async fn store_as<T>(
+        &self,
+        node: &Node,
+        stream: &str,
+        batch: Result<Bytes, String>,
+        transactional_id: Option<&str>,
+        apply: impl FnOnce(u64) -> T,
+    ) -> Result<T, StreamdError> {
+        let _shared = self.lock.read().await;
+        let batch = batch.map_err(StreamdError::Internal)?;
+        let admitted = node.admit_append(stream, &batch, None, transactional_id).await?;
+        let appended = node.complete(admitted).await?;
+        Ok(apply(appended.base_offset))
+    }
+
     /// Claims the snapshot: false when one is already under way.
     pub fn begin_snapshot(&self) -> bool {
         !self.snapshotting.swap(true, Ordering::AcqRel)
@@ -177,20 +195,23 @@ impl StateLog {
     }
 
     /// Appends the whole table (`take` returns it as changes, with how many changes it
-    /// replaces), calls `taken` once it is stored, and trims the stream to where it
-    /// starts; the offset it starts at.
+    /// replaces, and the first offset the stream must keep even so: records the table
+    /// does not hold yet, such as pending transactional offsets), calls `taken` once it
+    /// is stored, and trims the stream to where it starts, or to that offset when it is
+    /// earlier; the offset trimmed to.
     pub async fn snapshot<C>(
         &self,
         node: &Node,
         stream: &str,
-        take: impl FnOnce() -> (Vec<C>, u64),
+        take: impl FnOnce() -> (Vec<C>, u64, Option<u64>),
         encode: impl Fn(&[C]) -> Result<Bytes, String>,
         taken: impl FnOnce(),
         what: &str,
     ) -> Result<u64, StreamdError> {
         let start = {
             let _exclusive = self.lock.write().await;
-            let (changes, replaced) = take();
+            // Under the exclusive lock: nothing pending is missing from the stream.
+            let (changes, replaced, keep_from) = take();
             // An empty table is a snapshot too: everything before now can go.
             let mut start = node.stream(stream)?.durable_end();
             for (i, chunk) in changes.chunks(SNAPSHOT_BATCH).enumerate() {
@@ -201,6 +222,7 @@ impl StateLog {
                 }
             }
             taken();
+            let start = keep_from.map_or(start, |keep| keep.min(start));
             tracing::info!(
                 stream,
                 entries = changes.len(),

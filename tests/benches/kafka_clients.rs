@@ -18,6 +18,8 @@
 //! `WEIR_BENCH_CLUSTER=1` runs 3 metad replicas and 2 streamd instead of one of each.
 //! `WEIR_BENCH_TLS=1` serves Kafka over TLS (`SSL`, a certificate from `weir certs`) to
 //! confluent-kafka only: the `rdkafka` crate here is built without OpenSSL.
+//! `WEIR_BENCH_PRODUCER` (`plain`, `idempotent`, `transactional`) picks confluent-kafka's
+//! producer (`tests/clients/confluent_bench.py`; issue 23's transactional ratio).
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 

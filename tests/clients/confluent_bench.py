@@ -10,6 +10,10 @@ Each prints one JSON line. Produce: acks=all, linger 5 ms, one partition. Consum
 the beginning; `first_ms` is the time to the first message (connection, metadata,
 ListOffsets), and MB/s counts from that message on, as kafka-consumer-perf-test separates
 its setup from its fetch time. Latency: single 1 KiB messages at RATE per second.
+
+`WEIR_BENCH_PRODUCER` picks the producer: `plain` (the default), `idempotent`, or
+`transactional` (issue 23: a transactional id, each 1,000 messages one committed
+transaction; `WEIR_BENCH_TXN_MESSAGES` changes the size).
 """
 
 import json
@@ -29,6 +33,15 @@ def client(bootstrap):
     return conf
 
 
+def producer_kind():
+    kind = os.environ.get("WEIR_BENCH_PRODUCER", "plain")
+    if kind == "idempotent":
+        return {"enable.idempotence": True}
+    if kind == "transactional":
+        return {"transactional.id": "bench-confluent", "transaction.timeout.ms": 60000}
+    return {}
+
+
 def produce(bootstrap, topic, size, count):
     p = Producer({
         **client(bootstrap),
@@ -37,7 +50,13 @@ def produce(bootstrap, topic, size, count):
         "batch.size": 1_000_000,
         "queue.buffering.max.messages": 1_000_000,
         "queue.buffering.max.kbytes": 2_000_000,
+        **producer_kind(),
     })
+    per_txn = int(os.environ.get("WEIR_BENCH_TXN_MESSAGES", "1000"))
+    transactional = "transactional.id" in producer_kind()
+    if transactional:
+        p.init_transactions(60)
+        p.begin_transaction()
     failed = []
 
     def done(err, _msg):
@@ -55,6 +74,11 @@ def produce(bootstrap, topic, size, count):
                 p.poll(0.001)
         if i % 1000 == 0:
             p.poll(0)
+        if transactional and (i + 1) % per_txn == 0:
+            p.commit_transaction(60)
+            p.begin_transaction()
+    if transactional:
+        p.commit_transaction(60)
     left = p.flush(120)
     secs = time.perf_counter() - started
     if left or failed:

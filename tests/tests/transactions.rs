@@ -11,10 +11,10 @@
 use bytes::BytesMut;
 use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Request, StrBytes};
+use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use std::time::Duration;
-use weir_meta::model::names::{txn_state_stream, TXN_STATE_PARTITIONS};
-use weir_proto::streamd::{AppendRequest, ReadReply, ReadRequest, TxnRequest};
+use weir_meta::model::names::{offsets_stream, txn_state_stream, OFFSETS_PARTITIONS, TXN_STATE_PARTITIONS};
+use weir_proto::streamd::{AppendRequest, GroupRequest, ReadReply, ReadRequest, TxnRequest};
 use weir_tests::batches::{batch, idempotent, transactional};
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
@@ -398,6 +398,157 @@ async fn a_transaction_left_open_past_its_timeout_is_aborted_and_its_producer_fe
             (again.error_code, again.producer_id.0, again.producer_epoch),
             (0, 77, 2)
         );
+    })
+    .await;
+}
+
+/// Sends one Kafka group request for `group` to its coordinator on node `on`.
+async fn group_call<R: Request>(stack: &Stack, on: usize, group: &str, request: R) -> R::Response {
+    let mut body = BytesMut::new();
+    request.encode(&mut body, VERSION).expect("encode");
+    let reply = stack.nodes[on]
+        .client()
+        .await
+        .group(GroupRequest {
+            stream: offsets_stream(group),
+            api_key: i32::from(R::KEY),
+            api_version: i32::from(VERSION),
+            body: body.freeze(),
+            client_id: "test".into(),
+            client_host: "127.0.0.1".into(),
+        })
+        .await
+        .expect("group call")
+        .into_inner();
+    R::Response::decode(&mut reply.body.clone(), VERSION).expect("decode")
+}
+
+/// TxnOffsetCommit of `out/0` at `offset` for `group` in `pid`'s transaction; the code.
+async fn txn_offset_commit(stack: &Stack, on: usize, group: &str, pid: i64, epoch: i16, offset: i64) -> i16 {
+    use kafka_protocol::messages::txn_offset_commit_request::{
+        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+    };
+    let request = TxnOffsetCommitRequest::default()
+        .with_transactional_id(s("tx").into())
+        .with_group_id(s(group).into())
+        .with_producer_id(pid.into())
+        .with_producer_epoch(epoch)
+        .with_generation_id(-1)
+        .with_topics(vec![TxnOffsetCommitRequestTopic::default()
+            .with_name(s("out").into())
+            .with_partitions(vec![TxnOffsetCommitRequestPartition::default()
+                .with_partition_index(0)
+                .with_committed_offset(offset)])]);
+    let r = group_call(stack, on, group, request).await;
+    r.topics[0].partitions[0].error_code
+}
+
+/// OffsetFetch (v7, with `require_stable`) of `out/0` for `group`: (offset, code).
+async fn fetch_offset(stack: &Stack, on: usize, group: &str, require_stable: bool) -> (i64, i16) {
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    let request = OffsetFetchRequest::default()
+        .with_group_id(s(group).into())
+        .with_require_stable(require_stable)
+        .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+            .with_name(s("out").into())
+            .with_partition_indexes(vec![0])]));
+    let mut body = BytesMut::new();
+    request.encode(&mut body, 7).expect("encode");
+    let reply = stack.nodes[on]
+        .client()
+        .await
+        .group(GroupRequest {
+            stream: offsets_stream(group),
+            api_key: i32::from(OffsetFetchRequest::KEY),
+            api_version: 7,
+            body: body.freeze(),
+            client_id: "test".into(),
+            client_host: "127.0.0.1".into(),
+        })
+        .await
+        .expect("offset fetch")
+        .into_inner();
+    let r = OffsetFetchResponse::decode(&mut reply.body.clone(), 7).expect("decode");
+    let p = &r.topics[0].partitions[0];
+    (p.committed_offset, p.error_code)
+}
+
+// Issue 23 (TxnOffsetCommit, design 0005 "Offsets in a transaction"): a transaction's
+// offsets reach the group's coordinator (node 1) only once its offsets stream is in the
+// transaction (AddOffsetsToTxn, verified as KIP-890 asks); they stay pending
+// (UNSTABLE_OFFSET_COMMIT to a client asking for stable offsets, the old offset to
+// others) until the coordinator's marker commits them, or its abort drops them; a
+// coordinator reloaded from the stream finds the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn transactional_offsets_apply_at_the_commit_marker_and_vanish_at_an_abort() {
+    with_timeout(async {
+        let mut stack = stack().await;
+        stack
+            .create_topic_on("__consumer_offsets", &[1; OFFSETS_PARTITIONS as usize])
+            .await;
+        let group = "g";
+        let pid = init(&stack, 0, "tx", 60_000, 300).await.producer_id.0;
+        // Before AddOffsetsToTxn the offsets stream is not in the transaction.
+        assert_eq!(
+            txn_offset_commit(&stack, 1, group, pid, 0, 5).await,
+            48,
+            "INVALID_TXN_STATE"
+        );
+        let add_offsets = |epoch: i16| {
+            AddOffsetsToTxnRequest::default()
+                .with_transactional_id(s("tx").into())
+                .with_producer_id(pid.into())
+                .with_producer_epoch(epoch)
+                .with_group_id(s(group).into())
+        };
+        assert_eq!(call(&stack, 0, "tx", add_offsets(0), None).await.error_code, 0);
+        assert_eq!(txn_offset_commit(&stack, 1, group, pid, 0, 5).await, 0);
+        assert_eq!(
+            fetch_offset(&stack, 1, group, true).await,
+            (-1, 88),
+            "UNSTABLE_OFFSET_COMMIT"
+        );
+        assert_eq!(fetch_offset(&stack, 1, group, false).await, (-1, 0));
+        assert_eq!(end(&stack, 0, "tx", pid, 0, true).await, 0);
+        completed(&stack, 0, "tx", pid, true).await;
+        assert_eq!(
+            fetch_offset(&stack, 1, group, true).await,
+            (5, 0),
+            "committed by the marker"
+        );
+
+        // An aborted transaction's offsets are dropped.
+        assert_eq!(call(&stack, 0, "tx", add_offsets(0), None).await.error_code, 0);
+        assert_eq!(txn_offset_commit(&stack, 1, group, pid, 0, 9).await, 0);
+        assert_eq!(end(&stack, 0, "tx", pid, 0, false).await, 0);
+        completed(&stack, 0, "tx", pid, false).await;
+        assert_eq!(
+            fetch_offset(&stack, 1, group, true).await,
+            (5, 0),
+            "the abort dropped 9"
+        );
+
+        // Pending offsets survive a reload of the group's coordinator, and its marker
+        // still applies them: node 1 is killed mid-transaction and its new incarnation
+        // serves the offsets stream again, loaded from the recovered records.
+        assert_eq!(call(&stack, 0, "tx", add_offsets(0), None).await.error_code, 0);
+        assert_eq!(txn_offset_commit(&stack, 1, group, pid, 0, 12).await, 0);
+        stack.nodes[1].kill();
+        stack.nodes[1].start();
+        stack.nodes[1].wait_ready().await;
+        // Recovered by the failover of the killed incarnation, then placed again.
+        let id = stack.stream_id(&offsets_stream(group)).await;
+        stack.place_once_closed(id, 1).await;
+        stack.wait_serving(&offsets_stream(group), 1).await;
+        wait_for(
+            "the reloaded coordinator holds 12 pending",
+            Duration::from_secs(60),
+            || async { (fetch_offset(&stack, 1, group, true).await == (5, 88)).then_some(()) },
+        )
+        .await;
+        assert_eq!(end(&stack, 0, "tx", pid, 0, true).await, 0);
+        completed(&stack, 0, "tx", pid, true).await;
+        assert_eq!(fetch_offset(&stack, 1, group, true).await, (12, 0));
     })
     .await;
 }

@@ -355,13 +355,9 @@ pub fn describe_configs(kafka: &Kafka, session: &Session, r: DescribeConfigsRequ
     DescribeConfigsResponse::default().with_results(results)
 }
 
-pub async fn init_producer_id(kafka: &Kafka, session: &Session, r: InitProducerIdRequest) -> InitProducerIdResponse {
-    if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) {
-        return InitProducerIdResponse::default()
-            .with_error_code(errors::INVALID_REQUEST)
-            .with_producer_id((-1).into())
-            .with_producer_epoch(-1);
-    }
+/// InitProducerId for an idempotent producer (one with a transactional id goes to its
+/// coordinator, `transactions.rs`).
+pub async fn init_producer_id(kafka: &Kafka, session: &Session, _: InitProducerIdRequest) -> InitProducerIdResponse {
     // An idempotent producer id is for writing: some `write` scope is needed.
     if !session.grants.allows_some(Access::Write) {
         return InitProducerIdResponse::default()

@@ -115,7 +115,7 @@ fn topic_metadata(t: &TopicRow, brokers: &[Broker], state: &State, gateways: u64
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(s(&t.name))))
         .with_topic_id(topic_id(t))
-        .with_is_internal(t.name == OFFSETS_TOPIC)
+        .with_is_internal(is_internal_topic(&t.name))
         .with_partitions(partitions)
 }
 

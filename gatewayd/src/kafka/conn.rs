@@ -5,7 +5,7 @@
 
 use super::frame::{self, DecodeError, FrameError};
 use super::response_frame::SharedFrame;
-use super::{admin, brokers, groups, produce, sasl, versions, Kafka};
+use super::{admin, brokers, groups, produce, sasl, transactions, versions, Kafka};
 use crate::ordered_appends::OrderedAppends;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
@@ -442,8 +442,20 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
         RequestKind::OffsetForLeaderEpoch(r) => Respond(ResponseKind::OffsetForLeaderEpoch(
             super::leader_epochs::offset_for_leader_epoch(kafka, &session.grants, r).await,
         )),
+        RequestKind::InitProducerId(r) if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) => Respond(
+            ResponseKind::InitProducerId(transactions::init_producer_id(kafka, session, r, version).await),
+        ),
         RequestKind::InitProducerId(r) => Respond(ResponseKind::InitProducerId(
             admin::init_producer_id(kafka, session, r).await,
+        )),
+        RequestKind::AddPartitionsToTxn(r) => Respond(ResponseKind::AddPartitionsToTxn(
+            transactions::add_partitions(kafka, session, r, version).await,
+        )),
+        RequestKind::AddOffsetsToTxn(r) => Respond(ResponseKind::AddOffsetsToTxn(
+            transactions::add_offsets(kafka, session, r, version).await,
+        )),
+        RequestKind::EndTxn(r) => Respond(ResponseKind::EndTxn(
+            transactions::end(kafka, session, r, version).await,
         )),
         RequestKind::FindCoordinator(r) => Respond(ResponseKind::FindCoordinator(
             groups::find_coordinator(kafka, session, r, version).await,

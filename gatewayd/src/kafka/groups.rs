@@ -24,7 +24,10 @@ use weir_proto::streamd::GroupRequest;
 use weir_shared::error_code::KafkaApi;
 
 pub use weir_meta::model::names::{offsets_stream, OFFSETS_PARTITIONS};
+use weir_meta::model::names::{txn_state_stream, TXN_STATE_PARTITIONS, TXN_STATE_TOPIC};
 const GROUP_KEY: i8 = 0;
+/// FindCoordinator's key type for a transactional id.
+const TXN_KEY: i8 = 1;
 /// Longest a JoinGroup or SyncGroup may wait at its coordinator: Kafka's largest
 /// session timeout (`group.max.session.timeout.ms`), which bounds a rebalance.
 const GROUP_WAIT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
@@ -33,29 +36,30 @@ fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_string())
 }
 
-/// Creates the offsets topic on first use, with every partition groups hash over.
-async fn ensure_offsets_topic(kafka: &Kafka) {
+/// Creates an internal topic (the offsets or the transaction-state topic) on first
+/// use, with every partition its keys hash over.
+pub(super) async fn ensure_internal_topic(kafka: &Kafka, topic: &str, partitions: u32) {
     let have = kafka
         .gw
         .routes
         .view()
-        .with(|s| s.topics.get(OFFSETS_TOPIC).map(|t| t.partitions.len() as u32));
+        .with(|s| s.topics.get(topic).map(|t| t.partitions.len() as u32));
     let cmd = match have {
-        Some(n) if n >= OFFSETS_PARTITIONS => return,
+        Some(n) if n >= partitions => return,
         Some(_) => Command::CreatePartitions {
-            name: OFFSETS_TOPIC.into(),
-            partitions: OFFSETS_PARTITIONS,
+            name: topic.into(),
+            partitions,
         },
         None => Command::CreateTopic {
-            name: OFFSETS_TOPIC.into(),
-            partitions: OFFSETS_PARTITIONS,
+            name: topic.into(),
+            partitions,
             config: StreamConfig::default(),
         },
     };
     // The gateway's own need, not a user's: proposed as the gateway node (D-21).
     let proposer = Proposer::Node(kafka.gw.me.clone());
     if let Ok((index, _)) = kafka.gw.metad.propose(&proposer, cmd).await {
-        tracing::info!(topic = OFFSETS_TOPIC, "created the consumer offsets topic");
+        tracing::info!(topic, "created an internal topic");
         kafka.gw.settle(index).await;
     }
 }
@@ -71,32 +75,45 @@ pub async fn find_coordinator(
     } else {
         vec![r.key.clone()]
     };
-    if r.key_type == GROUP_KEY {
-        ensure_offsets_topic(kafka).await;
+    match r.key_type {
+        GROUP_KEY => ensure_internal_topic(kafka, OFFSETS_TOPIC, OFFSETS_PARTITIONS).await,
+        TXN_KEY => ensure_internal_topic(kafka, TXN_STATE_TOPIC, TXN_STATE_PARTITIONS).await,
+        _ => {}
     }
     let all = brokers::brokers(kafka);
     let answers: Vec<Coordinator> = keys
         .into_iter()
         .map(|key| {
             let c = Coordinator::default().with_key(key.clone());
-            if r.key_type != GROUP_KEY {
-                return c
-                    .with_error_code(errors::INVALID_REQUEST)
-                    .with_error_message(Some(s("transactions are not supported")))
-                    .with_node_id((-1).into());
-            }
-            if !session.grants.allows(Access::Read, &key) {
-                return c
-                    .with_error_code(errors::GROUP_AUTHORIZATION_FAILED)
-                    .with_error_message(Some(s("the token has no 'read' scope for this group")))
-                    .with_node_id((-1).into());
-            }
-            let stream = offsets_stream(&key);
+            let refuse = |code: i16, why: &str| {
+                c.clone()
+                    .with_error_code(code)
+                    .with_error_message(Some(s(why)))
+                    .with_node_id((-1).into())
+            };
+            let stream = match r.key_type {
+                GROUP_KEY if !session.grants.allows(Access::Read, &key) => {
+                    return refuse(
+                        errors::GROUP_AUTHORIZATION_FAILED,
+                        "the token has no 'read' scope for this group",
+                    )
+                }
+                GROUP_KEY => offsets_stream(&key),
+                // A transactional id is written for: `write` on its name (design 0005).
+                TXN_KEY if !session.grants.allows(Access::Write, &key) => {
+                    return refuse(
+                        errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                        "the token has no 'write' scope for this transactional id",
+                    )
+                }
+                TXN_KEY => txn_state_stream(&key),
+                _ => return refuse(errors::INVALID_REQUEST, "unknown coordinator key type"),
+            };
             if !kafka.gw.routes.has_live_owner(&stream) {
-                return c
-                    .with_error_code(errors::COORDINATOR_NOT_AVAILABLE)
-                    .with_error_message(Some(s("the group's offsets stream is being placed or recovered")))
-                    .with_node_id((-1).into());
+                return refuse(
+                    errors::COORDINATOR_NOT_AVAILABLE,
+                    "the coordinator's state stream is being placed or recovered",
+                );
             }
             let id = brokers::leader_for(&all, &stream);
             let b = all.iter().find(|b| b.id == id).unwrap_or(&kafka.me);
@@ -250,6 +267,9 @@ pub async fn forward(
             resp.topics
                 .extend(commit_failed(&unknown, errors::UNKNOWN_TOPIC_OR_PARTITION));
             ResponseKind::OffsetCommit(resp)
+        }
+        RequestKind::TxnOffsetCommit(r) => {
+            ResponseKind::TxnOffsetCommit(txn_offset_commit(kafka, session, r, version).await)
         }
         RequestKind::ConsumerGroupHeartbeat(r) => {
             ResponseKind::ConsumerGroupHeartbeat(consumer_heartbeat(kafka, session, r, body, version).await)
@@ -568,6 +588,70 @@ fn split_unknown(
         }
     }
     (known, unknown)
+}
+
+/// TxnOffsetCommit (issue 23): a transaction's offsets, sent to the group's
+/// coordinator, which keeps them pending until the transaction's marker. It needs
+/// `write` on the transactional id, `read` on the group and on each topic; as Kafka
+/// answers, when any topic is refused nothing is sent and each partition says why.
+async fn txn_offset_commit(
+    kafka: &Kafka,
+    session: &Session,
+    r: TxnOffsetCommitRequest,
+    version: i16,
+) -> TxnOffsetCommitResponse {
+    use kafka_protocol::messages::txn_offset_commit_response::{
+        TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+    };
+    let answer = |code_of: &dyn Fn(&str, i32) -> i16| {
+        TxnOffsetCommitResponse::default().with_topics(
+            r.topics
+                .iter()
+                .map(|t| {
+                    TxnOffsetCommitResponseTopic::default()
+                        .with_name(t.name.clone())
+                        .with_partitions(
+                            t.partitions
+                                .iter()
+                                .map(|p| {
+                                    TxnOffsetCommitResponsePartition::default()
+                                        .with_partition_index(p.partition_index)
+                                        .with_error_code(code_of(t.name.0.as_str(), p.partition_index))
+                                })
+                                .collect(),
+                        )
+                })
+                .collect(),
+        )
+    };
+    if !session.grants.allows(Access::Write, r.transactional_id.as_str()) {
+        return answer(&|_, _| errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    }
+    let refusal = |topic: &str, p: i32| -> Option<i16> {
+        if !session.grants.allows(Access::Read, topic) {
+            return Some(errors::TOPIC_AUTHORIZATION_FAILED);
+        }
+        kafka
+            .gw
+            .routes
+            .stream(&format!("{topic}/{p}"))
+            .is_none()
+            .then_some(errors::UNKNOWN_TOPIC_OR_PARTITION)
+    };
+    let refused = r.topics.iter().any(|t| {
+        t.partitions
+            .iter()
+            .any(|p| refusal(t.name.0.as_str(), p.partition_index).is_some())
+    });
+    if refused {
+        let not_attempted = kafka_protocol::ResponseError::OperationNotAttempted.code();
+        return answer(&|t, p| refusal(t, p).unwrap_or(not_attempted));
+    }
+    let body = encode(&r, version);
+    match call_group(kafka, session, &r.group_id.0, ApiKey::TxnOffsetCommit, version, body).await {
+        Ok(resp) => resp,
+        Err(code) => answer(&|_, _| code),
+    }
 }
 
 /// Every partition of `topics` failed with `code`, as an OffsetCommit answer.

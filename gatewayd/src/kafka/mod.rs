@@ -1,7 +1,8 @@
 //! The Kafka wire protocol: gateways are the cluster's brokers. Every request is decoded
 //! and encoded by the `kafka-protocol` crate; partitions are streams named
 //! `topic/partition`, routed to their owners like HTTP requests; consumer groups are run
-//! by the owner of the group's offsets stream (`groups.rs`).
+//! by the owner of the group's offsets stream (`groups.rs`), and transactions by the
+//! owner of the transactional id's state stream (`transactions.rs`).
 
 pub mod admin;
 pub mod brokers;
@@ -20,6 +21,7 @@ pub mod response_frame;
 pub mod sasl;
 pub mod scopes;
 pub mod scram;
+pub mod transactions;
 pub mod versions;
 
 use crate::api::Gateway;

@@ -26,7 +26,15 @@ pub fn start<'k>(
     r: ProduceRequest,
 ) -> impl std::future::Future<Output = Option<ProduceResponse>> + use<'k> {
     let acks = r.acks;
-    let transactional = r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty());
+    let transactional_id = r
+        .transactional_id
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .filter(|t| !t.is_empty());
+    // A transactional producer writes for its transactional id: `write` on it too.
+    let id_refused = transactional_id
+        .as_deref()
+        .is_some_and(|id| !grants.allows(Access::Write, id));
     let topics: Vec<_> = r
         .topic_data
         .into_iter()
@@ -49,14 +57,15 @@ pub fn start<'k>(
                             -1,
                             Some(format!("the token has no 'write' scope for topic '{name}'")),
                         ))
-                    } else if transactional {
+                    } else if id_refused {
                         Err((
-                            errors::INVALID_REQUEST,
+                            errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                             -1,
-                            Some("transactions are not supported".to_string()),
+                            Some("the token has no 'write' scope for this transactional id".to_string()),
                         ))
                     } else {
-                        send(kafka, appends, &name, p.index, p.records.unwrap_or_default())
+                        let records = p.records.unwrap_or_default();
+                        send(kafka, appends, &name, p.index, records, transactional_id.clone())
                     };
                     (p.index, sent)
                 })
@@ -124,6 +133,7 @@ fn send(
     topic: &str,
     partition: i32,
     records: bytes::Bytes,
+    transactional_id: Option<String>,
 ) -> Result<Sent, Outcome> {
     let stream = format!("{topic}/{partition}");
     if super::brokers::is_internal_topic(topic) {
@@ -154,15 +164,16 @@ fn send(
         ));
     }
     // Kafka's answers: a marker is an invalid record; transactional data without a
-    // transaction is not authorized for any transactional id.
+    // transactional id is not authorized for any. With one, the owner checks the
+    // batch is in the producer's ongoing transaction (KIP-890).
     for (h, _) in &batches {
-        if let Err(e) = weir_shared::batch::check_producer_batch(h) {
-            let code = match e {
-                ProducerBatchError::Control => errors::INVALID_RECORD,
-                ProducerBatchError::Transactional => errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            };
-            return Err((code, -1, Some(e.to_string())));
-        }
+        let code = match weir_shared::batch::check_producer_batch(h) {
+            Ok(()) => continue,
+            Err(ProducerBatchError::Transactional) if transactional_id.is_some() => continue,
+            Err(e @ ProducerBatchError::Control) => (errors::INVALID_RECORD, e),
+            Err(e @ ProducerBatchError::Transactional) => (errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED, e),
+        };
+        return Err((code.0, -1, Some(code.1.to_string())));
     }
     // The topic's max.message.bytes, or the gateway's default, bounds each batch.
     let limit = super::configs::max_message_bytes(kafka, topic);
@@ -181,7 +192,7 @@ fn send(
     let idempotent = batches[0].0.producer_id >= 0;
     let count: u64 = batches.iter().map(|(h, _)| h.record_count.max(0) as u64).sum();
     Ok(Sent {
-        append: appends.send(&kafka.gw.routes, &stream, records),
+        append: appends.send(&kafka.gw.routes, &stream, records, transactional_id),
         idempotent,
         records: count,
         started: std::time::Instant::now(),

@@ -6,7 +6,8 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
 /// (API, lowest, highest version). Ranges stop where a newer version would need
 /// something not built (topic ids in Fetch v13+, Produce v10+'s leader hints,
 /// ListOffsets v7+'s max-timestamp lookup, topic ids in OffsetCommit v10+ and OffsetFetch
-/// v10+).
+/// v10+, and the transaction APIs' KIP-890 part 2 versions: AddPartitionsToTxn v4+ is
+/// for brokers only, and part 2's per-transaction epoch bump is not built).
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 9),
     (ApiKey::Fetch, 4, 12),
@@ -26,6 +27,10 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
+    (ApiKey::TxnOffsetCommit, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::SaslAuthenticate, 0, 2),
     (ApiKey::CreatePartitions, 0, 3),
@@ -76,6 +81,11 @@ mod tests {
         }
         assert!(supported(ApiKey::Produce, 9));
         assert!(!supported(ApiKey::Produce, 10));
-        assert!(!supported(ApiKey::AddPartitionsToTxn, 0));
+        assert!(supported(ApiKey::AddPartitionsToTxn, 3));
+        assert!(!supported(ApiKey::AddPartitionsToTxn, 4), "v4+ is for brokers");
+        assert!(
+            !supported(ApiKey::WriteTxnMarkers, 0),
+            "markers are written inside the cluster"
+        );
     }
 }

@@ -139,6 +139,7 @@ impl Groups {
             }
             RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(leave(&c, r, version)),
             RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(self.commit(&c, r, version).await),
+            RequestKind::TxnOffsetCommit(r) => ResponseKind::TxnOffsetCommit(self.txn_commit(&c, r, version).await),
             RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(fetch_offsets(&c, r, version)),
             RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(describe(&c, r)),
             RequestKind::ListGroups(r) => ResponseKind::ListGroups(list(&c, r)),
@@ -214,7 +215,13 @@ impl Groups {
                     .snapshot(
                         &node,
                         &c.stream,
-                        || c.with(|st| (st.offsets.snapshot(), st.offsets.changes_since_snapshot())),
+                        || {
+                            c.with(|st| {
+                                let o = &st.offsets;
+                                // Pending transactional offsets stay until their marker.
+                                (o.snapshot(), o.changes_since_snapshot(), o.first_pending_offset())
+                            })
+                        },
                         offsets::encode,
                         || c.with(|st| st.offsets.snapshotted()),
                         "group offsets",
@@ -388,6 +395,118 @@ impl Groups {
         )
     }
 
+    /// TxnOffsetCommit (issue 23): the offsets are appended as a transactional batch of
+    /// the producer, which the stream admits only once the transaction's coordinator
+    /// confirms this stream is in the transaction (AddOffsetsToTxn, KIP-890); they are
+    /// held pending until the transaction's marker reaches this stream.
+    async fn txn_commit(
+        &self,
+        c: &GroupCoordinator,
+        r: TxnOffsetCommitRequest,
+        version: i16,
+    ) -> TxnOffsetCommitResponse {
+        use kafka_protocol::messages::txn_offset_commit_response::{
+            TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+        };
+        let group = r.group_id.0.to_string();
+        // From v3 a producer may name the consumer's member and generation, checked as
+        // OffsetCommit's; without them nothing is checked, as in Kafka.
+        let named = version >= 3 && (!r.member_id.is_empty() || r.generation_id >= 0);
+        let check = if named {
+            c.with(|st| {
+                if let Some(g) = st.consumer_groups.get(&group) {
+                    return g.check_member(&r.member_id, r.generation_id, None);
+                }
+                match st.groups.get_mut(&group) {
+                    Some(g) => g.check_commit(
+                        &r.member_id,
+                        instance(&r.group_instance_id),
+                        r.generation_id,
+                        Instant::now(),
+                    ),
+                    None => code::UNKNOWN_MEMBER_ID,
+                }
+            })
+        } else {
+            code::NONE
+        };
+        let changes: Vec<Change> = r
+            .topics
+            .iter()
+            .flat_map(|t| {
+                let group = &group;
+                t.partitions.iter().map(move |p| Change::Commit {
+                    group: group.clone(),
+                    topic: t.name.0.to_string(),
+                    partition: p.partition_index,
+                    committed: Committed {
+                        offset: p.committed_offset,
+                        leader_epoch: p.committed_leader_epoch,
+                        metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
+                    },
+                })
+            })
+            .collect();
+        let too_large = changes.iter().any(|ch| match ch {
+            Change::Commit { committed, .. } => committed.metadata.as_ref().is_some_and(|m| m.len() > MAX_METADATA),
+            Change::DeleteGroup { .. } => false,
+        });
+        let error = if too_large {
+            OFFSET_METADATA_TOO_LARGE
+        } else if check != code::NONE || changes.is_empty() {
+            check
+        } else {
+            let producer = (r.producer_id.0, r.producer_epoch);
+            let batch = offsets::encode_as(&changes, Some(producer));
+            let stored = c
+                .log
+                .store_as(&self.node, &c.stream, batch, Some(&r.transactional_id), |base| {
+                    c.with(|st| st.offsets.add_pending(producer.0, base, changes))
+                })
+                .await;
+            match stored {
+                Ok(()) => code::NONE,
+                Err(StreamdError::InvalidTxnState(_)) => Kafka::InvalidTxnState.code(),
+                Err(StreamdError::InvalidProducerEpoch(_)) => Kafka::InvalidProducerEpoch.code(),
+                Err(e) => {
+                    tracing::warn!(group = %group, error = %e, "transactional offset commit was not stored");
+                    NOT_COORDINATOR
+                }
+            }
+        };
+        TxnOffsetCommitResponse::default().with_topics(
+            r.topics
+                .iter()
+                .map(|t| {
+                    TxnOffsetCommitResponseTopic::default()
+                        .with_name(t.name.clone())
+                        .with_partitions(
+                            t.partitions
+                                .iter()
+                                .map(|p| {
+                                    TxnOffsetCommitResponsePartition::default()
+                                        .with_partition_index(p.partition_index)
+                                        .with_error_code(error)
+                                })
+                                .collect(),
+                        )
+                })
+                .collect(),
+        )
+    }
+
+    /// A transaction marker was written at `offset` of `stream` (`Node::write_marker`):
+    /// the coordinator of that stream commits or drops the producer's pending offsets.
+    /// One being loaded is waited for; its load may have replayed the marker already,
+    /// which [`OffsetTable::end_txn`] tells by the offset.
+    pub async fn marker_written(self: &Arc<Self>, stream: &str, producer_id: i64, commit: bool, offset: u64) {
+        match self.coordinator(stream).await {
+            Ok(c) => c.with(|st| st.offsets.end_txn(producer_id, commit, offset)),
+            // Not served here any more: its next owner replays the marker.
+            Err(e) => tracing::debug!(stream, error = %e, "offsets coordinator not loaded for a marker"),
+        }
+    }
+
     async fn delete(&self, c: &GroupCoordinator, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
         let mut results = vec![];
         for name in r.groups_names {
@@ -539,6 +658,18 @@ fn committed(st: &State, group: &str, wanted: Option<Vec<(TopicName, Vec<i32>)>>
         .collect()
 }
 
+/// UNSTABLE_OFFSET_COMMIT for a partition an open transaction holds an offset for,
+/// when the client asked for stable offsets (KIP-447: a read_committed consumer
+/// retries until the transaction ends, rather than start from an offset about to
+/// change); else none.
+fn unstable(st: &State, require_stable: bool, group: &str, topic: &TopicName, partition: i32) -> i16 {
+    if require_stable && st.offsets.is_pending(group, topic.0.as_str(), partition) {
+        Kafka::UnstableOffsetCommit.code()
+    } else {
+        code::NONE
+    }
+}
+
 /// OffsetFetch: one group before v8, a list of them from v8 (the gateway sends each to
 /// its own coordinator). From v9 a KIP-848 member names itself and its epoch, which
 /// must be current (STALE_MEMBER_EPOCH otherwise).
@@ -554,18 +685,22 @@ fn fetch_offsets(c: &GroupCoordinator, r: OffsetFetchRequest, version: i16) -> O
             let topics = committed(st, r.group_id.0.as_str(), wanted)
                 .into_iter()
                 .map(|(name, found)| {
-                    OffsetFetchResponseTopic::default().with_name(name).with_partitions(
-                        found
-                            .into_iter()
-                            .map(|(p, offset, epoch, metadata)| {
-                                OffsetFetchResponsePartition::default()
-                                    .with_partition_index(p)
-                                    .with_committed_offset(offset)
-                                    .with_committed_leader_epoch(epoch)
-                                    .with_metadata(Some(s(&metadata)))
-                            })
-                            .collect(),
-                    )
+                    let group = r.group_id.0.as_str();
+                    OffsetFetchResponseTopic::default()
+                        .with_name(name.clone())
+                        .with_partitions(
+                            found
+                                .into_iter()
+                                .map(|(p, offset, epoch, metadata)| {
+                                    OffsetFetchResponsePartition::default()
+                                        .with_partition_index(p)
+                                        .with_committed_offset(offset)
+                                        .with_committed_leader_epoch(epoch)
+                                        .with_metadata(Some(s(&metadata)))
+                                        .with_error_code(unstable(st, r.require_stable, group, &name, p))
+                                })
+                                .collect(),
+                        )
                 })
                 .collect();
             return OffsetFetchResponse::default().with_topics(topics);
@@ -596,18 +731,21 @@ fn fetch_offsets(c: &GroupCoordinator, r: OffsetFetchRequest, version: i16) -> O
                     committed(st, id, wanted)
                         .into_iter()
                         .map(|(name, found)| {
-                            OffsetFetchResponseTopics::default().with_name(name).with_partitions(
-                                found
-                                    .into_iter()
-                                    .map(|(p, offset, epoch, metadata)| {
-                                        OffsetFetchResponsePartitions::default()
-                                            .with_partition_index(p)
-                                            .with_committed_offset(offset)
-                                            .with_committed_leader_epoch(epoch)
-                                            .with_metadata(Some(s(&metadata)))
-                                    })
-                                    .collect(),
-                            )
+                            OffsetFetchResponseTopics::default()
+                                .with_name(name.clone())
+                                .with_partitions(
+                                    found
+                                        .into_iter()
+                                        .map(|(p, offset, epoch, metadata)| {
+                                            OffsetFetchResponsePartitions::default()
+                                                .with_partition_index(p)
+                                                .with_committed_offset(offset)
+                                                .with_committed_leader_epoch(epoch)
+                                                .with_metadata(Some(s(&metadata)))
+                                                .with_error_code(unstable(st, r.require_stable, id, &name, p))
+                                        })
+                                        .collect(),
+                                )
                         })
                         .collect(),
                 )

@@ -5,6 +5,10 @@
 //! `{"group"}` with a null value. Replaying the stream in order rebuilds the table, so
 //! commits survive a move or failover of the stream with it (like Kafka's
 //! `__consumer_offsets`).
+//!
+//! A transaction's offsets (TxnOffsetCommit, issue 23) are the same records in a
+//! transactional batch of the producer: pending until the transaction's marker in this
+//! stream commits them (they then apply, in order) or aborts them (dropped).
 
 use bytes::Bytes;
 use kafka_protocol::records::Record;
@@ -50,6 +54,8 @@ pub enum Change {
 #[derive(Debug, Default)]
 pub struct OffsetTable {
     groups: BTreeMap<String, BTreeMap<(String, i32), Committed>>,
+    /// Offsets of open transactions, by producer id: each with its record's offset.
+    pending: BTreeMap<i64, Vec<(u64, Change)>>,
     /// Changes applied since this table was loaded or last snapshotted.
     changes: u64,
 }
@@ -107,6 +113,50 @@ impl OffsetTable {
         }
     }
 
+    /// Holds `changes`, stored from `offset` in a transactional batch of `producer_id`,
+    /// until its transaction ends.
+    pub fn add_pending(&mut self, producer_id: i64, offset: u64, changes: Vec<Change>) {
+        let held = self.pending.entry(producer_id).or_default();
+        held.extend(changes.into_iter().enumerate().map(|(i, c)| (offset + i as u64, c)));
+    }
+
+    /// A marker at `marker_offset` ended `producer_id`'s transaction: its offsets stored
+    /// before the marker apply (`commit`) or are dropped. A marker seen twice (a load
+    /// that replayed it, then the marker's own notice) finds nothing left to end.
+    pub fn end_txn(&mut self, producer_id: i64, commit: bool, marker_offset: u64) {
+        let Some(held) = self.pending.get_mut(&producer_id) else {
+            return;
+        };
+        let later = held.split_off(held.partition_point(|(at, _)| *at < marker_offset));
+        let ended = std::mem::replace(held, later);
+        if held.is_empty() {
+            self.pending.remove(&producer_id);
+        }
+        if commit {
+            ended.into_iter().for_each(|(_, c)| self.apply(c));
+        }
+    }
+
+    /// The offset of the oldest pending record: the stream is trimmed no further, so
+    /// a load still finds it.
+    pub fn first_pending_offset(&self) -> Option<u64> {
+        self.pending
+            .values()
+            .filter_map(|held| held.first())
+            .map(|(at, _)| *at)
+            .min()
+    }
+
+    /// Whether an open transaction holds an offset for this partition of `group`
+    /// (OffsetFetch then answers UNSTABLE_OFFSET_COMMIT to a client asking for stable
+    /// offsets).
+    pub fn is_pending(&self, group: &str, topic: &str, partition: i32) -> bool {
+        self.pending.values().flatten().any(|(_, c)| {
+            matches!(c, Change::Commit { group: g, topic: t, partition: p, .. }
+                if g == group && t == topic && *p == partition)
+        })
+    }
+
     pub fn group(&self, group: &str) -> Option<&BTreeMap<(String, i32), Committed>> {
         self.groups.get(group)
     }
@@ -120,8 +170,15 @@ impl OffsetTable {
     /// stream unavailable).
     pub fn replay(&mut self, batches: Bytes) -> Result<(), String> {
         crate::keyed_records::replay(batches, OFFSETS_BATCH_INFLATED_BYTES, "offsets", |r| {
-            if let Some(change) = decode(r) {
-                self.apply(change);
+            let offset = u64::try_from(r.offset).unwrap_or(0);
+            if let Some(m) = crate::txn::marker::from_record(r) {
+                self.end_txn(m.producer_id, m.commit, offset);
+            } else if let Some(change) = decode(r) {
+                if r.transactional {
+                    self.add_pending(r.producer_id, offset, vec![change]);
+                } else {
+                    self.apply(change);
+                }
             }
         })
     }
@@ -143,6 +200,11 @@ fn decode(r: &Record) -> Option<Change> {
 
 /// Encodes changes as one batch for the offsets stream.
 pub fn encode(changes: &[Change]) -> Result<Bytes, String> {
+    encode_as(changes, None)
+}
+
+/// [`encode`], as a transactional batch of `producer` (id, epoch) when given.
+pub fn encode_as(changes: &[Change], producer: Option<(i64, i16)>) -> Result<Bytes, String> {
     let records = changes.iter().map(|c| {
         let (key, value) = match c {
             Change::Commit {
@@ -169,7 +231,7 @@ pub fn encode(changes: &[Change]) -> Result<Bytes, String> {
         };
         (serde_json::to_vec(&key).unwrap_or_default(), value)
     });
-    crate::keyed_records::encode(records, "offset commits")
+    crate::keyed_records::encode_as(records, producer, "offset commits")
 }
 
 #[cfg(test)]
@@ -209,6 +271,58 @@ mod tests {
         assert_eq!(rebuilt.groups, table.groups);
         table.snapshotted();
         assert_eq!(table.changes_since_snapshot(), 0);
+    }
+
+    /// Issue 23: a transaction's offsets apply at its commit marker, vanish at its
+    /// abort marker, and hold back trimming while pending.
+    #[test]
+    fn transactional_offsets_wait_for_their_marker() {
+        use crate::txn::marker::{self, Marker};
+        let with_base = |batch: Bytes, base: i64| {
+            let mut b = batch.to_vec();
+            b[..8].copy_from_slice(&base.to_be_bytes());
+            Bytes::from(b)
+        };
+        let m = |pid, commit| Marker {
+            producer_id: pid,
+            epoch: 0,
+            commit,
+            coordinator_epoch: 0,
+        };
+        let mut stored = BytesMut::new();
+        stored.extend_from_slice(&with_base(encode(&[commit("g", 0, 1)]).expect("encode"), 0));
+        stored.extend_from_slice(&with_base(
+            encode_as(&[commit("g", 0, 5)], Some((7, 0))).expect("encode"),
+            1,
+        ));
+        stored.extend_from_slice(&with_base(
+            encode_as(&[commit("g", 1, 9)], Some((8, 0))).expect("encode"),
+            2,
+        ));
+        let mut table = OffsetTable::default();
+        table.replay(stored.clone().freeze()).expect("replay");
+        let at = |t: &OffsetTable, p: i32| {
+            t.group("g")
+                .and_then(|g| g.get(&("t".to_string(), p)))
+                .map(|c| c.offset)
+        };
+        assert_eq!(at(&table, 0), Some(1), "pending offsets do not apply");
+        assert!(table.is_pending("g", "t", 0) && table.is_pending("g", "t", 1));
+        assert_eq!(table.first_pending_offset(), Some(1));
+        stored.extend_from_slice(&with_base(marker::encode(&m(7, true), 0).expect("marker"), 3));
+        stored.extend_from_slice(&with_base(marker::encode(&m(8, false), 0).expect("marker"), 4));
+        let mut table = OffsetTable::default();
+        table.replay(stored.freeze()).expect("replay");
+        assert_eq!(at(&table, 0), Some(5), "the commit marker applies its offsets");
+        assert_eq!(at(&table, 1), None, "the abort marker drops them");
+        assert_eq!(table.first_pending_offset(), None);
+        // The same marker again (a load, then its notice) changes nothing, and a later
+        // transaction of the producer is not ended by an earlier marker.
+        table.add_pending(7, 10, vec![commit("g", 0, 12)]);
+        table.end_txn(7, true, 3);
+        assert_eq!(at(&table, 0), Some(5));
+        table.end_txn(7, true, 11);
+        assert_eq!(at(&table, 0), Some(12));
     }
 
     #[test]

@@ -43,6 +43,8 @@ impl Node {
             let end = inner.next_offset;
             drop(inner);
             let done = self.answer_duplicate(&handle, &[(end, end)]).await?;
+            // The first attempt may have failed after the marker was stored.
+            self.tell_groups(stream, m, end).await;
             return Ok(MarkerWritten {
                 offset: None,
                 end_offset: done.end_offset,
@@ -56,6 +58,7 @@ impl Node {
         inner.txns.record_marker(m, base);
         drop(inner);
         let done = self.complete(Admitted::queued(handle, queued)).await?;
+        self.tell_groups(stream, m, base).await;
         Ok(MarkerWritten {
             offset: Some(base),
             end_offset: done.end_offset,
@@ -67,4 +70,21 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl Node {
+    /// A group's coordinator applies or drops a transaction's offsets before the marker
+    /// ending it counts as written (the transaction completes only after that).
+    /// `before`: the marker's offset, or any offset past it.
+    async fn tell_groups(&self, stream: &str, m: &Marker, before: u64) {
+        let offsets_stream = stream
+            .split_once('/')
+            .is_some_and(|(topic, _)| topic == weir_meta::model::names::OFFSETS_TOPIC);
+        if !offsets_stream {
+            return;
+        }
+        if let Some(groups) = self.groups.get().and_then(std::sync::Weak::upgrade) {
+            groups.marker_written(stream, m.producer_id, m.commit, before).await;
+        }
+    }
 }

@@ -122,6 +122,9 @@ pub struct Node {
     /// The transaction coordinators, which admission asks to verify a transactional
     /// write (KIP-890); set once they exist (they hold the node).
     pub txns: std::sync::OnceLock<std::sync::Weak<crate::txn::coordinator::Txns>>,
+    /// The group coordinators, told of each marker written into an offsets stream
+    /// (a transaction's offsets); set once they exist (they hold the node).
+    pub groups: std::sync::OnceLock<std::sync::Weak<crate::groups::Groups>>,
 }
 
 impl Node {
@@ -164,6 +167,7 @@ impl Node {
             tasks,
             calls: tokio_util::task::TaskTracker::new(),
             txns: std::sync::OnceLock::new(),
+            groups: std::sync::OnceLock::new(),
         }
     }
 

@@ -636,7 +636,7 @@ impl Txns {
                             &c.stream,
                             || {
                                 let t = table();
-                                (t.snapshot(), t.changes_since_snapshot())
+                                (t.snapshot(), t.changes_since_snapshot(), None)
                             },
                             log::encode,
                             || table().snapshotted(),

@@ -65,11 +65,16 @@ pub fn decode(batch: &[u8]) -> Option<Marker> {
     let mut bytes = Bytes::copy_from_slice(batch);
     let sets = weir_shared::inflate::decode_all(&mut bytes, MARKER_INFLATED_BYTES).ok()?;
     let record = sets.into_iter().flat_map(|s| s.records).next()?;
+    from_record(&record)
+}
+
+/// The marker a decoded control record holds; `None` for any other record.
+pub fn from_record(record: &kafka_protocol::records::Record) -> Option<Marker> {
     if !record.control {
         return None;
     }
-    let key = record.key?;
-    let value = record.value?;
+    let key = record.key.as_ref()?;
+    let value = record.value.as_ref()?;
     if key.len() < 4 || value.len() < 6 {
         return None;
     }
@@ -86,35 +91,4 @@ pub fn decode(batch: &[u8]) -> Option<Marker> {
         commit,
         coordinator_epoch,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use weir_shared::batch::{parse_header, verify_crc};
-
-    #[test]
-    fn a_marker_is_a_control_batch_that_decodes_to_itself() {
-        for commit in [true, false] {
-            let m = Marker {
-                producer_id: 42,
-                epoch: 3,
-                commit,
-                coordinator_epoch: 9,
-            };
-            let batch = encode(&m, 1_700_000_000_000).expect("encode");
-            let h = parse_header(&batch).expect("header");
-            verify_crc(&batch, &h).expect("crc");
-            assert!(h.is_control());
-            assert!(h.attributes & 0x10 != 0, "transactional");
-            assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence), (42, 3, -1));
-            assert_eq!(decode(&batch), Some(m));
-        }
-    }
-
-    #[test]
-    fn a_data_batch_is_not_a_marker() {
-        let data = crate::keyed_records::encode([(b"k".to_vec(), Some(b"v".to_vec()))], "test").expect("encode");
-        assert_eq!(decode(&data), None);
-    }
 }

@@ -26,6 +26,7 @@ use weir_tests::wait_for;
 mod consumer_protocol;
 mod consumer_side;
 mod leader_epochs;
+mod transactions;
 
 const T: Duration = Duration::from_secs(30);
 

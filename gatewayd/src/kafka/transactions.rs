@@ -1,0 +1,212 @@
+//! Transactions through the gateway (issue 23, design 0005). InitProducerId with a
+//! transactional id, AddPartitionsToTxn, AddOffsetsToTxn and EndTxn are checked against
+//! the token's scopes here and forwarded, as Kafka bytes, to the owner of the id's
+//! transaction-state stream (`__transaction_state/N`, N = CRC-32C(id) mod 8), which
+//! runs its coordinator. While that stream has no owner the answer is
+//! COORDINATOR_NOT_AVAILABLE, and an owner that no longer has it answers
+//! NOT_COORDINATOR; clients look the coordinator up again. TxnOffsetCommit goes to the
+//! group's coordinator instead (`groups.rs`).
+
+use super::admin;
+use super::conn::Session;
+use super::errors;
+use super::groups::ensure_internal_topic;
+use super::Kafka;
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable};
+use weir_meta::model::names::{txn_state_stream, TXN_STATE_PARTITIONS, TXN_STATE_TOPIC};
+use weir_meta::model::scopes::Access;
+use weir_meta::model::{Applied, Command};
+use weir_proto::streamd::TxnRequest;
+use weir_shared::error_code::KafkaApi;
+
+const OPERATION_NOT_ATTEMPTED: i16 = kafka_protocol::ResponseError::OperationNotAttempted.code();
+
+/// Sends one transaction request for `id` to its coordinator; the response body, or an
+/// error code for every part of the answer.
+async fn call(
+    kafka: &Kafka,
+    id: &str,
+    key: ApiKey,
+    version: i16,
+    body: Bytes,
+    fresh_producer_id: Option<i64>,
+) -> Result<Bytes, i16> {
+    ensure_internal_topic(kafka, TXN_STATE_TOPIC, TXN_STATE_PARTITIONS).await;
+    let stream = txn_state_stream(id);
+    let result = kafka
+        .gw
+        .routes
+        .call(&stream, false, |mut c| {
+            let req = TxnRequest {
+                stream: stream.clone(),
+                api_key: i32::from(key as i16),
+                api_version: i32::from(version),
+                body: body.clone(),
+                fresh_producer_id,
+            };
+            async move { c.txn(req).await }
+        })
+        .await;
+    match result {
+        Ok(reply) => Ok(reply.body),
+        Err(e) => {
+            tracing::debug!(stream, error = %e, "transaction request not answered by a coordinator");
+            Err(e.code().kafka(KafkaApi::Group).code())
+        }
+    }
+}
+
+fn decode<T: Decodable>(mut body: Bytes, version: i16) -> Result<T, i16> {
+    T::decode(&mut body, version).map_err(|_| errors::UNKNOWN_SERVER_ERROR)
+}
+
+fn encode<T: Encodable>(m: &T, version: i16) -> Bytes {
+    let mut buf = BytesMut::new();
+    // Encoding a decoded request at its own version cannot fail.
+    let _ = m.encode(&mut buf, version);
+    buf.freeze()
+}
+
+/// InitProducerId for a transactional id: a producer id is allocated by metad first,
+/// which the coordinator takes when the id is new or its epoch is exhausted.
+pub async fn init_producer_id(
+    kafka: &Kafka,
+    session: &Session,
+    r: InitProducerIdRequest,
+    version: i16,
+) -> InitProducerIdResponse {
+    let failed = |code: i16| {
+        InitProducerIdResponse::default()
+            .with_error_code(code)
+            .with_producer_id((-1).into())
+            .with_producer_epoch(-1)
+    };
+    let id = r.transactional_id.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+    if !session.grants.allows(Access::Write, &id) {
+        return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    }
+    let fresh = match admin::propose(kafka, session, Command::AllocateProducerIds { count: 1 }).await {
+        Ok(Applied::ProducerIds { first, .. }) => first,
+        Err((code, _)) if code == errors::TOPIC_AUTHORIZATION_FAILED => {
+            return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        }
+        _ => return failed(errors::COORDINATOR_NOT_AVAILABLE),
+    };
+    let body = encode(&r, version);
+    match call(kafka, &id, ApiKey::InitProducerId, version, body, Some(fresh)).await {
+        Ok(b) => decode(b, version).unwrap_or_else(failed),
+        Err(code) => failed(code),
+    }
+}
+
+/// AddPartitionsToTxn (v0–3, the clients' versions): the id needs `write`, and so does
+/// every partition's topic, which must exist. As Kafka answers, when any partition is
+/// refused none is added and the others are OPERATION_NOT_ATTEMPTED.
+pub async fn add_partitions(
+    kafka: &Kafka,
+    session: &Session,
+    r: AddPartitionsToTxnRequest,
+    version: i16,
+) -> AddPartitionsToTxnResponse {
+    let topics = &r.v3_and_below_topics;
+    let answer = |code_of: &dyn Fn(&AddPartitionsToTxnTopic, i32) -> i16| {
+        AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(
+            topics
+                .iter()
+                .map(|t| {
+                    AddPartitionsToTxnTopicResult::default()
+                        .with_name(t.name.clone())
+                        .with_results_by_partition(
+                            t.partitions
+                                .iter()
+                                .map(|p| {
+                                    AddPartitionsToTxnPartitionResult::default()
+                                        .with_partition_index(*p)
+                                        .with_partition_error_code(code_of(t, *p))
+                                })
+                                .collect(),
+                        )
+                })
+                .collect(),
+        )
+    };
+    let id = r.v3_and_below_transactional_id.to_string();
+    if !session.grants.allows(Access::Write, &id) {
+        return answer(&|_, _| errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    }
+    let refusal = |t: &AddPartitionsToTxnTopic, p: i32| -> Option<i16> {
+        let name = t.name.0.as_str();
+        if !session.grants.allows(Access::Write, name) {
+            return Some(errors::TOPIC_AUTHORIZATION_FAILED);
+        }
+        if super::brokers::is_internal_topic(name) || kafka.gw.routes.stream(&format!("{name}/{p}")).is_none() {
+            return Some(errors::UNKNOWN_TOPIC_OR_PARTITION);
+        }
+        None
+    };
+    let refused = topics
+        .iter()
+        .any(|t| t.partitions.iter().any(|p| refusal(t, *p).is_some()));
+    if refused {
+        return answer(&|t, p| refusal(t, p).unwrap_or(OPERATION_NOT_ATTEMPTED));
+    }
+    let body = encode(&r, version);
+    match call(kafka, &id, ApiKey::AddPartitionsToTxn, version, body, None).await {
+        Ok(b) => decode(b, version).unwrap_or_else(|code| answer(&|_, _| code)),
+        Err(code) => answer(&|_, _| code),
+    }
+}
+
+/// AddOffsetsToTxn: `write` on the id and `read` on the group.
+pub async fn add_offsets(
+    kafka: &Kafka,
+    session: &Session,
+    r: AddOffsetsToTxnRequest,
+    version: i16,
+) -> AddOffsetsToTxnResponse {
+    let failed = |code: i16| AddOffsetsToTxnResponse::default().with_error_code(code);
+    let id = r.transactional_id.to_string();
+    if !session.grants.allows(Access::Write, &id) {
+        return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    }
+    if !session.grants.allows(Access::Read, r.group_id.0.as_str()) {
+        return failed(errors::GROUP_AUTHORIZATION_FAILED);
+    }
+    // The group's offsets stream joins the transaction: it must exist for its marker.
+    ensure_internal_topic(
+        kafka,
+        weir_meta::model::names::OFFSETS_TOPIC,
+        super::groups::OFFSETS_PARTITIONS,
+    )
+    .await;
+    let body = encode(&r, version);
+    match call(kafka, &id, ApiKey::AddOffsetsToTxn, version, body, None).await {
+        Ok(b) => decode(b, version).unwrap_or_else(failed),
+        Err(code) => failed(code),
+    }
+}
+
+/// EndTxn: `write` on the id.
+pub async fn end(kafka: &Kafka, session: &Session, r: EndTxnRequest, version: i16) -> EndTxnResponse {
+    let failed = |code: i16| {
+        EndTxnResponse::default()
+            .with_error_code(code)
+            .with_producer_id(r.producer_id)
+            .with_producer_epoch(r.producer_epoch)
+    };
+    let id = r.transactional_id.to_string();
+    if !session.grants.allows(Access::Write, &id) {
+        return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+    }
+    let body = encode(&r, version);
+    match call(kafka, &id, ApiKey::EndTxn, version, body, None).await {
+        Ok(b) => decode(b, version).unwrap_or_else(failed),
+        Err(code) => failed(code),
+    }
+}
