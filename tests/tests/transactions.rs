@@ -478,7 +478,8 @@ async fn fetch_offset(stack: &Stack, on: usize, group: &str, require_stable: boo
 // transaction (AddOffsetsToTxn, verified as KIP-890 asks); they stay pending
 // (UNSTABLE_OFFSET_COMMIT to a client asking for stable offsets, the old offset to
 // others) until the coordinator's marker commits them, or its abort drops them; a
-// coordinator reloaded from the stream finds the same.
+// coordinator reloaded from the stream finds the same. The producer's next request
+// waits for the markers rather than bounce off them.
 #[tokio::test(flavor = "multi_thread")]
 async fn transactional_offsets_apply_at_the_commit_marker_and_vanish_at_an_abort() {
     with_timeout(async {
@@ -510,7 +511,9 @@ async fn transactional_offsets_apply_at_the_commit_marker_and_vanish_at_an_abort
         );
         assert_eq!(fetch_offset(&stack, 1, group, false).await, (-1, 0));
         assert_eq!(end(&stack, 0, "tx", pid, 0, true).await, 0);
-        completed(&stack, 0, "tx", pid, true).await;
+        // The next transaction's first request waits for the markers (not answered
+        // CONCURRENT_TRANSACTIONS), which include the offsets stream's.
+        assert_eq!(call(&stack, 0, "tx", add_offsets(0), None).await.error_code, 0);
         assert_eq!(
             fetch_offset(&stack, 1, group, true).await,
             (5, 0),
@@ -518,7 +521,6 @@ async fn transactional_offsets_apply_at_the_commit_marker_and_vanish_at_an_abort
         );
 
         // An aborted transaction's offsets are dropped.
-        assert_eq!(call(&stack, 0, "tx", add_offsets(0), None).await.error_code, 0);
         assert_eq!(txn_offset_commit(&stack, 1, group, pid, 0, 9).await, 0);
         assert_eq!(end(&stack, 0, "tx", pid, 0, false).await, 0);
         completed(&stack, 0, "tx", pid, false).await;
@@ -549,6 +551,37 @@ async fn transactional_offsets_apply_at_the_commit_marker_and_vanish_at_an_abort
         assert_eq!(end(&stack, 0, "tx", pid, 0, true).await, 0);
         completed(&stack, 0, "tx", pid, true).await;
         assert_eq!(fetch_offset(&stack, 1, group, true).await, (12, 0));
+    })
+    .await;
+}
+
+// Issue 23: a producer's next transaction begins right after EndTxn is answered, while
+// the last one's markers are still being written (here each takes 300 ms, a
+// failpoint): its AddPartitionsToTxn waits for them at the coordinator instead of
+// bouncing off with CONCURRENT_TRANSACTIONS, which would cost a client its retry
+// backoff (100 ms in librdkafka) on every transaction.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_next_transaction_waits_for_the_last_ones_markers() {
+    with_timeout(async {
+        let stack = stack_with_env(&[("WEIR_FAILPOINT_BEFORE_MARKER", "sleep(300)")]).await;
+        let pid = init(&stack, 0, "tx", 60_000, 700).await.producer_id.0;
+        assert_eq!(add(&stack, 0, "tx", pid, 0, &[0, 1]).await, vec![0, 0]);
+        append(&stack, 0, 0, pid, 0, 0, "a").await;
+        append(&stack, 1, 1, pid, 0, 0, "b").await;
+        assert_eq!(end(&stack, 0, "tx", pid, 0, true).await, 0);
+        let asked = std::time::Instant::now();
+        assert_eq!(
+            add(&stack, 0, "tx", pid, 0, &[0]).await,
+            vec![0],
+            "waited, not CONCURRENT_TRANSACTIONS"
+        );
+        assert!(
+            asked.elapsed() >= Duration::from_millis(250),
+            "the markers were still being written"
+        );
+        // Both partitions hold their commit marker by then.
+        settled(&stack, 0, 0, 1).await;
+        settled(&stack, 1, 1, 1).await;
     })
     .await;
 }

@@ -152,7 +152,10 @@ impl Groups {
             }
             _ => return Err(bad(format!("{key:?} is not a group request"))),
         };
-        if matches!(key, ApiKey::OffsetCommit | ApiKey::DeleteGroups) {
+        if matches!(
+            key,
+            ApiKey::OffsetCommit | ApiKey::TxnOffsetCommit | ApiKey::DeleteGroups
+        ) {
             self.maybe_snapshot(&c);
         }
         let mut out = BytesMut::new();
@@ -501,7 +504,11 @@ impl Groups {
     /// which [`OffsetTable::end_txn`] tells by the offset.
     pub async fn marker_written(self: &Arc<Self>, stream: &str, producer_id: i64, commit: bool, offset: u64) {
         match self.coordinator(stream).await {
-            Ok(c) => c.with(|st| st.offsets.end_txn(producer_id, commit, offset)),
+            Ok(c) => {
+                c.with(|st| st.offsets.end_txn(producer_id, commit, offset));
+                // The oldest pending record may have moved on: the stream can be trimmed.
+                self.maybe_snapshot(&c);
+            }
             // Not served here any more: its next owner replays the marker.
             Err(e) => tracing::debug!(stream, error = %e, "offsets coordinator not loaded for a marker"),
         }

@@ -95,6 +95,11 @@ impl OffsetTable {
 
     pub fn apply(&mut self, change: Change) {
         self.changes += 1;
+        self.apply_uncounted(change);
+    }
+
+    /// [`OffsetTable::apply`] for a change counted when it was stored (pending).
+    fn apply_uncounted(&mut self, change: Change) {
         match change {
             Change::Commit {
                 group,
@@ -116,6 +121,9 @@ impl OffsetTable {
     /// Holds `changes`, stored from `offset` in a transactional batch of `producer_id`,
     /// until its transaction ends.
     pub fn add_pending(&mut self, producer_id: i64, offset: u64, changes: Vec<Change>) {
+        // Stored records either way: they count towards the next snapshot when
+        // written, whether their transaction commits or aborts.
+        self.changes += changes.len() as u64;
         let held = self.pending.entry(producer_id).or_default();
         held.extend(changes.into_iter().enumerate().map(|(i, c)| (offset + i as u64, c)));
     }
@@ -133,7 +141,7 @@ impl OffsetTable {
             self.pending.remove(&producer_id);
         }
         if commit {
-            ended.into_iter().for_each(|(_, c)| self.apply(c));
+            ended.into_iter().for_each(|(_, c)| self.apply_uncounted(c));
         }
     }
 

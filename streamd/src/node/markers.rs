@@ -26,6 +26,8 @@ pub struct MarkerWritten {
 impl Node {
     /// Writes `m` into `stream` and waits until it is durable.
     pub async fn write_marker(&self, stream: &str, m: &Marker) -> Result<MarkerWritten, StreamdError> {
+        // Failpoint (tests): markers slower than a client's next request.
+        weir_shared::failpoint::pause("before_marker").await;
         if self.intake_closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(StreamdError::Draining);
         }

@@ -35,6 +35,12 @@ const NOT_COORDINATOR: i16 = kafka_protocol::ResponseError::NotCoordinator.code(
 const COORDINATOR_NOT_AVAILABLE: i16 = kafka_protocol::ResponseError::CoordinatorNotAvailable.code();
 /// How often timeouts are checked and a lost state stream noticed.
 const TICK: Duration = Duration::from_millis(500);
+/// Longest a request waits for the producer's decided transaction to complete (its
+/// markers written) before it is answered CONCURRENT_TRANSACTIONS. A producer's next
+/// transaction begins right after EndTxn is answered, while the markers are still
+/// being written; waiting here spares the client a retry after its backoff (100 ms in
+/// librdkafka), which otherwise bounds a producer to a few transactions a second.
+const COMPLETION_WAIT: Duration = Duration::from_secs(2);
 
 /// Coordinator settings (streamd flags).
 #[derive(Debug, Clone, Copy)]
@@ -63,6 +69,8 @@ struct TxnCoordinator {
     decide: tokio::sync::Mutex<()>,
     /// Ids whose markers are being written, so none gets two writers.
     completing: Mutex<HashSet<String>>,
+    /// Told each time a transaction's completion is stored.
+    completed: tokio::sync::Notify,
     /// Cancelled once the stream is no longer served here at `epoch`: its next owner
     /// resumes what this one left.
     stop: CancellationToken,
@@ -77,6 +85,24 @@ impl Loaded for TxnCoordinator {
 impl TxnCoordinator {
     fn entry(&self, id: &str) -> Option<TxnEntry> {
         self.table.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned()
+    }
+
+    /// Waits, up to [`COMPLETION_WAIT`], until `id` has no decided transaction whose
+    /// markers are still being written.
+    async fn settled(&self, id: &str) {
+        let deadline = tokio::time::Instant::now() + COMPLETION_WAIT;
+        loop {
+            let notified = self.completed.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a completion between the two is seen.
+            notified.as_mut().enable();
+            if !self.entry(id).is_some_and(|e| e.state.is_prepared()) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
     }
 }
 
@@ -209,6 +235,7 @@ impl Txns {
             Ok(c) => c,
             Err(e) => return answer(store_error(&e), -1, -1),
         };
+        c.settled(id).await;
         let _decide = c.decide.lock().await;
         let now = now_ms();
         let current = c.entry(id);
@@ -323,6 +350,7 @@ impl Txns {
         partitions: &[String],
     ) -> Result<(), i16> {
         let c = self.coordinator(stream).await.map_err(|e| store_error(&e))?;
+        c.settled(id).await;
         let _decide = c.decide.lock().await;
         let current = c.entry(id);
         if let Some(next) = state::add_partitions(current.as_ref(), pid, epoch, partitions, now_ms())? {
@@ -402,6 +430,7 @@ impl Txns {
     /// markers are written after.
     async fn end(self: &Arc<Self>, stream: &str, id: &str, pid: i64, epoch: i16, commit: bool) -> Result<(), i16> {
         let c = self.coordinator(stream).await.map_err(|e| store_error(&e))?;
+        c.settled(id).await;
         let _decide = c.decide.lock().await;
         let current = c.entry(id);
         match state::end(current.as_ref(), pid, epoch, commit, now_ms())? {
@@ -491,14 +520,17 @@ impl Txns {
             self.store(c, id, &done).await
         };
         match stored {
-            Ok(()) => tracing::info!(
-                transactional_id = id,
-                producer_id = decided.producer_id,
-                epoch = decided.epoch,
-                outcome = done.state.name(),
-                partitions = decided.partitions.len(),
-                "transaction completed"
-            ),
+            Ok(()) => {
+                c.completed.notify_waiters();
+                tracing::info!(
+                    transactional_id = id,
+                    producer_id = decided.producer_id,
+                    epoch = decided.epoch,
+                    outcome = done.state.name(),
+                    partitions = decided.partitions.len(),
+                    "transaction completed"
+                )
+            }
             Err(e) => {
                 tracing::warn!(transactional_id = id, error = %e, "transaction completion not stored; its next coordinator completes it")
             }
@@ -528,6 +560,7 @@ impl Txns {
                 log: StateLog::default(),
                 decide: Default::default(),
                 completing: Default::default(),
+                completed: Default::default(),
                 stop: CancellationToken::new(),
             })
         };
