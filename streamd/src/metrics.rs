@@ -41,6 +41,8 @@ pub struct StreamdMetrics {
     pub range_gets: IntCounterVec,
     /// Bytes of record batches returned by reads (HTTP reads, Kafka Fetch, SSE).
     pub read_bytes: IntCounter,
+    /// Bytes the block cache charges against `--cache-bytes` (data and bookkeeping).
+    pub cache_bytes: IntGauge,
     /// Damaged committed ranges this node found (each reported to the metadata log).
     pub damage_found: IntCounter,
     /// Streams this node serves that are marked damaged.
@@ -172,6 +174,13 @@ pub fn metrics() -> &'static StreamdMetrics {
                 .expect("valid metric"),
             ),
             read_bytes: counter("streamd_read_bytes_total", "Bytes of record batches returned by reads"),
+            cache_bytes: register(
+                IntGauge::new(
+                    "streamd_cache_bytes",
+                    "Bytes the block cache charges against --cache-bytes, its data and bookkeeping",
+                )
+                .expect("valid metric"),
+            ),
             damage_found: counter(
                 "streamd_damage_found_total",
                 "Damaged committed ranges found (failing their checksum or not what the index says)",

@@ -20,6 +20,11 @@ pub const READ_AHEAD_CONCURRENCY: usize = 4;
 /// Ranges larger than this are checked off the runtime's workers.
 const BLOCKING_CHECK_BYTES: usize = 1 << 20;
 
+/// Ranges smaller than this are copied out of the HTTP client's buffer before they are
+/// cached. A small response's body is a slice of the connection's read buffer (8 KiB
+/// and up), which would stay allocated, uncounted, as long as the cache kept the slice.
+const DETACH_BELOW: usize = 512 << 10;
+
 type Fetch = Shared<BoxFuture<'static, Result<Bytes, StreamdError>>>;
 type Key = (String, u64);
 
@@ -93,7 +98,7 @@ impl RangeReads {
         crate::metrics::metrics().range_gets.with_label_values(&[by]).inc();
         let k = key.clone();
         let fetch = async move {
-            let got = get_checked(store.as_ref(), &range).await;
+            let got = get_checked(store.as_ref(), &range).await.map(detach_small);
             if let Ok(b) = &got {
                 cache.insert(&k.0, k.1, b.clone());
             }
@@ -106,6 +111,15 @@ impl RangeReads {
             .spawn("read", format!("get {}@{}", key.0, key.1), None, fetch.clone());
         inflight.insert(key, fetch.clone());
         fetch
+    }
+}
+
+/// `bytes` in an allocation of its own when small (see `DETACH_BELOW`).
+fn detach_small(bytes: Bytes) -> Bytes {
+    if bytes.len() < DETACH_BELOW {
+        Bytes::copy_from_slice(&bytes)
+    } else {
+        bytes
     }
 }
 
@@ -204,6 +218,24 @@ mod tests {
         assert!(reads.inflight.lock().unwrap().is_empty());
         let bad = ObjectRange { crc: 1, pos: 0, ..r };
         assert!(matches!(reads.get(&bad).await, Err(StreamdError::ObjectGone(_))));
+    }
+
+    /// Found by the transactions soak (issue 23): a cached small range must not keep
+    /// the buffer it was read into (here the stored object itself; over HTTP, the
+    /// connection's read buffer) allocated behind it.
+    #[tokio::test]
+    async fn a_small_range_is_cached_in_an_allocation_of_its_own() {
+        static OBJECT: [u8; 64 << 10] = [7; 64 << 10];
+        let store = store_with("o", &OBJECT).await;
+        let whole = store.get(&Path::from("o")).await.unwrap().bytes().await.unwrap();
+        let r = range("o", 100, &OBJECT[100..200]);
+        let within = |b: &Bytes| whole.as_ptr_range().contains(&b.as_ptr());
+        let raw = get_checked(store.as_ref(), &r).await.unwrap();
+        assert!(within(&raw), "the store answers with slices");
+        let reads = RangeReads::new(store, Arc::new(BlockCache::new(1 << 20)), KindTasks::new());
+        let got = reads.get(&r).await.unwrap();
+        assert!(!within(&got), "the cached range is a slice of the object read");
+        assert_eq!(got.len(), 100);
     }
 
     #[tokio::test]
