@@ -5,9 +5,14 @@
 //! per second, the records held by the transaction-state streams and by the offsets
 //! streams (both are snapshotted and trimmed), the bytes of the range summaries in the
 //! object index (which grow with aborts, not with transactions), and each streamd's
-//! RSS. At the end the node coordinating `soak-0` is SIGKILLed, and it prints how long
+//! RSS beside its block cache (RSS grows with the cache until `--cache-bytes`; set
+//! `WEIR_CACHE_BYTES` low to see it level off within minutes). At the end the node coordinating `soak-0` is SIGKILLed, and it prints how long
 //! a new producer with that id waited for InitProducerId (failover plus the
 //! coordinator's load of its state stream) and what the load replayed.
+//!
+//! `WEIR_TXN_SOAK_MODE=idempotent` is the baseline without transactions: the same
+//! records from idempotent producers, flushed as often, and the same offset committed
+//! with OffsetCommit, so what grows only under transactions stands out.
 //!
 //! Asserts nothing. Run on a release build:
 //! `cargo bench -p weir-tests --bench txn_soak` (needs s3s-fs, see .ci/run).
@@ -16,7 +21,7 @@
 #![allow(clippy::disallowed_methods)]
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,25 +51,32 @@ struct Counts {
 }
 
 /// One producer's loop until `stop`: transactions of `PER_TXN` records, each with the
-/// group's offset of the (unread) input advanced by one, every tenth aborted.
-fn producer_loop(base: ClientConfig, i: usize, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
+/// group's offset of the (unread) input advanced by one, every tenth aborted; or, with
+/// `transactional` false, the same records and offsets without a transaction.
+fn producer_loop(base: ClientConfig, i: usize, transactional: bool, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
     let id = format!("soak-{i}");
-    let p: BaseProducer = base
-        .clone()
-        .set("transactional.id", &id)
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
+    let mut config = base.clone();
+    config.set("linger.ms", "5");
+    if transactional {
+        config.set("transactional.id", &id);
+    } else {
+        config.set("enable.idempotence", "true");
+    }
+    let p: BaseProducer = config.create().expect("producer");
     let group: BaseConsumer = base
         .clone()
         .set("group.id", format!("soak-g-{i}"))
         .create()
         .expect("consumer");
     let metadata = group.group_metadata().expect("group metadata");
-    p.init_transactions(T).expect("init_transactions");
+    if transactional {
+        p.init_transactions(T).expect("init_transactions");
+    }
     let mut n: i64 = 0;
     while !stop.load(Ordering::Relaxed) {
-        p.begin_transaction().expect("begin");
+        if transactional {
+            p.begin_transaction().expect("begin");
+        }
         for m in 0..PER_TXN {
             let partition = ((n * PER_TXN + m) % i64::from(OUT_PARTITIONS)) as i32;
             let mut record = BaseRecord::<(), _>::to(OUT)
@@ -79,6 +91,13 @@ fn producer_loop(base: ClientConfig, i: usize, stop: Arc<AtomicBool>, counts: Ar
         offsets
             .add_partition_offset(IN, 0, Offset::Offset(n + 1))
             .expect("offset");
+        if !transactional {
+            p.flush(T).expect("flush");
+            group.commit(&offsets, CommitMode::Sync).expect("commit offsets");
+            counts.committed.fetch_add(1, Ordering::Relaxed);
+            n += 1;
+            continue;
+        }
         p.send_offsets_to_transaction(&offsets, &metadata, T)
             .expect("send offsets");
         if n % 10 == 9 {
@@ -141,14 +160,29 @@ async fn summaries(stack: &Stack) -> (usize, usize, usize, usize) {
     (ranges, with, bytes, aborts)
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    weir_tests::rss_bytes(pid) as f64 / (1 << 20) as f64
+/// A node's block cache, as charged against `--cache-bytes`, in MiB: RSS grows with it
+/// until the budget, so RSS less this is what must stay flat.
+async fn cache_mib(node: &weir_tests::streamd::Streamd) -> String {
+    let metrics = weir_tests::get_text(&format!("http://{}/metrics", node.http)).await;
+    let bytes = weir_tests::metric_value(&metrics, "weir_streamd_cache_bytes").unwrap_or(0.0);
+    format!("{:.0}", bytes / (1 << 20) as f64)
+}
+
+/// A process's resident set and its anonymous part, in MiB.
+fn rss_mib(pid: u32) -> String {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    format!(
+        "{:.0}/{:.0}",
+        mib(weir_tests::rss_bytes(pid)),
+        mib(weir_tests::rss_anon_bytes(pid))
+    )
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let minutes = env_or("WEIR_TXN_SOAK_MINUTES", 5);
     let producers = env_or("WEIR_TXN_SOAK_PRODUCERS", 4) as usize;
+    let transactional = std::env::var("WEIR_TXN_SOAK_MODE").as_deref() != Ok("idempotent");
     let mut stack = Stack::start_with(2, Backend::FileWal, &[], &[]).await;
     let gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &[]);
     gw.wait_ready().await;
@@ -167,11 +201,17 @@ async fn main() {
     let workers: Vec<_> = (0..producers)
         .map(|i| {
             let (base, stop, counts) = (base.clone(), stop.clone(), counts.clone());
-            tokio::task::spawn_blocking(move || producer_loop(base, i, stop, counts))
+            tokio::task::spawn_blocking(move || producer_loop(base, i, transactional, stop, counts))
         })
         .collect();
-    println!("txn_soak: {producers} producers, {PER_TXN} records per transaction, every tenth aborted, {minutes} min");
-    println!("minute | txn/s | committed | aborted | state-stream records | offsets-stream records | index ranges (with summary) | summary bytes | aborts listed | streamd RSS MiB");
+    if transactional {
+        println!(
+            "txn_soak: {producers} producers, {PER_TXN} records per transaction, every tenth aborted, {minutes} min"
+        );
+    } else {
+        println!("txn_soak baseline: {producers} idempotent producers, {PER_TXN} records per flush and OffsetCommit, {minutes} min");
+    }
+    println!("minute | txn/s | committed | aborted | state-stream records | offsets-stream records | index ranges (with summary) | summary bytes | aborts listed | streamd RSS/anonymous MiB | block cache MiB");
     let started = Instant::now();
     let mut last = 0;
     for minute in 1..=minutes {
@@ -189,17 +229,25 @@ async fn main() {
             offsets += held(&stack, &format!("{OFFSETS_TOPIC}/{p}")).await;
         }
         let (ranges, with, bytes, aborts) = summaries(&stack).await;
-        let rss: Vec<String> = stack.nodes.iter().map(|n| format!("{:.0}", rss_mib(n.pid()))).collect();
+        let rss: Vec<String> = stack.nodes.iter().map(|n| rss_mib(n.pid())).collect();
+        let mut cache = Vec::new();
+        for node in &stack.nodes {
+            cache.push(cache_mib(node).await);
+        }
         println!(
-            "{minute} | {:.0} | {c} | {a} | {state} | {offsets} | {ranges} ({with}) | {bytes} | {aborts} | {}",
+            "{minute} | {:.0} | {c} | {a} | {state} | {offsets} | {ranges} ({with}) | {bytes} | {aborts} | {} | {}",
             (c + a - last) as f64 / 60.0,
-            rss.join(", ")
+            rss.join(", "),
+            cache.join(", ")
         );
         last = c + a;
     }
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         w.await.expect("producer");
+    }
+    if !transactional {
+        return;
     }
 
     // The coordinator of `soak-0` dies; a new producer with that id waits for its

@@ -142,10 +142,20 @@ pub async fn get_text(url: &str) -> String {
 
 /// The resident set size of process `pid`, in bytes.
 pub fn rss_bytes(pid: u32) -> u64 {
+    proc_status_bytes(pid, "VmRSS")
+}
+
+/// The anonymous part of process `pid`'s resident set (its heap and stacks, not the
+/// files it maps), in bytes.
+pub fn rss_anon_bytes(pid: u32) -> u64 {
+    proc_status_bytes(pid, "RssAnon")
+}
+
+fn proc_status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
