@@ -5,10 +5,12 @@
 //! per second, the records held by the transaction-state streams and by the offsets
 //! streams (both are snapshotted and trimmed), the bytes of the range summaries in the
 //! object index (which grow with aborts, not with transactions), and each streamd's
-//! RSS beside its block cache (RSS grows with the cache until `--cache-bytes`; set
-//! `WEIR_CACHE_BYTES` low to see it level off within minutes). At the end the node coordinating `soak-0` is SIGKILLed, and it prints how long
-//! a new producer with that id waited for InitProducerId (failover plus the
-//! coordinator's load of its state stream) and what the load replayed.
+//! RSS, the lowest and highest of its anonymous RSS over the minute, and its block
+//! cache (memory grows with the cache until `--cache-bytes`; set `WEIR_CACHE_BYTES` low
+//! to see it level off within minutes). At the end the node coordinating `soak-0` is
+//! SIGKILLed, and it prints how long a new producer with that id waited for
+//! InitProducerId (failover plus the coordinator's load of its state stream) and what
+//! the load replayed.
 //!
 //! `WEIR_TXN_SOAK_MODE=idempotent` is the baseline without transactions: the same
 //! records from idempotent producers, flushed as often, and the same offset committed
@@ -168,14 +170,33 @@ async fn cache_mib(node: &weir_tests::streamd::Streamd) -> String {
     format!("{:.0}", bytes / (1 << 20) as f64)
 }
 
-/// A process's resident set and its anonymous part, in MiB.
-fn rss_mib(pid: u32) -> String {
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    format!(
-        "{:.0}/{:.0}",
-        mib(weir_tests::rss_bytes(pid)),
-        mib(weir_tests::rss_anon_bytes(pid))
-    )
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+/// Each process's anonymous RSS, lowest and highest since the last `take`, sampled
+/// every second: a compaction window's buffers come and go within a minute, so the
+/// lowest is what a node keeps and the highest what it needed at once.
+#[derive(Default)]
+struct AnonRange(std::sync::Mutex<Vec<(u64, u64)>>);
+
+impl AnonRange {
+    fn sample(&self, pids: &[u32]) {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        seen.resize(pids.len(), (u64::MAX, 0));
+        for (s, pid) in seen.iter_mut().zip(pids) {
+            let anon = weir_tests::rss_anon_bytes(*pid);
+            *s = (s.0.min(anon), s.1.max(anon));
+        }
+    }
+
+    /// "low–high" MiB per process, and a fresh start.
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+            .into_iter()
+            .map(|(low, high)| format!("{:.0}–{:.0}", mib(low), mib(high)))
+            .collect()
+    }
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -211,7 +232,19 @@ async fn main() {
     } else {
         println!("txn_soak baseline: {producers} idempotent producers, {PER_TXN} records per flush and OffsetCommit, {minutes} min");
     }
-    println!("minute | txn/s | committed | aborted | state-stream records | offsets-stream records | index ranges (with summary) | summary bytes | aborts listed | streamd RSS/anonymous MiB | block cache MiB");
+    println!("minute | txn/s | committed | aborted | state-stream records | offsets-stream records | index ranges (with summary) | summary bytes | aborts listed | streamd RSS MiB | anonymous RSS MiB, lowest–highest | block cache MiB");
+    let anon = Arc::new(AnonRange::default());
+    let pids: Vec<u32> = stack.nodes.iter().map(|n| n.pid()).collect();
+    let sampler = {
+        let anon = anon.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                every.tick().await;
+                anon.sample(&pids);
+            }
+        })
+    };
     let started = Instant::now();
     let mut last = 0;
     for minute in 1..=minutes {
@@ -229,19 +262,25 @@ async fn main() {
             offsets += held(&stack, &format!("{OFFSETS_TOPIC}/{p}")).await;
         }
         let (ranges, with, bytes, aborts) = summaries(&stack).await;
-        let rss: Vec<String> = stack.nodes.iter().map(|n| rss_mib(n.pid())).collect();
+        let rss: Vec<String> = stack
+            .nodes
+            .iter()
+            .map(|n| format!("{:.0}", mib(weir_tests::rss_bytes(n.pid()))))
+            .collect();
         let mut cache = Vec::new();
         for node in &stack.nodes {
             cache.push(cache_mib(node).await);
         }
         println!(
-            "{minute} | {:.0} | {c} | {a} | {state} | {offsets} | {ranges} ({with}) | {bytes} | {aborts} | {} | {}",
+            "{minute} | {:.0} | {c} | {a} | {state} | {offsets} | {ranges} ({with}) | {bytes} | {aborts} | {} | {} | {}",
             (c + a - last) as f64 / 60.0,
             rss.join(", "),
+            anon.take().join(", "),
             cache.join(", ")
         );
         last = c + a;
     }
+    sampler.abort();
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         w.await.expect("producer");
