@@ -56,10 +56,12 @@ pub fn free_port() -> u16 {
     const SPAN: u16 = 12_000;
     static NEXT: AtomicU16 = AtomicU16::new(0);
     // Start each test binary at a different place, so a port a previous binary left in
-    // TIME_WAIT is unlikely to come up again.
+    // TIME_WAIT is unlikely to come up again. The pid is scattered (times a prime), so
+    // binaries started one after the other, with near pids, and run side by side do
+    // not walk the same ports.
     let _ = NEXT.compare_exchange(
         0,
-        1 + (std::process::id() % u32::from(SPAN)) as u16,
+        1 + ((u64::from(std::process::id()) * 7919) % u64::from(SPAN)) as u16,
         Ordering::SeqCst,
         Ordering::SeqCst,
     );

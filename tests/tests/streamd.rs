@@ -1363,6 +1363,85 @@ async fn a_transaction_marker_fences_its_producer_and_the_fence_survives_a_move(
     .await;
 }
 
+/// Issue 23, RR-WAL-2: a write whose caller goes away once the owner has queued it in
+/// the WAL still becomes durable: the WAL writer advances the stream's durable end, not
+/// the caller's request. The coordinator's marker call is cancelled while its WAL write
+/// is held (failpoint `wal_persist`); its retry, answered once the marker is durable, and
+/// a read then see the marker. Before, the durable end waited for a later write to the
+/// stream, and a coordinator that died mid-call left its successor's retry of the
+/// marker waiting on one for ever (a transaction stuck prepared).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_caller_went_away_still_becomes_durable() {
+    with_timeout(async {
+        let mut stack = Stack::secure(1, 0, Backend::FileWal, &[], &["--auto-place", "false"]).await;
+        stack.add_node_with_env(
+            "streamd-1",
+            Backend::FileWal,
+            &[],
+            &[("WEIR_FAILPOINT_WAL_PERSIST", "sleep(1500)")],
+        );
+        stack.nodes[0].wait_ready().await;
+        stack.create_stream("gone", 0).await;
+        stack.wait_serving("gone", 0).await;
+        let mut a = stack.nodes[0].client().await;
+        a.append(AppendRequest {
+            stream: "gone".into(),
+            batches: idempotent(batch(b"p-0"), 42, 0, 0).into(),
+            match_next_offset: None,
+            transactional_id: None,
+        })
+        .await
+        .expect("append at epoch 0");
+        let marker = WriteTxnMarkerRequest {
+            stream: "gone".into(),
+            producer_id: 42,
+            producer_epoch: 1,
+            commit: false,
+            coordinator_epoch: 1,
+        };
+        let tls = stack.metad.certs.as_ref().expect("mTLS").tls("streamd", "streamd-2");
+        let ch = weir_shared::grpc::channel_with(&stack.nodes[0].grpc, Some(tls.client())).expect("channel");
+        let coordinator = weir_proto::streamd::streamd_client::StreamdClient::new(ch);
+
+        let held = || weir_tests::records(&stack.nodes[0].log_text(), "failpoint: sleeping").len();
+        let before = held();
+        let mut first = coordinator.clone();
+        let first_marker = marker.clone();
+        let call = tokio::spawn(async move { first.write_txn_marker(first_marker).await });
+        wait_for("the marker's WAL write is held", Duration::from_secs(10), || async {
+            (held() > before).then_some(())
+        })
+        .await;
+        // The caller goes away (as a coordinator killed mid-call does): its request ends.
+        call.abort();
+        assert!(
+            call.await.is_err_and(|e| e.is_cancelled()),
+            "the first call was cancelled"
+        );
+
+        let again = tokio::time::timeout(Duration::from_secs(10), coordinator.clone().write_txn_marker(marker))
+            .await
+            .expect("the retried marker was answered once the first was durable")
+            .expect("retried marker")
+            .into_inner();
+        assert_eq!((again.offset, again.end_offset), (None, 2), "{again:?}");
+        let r = a
+            .read(ReadRequest {
+                stream: "gone".into(),
+                offset: 0,
+                max_bytes: 64 * 1024,
+                wait_ms: 0,
+                exact_max_bytes: false,
+                read_committed: false,
+            })
+            .await
+            .expect("read")
+            .into_inner();
+        assert_eq!(r.end_offset, 2, "the marker is durable and readable: {r:?}");
+    })
+    .await;
+}
+
 /// Issue 23 (design 0005, "Durable with the data" and "Fetch"): a `read_committed` read
 /// stops at the last stable offset and is told the aborted transactions with data in
 /// what it returns, whether their markers are still in memory, in an upload's range

@@ -87,10 +87,12 @@ impl Node {
                 appended,
                 upload_due,
             } => {
+                // The WAL writer marks the stream durable (see `queue`); it did before
+                // answering this.
                 if let Err(e) = durable.await {
                     return Err(self.wal_failed(e));
                 }
-                handle.mark_durable(appended.end_offset);
+                debug_assert!(handle.durable_end() >= appended.end_offset);
                 // No stream lock here: completions wait in a caller's queue that is not
                 // polled while it admits the next append, which takes that lock; a
                 // completion queued on the (fair) lock would hold it unpolled for ever.
@@ -236,7 +238,7 @@ impl Node {
     /// lock, so WAL order is offset order.
     pub(super) async fn queue(
         &self,
-        handle: &StreamHandle,
+        handle: &Arc<StreamHandle>,
         inner: &mut StreamInner,
         batches: &[u8],
         parsed: &[(BatchHeader, &[u8])],
@@ -276,7 +278,12 @@ impl Node {
                 .map_err(|_| StreamdError::InvalidArgument("append spans too many offsets".into()))?,
             batches: all,
         };
-        let durable = match self.wal.submit(&record).await {
+        // Marked by the writer, not by this append's caller: a caller that goes away
+        // (a cancelled request) would otherwise leave the durable end short of records
+        // in the log, and a retry of them, or a marker, would wait for it for ever.
+        let marks = handle.clone();
+        let on_durable: crate::wal::OnDurable = Box::new(move || marks.mark_durable(next));
+        let durable = match self.wal.submit(&record, Some(on_durable)).await {
             Ok(d) => d,
             Err(e) => return Err(self.wal_failed(e)),
         };

@@ -22,6 +22,9 @@ use weir_shared::grpc::Channel;
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest wait between two attempts at one partition.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a marker may go unwritten before its retries are logged as warnings: a
+/// stuck marker holds its transaction prepared, and the producer's next requests wait.
+const STALL_WARNING: Duration = Duration::from_secs(10);
 
 /// How a marker's write ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +48,11 @@ impl PeerCalls {
     /// resumes the markers); `None` then.
     pub async fn send(&self, node: &Arc<Node>, stream: &str, marker: Marker, stop: &CancellationToken) -> Option<Sent> {
         let mut backoff = Duration::from_millis(20);
+        let started = tokio::time::Instant::now();
+        let mut warned = started;
+        let mut attempts = 0u32;
         loop {
+            attempts += 1;
             // Bounded: a hung owner must not hold the marker up until it is fenced.
             let attempt = tokio::select! {
                 r = tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(node, stream, marker)) => r.unwrap_or_else(|_| {
@@ -57,6 +64,18 @@ impl PeerCalls {
                 Ok(()) => return Some(Sent::Written),
                 Err(e) if matches!(e.code(), Some(ErrorCode::NotFound | ErrorCode::InvalidProducerEpoch)) => {
                     return Some(Sent::Obsolete(e.to_string()))
+                }
+                Err(e) if warned.elapsed() >= STALL_WARNING => {
+                    warned = tokio::time::Instant::now();
+                    tracing::warn!(
+                        stream,
+                        producer_id = marker.producer_id,
+                        epoch = marker.epoch,
+                        attempts,
+                        waited_ms = started.elapsed().as_millis() as u64,
+                        error = %e,
+                        "transaction marker still not written; retrying"
+                    );
                 }
                 Err(e) => {
                     tracing::debug!(stream, error = %e, "transaction marker not written yet; retrying");

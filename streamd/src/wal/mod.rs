@@ -10,7 +10,7 @@ pub mod record;
 pub mod writer;
 
 pub use record::WalRecord;
-pub use writer::WalWriter;
+pub use writer::{OnDurable, WalWriter};
 
 /// What a takeover read from a WAL: every whole record, in order, and the damage found
 /// between them (issue 20). Damage never cuts what follows it: the records after it are

@@ -30,13 +30,23 @@ enum Request {
     /// Framed by the writer into its group, so the batches are copied once.
     Append {
         record: WalRecord,
-        done: oneshot::Sender<Result<(), WalError>>,
+        done: Answer,
+        on_durable: Option<OnDurable>,
     },
     /// Delete segments whose every stream's records end at or below these committed ends.
     Reclaim { committed: HashMap<StreamId, u64> },
     /// The stop was requested: wakes a writer thread waiting for appends.
     Wake,
 }
+
+/// Run by the writer once a record is durable, before its submitter is told: what
+/// must follow durability whether or not the submitter still waits (a caller that
+/// went away, such as a cancelled request, must not leave a stream's durable end
+/// behind a record that is in the log).
+pub type OnDurable = Box<dyn FnOnce() + Send>;
+
+/// Where an append's submitter is told how its write went.
+type Answer = oneshot::Sender<Result<(), WalError>>;
 
 /// What a segment holds, for reclaiming it.
 #[derive(Default)]
@@ -121,7 +131,7 @@ impl WalWriter {
     /// Appends `record`; returns once it is durable and the WAL was not taken over.
     pub async fn append(&self, record: &WalRecord) -> Result<(), WalError> {
         self.check()?;
-        self.submit(record).await?.await
+        self.submit(record, None).await?.await
     }
 
     /// Refuses new appends once fenced or over `--wal-max-bytes` (FO-MDO-7).
@@ -142,11 +152,13 @@ impl WalWriter {
     pub async fn submit(
         &self,
         record: &WalRecord,
+        on_durable: Option<OnDurable>,
     ) -> Result<impl std::future::Future<Output = Result<(), WalError>>, WalError> {
         let (done, rx) = oneshot::channel();
         let req = Request::Append {
             record: record.clone(),
             done,
+            on_durable,
         };
         self.tx
             .send(req)
@@ -186,7 +198,7 @@ struct Log {
 #[derive(Default)]
 struct Group {
     data: BytesMut,
-    waiters: Vec<oneshot::Sender<Result<(), WalError>>>,
+    waiters: Vec<(Answer, Option<OnDurable>)>,
     ends: Vec<(StreamId, u64)>,
     reclaims: Vec<HashMap<StreamId, u64>>,
 }
@@ -207,9 +219,13 @@ impl Group {
 
     fn take(&mut self, req: Request) {
         match req {
-            Request::Append { record, done } => {
+            Request::Append {
+                record,
+                done,
+                on_durable,
+            } => {
                 record.encode_into(&mut self.data);
-                self.waiters.push(done);
+                self.waiters.push((done, on_durable));
                 self.ends.push((record.stream, record.end_offset()));
             }
             Request::Reclaim { committed } => self.reclaims.push(committed),
@@ -234,7 +250,10 @@ impl Log {
                     *e = (*e).max(end);
                 }
                 self.bytes.fetch_add(len, Ordering::Relaxed);
-                for w in group.waiters {
+                for (w, on_durable) in group.waiters {
+                    if let Some(f) = on_durable {
+                        f();
+                    }
                     let _ = w.send(Ok(()));
                 }
             }
@@ -247,7 +266,7 @@ impl Log {
                     tracing::error!(error = %e, "write-ahead log write failed; acknowledging nothing more");
                 }
                 self.failed = Some(e.clone());
-                for w in group.waiters {
+                for (w, _) in group.waiters {
                     let _ = w.send(Err(e.clone()));
                 }
             }
@@ -421,5 +440,30 @@ mod tests {
         let written =
             super::super::record::SEGMENT_HEADER_LEN + replay.records.iter().map(WalRecord::encoded_len).sum::<usize>();
         assert_eq!(std::fs::metadata(&entries[0]).expect("segment").len(), written as u64);
+    }
+
+    // Issue 23: a record's durability hook runs once it is durable, before its submitter
+    // is answered, and whether or not anyone still waits for the answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_durability_hook_runs_even_when_nobody_waits() {
+        let root = tempfile::tempdir().expect("tmp");
+        let sink = Sink::File(FileSink::create(root.path(), &NodeId::new("n"), Epoch(1), 1 << 20).expect("create"));
+        let (tasks, stop) = (tokio_util::task::TaskTracker::new(), CancellationToken::new());
+        let wal = WalWriter::start(sink, u64::MAX, &tasks, stop.clone()).expect("writer");
+        let (told, mut durable) = tokio::sync::watch::channel(0u64);
+        let hook = |end: u64| -> Option<OnDurable> {
+            let told = told.clone();
+            Some(Box::new(move || told.send_modify(|d| *d = (*d).max(end))))
+        };
+        // Submitted, and the answer dropped unread.
+        drop(wal.submit(&record(0, 0), hook(1)).await.expect("queued"));
+        tokio::time::timeout(Duration::from_secs(10), durable.wait_for(|d| *d == 1))
+            .await
+            .expect("the hook ran with nobody waiting")
+            .expect("watch");
+        let answered = wal.submit(&record(0, 1), hook(2)).await.expect("queued");
+        answered.await.expect("durable");
+        assert_eq!(*durable.borrow(), 2, "the hook ran before the answer");
+        stop.cancel();
     }
 }
