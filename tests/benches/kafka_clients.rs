@@ -18,6 +18,12 @@
 //! `WEIR_BENCH_CLUSTER=1` runs 3 metad replicas and 2 streamd instead of one of each.
 //! `WEIR_BENCH_TLS=1` serves Kafka over TLS (`SSL`, a certificate from `weir certs`) to
 //! confluent-kafka only: the `rdkafka` crate here is built without OpenSSL.
+//! `WEIR_BENCH_TLS=compare` runs a plaintext and a TLS stack alike, their runs
+//! interleaved, and prints TLS's loss in throughput and in server capacity (MB per
+//! CPU-second of the gateway and streamd; issue 18's goal). There each run starts once
+//! the servers are idle, so one run's uploads and compaction do not fall in the next
+//! (the other stack's) run. `WEIR_BENCH_PIN=1` binds the
+//! servers to CPU 0 and the clients to CPU 1 (needs 2 CPUs).
 //! `WEIR_BENCH_PRODUCER` (`plain`, `idempotent`, `transactional`) picks confluent-kafka's
 //! producer (`tests/clients/confluent_bench.py`; issue 23's transactional ratio).
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
@@ -217,6 +223,8 @@ struct Figure {
     mb_s: f64,
     /// Consume: the wait for the first message (connection, metadata, ListOffsets).
     first: Option<Duration>,
+    /// The client process's CPU time over the phase (confluent-kafka only).
+    client_cpu: Option<Duration>,
 }
 
 impl Figure {
@@ -226,6 +234,7 @@ impl Figure {
             msg_s: count as f64 / secs,
             mb_s: (count * size) as f64 / secs / 1e6,
             first: None,
+            client_cpu: None,
         }
     }
 
@@ -235,11 +244,11 @@ impl Figure {
             msg_s: f("msg_s"),
             mb_s: f("mb_s"),
             first: v["first_ms"].as_f64().map(|ms| Duration::from_secs_f64(ms / 1e3)),
+            client_cpu: v["cpu_s"].as_f64().map(Duration::from_secs_f64),
         }
     }
 }
 
-/// The median run by MB/s, and the range of all runs.
 /// CPU time the gateway and the streamd nodes used (issue 18: what TLS costs the
 /// server, apart from what it costs a client sharing the machine).
 #[derive(Default)]
@@ -256,6 +265,10 @@ impl ServerCpu {
         }
     }
 
+    fn total(&self) -> Duration {
+        self.gateway + self.streamd
+    }
+
     /// Adds what was used between `from` and `to`.
     fn add(&mut self, from: &ServerCpu, to: &ServerCpu) {
         self.gateway += to.gateway.saturating_sub(from.gateway);
@@ -263,6 +276,7 @@ impl ServerCpu {
     }
 }
 
+/// The median run by MB/s, and the range of all runs.
 fn median(mut runs: Vec<Figure>) -> (Figure, f64, f64) {
     runs.sort_by(|a, b| a.mb_s.total_cmp(&b.mb_s));
     (runs[runs.len() / 2], runs[0].mb_s, runs[runs.len() - 1].mb_s)
@@ -324,65 +338,63 @@ async fn main() {
     // Issue 17 measured `weir dev`: data objects on the local filesystem. `s3` puts them
     // in s3s-fs instead, which then shares the machine's cores (it hashes every PUT).
     let store = env_or("WEIR_BENCH_OBJECT_STORE", "file".to_string());
-    let objects = tempfile::tempdir().expect("temp dir");
-    let objects_url = format!("file://{}", objects.path().display());
-    let mut flags = weir_tests::streamd::PRODUCTION_WAL.to_vec();
-    match store.as_str() {
-        "file" => flags.extend(["--object-store", objects_url.as_str()]),
-        "s3" => {}
-        other => panic!("WEIR_BENCH_OBJECT_STORE: unknown store {other:?} (file, s3)"),
-    }
+    assert!(
+        ["file", "s3"].contains(&store.as_str()),
+        "WEIR_BENCH_OBJECT_STORE: unknown store {store:?} (file, s3)"
+    );
     // `WEIR_BENCH_CLUSTER=1`: 3 metad replicas and 2 streamd, as compose runs them.
     let cluster = env_or("WEIR_BENCH_CLUSTER", 0u8) == 1;
-    let stack = if cluster {
-        Stack::start_replicas(3, 2, Backend::FileWal, &flags, &[]).await
-    } else {
-        Stack::start_with(1, Backend::FileWal, &flags, &[]).await
+    // `WEIR_BENCH_TLS`: `0` serves Kafka in clear, `1` over TLS (`SSL`, a certificate
+    // from `weir certs`), `compare` both: two stacks alike, one per listener, their runs
+    // interleaved, so the TLS loss is measured against plaintext on the same disk in the
+    // same minutes (issue 18's goal). Not one stack with two gateways: every gateway of
+    // a cluster is a broker its clients may be sent to, and a cluster's listeners speak
+    // one protocol.
+    let mode = env_or("WEIR_BENCH_TLS", "0".to_string());
+    let kinds: &[bool] = match mode.as_str() {
+        "0" => &[false],
+        "1" => &[true],
+        "compare" => &[false, true],
+        other => panic!("WEIR_BENCH_TLS: unknown value {other:?} (0, 1, compare)"),
     };
-    println!(
-        "stack: {} metad, {} streamd, one gatewayd",
-        stack.metad.replicas.len(),
-        stack.nodes.len()
-    );
-    // `WEIR_BENCH_TLS=1`: the Kafka listener is `SSL`, with a certificate from `weir certs`.
-    let tls = env_or("WEIR_BENCH_TLS", 0u8) == 1;
     assert!(
-        !tls || clients == [Client::Confluent],
-        "WEIR_BENCH_TLS=1 needs WEIR_BENCH_CLIENTS=confluent (the rdkafka crate here has no OpenSSL)"
+        !kinds.contains(&true) || clients == [Client::Confluent],
+        "WEIR_BENCH_TLS={mode} needs WEIR_BENCH_CLIENTS=confluent (the rdkafka crate here has no OpenSSL)"
     );
-    let certs = tls.then(|| weir_tests::tls::Certs::make(&stack.dir.path().join("certs"), "gw-1"));
-    let gw_flags = certs.as_ref().map(|c| c.flags()).unwrap_or_default();
-    let gw_flags: Vec<&str> = gw_flags.iter().map(String::as_str).collect();
-    let mut gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &gw_flags);
-    let ca = certs.as_ref().map(|c| c.ca.clone());
-    if let Some(ca) = &ca {
-        gw.trust(ca);
+    let mut listeners = vec![];
+    for &tls in kinds {
+        listeners.push(Listener::start(&store, cluster, tls).await);
     }
-    gw.wait_ready().await;
-    println!("kafka listener: {}", if tls { "SSL" } else { "PLAINTEXT" });
-    let admin: AdminClient<DefaultClientContext> = config(&gw).create().expect("admin");
-    let metad = stack.metad_addrs();
-    let create = |t: String| {
-        let (admin, gw, metad) = (&admin, &gw, &metad);
-        async move {
-            if tls {
-                weir_tests::tls::weir(&["--metad", metad, "topics", "create", &t, "--partitions", "1"]);
-            } else {
-                admin
-                    .create_topics(
-                        &[NewTopic::new(&t, 1, TopicReplication::Fixed(1))],
-                        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-                    )
-                    .await
-                    .expect("create");
+    // `WEIR_BENCH_PIN=1`: the servers on CPU 0, this process and the clients it starts
+    // on CPU 1, so what TLS costs a client is not taken from the servers' CPU, as when
+    // clients run on machines of their own.
+    let pinned = env_or("WEIR_BENCH_PIN", 0u8) == 1;
+    if pinned {
+        for l in &listeners {
+            let stack = &l.stack;
+            let servers = stack.metad.replicas.iter().map(|r| r.pid());
+            let servers = servers.chain(stack.nodes.iter().map(|n| n.pid()));
+            for pid in servers.chain([l.gw.pid()]) {
+                pin(pid, "0");
             }
-            gw.wait_open(&format!("{t}/0")).await;
-            t
         }
-    };
+        pin(std::process::id(), "1");
+    }
+    println!(
+        "{} stack(s) of {} metad, {} streamd and one gatewayd; kafka listeners: {}; {}",
+        listeners.len(),
+        listeners[0].stack.metad.replicas.len(),
+        listeners[0].stack.nodes.len(),
+        listeners.iter().map(|l| l.name).collect::<Vec<_>>().join(", "),
+        if pinned {
+            "servers on CPU 0, clients on CPU 1"
+        } else {
+            "servers and clients share the CPUs"
+        }
+    );
     // The disk under the stack, measured in the same run (the figures are ratios of it).
-    let raw = weir_tests::disk::raw_sync(stack.dir.path());
-    let seq = weir_tests::disk::sequential_bandwidth(stack.dir.path());
+    let raw = weir_tests::disk::raw_sync(listeners[0].stack.dir.path());
+    let seq = weir_tests::disk::sequential_bandwidth(listeners[0].stack.dir.path());
     println!(
         "disk: 4 KiB write+fdatasync {:.0}/s (p50 {:?}, p99 {:?}, max {:?}), sequential write {seq:.0} MB/s",
         raw.rate, raw.p50, raw.p99, raw.max
@@ -393,95 +405,249 @@ async fn main() {
             if !phases.contains(&"throughput") {
                 break;
             }
-            let (mut produced, mut consumed) = (vec![], vec![]);
-            let (mut produce_cpu, mut consume_cpu) = (ServerCpu::default(), ServerCpu::default());
+            let mut results: Vec<Throughput> = listeners.iter().map(|_| Throughput::default()).collect();
             for run in 0..runs {
-                let topic = create(format!("{client:?}-{size}-{run}").to_lowercase()).await;
-                let before = ServerCpu::now(&gw, &stack);
-                let (p, mid, c) = match client {
-                    Client::Rdkafka => {
-                        let p = produce(&gw, &topic, size, count).await;
-                        let mid = ServerCpu::now(&gw, &stack);
-                        let gw_ref = &gw;
-                        (
-                            p,
-                            mid,
-                            tokio::task::block_in_place(|| consume(gw_ref, &topic, size, count)),
-                        )
+                // One run on each listener in turn, so drift (the disk, compaction)
+                // falls on both alike.
+                for (l, result) in listeners.iter().zip(results.iter_mut()) {
+                    if listeners.len() > 1 {
+                        settle(&listeners).await;
                     }
-                    Client::Confluent => tokio::task::block_in_place(|| {
-                        let args =
-                            |phase: &str| [phase.to_string(), topic.clone(), size.to_string(), count.to_string()];
-                        let p = Figure::from_json(&confluent(&gw, ca.as_deref(), &args("produce")));
-                        let mid = ServerCpu::now(&gw, &stack);
-                        (
-                            p,
-                            mid,
-                            Figure::from_json(&confluent(&gw, ca.as_deref(), &args("consume"))),
-                        )
-                    }),
-                };
-                produce_cpu.add(&before, &mid);
-                consume_cpu.add(&mid, &ServerCpu::now(&gw, &stack));
-                produced.push(p);
-                consumed.push(c);
+                    let topic = l.create(format!("{client:?}-{size}-{run}").to_lowercase()).await;
+                    let (gw, stack) = (&l.gw, &l.stack);
+                    let args = |phase: &str| [phase.to_string(), topic.clone(), size.to_string(), count.to_string()];
+                    let before = ServerCpu::now(gw, stack);
+                    let p = match client {
+                        Client::Rdkafka => produce(gw, &topic, size, count).await,
+                        Client::Confluent => tokio::task::block_in_place(|| {
+                            Figure::from_json(&confluent(gw, l.ca.as_deref(), &args("produce")))
+                        }),
+                    };
+                    let mid = ServerCpu::now(gw, stack);
+                    result.produce_cpu.add(&before, &mid);
+                    let before = mid;
+                    let c = tokio::task::block_in_place(|| match client {
+                        Client::Rdkafka => consume(gw, &topic, size, count),
+                        Client::Confluent => Figure::from_json(&confluent(gw, l.ca.as_deref(), &args("consume"))),
+                    });
+                    result.consume_cpu.add(&before, &ServerCpu::now(gw, stack));
+                    result.produced.push(p);
+                    result.consumed.push(c);
+                }
             }
-            let ((p, plo, phi), (c, clo, chi)) = (median(produced), median(consumed));
-            println!(
-                "{client:?} {size} B: produce acks=all {:.0} msg/s, {:.2} MB/s [{plo:.1}–{phi:.1}] ({:.1} % of sequential); \
-                 consume {:.0} msg/s, {:.2} MB/s [{clo:.1}–{chi:.1}] ({:.1} %), first message after {:?}",
-                p.msg_s,
-                p.mb_s,
-                p.mb_s / seq * 100.0,
-                c.msg_s,
-                c.mb_s,
-                c.mb_s / seq * 100.0,
-                c.first.unwrap_or_default(),
-            );
             let mb = (size * count * runs) as f64 / 1e6;
-            println!(
-                "  server CPU per MB: produce gateway {:.2} ms, streamd {:.2} ms; consume gateway {:.2} ms, streamd {:.2} ms",
-                produce_cpu.gateway.as_secs_f64() * 1e3 / mb,
-                produce_cpu.streamd.as_secs_f64() * 1e3 / mb,
-                consume_cpu.gateway.as_secs_f64() * 1e3 / mb,
-                consume_cpu.streamd.as_secs_f64() * 1e3 / mb,
-            );
+            let mut summaries = vec![];
+            for (l, result) in listeners.iter().zip(results) {
+                let ((p, plo, phi), (c, clo, chi)) = (median(result.produced.clone()), median(result.consumed.clone()));
+                println!(
+                    "{client:?} {size} B over {}: produce acks=all {:.0} msg/s, {:.2} MB/s [{plo:.1}–{phi:.1}] ({:.1} % of sequential); \
+                     consume {:.0} msg/s, {:.2} MB/s [{clo:.1}–{chi:.1}] ({:.1} %), first message after {:?}",
+                    l.name,
+                    p.msg_s,
+                    p.mb_s,
+                    p.mb_s / seq * 100.0,
+                    c.msg_s,
+                    c.mb_s,
+                    c.mb_s / seq * 100.0,
+                    c.first.unwrap_or_default(),
+                );
+                let per_mb = |d: Duration| d.as_secs_f64() * 1e3 / mb;
+                let client = |runs: &[Figure]| {
+                    let cpu: Option<Duration> = runs.iter().map(|f| f.client_cpu).sum();
+                    cpu.map_or("–".to_string(), |d| format!("{:.2} ms", per_mb(d)))
+                };
+                println!(
+                    "  CPU per MB: produce gateway {:.2} ms, streamd {:.2} ms, client {}; consume gateway {:.2} ms, streamd {:.2} ms, client {}",
+                    per_mb(result.produce_cpu.gateway),
+                    per_mb(result.produce_cpu.streamd),
+                    client(&result.produced),
+                    per_mb(result.consume_cpu.gateway),
+                    per_mb(result.consume_cpu.streamd),
+                    client(&result.consumed),
+                );
+                summaries.push([
+                    (p.mb_s, per_mb(result.produce_cpu.total())),
+                    (c.mb_s, per_mb(result.consume_cpu.total())),
+                ]);
+            }
+            if let [plain, tls] = summaries[..] {
+                let loss = |(plain_mb_s, plain_cpu): (f64, f64), (tls_mb_s, tls_cpu): (f64, f64)| {
+                    format!(
+                        "throughput {:+.1} %, server CPU per MB {plain_cpu:.2} → {tls_cpu:.2} ms (server capacity {:+.1} %)",
+                        (tls_mb_s / plain_mb_s - 1.0) * 100.0,
+                        (plain_cpu / tls_cpu - 1.0) * 100.0,
+                    )
+                };
+                println!(
+                    "  TLS against plaintext: produce {}; consume {}",
+                    loss(plain[0], tls[0]),
+                    loss(plain[1], tls[1])
+                );
+            }
         }
         if !phases.contains(&"latency") {
             continue;
         }
-        let mut lat = vec![];
-        let nodes: Vec<String> = stack.nodes.iter().map(|n| n.http.clone()).collect();
-        let before = ServerLatency::scrape(&gw, &nodes).await;
-        for run in 0..runs {
-            let topic = create(format!("{client:?}-lat-{run}").to_lowercase()).await;
-            lat.push(match client {
-                Client::Rdkafka => latency(&gw, &topic).await,
-                Client::Confluent => tokio::task::block_in_place(|| {
-                    let v = confluent(
-                        &gw,
-                        ca.as_deref(),
-                        &[
-                            "latency".into(),
-                            topic,
-                            LATENCY_RATE.to_string(),
-                            LATENCY_SECS.to_string(),
-                        ],
-                    );
-                    ["p50_ms", "p99_ms", "max_ms"].map(|k| Duration::from_secs_f64(v[k].as_f64().expect(k) / 1e3))
-                }),
-            });
+        for l in &listeners {
+            let gw = &l.gw;
+            let nodes: Vec<String> = l.stack.nodes.iter().map(|n| n.http.clone()).collect();
+            let mut lat = vec![];
+            let before = ServerLatency::scrape(gw, &nodes).await;
+            for run in 0..runs {
+                let topic = l.create(format!("{client:?}-lat-{run}").to_lowercase()).await;
+                lat.push(match client {
+                    Client::Rdkafka => latency(gw, &topic).await,
+                    Client::Confluent => tokio::task::block_in_place(|| {
+                        let v = confluent(
+                            gw,
+                            l.ca.as_deref(),
+                            &[
+                                "latency".into(),
+                                topic,
+                                LATENCY_RATE.to_string(),
+                                LATENCY_SECS.to_string(),
+                            ],
+                        );
+                        ["p50_ms", "p99_ms", "max_ms"].map(|k| Duration::from_secs_f64(v[k].as_f64().expect(k) / 1e3))
+                    }),
+                });
+            }
+            lat.sort_by_key(|l| l[1]);
+            let [p50, p99, max] = lat[lat.len() / 2];
+            println!(
+                "{client:?} latency over {} at {LATENCY_RATE} msg/s, 1 KiB, acks=all: p50 {p50:?}, p99 {p99:?}, max {max:?} (median run by p99; p99s {:?}); raw fdatasync p99 {:?}",
+                l.name,
+                lat.iter().map(|l| l[1]).collect::<Vec<_>>(),
+                raw.p99
+            );
+            println!(
+                "  server side over those runs: {}",
+                ServerLatency::scrape(gw, &nodes).await.since(&before)
+            );
         }
-        lat.sort_by_key(|l| l[1]);
-        let [p50, p99, max] = lat[lat.len() / 2];
-        println!(
-            "{client:?} latency at {LATENCY_RATE} msg/s, 1 KiB, acks=all: p50 {p50:?}, p99 {p99:?}, max {max:?} (median run by p99; p99s {:?}); raw fdatasync p99 {:?}",
-            lat.iter().map(|l| l[1]).collect::<Vec<_>>(),
-            raw.p99
-        );
-        println!(
-            "  server side over those runs: {}",
-            ServerLatency::scrape(&gw, &nodes).await.since(&before)
-        );
     }
+}
+
+/// Waits until the servers are idle (under 5 % of a CPU over half a second, for at most
+/// a minute): a run's uploads and compaction end before the next run starts, so they
+/// neither slow it nor count in its CPU per MB, whichever stack they belong to.
+async fn settle(listeners: &[Listener]) {
+    let busy = || -> Duration {
+        listeners
+            .iter()
+            .map(|l| {
+                let stack = &l.stack;
+                let metad: Duration = stack
+                    .metad
+                    .replicas
+                    .iter()
+                    .map(|r| weir_tests::process::cpu_time(r.pid()))
+                    .sum();
+                metad + ServerCpu::now(&l.gw, stack).total()
+            })
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut before = busy();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = busy();
+        if now.saturating_sub(before) < Duration::from_millis(25) {
+            return;
+        }
+        before = now;
+    }
+    println!("  (the servers were still busy after a minute; running anyway)");
+}
+
+/// Binds every thread of process `pid` to `cpus` (a `taskset` list).
+fn pin(pid: u32, cpus: &str) {
+    let out = std::process::Command::new("taskset")
+        .args(["--all-tasks", "--cpu-list", "--pid", cpus, &pid.to_string()])
+        .output()
+        .expect("taskset runs");
+    assert!(
+        out.status.success(),
+        "taskset {cpus} {pid}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A stack and its gateway, whose Kafka listener is plaintext or `SSL`.
+struct Listener {
+    name: &'static str,
+    gw: Gatewayd,
+    /// The CA its certificate is from, under TLS.
+    ca: Option<std::path::PathBuf>,
+    admin: AdminClient<DefaultClientContext>,
+    stack: Stack,
+    /// Data objects with `WEIR_BENCH_OBJECT_STORE=file`.
+    _objects: tempfile::TempDir,
+}
+
+impl Listener {
+    async fn start(store: &str, cluster: bool, tls: bool) -> Listener {
+        let objects = tempfile::tempdir().expect("temp dir");
+        let objects_url = format!("file://{}", objects.path().display());
+        let mut flags = weir_tests::streamd::PRODUCTION_WAL.to_vec();
+        if store == "file" {
+            flags.extend(["--object-store", objects_url.as_str()]);
+        }
+        let stack = if cluster {
+            Stack::start_replicas(3, 2, Backend::FileWal, &flags, &[]).await
+        } else {
+            Stack::start_with(1, Backend::FileWal, &flags, &[]).await
+        };
+        let certs = tls.then(|| weir_tests::tls::Certs::make(&stack.dir.path().join("certs"), "gw-1"));
+        let gw_flags = certs.as_ref().map(|c| c.flags()).unwrap_or_default();
+        let gw_flags: Vec<&str> = gw_flags.iter().map(String::as_str).collect();
+        let mut gw = Gatewayd::start("gw-1", &stack.metad_addrs(), stack.dir.path(), &gw_flags);
+        let ca = certs.map(|c| c.ca);
+        if let Some(ca) = &ca {
+            gw.trust(ca);
+        }
+        gw.wait_ready().await;
+        Listener {
+            name: if tls { "SSL" } else { "PLAINTEXT" },
+            admin: config(&gw).create().expect("admin"),
+            gw,
+            ca,
+            stack,
+            _objects: objects,
+        }
+    }
+
+    /// Creates a topic of one partition and waits until the gateway serves it.
+    async fn create(&self, topic: String) -> String {
+        if self.ca.is_some() {
+            weir_tests::tls::weir(&[
+                "--metad",
+                &self.stack.metad_addrs(),
+                "topics",
+                "create",
+                &topic,
+                "--partitions",
+                "1",
+            ]);
+        } else {
+            self.admin
+                .create_topics(
+                    &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+                    &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+                )
+                .await
+                .expect("create");
+        }
+        self.gw.wait_open(&format!("{topic}/0")).await;
+        topic
+    }
+}
+
+/// One listener's runs of a throughput phase.
+#[derive(Default)]
+struct Throughput {
+    produced: Vec<Figure>,
+    consumed: Vec<Figure>,
+    produce_cpu: ServerCpu,
+    consume_cpu: ServerCpu,
 }

@@ -6,7 +6,8 @@ Driven by the `kafka_clients` bench, which starts the stack and creates the topi
     confluent_bench.py BOOTSTRAP consume TOPIC SIZE COUNT
     confluent_bench.py BOOTSTRAP latency TOPIC RATE SECONDS
 
-Each prints one JSON line. Produce: acks=all, linger 5 ms, one partition. Consume: from
+Each prints one JSON line; produce and consume give the client's CPU time (`cpu_s`, its
+Python and librdkafka threads) over the phase. Produce: acks=all, linger 5 ms, one partition. Consume: from
 the beginning; `first_ms` is the time to the first message (connection, metadata,
 ListOffsets), and MB/s counts from that message on, as kafka-consumer-perf-test separates
 its setup from its fetch time. Latency: single 1 KiB messages at RATE per second.
@@ -64,7 +65,7 @@ def produce(bootstrap, topic, size, count):
             failed.append(str(err))
 
     payload = b"x" * size
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for i in range(count):
         while True:
             try:
@@ -83,7 +84,12 @@ def produce(bootstrap, topic, size, count):
     secs = time.perf_counter() - started
     if left or failed:
         sys.exit(f"produce: {left} not delivered, {len(failed)} failed: {failed[:3]}")
-    return {"msg_s": count / secs, "mb_s": count * size / secs / 1e6, "secs": secs}
+    return {
+        "msg_s": count / secs,
+        "mb_s": count * size / secs / 1e6,
+        "secs": secs,
+        "cpu_s": time.process_time() - cpu,
+    }
 
 
 def consume(bootstrap, topic, size, count):
@@ -93,7 +99,7 @@ def consume(bootstrap, topic, size, count):
         "enable.auto.commit": False,
     })
     c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     first, first_batch = None, 0
     n = 0
     deadline = started + 120
@@ -120,6 +126,7 @@ def consume(bootstrap, topic, size, count):
         "mb_s": fetched * size / fetch_secs / 1e6,
         "first_ms": (first - started) * 1e3,
         "total_mb_s": count * size / (end - started) / 1e6,
+        "cpu_s": time.process_time() - cpu,
     }
 
 
