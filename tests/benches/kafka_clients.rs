@@ -5,9 +5,12 @@
 //! fdatasync rate and sequential bandwidth measured in the same run. Two clients:
 //! librdkafka through the `rdkafka` crate (native, so the client is not the bound) and
 //! confluent-kafka (Python; `tests/clients/confluent_bench.py`). Consume MB/s counts
-//! from the first message; the time to it is printed apart. The gateway's and the
-//! streamd nodes' CPU time per MB is printed for each phase (`/proc/<pid>/stat`), so a
-//! TLS run's cost on the server can be told from its client's. Prints; asserts nothing.
+//! from the first message; the time to it is printed apart. Consumers set
+//! `fetch.queue.backoff.ms` to 10 ms: librdkafka's default pauses fetching for 1 s
+//! whenever its queue holds 100,000 messages, which made consume rates bimodal. The
+//! gateway's and the streamd nodes' CPU time per MB is printed for each phase
+//! (`/proc/<pid>/stat`), with confluent-kafka's own, so a TLS run's cost on the server
+//! can be told from its client's. Prints; asserts nothing.
 //!
 //! Run: `cargo bench -p weir-tests --bench kafka_clients` (needs s3s-fs and
 //! confluent-kafka, see .ci/run). `WEIR_BENCH_MAX_IN_FLIGHT` caps the producer's
@@ -84,6 +87,8 @@ fn consume(gw: &Gatewayd, topic: &str, size: usize, count: usize) -> Figure {
     let c: BaseConsumer = config(gw)
         .set("group.id", "bench")
         .set("enable.auto.commit", "false")
+        // As confluent_bench.py: no 1 s pause of fetching when the local queue is full.
+        .set("fetch.queue.backoff.ms", "10")
         .create()
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
