@@ -289,18 +289,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Streams {
             action: StreamsCmd::List,
-        } => out.streams(&client.admin("streams", 0, 0).await?),
+        } => pages(&client, "streams", |page, first| out.streams(page, first)).await?,
         Cmd::Streams {
             action: StreamsCmd::Damaged,
-        } => out.damaged(&client.admin("streams", 0, 0).await?),
+        } => pages(&client, "damaged", |page, first| out.damaged(page, first)).await?,
         Cmd::Streams {
             action: StreamsCmd::Repair { stream, restored, .. },
         } => {
-            let streams = client.admin("streams", 0, 0).await?;
-            let id = streams["streams"]
-                .as_object()
-                .and_then(|all| all.values().find(|s| s["name"] == stream.as_str()))
-                .and_then(|s| s["id"].as_u64())
+            let found = client.admin_stream(&stream).await?;
+            let id = found["stream"]["id"]
+                .as_u64()
                 .ok_or_else(|| anyhow::anyhow!("stream '{stream}' does not exist"))?;
             let remedy = if restored {
                 DamageRemedy::Restored
@@ -407,6 +405,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => out.outcome(client.propose(&operator, Command::RevokeToken { name }).await?)?,
     }
     Ok(())
+}
+
+/// Follows a paged listing from its first page to its last, handing each to `show`
+/// (with whether it is the first) as it arrives: no answer, and nothing in memory,
+/// grows with the number of streams.
+async fn pages(client: &MetadClient, what: &str, mut show: impl FnMut(&serde_json::Value, bool)) -> anyhow::Result<()> {
+    let mut from = 0;
+    let mut first = true;
+    loop {
+        let page = client.admin(what, from, 0).await?;
+        show(&page, first);
+        first = false;
+        match page["next"].as_u64() {
+            Some(next) => from = next,
+            None => return Ok(()),
+        }
+    }
 }
 
 /// How much longer than its budget a drain or transfer call waits for the report.

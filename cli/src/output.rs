@@ -15,20 +15,40 @@ fn cell(v: &Value) -> String {
     }
 }
 
-fn table(headers: &[&str], rows: Vec<Vec<String>>) {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in &rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
+/// Column widths of a streams listing, wide enough for most: a paged listing cannot
+/// size its columns from rows it has not seen yet.
+const STREAM_WIDTHS: [usize; 6] = [8, 32, 7, 20, 6, 13];
+
+/// Prints `rows` in columns at least `min` wide (or as wide as the page needs when no
+/// minimum is given), under `headers` when given.
+fn table(headers: Option<&[&str]>, rows: Vec<Vec<String>>, min: &[usize]) {
+    let columns = headers.map_or_else(|| rows.first().map_or(0, Vec::len), <[&str]>::len);
+    let mut widths: Vec<usize> = (0..columns)
+        .map(|i| min.get(i).copied().unwrap_or(0).max(headers.map_or(0, |h| h[i].len())))
+        .collect();
+    if min.is_empty() {
+        for row in &rows {
+            for (w, c) in widths.iter_mut().zip(row) {
+                *w = (*w).max(c.len());
+            }
         }
     }
     let line = |cells: Vec<String>| {
         let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         println!("{}", parts.join("  ").trim_end());
     };
-    line(headers.iter().map(|h| h.to_string()).collect());
+    if let Some(headers) = headers {
+        line(headers.iter().map(|h| h.to_string()).collect());
+    }
     for row in rows {
         line(row);
+    }
+}
+
+/// One JSON document per line.
+fn json_lines(values: &[&Value]) {
+    for v in values {
+        println!("{}", serde_json::to_string(v).unwrap_or_default());
     }
 }
 
@@ -65,7 +85,7 @@ impl Output {
             })
             .unwrap_or_default();
         table(
-            &[
+            Some(&[
                 "NODE",
                 "KIND",
                 "EPOCH",
@@ -74,48 +94,52 @@ impl Output {
                 "TERMINATING",
                 "CORDONED",
                 "STREAMS",
-            ],
+            ]),
             rows,
+            &[],
         );
     }
 
-    pub fn streams(&self, v: &Value) {
-        if self.json {
-            return self.value(v);
-        }
+    /// One page of a streams listing: a table (its header on the first page only), or
+    /// with `--json` one JSON document per line, a stream each.
+    pub fn streams(&self, v: &Value, first: bool) {
         let rows = v["streams"]
             .as_object()
-            .map(|streams| {
-                streams
-                    .values()
-                    .map(|s| {
-                        let owner = match &s["owner"] {
-                            Value::Object(o) => format!("{}@{}", cell(&o["node"]), cell(&o["epoch"])),
-                            _ => "-".into(),
-                        };
-                        vec![
-                            cell(&s["id"]),
-                            cell(&s["name"]),
-                            cell(&s["state"]),
-                            owner,
-                            cell(&s["epoch"]),
-                            cell(&s["committed_end"]),
-                        ]
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        table(&["ID", "NAME", "STATE", "OWNER", "EPOCH", "COMMITTED_END"], rows);
-    }
-
-    /// The streams of an admin `streams` answer that are marked damaged.
-    pub fn damaged(&self, v: &Value) {
-        let damaged: Vec<&Value> = v["streams"]
-            .as_object()
-            .map(|all| all.values().filter(|s| !s["damage"].is_null()).collect())
+            .map(|m| m.values().collect::<Vec<_>>())
             .unwrap_or_default();
         if self.json {
-            return self.value(&Value::Array(damaged.into_iter().cloned().collect()));
+            return json_lines(&rows);
+        }
+        let rows = rows
+            .into_iter()
+            .map(|s| {
+                let owner = match &s["owner"] {
+                    Value::Object(o) => format!("{}@{}", cell(&o["node"]), cell(&o["epoch"])),
+                    _ => "-".into(),
+                };
+                vec![
+                    cell(&s["id"]),
+                    cell(&s["name"]),
+                    cell(&s["state"]),
+                    owner,
+                    cell(&s["epoch"]),
+                    cell(&s["committed_end"]),
+                ]
+            })
+            .collect();
+        let headers = ["ID", "NAME", "STATE", "OWNER", "EPOCH", "COMMITTED_END"];
+        table(first.then_some(&headers[..]), rows, &STREAM_WIDTHS);
+    }
+
+    /// One page of the streams marked damaged: a table, or with `--json` one JSON
+    /// document per line.
+    pub fn damaged(&self, v: &Value, first: bool) {
+        let damaged = v["streams"]
+            .as_object()
+            .map(|m| m.values().collect::<Vec<_>>())
+            .unwrap_or_default();
+        if self.json {
+            return json_lines(&damaged);
         }
         let rows = damaged
             .iter()
@@ -129,7 +153,8 @@ impl Output {
                 ]
             })
             .collect();
-        table(&["NAME", "OFFSETS", "FOUND_BY", "WHAT"], rows);
+        let headers = ["NAME", "OFFSETS", "FOUND_BY", "WHAT"];
+        table(first.then_some(&headers[..]), rows, &[24, 16, 16, 0]);
     }
 
     pub fn log(&self, v: &Value) {
@@ -157,7 +182,7 @@ impl Output {
                     .collect()
             })
             .unwrap_or_default();
-        table(&["INDEX", "TERM", "PROPOSER", "COMMAND", "OUTCOME"], rows);
+        table(Some(&["INDEX", "TERM", "PROPOSER", "COMMAND", "OUTCOME"]), rows, &[]);
     }
 
     pub fn outcome(&self, (index, outcome): (u64, Outcome)) -> anyhow::Result<()> {

@@ -433,6 +433,27 @@ impl MetadClient {
                             what,
                             from_index,
                             limit,
+                            name: String::new(),
+                        })
+                        .await
+                }
+            })
+            .await?;
+        json(reply.into_inner())
+    }
+
+    /// One stream's row by name (`null` when there is none), with the applied index.
+    pub async fn admin_stream(&self, name: &str) -> Result<serde_json::Value, ClientError> {
+        let reply = self
+            .each(|ch| {
+                let name = name.to_string();
+                async move {
+                    admin_stub(ch)
+                        .query(AdminRequest {
+                            what: "stream".into(),
+                            from_index: 0,
+                            limit: 0,
+                            name,
                         })
                         .await
                 }

@@ -2,7 +2,7 @@
 //! node holds in canonical order, where each goes, how much of the budget each unit
 //! gets, and what a drain does next. metad's transfer runner does the IO.
 
-use crate::model::rows::{streams_per_owner, NodeKind, StreamRow, StreamState};
+use crate::model::rows::{NodeKind, StreamRow};
 use crate::model::{check_destination, State};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -131,9 +131,9 @@ pub enum Requester {
 pub fn owned_streams(state: &State, owner: &Incarnation) -> Vec<(StreamId, String)> {
     let mut owned: Vec<&StreamRow> = state
         .streams
-        .values()
-        .filter(|s| s.state == StreamState::Open && s.owner.as_ref() == Some(owner))
-        .collect();
+        .owned(owner)
+        .map(|o| o.open.iter().filter_map(|id| state.streams.get(id)).collect())
+        .unwrap_or_default();
     owned.sort_by(|a, b| {
         let key = |s: &StreamRow| {
             (
@@ -150,7 +150,7 @@ pub fn owned_streams(state: &State, owner: &Incarnation) -> Vec<(StreamId, Strin
 
 /// The least loaded node that may receive a stream, other than `source`.
 pub fn choose_destination(state: &State, source: &NodeId) -> Option<NodeId> {
-    let load = streams_per_owner(&state.streams);
+    let load = state.streams.load_by_node();
     state
         .nodes
         .values()
@@ -381,6 +381,25 @@ mod tests {
         assert_eq!(
             next_step(&log.state, &mut plan, &budget, start),
             Step::Stop(Stopped::SourceChanged)
+        );
+    }
+
+    /// D-23: a drain's plan visits the rows of the streams its source owns, not those
+    /// of the 100,000 others.
+    #[test]
+    fn a_drain_plan_among_100_000_streams_visits_only_the_sources() {
+        let (mut s, _) = crate::crowd::open_on_one_node(100_000);
+        let b = crate::crowd::register(&mut s, "b");
+        for id in [3, 5] {
+            s.streams.update(&StreamId(id), |r| r.owner = Some(b.clone()));
+        }
+        let before = s.streams.visits();
+        let owned: Vec<String> = owned_streams(&s, &b).into_iter().map(|(_, name)| name).collect();
+        assert_eq!(owned, ["s3", "s5"]);
+        assert!(
+            s.streams.visits() - before <= 2,
+            "visited {} rows",
+            s.streams.visits() - before
         );
     }
 }

@@ -6,8 +6,8 @@
 //! last saw that node's count change. What the holder did not see (its own pause, a cut
 //! link, an outage) adds no holder heartbeats, so it never counts (FO-LIV-7 to -9, INV-10).
 
-use crate::model::rows::{NodeKind, NodeRow, StreamState, TakeoverState};
-use crate::model::{Command, State};
+use crate::model::rows::{NodeKind, NodeRow, TakeoverState};
+use crate::model::{Command, State, StreamAt, MAX_BATCH};
 use std::collections::{BTreeMap, HashMap};
 use weir_shared::ids::{Incarnation, NodeId, StreamId};
 
@@ -110,7 +110,7 @@ pub fn choose_agent(state: &State, dead: &Incarnation) -> Option<NodeId> {
             return Some(own.id.clone());
         }
     }
-    let load = crate::model::rows::streams_per_owner(&state.streams);
+    let load = state.streams.load_by_node();
     state
         .nodes
         .values()
@@ -125,29 +125,37 @@ pub fn choose_agent(state: &State, dead: &Incarnation) -> Option<NodeId> {
 /// incarnation that still owns open streams, and close the open streams of every
 /// incarnation whose takeover has recovered its WAL, so placement moves them.
 pub fn takeover_steps(state: &State) -> Vec<Command> {
+    // Only owners that are not live are visited: as many as dead incarnations still
+    // holding streams, and of each only the streams the steps act on.
     let mut open_by_dead: BTreeMap<Incarnation, Vec<(StreamId, weir_shared::ids::StreamEpoch)>> = BTreeMap::new();
-    for s in state.streams.values() {
-        if let (Some(owner), StreamState::Open) = (&s.owner, s.state) {
-            if !live(state, owner) {
-                open_by_dead.entry(owner.clone()).or_default().push((s.id, s.epoch));
-            }
+    let mut out = Vec::new();
+    for (owner, owned) in state.streams.owners() {
+        if owner.is_some_and(|o| live(state, o)) {
+            continue;
+        }
+        // FO-TKO: a deleted stream without a live owner is destroyed; its data needs no recovery.
+        out.extend(owned.deleted.iter().map(|&stream| Command::DestroyStream { stream }));
+        if let (Some(owner), false) = (owner, owned.open.is_empty()) {
+            let streams = owned
+                .open
+                .iter()
+                .filter_map(|id| state.streams.get(id).map(|s| (s.id, s.epoch)))
+                .collect();
+            open_by_dead.insert(owner.clone(), streams);
         }
     }
-    // FO-TKO: a deleted stream without a live owner is destroyed; its data needs no recovery.
-    let mut out: Vec<Command> = state
-        .streams
-        .values()
-        .filter(|s| s.state == StreamState::Deleted && !s.owner.as_ref().is_some_and(|o| live(state, o)))
-        .map(|s| Command::DestroyStream { stream: s.id })
-        .collect();
     for (dead, streams) in open_by_dead {
         match state.takeovers.get(&(dead.node.clone(), dead.epoch)) {
+            // Closed in batches: the streams of a recovered node move in a few entries.
             Some(t) if t.state != TakeoverState::Pending => {
-                out.extend(
-                    streams
-                        .into_iter()
-                        .map(|(stream, stream_epoch)| Command::CloseStream { stream, stream_epoch }),
-                );
+                out.extend(streams.chunks(MAX_BATCH).map(|chunk| {
+                    Command::CloseStreams {
+                        streams: chunk
+                            .iter()
+                            .map(|&(stream, stream_epoch)| StreamAt { stream, stream_epoch })
+                            .collect(),
+                    }
+                }));
             }
             Some(t) if t.agent.as_ref().is_some_and(|a| live(state, a)) => {}
             _ => {
@@ -167,7 +175,7 @@ pub fn takeover_steps(state: &State) -> Vec<Command> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::rows::ClusterSettings;
+    use crate::model::rows::{ClusterSettings, StreamState};
     use crate::model::{Applied, NodeAddrs, Proposal, Proposer};
     use weir_shared::ids::Epoch;
 
@@ -429,7 +437,9 @@ mod tests {
         )
         .expect("complete");
         let steps = takeover_steps(&w.s);
-        assert!(matches!(&steps[..], [Command::CloseStream { stream: s, .. }] if *s == stream));
+        assert!(
+            matches!(&steps[..], [Command::CloseStreams { streams }] if streams[0].stream == stream && streams.len() == 1)
+        );
         w.apply(Proposer::Node(b.clone()), steps[0].clone()).expect("close");
         assert!(takeover_steps(&w.s).is_empty());
         // A deleted stream whose owner is dead is destroyed.
@@ -497,7 +507,7 @@ mod tests {
         w.apply(op(), begin.clone()).expect("begin");
         w.apply(Proposer::Node(b.clone()), complete.clone()).expect("complete");
         let steps = takeover_steps(&w.s);
-        assert!(matches!(&steps[..], [Command::CloseStream { .. }]), "{steps:?}");
+        assert!(matches!(&steps[..], [Command::CloseStreams { .. }]), "{steps:?}");
         w.apply(op(), steps[0].clone()).expect("close");
         w.apply(op(), place(&b)).expect("place on b");
         let Ok(Applied::StreamOpened { stream_epoch, .. }) = w.apply(Proposer::Node(b.clone()), Command::open(stream))
@@ -703,8 +713,12 @@ mod tests {
                     );
                 }
             }
-            for (stream, node) in crate::placement::plan(&w.s) {
-                let _ = w.apply(op(), Command::PlaceStream { stream, node });
+            let placements: Vec<_> = crate::placement::plan(&w.s, MAX_BATCH)
+                .into_iter()
+                .map(|(stream, node)| crate::model::Placement { stream, node })
+                .collect();
+            if !placements.is_empty() {
+                let _ = w.apply(op(), Command::PlaceStreams { placements });
             }
             for p in &procs {
                 let Some(me) = p.running.clone().filter(|_| p.silent_ticks == 0) else {
@@ -712,12 +726,15 @@ mod tests {
                 };
                 let placed: Vec<StreamId> =
                     w.s.streams
-                        .values()
-                        .filter(|s| s.state == StreamState::Closed && s.owner.as_ref() == Some(&me))
-                        .map(|s| s.id)
-                        .collect();
-                for stream in placed {
-                    let _ = w.apply(Proposer::Node(me.clone()), Command::open(stream));
+                        .owned(&me)
+                        .map(|o| o.closed.iter().copied().collect())
+                        .unwrap_or_default();
+                if !placed.is_empty() {
+                    let open = Command::OpenStreams {
+                        streams: placed,
+                        stamps_leader_epochs: false,
+                    };
+                    let _ = w.apply(Proposer::Node(me.clone()), open);
                 }
             }
             for p in &procs {
@@ -768,5 +785,34 @@ mod tests {
         ) {
             run_world(&schedule)?;
         }
+    }
+
+    /// D-23: with 100,000 streams on a live node and one on a node just fenced, the
+    /// takeover steps visit that one stream's row, not the others.
+    #[test]
+    fn takeover_steps_among_100_000_streams_visit_only_the_dead_owners() {
+        let (mut s, a) = crate::crowd::open_on_one_node(100_000);
+        let b = crate::crowd::register(&mut s, "b");
+        s.streams.update(&StreamId(7), |r| r.owner = Some(b.clone()));
+        crate::crowd::apply(
+            &mut s,
+            Command::FenceNode {
+                node: b.node.clone(),
+                epoch: b.epoch,
+                seen_heartbeats: 0,
+            },
+        )
+        .expect("fenced");
+        let before = s.streams.visits();
+        let steps = takeover_steps(&s);
+        assert!(
+            matches!(&steps[..], [Command::BeginTakeover { node, agent, .. }] if *node == b.node && *agent == a.node),
+            "{steps:?}"
+        );
+        assert!(
+            s.streams.visits() - before <= 1,
+            "visited {} rows",
+            s.streams.visits() - before
+        );
     }
 }

@@ -9,6 +9,8 @@
 
 pub mod catch_up;
 pub mod client;
+#[doc(hidden)]
+pub mod crowd;
 pub mod drain_plan;
 pub mod failover_plan;
 pub mod listing;

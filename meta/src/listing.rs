@@ -1,13 +1,13 @@
 //! Operator views of the metadata state as JSON, shared by metad's admin API, the
 //! gateway's admin endpoints and `weir`: the same document wherever it is asked for.
 
-use crate::model::rows::streams_per_owner;
 use crate::model::State;
 use serde_json::{json, Value};
+use weir_shared::ids::StreamId;
 
 /// OBS-5: every registered node with its epoch, heartbeats, flags and owned-stream count.
 pub fn nodes_json(state: &State) -> Value {
-    let owned = streams_per_owner(&state.streams);
+    let owned = state.streams.load_by_node();
     let nodes: Vec<Value> = state
         .nodes
         .values()
@@ -32,9 +32,71 @@ pub fn nodes_json(state: &State) -> Value {
     json!({ "applied_index": state.applied_index, "nodes": nodes })
 }
 
-/// The whole state, with token secrets' hashes left out.
-pub fn state_json(state: &State) -> Value {
-    let mut value = serde_json::to_value(state).unwrap_or(Value::Null);
+/// Most streams one listing page holds: no answer grows with the number of streams.
+pub const MAX_LIST_PAGE: usize = 1_000;
+
+/// A page of streams: from stream id `from` on, at most `limit` (0 or over
+/// [`MAX_LIST_PAGE`]: that many), as a map by id; `next` is the id the next page
+/// starts at, `null` after the last.
+pub fn streams_page(state: &State, from: u64, limit: usize) -> Value {
+    let limit = if limit == 0 {
+        MAX_LIST_PAGE
+    } else {
+        limit.min(MAX_LIST_PAGE)
+    };
+    let mut rows = state.streams.range(StreamId(from)..);
+    let page: serde_json::Map<String, Value> = rows
+        .by_ref()
+        .take(limit)
+        .map(|(id, row)| (id.to_string(), serde_json::to_value(row).unwrap_or(Value::Null)))
+        .collect();
+    let next = rows.next().map(|(id, _)| id.0);
+    json!({ "applied_index": state.applied_index, "streams": page, "next": next })
+}
+
+/// The streams marked damaged, paged as [`streams_page`].
+pub fn damaged_page(state: &State, from: u64, limit: usize) -> Value {
+    let limit = if limit == 0 {
+        MAX_LIST_PAGE
+    } else {
+        limit.min(MAX_LIST_PAGE)
+    };
+    let mut ids = state.streams.damaged().range(StreamId(from)..);
+    let page: serde_json::Map<String, Value> = ids
+        .by_ref()
+        .take(limit)
+        .filter_map(|id| {
+            state
+                .streams
+                .get(id)
+                .map(|row| (id.to_string(), serde_json::to_value(row).unwrap_or(Value::Null)))
+        })
+        .collect();
+    let next = ids.next().map(|id| id.0);
+    json!({ "applied_index": state.applied_index, "streams": page, "next": next })
+}
+
+/// One stream by name, `null` when there is none.
+pub fn stream_json(state: &State, name: &str) -> Value {
+    json!({ "applied_index": state.applied_index, "stream": state.stream_by_name(name) })
+}
+
+/// The state with token secrets' hashes left out and its streams paged as
+/// [`streams_page`] (from id `from`, at most `limit`; `next` says where the rest starts).
+pub fn state_json(state: &State, from: u64, limit: usize) -> Value {
+    let page = streams_page(state, from, limit);
+    let mut value = json!({
+        "applied_index": state.applied_index,
+        "settings": state.settings,
+        "counters": state.counters,
+        "nodes": state.nodes,
+        "streams": page["streams"],
+        "next": page["next"],
+        "topics": state.topics,
+        "leases": state.leases,
+        "takeovers": state.takeovers.values().collect::<Vec<_>>(),
+        "tokens": state.tokens,
+    });
     redact_secrets(&mut value);
     value
 }
@@ -59,16 +121,23 @@ pub fn redact_secrets(value: &mut Value) {
     }
 }
 
-/// One section of the state by name.
-pub fn section_json(state: &State, what: &str) -> Option<Value> {
-    let redacted = state_json(state);
+/// One section of the state by name; `from` and `limit` page the streams of
+/// `streams`, `damaged` and `state`.
+pub fn section_json(state: &State, what: &str, from: u64, limit: usize) -> Option<Value> {
+    let section = |name: &str, value: Value| {
+        let mut v = json!({ "applied_index": state.applied_index, name: value });
+        redact_secrets(&mut v);
+        v
+    };
     Some(match what {
         "nodes" => nodes_json(state),
-        "state" => redacted,
-        "streams" | "topics" | "leases" | "tokens" | "takeovers" => json!({
-            "applied_index": state.applied_index,
-            what: redacted.get(what).cloned().unwrap_or(Value::Null),
-        }),
+        "state" => state_json(state, from, limit),
+        "streams" => streams_page(state, from, limit),
+        "damaged" => damaged_page(state, from, limit),
+        "topics" => section("topics", json!(state.topics)),
+        "leases" => section("leases", json!(state.leases)),
+        "tokens" => section("tokens", json!(state.tokens)),
+        "takeovers" => section("takeovers", json!(state.takeovers.values().collect::<Vec<_>>())),
         "settings" => json!({ "applied_index": state.applied_index, "settings": state.settings }),
         _ => return None,
     })

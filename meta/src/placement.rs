@@ -3,7 +3,7 @@
 //! metad's placement loop proposes each decision as a `PlaceStream` CAS that refuses a
 //! stream already placed on a live node, so a stale or doubled decision is harmless.
 
-use crate::model::rows::{NodeKind, StreamState};
+use crate::model::rows::NodeKind;
 use crate::model::State;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -16,35 +16,34 @@ pub fn may_place(state: &State, metad: &NodeId) -> bool {
     state.nodes.get(metad).is_some_and(|n| n.is_live())
 }
 
-/// The placements to make now: (stream, node), balancing by owned-stream count.
-pub fn plan(state: &State) -> Vec<(StreamId, NodeId)> {
+/// The placements to make now, at most `limit`: (stream, node), balancing by
+/// owned-stream count. Visits the nodes and the owners of streams (incarnations), and
+/// of the streams only the orphans: closed streams placed nowhere or on an
+/// incarnation that is not live (D-23).
+pub fn plan(state: &State, limit: usize) -> Vec<(StreamId, NodeId)> {
     let mut load: BTreeMap<NodeId, usize> = state
         .nodes
         .values()
         .filter(|n| n.kind == NodeKind::Streamd && n.is_schedulable())
-        .map(|n| (n.id.clone(), 0))
+        .map(|n| {
+            (
+                n.id.clone(),
+                state.streams.owned(&n.incarnation()).map_or(0, |o| o.load()),
+            )
+        })
         .collect();
     if load.is_empty() {
         return Vec::new();
     }
-    let live = |owner: &weir_shared::ids::Incarnation| {
-        state
-            .nodes
-            .get(&owner.node)
-            .is_some_and(|n| n.epoch == owner.epoch && n.is_live())
-    };
-    let mut orphans = Vec::new();
-    for s in state.streams.values() {
-        match (&s.owner, s.state) {
-            (Some(owner), StreamState::Open | StreamState::Closed) if live(owner) => {
-                if let Some(l) = load.get_mut(&owner.node) {
-                    *l += 1;
-                }
-            }
-            (_, StreamState::Closed) => orphans.push(s.id),
-            _ => {}
-        }
-    }
+    let mut orphans: Vec<StreamId> = state
+        .streams
+        .owners()
+        .filter(|(owner, _)| !owner.is_some_and(|o| state.is_live(o)))
+        .flat_map(|(_, owned)| owned.closed.iter().copied())
+        .collect();
+    // Oldest first, whoever held them, so the order does not depend on the owners.
+    orphans.sort_unstable();
+    orphans.truncate(limit);
     let mut out = Vec::with_capacity(orphans.len());
     for stream in orphans {
         let (node, count) = load
@@ -213,7 +212,7 @@ mod tests {
                 let created = matches!(r, Ok(Applied::StreamCreated { .. }));
                 prop_assert!(created);
             }
-            let decisions = plan(&s);
+            let decisions = plan(&s, usize::MAX);
             let schedulable = s.nodes.values().filter(|n| n.is_schedulable()).count();
             if schedulable == 0 {
                 prop_assert!(decisions.is_empty());
@@ -234,7 +233,7 @@ mod tests {
                 prop_assert!(max - min <= 1 && load.len() == schedulable);
             }
             // Once placed, nothing is left to place.
-            prop_assert!(plan(&s).is_empty());
+            prop_assert!(plan(&s, usize::MAX).is_empty());
         }
     }
 
@@ -415,7 +414,32 @@ mod tests {
             )
             .unwrap();
         }
-        let targets: Vec<String> = plan(&s).into_iter().map(|(_, n)| n.to_string()).collect();
+        let targets: Vec<String> = plan(&s, usize::MAX).into_iter().map(|(_, n)| n.to_string()).collect();
         assert_eq!(targets, ["b", "b", "b", "b", "c", "d", "b", "c", "d", "b"]);
+    }
+
+    /// D-23: among 100,000 streams open on a live node, the plan visits no row to find
+    /// the one orphan and place it: its cost follows the orphans, not the streams.
+    #[test]
+    fn a_plan_among_100_000_streams_visits_only_its_orphans() {
+        let (mut s, _) = crate::crowd::open_on_one_node(100_000);
+        crate::crowd::register(&mut s, "b");
+        let Ok(Applied::StreamCreated { stream }) = crate::crowd::apply(
+            &mut s,
+            Command::CreateStream {
+                name: "orphan".into(),
+                config: Default::default(),
+            },
+        ) else {
+            panic!("created")
+        };
+        let before = s.streams.visits();
+        let decisions = plan(&s, usize::MAX);
+        assert_eq!(decisions, vec![(stream, NodeId::new("b"))], "to the less loaded node");
+        assert!(
+            s.streams.visits() - before <= 1,
+            "visited {} rows",
+            s.streams.visits() - before
+        );
     }
 }

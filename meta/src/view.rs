@@ -4,19 +4,23 @@
 //! makes the node not ready (`/ready` says why) until a fresh snapshot replaces it.
 
 use crate::client::MetadClient;
-use crate::model::{codec, Delta, Row, State};
-use std::sync::{Arc, Mutex, RwLock};
+use crate::model::{codec, Delta, Row, RowKey, State};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use weir_proto::metad::watch_event::Kind;
 use weir_proto::metad::WatchEvent;
+use weir_shared::ids::StreamId;
 
-/// The mirrored state, a signal of its applied index, and why it cannot follow, if so.
+/// The mirrored state, a signal of its applied index, why it cannot follow, if so, and
+/// the trackers of changed streams of the loops that work per stream.
 pub struct View {
     state: RwLock<State>,
     applied: watch::Sender<u64>,
     error: Mutex<Option<String>>,
+    trackers: Mutex<Vec<Weak<Changed>>>,
 }
 
 impl Default for View {
@@ -25,7 +29,53 @@ impl Default for View {
             state: RwLock::new(State::default()),
             applied: watch::channel(0).0,
             error: Mutex::new(None),
+            trackers: Mutex::new(Vec::new()),
         }
+    }
+}
+
+/// The streams whose rows changed since a loop last took them (D-23): the loop visits
+/// those, not every stream. A new tracker, and every tracker after the view is replaced
+/// by a snapshot, reports `All`: the loop then visits every stream it cares about once.
+#[derive(Default)]
+pub struct Changed {
+    inner: Mutex<ChangedInner>,
+}
+
+#[derive(Default)]
+struct ChangedInner {
+    all: bool,
+    ids: HashSet<StreamId>,
+}
+
+/// What changed since the last [`Changed::take`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum ChangedStreams {
+    /// Anything may have: look at every stream.
+    All,
+    /// These streams' rows were written or removed.
+    Some(HashSet<StreamId>),
+}
+
+impl Changed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ChangedInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes what changed, leaving nothing.
+    pub fn take(&self) -> ChangedStreams {
+        let mut inner = self.lock();
+        if std::mem::take(&mut inner.all) {
+            inner.ids = HashSet::new();
+            return ChangedStreams::All;
+        }
+        ChangedStreams::Some(std::mem::take(&mut inner.ids))
+    }
+
+    fn mark_all(&self) {
+        let mut inner = self.lock();
+        inner.all = true;
+        inner.ids = HashSet::new();
     }
 }
 
@@ -48,6 +98,37 @@ impl View {
         let _ = rx.wait_for(|i| *i >= index).await;
     }
 
+    /// A tracker of the streams that change from now on; it first reports `All`.
+    pub fn track(&self) -> Arc<Changed> {
+        let changed = Arc::new(Changed::default());
+        changed.mark_all();
+        let mut trackers = self.trackers.lock().unwrap_or_else(|p| p.into_inner());
+        trackers.retain(|t| t.strong_count() > 0);
+        trackers.push(Arc::downgrade(&changed));
+        changed
+    }
+
+    /// Tells every live tracker what a delta, or a whole new state (`None`), changed.
+    fn notify(&self, delta: Option<&Delta>) {
+        let trackers = self.trackers.lock().unwrap_or_else(|p| p.into_inner());
+        for tracker in trackers.iter().filter_map(Weak::upgrade) {
+            match delta {
+                None => tracker.mark_all(),
+                Some(delta) => {
+                    let mut inner = tracker.lock();
+                    if inner.all {
+                        continue;
+                    }
+                    for change in &delta.changes {
+                        if let RowKey::Stream(id) = change.key {
+                            inner.ids.insert(id);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Why the view cannot follow the log right now; `None` while it can.
     pub fn error(&self) -> Option<String> {
         self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -57,16 +138,29 @@ impl View {
         *self.error.lock().unwrap_or_else(|p| p.into_inner()) = error;
     }
 
-    fn replace(&self, mut state: State) {
-        state.reindex();
+    /// Installs a whole state, as a snapshot of the watch does (tests of the loops that
+    /// follow a view use it without a metad).
+    pub fn install(&self, state: State) {
+        self.replace(state);
+    }
+
+    /// Applies one delta, as the watch does.
+    pub fn install_delta(&self, delta: &Delta) {
+        self.apply(delta);
+    }
+
+    fn replace(&self, state: State) {
         let index = state.applied_index;
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+        self.notify(None);
         self.set_error(None);
         self.applied.send_replace(index);
     }
 
     fn apply(&self, delta: &Delta) {
         self.state.write().unwrap_or_else(|p| p.into_inner()).apply_delta(delta);
+        // Told before the index moves, so a loop woken by the index finds the change.
+        self.notify(Some(delta));
         self.applied.send_replace(delta.index);
     }
 }

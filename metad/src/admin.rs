@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
 use weir_meta::drain_plan::{Budget, Requester};
-use weir_meta::listing::section_json;
+use weir_meta::listing::{section_json, stream_json};
 use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::admin_server::Admin;
 use weir_proto::metad::{AdminReply, AdminRequest, DrainRequest, TransferRequest};
@@ -142,13 +142,14 @@ impl Admin for AdminService {
                 .map_err(Status::internal)?,
             "index" => index_json(&self.sm),
             "objects" => objects_json(&self.sm, req.from_index, if req.limit == 0 { 1000 } else { req.limit }),
+            "stream" => self.sm.hub().with_state(|s| stream_json(s, &req.name)),
             what => self
                 .sm
                 .hub()
-                .with_state(|s| section_json(s, what))
+                .with_state(|s| section_json(s, what, req.from_index, req.limit as usize))
                 .ok_or_else(|| {
                     Status::invalid_argument(format!(
-                        "unknown query '{what}'; use status, nodes, streams, topics, leases, tokens, takeovers, settings, state, index, objects or log"
+                        "unknown query '{what}'; use status, nodes, streams, damaged, stream, topics, leases, tokens, takeovers, settings, state, index, objects or log"
                     ))
                 })?,
         };

@@ -106,8 +106,25 @@ async fn index(State(s): State<AdminState>) -> Response {
     Json(index_json(&s.sm)).into_response()
 }
 
-async fn section(State(s): State<AdminState>, Path(what): Path<String>) -> Response {
-    match s.sm.hub().with_state(|st| section_json(st, &what)) {
+/// `from` and `limit` page the streams of `streams`, `damaged` and `state`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PageParams {
+    from: Option<u64>,
+    limit: Option<usize>,
+}
+
+async fn section(
+    State(s): State<AdminState>,
+    Path(what): Path<String>,
+    params: Result<Query<PageParams>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Query(params) = match params {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_argument", e.body_text()),
+    };
+    let (from, limit) = (params.from.unwrap_or(0), params.limit.unwrap_or(0));
+    match s.sm.hub().with_state(|st| section_json(st, &what, from, limit)) {
         Some(v) => Json(v).into_response(),
         None => error(StatusCode::NOT_FOUND, "not_found", format!("no state section '{what}'")),
     }

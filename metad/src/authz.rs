@@ -162,7 +162,9 @@ fn node_command_of(role: Role, c: &Command) -> bool {
                 || matches!(
                     c,
                     Command::OpenStream { .. }
+                        | Command::OpenStreams { .. }
                         | Command::CloseStream { .. }
+                        | Command::CloseStreams { .. }
                         | Command::CommitObjects { .. }
                         | Command::CompactObjects { .. }
                         | Command::CompactStreams { .. }

@@ -14,12 +14,12 @@ use tokio_util::sync::CancellationToken;
 use weir_meta::client::MetadClient;
 use weir_meta::failover_plan::{holder_commands, Clock, FAILOVER_LEASE};
 use weir_meta::model::rows::NodeAddrs;
-use weir_meta::model::{Command, NodeKind, Proposer};
+use weir_meta::model::{Applied, Command, NodeKind, Proposer};
 use weir_meta::registration;
 use weir_shared::config::HeartbeatArgs;
 use weir_shared::ids::{Incarnation, NodeId};
 
-/// How often the holder looks for takeover steps to take.
+/// How often the holder looks for takeover steps to take when nothing is applied.
 const STEP_TICK: Duration = Duration::from_millis(250);
 
 /// Runs until `cancel`: registers (again whenever this incarnation is fenced), heartbeats,
@@ -66,9 +66,11 @@ pub async fn run(own_addr: String, hub: Arc<ViewHub>, id: u64, timing: Heartbeat
 }
 
 async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, stop: &CancellationToken) {
-    // Takeover steps follow each other quickly; liveness is judged once a second (FO-LIV-3).
+    // Takeover steps follow each other as soon as each applies (a completed takeover's
+    // streams are closed in the next entries); liveness is judged once a second (FO-LIV-3).
     let mut tick = tokio::time::interval(STEP_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut applied = hub.applied_changes();
     let mut last_judged: Option<tokio::time::Instant> = None;
     let mut clock = Clock::default();
     let mut holding = false;
@@ -77,6 +79,7 @@ async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, stop: &Canc
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
+            changed = applied.changed() => if changed.is_err() { return },
         }
         let holder = hub.with_state(|s| s.leases.get(FAILOVER_LEASE).map(|l| l.holder.clone()));
         // Failpoint (tests, INV-9): this replica ticks as a holder whether or not it holds
@@ -160,7 +163,7 @@ async fn contend(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, holder: O
 async fn act(metad: &MetadClient, proposer: &Proposer, command: Command) {
     let action = command.kind();
     match metad.propose(proposer, command.clone()).await {
-        Ok((index, Ok(_))) => {
+        Ok((index, Ok(applied))) => {
             crate::metrics::metrics()
                 .failover_actions
                 .with_label_values(&[action])
@@ -182,6 +185,23 @@ async fn act(metad: &MetadClient, proposer: &Proposer, command: Command) {
                     stream = %stream, stream_epoch = %stream_epoch, log_index = index,
                     "closed a recovered stream of a dead owner"
                 ),
+                Command::CloseStreams { streams } => {
+                    let outcomes = match &applied {
+                        Applied::Each { outcomes } => outcomes.as_slice(),
+                        _ => &[],
+                    };
+                    for (s, outcome) in streams.iter().zip(outcomes) {
+                        match outcome {
+                            Ok(_) => tracing::info!(
+                                stream = %s.stream, stream_epoch = %s.stream_epoch, log_index = index,
+                                "closed a recovered stream of a dead owner"
+                            ),
+                            Err(r) => {
+                                tracing::debug!(stream = %s.stream, rejection = %r, "close of a recovered stream refused")
+                            }
+                        }
+                    }
+                }
                 Command::DestroyStream { stream } => tracing::info!(
                     stream = %stream, log_index = index,
                     "destroyed a deleted stream of a dead owner"

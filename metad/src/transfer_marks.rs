@@ -72,7 +72,9 @@ struct Orphan {
 fn orphans(state: &State, running: impl Fn(StreamId) -> bool) -> Vec<Orphan> {
     state
         .streams
-        .values()
+        .marked()
+        .iter()
+        .filter_map(|id| state.streams.get(id))
         .filter(|row| row.transfer_target.is_some() && !running(row.id))
         .map(|row| Orphan {
             stream: row.id,
@@ -273,5 +275,25 @@ mod tests {
             .iter()
             .all(|o| o.reason == "its destination changed process incarnation"));
         assert!(orphans(&state, |_| true).is_empty(), "held marks are never orphans");
+    }
+
+    /// D-23: the leader's reconciliation of transfer marks visits the marked streams,
+    /// not the 100,000 others.
+    #[test]
+    fn orphaned_marks_among_100_000_streams_visit_only_the_marked() {
+        let (mut state, _) = weir_meta::crowd::open_on_one_node(100_000);
+        state.streams.update(&StreamId(9), |r| {
+            r.transfer_target = Some(weir_shared::ids::NodeId::new("gone"));
+            r.transfer_op = Some(4);
+        });
+        let before = state.streams.visits();
+        let found = orphans(&state, |_| false);
+        assert_eq!(found.len(), 1);
+        assert_eq!((found[0].stream, found[0].op), (StreamId(9), 4));
+        assert!(
+            state.streams.visits() - before <= 1,
+            "visited {} rows",
+            state.streams.visits() - before
+        );
     }
 }

@@ -22,7 +22,7 @@ pub fn router(node: Arc<Node>) -> Router {
 async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
     let m = crate::metrics::metrics();
     m.wal_bytes.set(node.wal.bytes() as i64);
-    m.streams_served.set(node.all_streams().len() as i64);
+    m.streams_served.set(node.served_count() as i64);
     m.damaged_streams.set(node.damaged_streams().len() as i64);
     weir_shared::metrics::metrics_handler().await
 }
@@ -54,7 +54,7 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
         "caught_up": node.is_admitted(),
         // Why the node cannot follow the metadata log, when it cannot (design 0002).
         "view_error": node.view.error(),
-        "streams": node.all_streams().len(),
+        "streams": node.served_count(),
         "wal_bytes": node.wal.bytes(),
         // Served streams whose damaged data waits for an operator (`weir streams damaged`).
         "damaged_streams": node.damaged_streams(),

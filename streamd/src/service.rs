@@ -134,6 +134,8 @@ impl Streamd for DataPlane {
         weir_shared::peer::require(&req, CLIENTS, "Status")?;
         let name = req.into_inner().stream;
         let h = self.node.stream(&name)?;
+        // Its last stable offset needs the transactions open in the stream.
+        self.node.tail_state(&h).await?;
         let inner = h.inner.lock().await;
         Ok(Response::new(StatusReply {
             stream: name,

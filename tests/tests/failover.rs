@@ -130,7 +130,7 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
             let kind = p["command"]["type"].as_str()?;
             let about_victim = p["command"]["node"] == victim_id.as_str();
             let step = matches!(kind, "fence_node" | "begin_takeover" | "complete_takeover") && about_victim
-                || kind == "close_stream" && p["proposer"]["node"]["node"] != victim_id.as_str();
+                || kind == "close_streams" && p["proposer"]["node"]["node"] != victim_id.as_str();
             step.then(|| {
                 let by = p["proposer"]["node"]["node"].as_str().unwrap_or("operator").to_string();
                 (e["index"].as_u64().unwrap_or(0), kind.to_string(), by)
@@ -142,7 +142,7 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
         first("fence_node").expect("fenced"),
         first("begin_takeover").expect("takeover begun"),
         first("complete_takeover").expect("takeover completed"),
-        first("close_stream").expect("stream closed"),
+        first("close_streams").expect("streams closed, in a batch"),
     );
     assert!(
         fence.0 < begin.0 && begin.0 < complete.0 && complete.0 < close.0,
@@ -489,7 +489,7 @@ async fn a_stream_deleted_while_its_owner_is_dead_is_destroyed_not_placed() {
     assert!(
         !after_delete
             .iter()
-            .any(|k| matches!(*k, "place_stream" | "begin_takeover")),
+            .any(|k| matches!(*k, "place_stream" | "place_streams" | "begin_takeover")),
         "destroyed, not recovered or placed: {after_delete:?}"
     );
     let (status, _) = gw.send(gw.request(Method::GET, "/v1/streams/doomed")).await;
@@ -1167,13 +1167,21 @@ async fn a_stream_placed_on_a_node_that_restarts_before_opening_is_placed_again(
     let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/fo17")).await;
     let id = d["id"].clone();
     let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
+    // Placements come in batches, each placement with its own outcome.
     let placed_on_b = dump["entries"]
         .as_array()
         .expect("entries")
         .iter()
-        .filter(|e| e["outcome"].get("Ok").is_some())
-        .filter(|e| e["proposal"]["command"]["type"] == "place_stream")
-        .filter(|e| e["proposal"]["command"]["stream"] == id && e["proposal"]["command"]["node"] == b.as_str())
+        .filter(|e| e["proposal"]["command"]["type"] == "place_streams")
+        .flat_map(|e| {
+            let placements = e["proposal"]["command"]["placements"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let outcomes = e["outcome"]["Ok"]["outcomes"].as_array().cloned().unwrap_or_default();
+            placements.into_iter().zip(outcomes)
+        })
+        .filter(|(p, outcome)| outcome.get("Ok").is_some() && p["stream"] == id && p["node"] == b.as_str())
         .count();
     assert_eq!(
         placed_on_b, 2,

@@ -521,7 +521,7 @@ async fn reclaimed_object_wal_still_fences_the_writer(store: std::sync::Arc<dyn 
         wal.append(&record(i)).await.expect("append");
     }
     // Every record is committed in a data object: reclaim what it may.
-    wal.reclaim([(stream, 3)].into());
+    wal.reclaim([(stream, 3)]);
     let prefix = incarnation_prefix(&node, epoch);
     wait_for("the WAL objects reclaimed", Duration::from_secs(20), || {
         let (store, prefix) = (store.clone(), prefix.clone());

@@ -124,15 +124,18 @@ pub async fn list(
     }
     let (page, has_more) = gw.routes.view().with(|s| {
         use std::ops::Bound;
-        let start = if q.start_after.is_empty() {
-            Bound::Unbounded
+        // From the later of the prefix and the previous page's last name, and no
+        // further than the prefix reaches: a page visits the names it may show.
+        let start = if q.start_after.is_empty() || q.start_after < q.prefix {
+            Bound::Included(q.prefix.clone())
         } else {
             Bound::Excluded(q.start_after.clone())
         };
         let mut names = s
-            .stream_names
+            .streams
+            .names()
             .range((start, Bound::Unbounded))
-            .filter(|(name, _)| name.starts_with(&q.prefix))
+            .take_while(|(name, _)| name.starts_with(&q.prefix))
             // A token sees the streams it may read.
             .filter(|(name, _)| who.grants.allows(Access::Read, name))
             .filter_map(|(_, id)| s.streams.get(id));

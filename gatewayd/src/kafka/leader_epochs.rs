@@ -13,7 +13,7 @@ use weir_meta::model::State;
 /// A partition's leader epoch in `state`, given the gateway changes it shows
 /// (`leader_epochs::gateway_changes`); `None` when it has no such stream.
 pub fn in_state(state: &State, gateways: u64, stream: &str) -> Option<i32> {
-    let row = state.streams.get(state.stream_names.get(stream)?)?;
+    let row = state.stream_by_name(stream)?;
     Some(leader_epochs::current(row, gateways))
 }
 
@@ -103,7 +103,7 @@ pub async fn offset_for_leader_epoch(
 /// (error, epoch, end offset) for one partition.
 async fn end_offset(kafka: &Kafka, stream: &str, current: i32, requested: i32) -> (i16, i32, i64) {
     let found: Option<(i32, EpochEnd)> = kafka.gw.routes.view().with(|s| {
-        let row = s.streams.get(s.stream_names.get(stream)?)?;
+        let row = s.stream_by_name(stream)?;
         let ours = leader_epochs::current(row, leader_epochs::gateway_changes(&s.nodes));
         Some((ours, leader_epochs::end_of(&row.leader_epochs, requested)))
     });

@@ -100,6 +100,11 @@ enum Op {
         pieces: u64,
         stale: bool,
     },
+    /// Batches (D-23): many placements, opens or closes in one command.
+    PlaceMany(Vec<(u64, usize)>),
+    TransferMany(Vec<(u64, usize)>),
+    OpenMany(Vec<u64>),
+    CloseMany(Vec<(u64, bool)>),
     /// Compacts the first `count` ranges of up to `streams` streams with ranges into one
     /// shared object; `stale` makes the first stream's swap differ from the index.
     CompactMany {
@@ -133,8 +138,8 @@ fn arb_op() -> impl Strategy<Value = Op> {
             .prop_map(|(key, ranges)| Op::Commit { key, ranges }),
         1 => prop::option::of(0..3usize).prop_map(Op::AcquireLease),
         1 => Just(Op::RenewLease),
-        1 => (0..2usize, any::<bool>()).prop_map(|(n, good)| Op::IssueToken(n, good)),
-        1 => (0..2usize).prop_map(Op::RevokeToken),
+        2 => (0..2usize, any::<bool>()).prop_map(|(n, good)| Op::IssueToken(n, good)),
+        2 => (0..2usize).prop_map(Op::RevokeToken),
         1 => (0..3u32).prop_map(Op::AllocateProducerIds),
         1 => (0..8u64).prop_map(Op::Destroy),
         2 => (0..3usize, 0..5u64, 0..3usize).prop_map(|(node, epoch, agent)| Op::BeginTakeover { node, epoch, agent }),
@@ -146,6 +151,10 @@ fn arb_op() -> impl Strategy<Value = Op> {
             .prop_map(|(stream, from, count, pieces, stale)| Op::Compact { stream, from, count, pieces, stale }),
         4 => (1..4usize, 1..5usize, prop::bool::weighted(0.3))
             .prop_map(|(streams, count, stale)| Op::CompactMany { streams, count, stale }),
+        2 => prop::collection::vec((0..8u64, 0..3usize), 1..5).prop_map(Op::PlaceMany),
+        2 => prop::collection::vec((0..8u64, 0..3usize), 1..5).prop_map(Op::TransferMany),
+        2 => prop::collection::vec(0..8u64, 1..5).prop_map(Op::OpenMany),
+        2 => prop::collection::vec((0..8u64, any::<bool>()), 1..5).prop_map(Op::CloseMany),
     ]
 }
 
@@ -264,6 +273,41 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
             let (stream, stream_epoch) = epoch_of(state, stream, stale);
             Command::CloseStream { stream, stream_epoch }
         }
+        Op::PlaceMany(items) => Command::PlaceStreams {
+            placements: items
+                .into_iter()
+                .map(|(s, n)| super::command::Placement {
+                    stream: epoch_of(state, s, false).0,
+                    node: node(n),
+                })
+                .collect(),
+        },
+        Op::TransferMany(items) => Command::BeginTransfers {
+            transfers: items
+                .into_iter()
+                .map(|(s, n)| {
+                    let (stream, stream_epoch) = epoch_of(state, s, false);
+                    super::command::TransferTo {
+                        stream,
+                        stream_epoch,
+                        target: node(n),
+                    }
+                })
+                .collect(),
+        },
+        Op::OpenMany(items) => Command::OpenStreams {
+            streams: items.into_iter().map(|s| epoch_of(state, s, false).0).collect(),
+            stamps_leader_epochs: true,
+        },
+        Op::CloseMany(items) => Command::CloseStreams {
+            streams: items
+                .into_iter()
+                .map(|(s, stale)| {
+                    let (stream, stream_epoch) = epoch_of(state, s, stale);
+                    super::command::StreamAt { stream, stream_epoch }
+                })
+                .collect(),
+        },
         Op::Commit { key, ranges } => {
             let mut ends = std::collections::BTreeMap::new();
             let mut pos = 0;
@@ -527,6 +571,9 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
             (Op::Open(s), _) if who.0 < 3 && who.1 == 0 => {
                 owner_of(before, *s).unwrap_or_else(|| proposer_for(before, who))
             }
+            (Op::OpenMany(s), _) if who.0 < 3 && who.1 == 0 => {
+                owner_of(before, s[0]).unwrap_or_else(|| proposer_for(before, who))
+            }
             // Any live node may compact.
             (Op::Compact { .. } | Op::CompactMany { .. }, _) if who.0 < 3 && who.1 == 0 => before
                 .nodes
@@ -545,10 +592,45 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
         };
         let (outcome, changes) = meta.apply(index, &proposal);
         let state = &meta.state;
-        if outcome.is_ok() {
+        // A batch counts once one of its items applied.
+        let any_item = match &outcome {
+            Ok(super::command::Applied::Each { outcomes }) => outcomes.iter().any(Result::is_ok),
+            other => other.is_ok(),
+        };
+        if any_item {
             applied.insert(command.kind());
         }
 
+        // The indexes of the streams say what their rows do (D-23).
+        prop_assert!(
+            meta.state.streams.indexes_match_rows().is_ok(),
+            "{:?}",
+            meta.state.streams.indexes_match_rows()
+        );
+        // A batch is its items applied one after another, each with its own outcome.
+        if let Some(singles) = singles_of(&command) {
+            let mut one_by_one = before_all.clone();
+            let mut expected = Vec::new();
+            for single in singles {
+                let proposal = Proposal {
+                    proposer: proposer.clone(),
+                    command: single,
+                };
+                expected.push(one_by_one.apply(index, &proposal).0);
+            }
+            match &outcome {
+                Ok(super::command::Applied::Each { outcomes }) => {
+                    prop_assert_eq!(outcomes, &expected);
+                    prop_assert_eq!(&one_by_one.state, &meta.state);
+                    prop_assert_eq!(&one_by_one.index, &meta.index);
+                }
+                Ok(other) => prop_assert!(false, "a batch answered {:?}", other),
+                // Refused whole only for its proposer: then every item is refused alike.
+                Err(r) => prop_assert!(expected
+                    .iter()
+                    .all(|e| e.as_ref().err().map(|e| e.code) == Some(r.code))),
+            }
+        }
         // A rejection changes nothing.
         if outcome.is_err() {
             let mut expect = before.clone();
@@ -611,7 +693,7 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
                 }
             }
         }
-        for (id, s) in &state.streams {
+        for (id, s) in state.streams.iter() {
             if let Some(old) = before.streams.get(id) {
                 // Stream epochs (INV-6) and committed ends only grow.
                 prop_assert!(s.epoch >= old.epoch);
@@ -751,6 +833,45 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
     Ok(applied)
 }
 
+/// The single commands a batch command stands for, in order.
+fn singles_of(command: &Command) -> Option<Vec<Command>> {
+    Some(match command {
+        Command::PlaceStreams { placements } => placements
+            .iter()
+            .map(|p| Command::PlaceStream {
+                stream: p.stream,
+                node: p.node.clone(),
+            })
+            .collect(),
+        Command::OpenStreams {
+            streams,
+            stamps_leader_epochs,
+        } => streams
+            .iter()
+            .map(|&stream| Command::OpenStream {
+                stream,
+                stamps_leader_epochs: *stamps_leader_epochs,
+            })
+            .collect(),
+        Command::BeginTransfers { transfers } => transfers
+            .iter()
+            .map(|t| Command::BeginTransfer {
+                stream: t.stream,
+                stream_epoch: t.stream_epoch,
+                target: t.target.clone(),
+            })
+            .collect(),
+        Command::CloseStreams { streams } => streams
+            .iter()
+            .map(|s| Command::CloseStream {
+                stream: s.stream,
+                stream_epoch: s.stream_epoch,
+            })
+            .collect(),
+        _ => return None,
+    })
+}
+
 /// Two streams open on node `a` with a few uploads committed: half the runs start
 /// here, so trims and compactions (which need ranges) meet streams that have some.
 fn with_data() -> Vec<((usize, i64), Op)> {
@@ -846,6 +967,10 @@ fn every_command_kind_applies_somewhere_in_the_generated_runs() {
         "alter_config",
         "compact_objects",
         "compact_streams",
+        "place_streams",
+        "open_streams",
+        "close_streams",
+        "begin_transfers",
     ];
     applied.insert("init_cluster");
     let missing: Vec<_> = all.iter().filter(|k| !applied.contains(*k)).collect();

@@ -94,6 +94,33 @@ pub struct StreamSwap {
     pub ranges: Vec<ObjectRange>,
 }
 
+/// Most items one batch command (`PlaceStreams`, `OpenStreams`, `CloseStreams`,
+/// `BeginTransfers`)
+/// carries, so no log entry or reply grows with the number of streams.
+pub const MAX_BATCH: usize = 1_000;
+
+/// One placement of a `PlaceStreams`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub stream: StreamId,
+    pub node: NodeId,
+}
+
+/// One transfer of a `BeginTransfers`: the stream, at the epoch it was read, to `target`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferTo {
+    pub stream: StreamId,
+    pub stream_epoch: StreamEpoch,
+    pub target: NodeId,
+}
+
+/// A stream at the stream epoch a command was made at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamAt {
+    pub stream: StreamId,
+    pub stream_epoch: StreamEpoch,
+}
+
 /// What an `AlterConfig` changes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -174,12 +201,24 @@ pub enum Command {
         stream: StreamId,
         node: NodeId,
     },
+    /// Places many closed streams at once (D-23), each exactly as `PlaceStream` would,
+    /// each its own compare-and-set: one that no longer holds is refused alone and the
+    /// others apply. At most [`MAX_BATCH`] placements.
+    PlaceStreams {
+        placements: Vec<Placement>,
+    },
     /// Starts a planned transfer of an open stream to `target` (SD-DRN-2): the owner's
     /// close then hands the stream to `target` in the same entry.
     BeginTransfer {
         stream: StreamId,
         stream_epoch: StreamEpoch,
         target: NodeId,
+    },
+    /// Starts planned transfers of many open streams at once (D-23), each exactly as
+    /// `BeginTransfer` would; the entry's log index is each transfer's operation id. At
+    /// most [`MAX_BATCH`] transfers.
+    BeginTransfers {
+        transfers: Vec<TransferTo>,
     },
     /// Ends a planned transfer that did not happen; the stream stays where it is (SD-DRN-7).
     CancelTransfer {
@@ -203,10 +242,23 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         stamps_leader_epochs: bool,
     },
+    /// The placed owner opens many streams at once (D-23), each exactly as
+    /// `OpenStream` would; refused whole only when the proposer is not live. At most
+    /// [`MAX_BATCH`] streams.
+    OpenStreams {
+        streams: Vec<StreamId>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stamps_leader_epochs: bool,
+    },
     /// The owner closes the stream after committing everything it acknowledged.
     CloseStream {
         stream: StreamId,
         stream_epoch: StreamEpoch,
+    },
+    /// Closes many streams at once (D-23), each exactly as `CloseStream` would. At
+    /// most [`MAX_BATCH`] streams.
+    CloseStreams {
+        streams: Vec<StreamAt>,
     },
     /// Makes an uploaded data object visible, from the owner at the current stream epoch,
     /// each range starting exactly at the stream's committed end.
@@ -352,11 +404,15 @@ impl Command {
             Command::CreateStream { .. } => "create_stream",
             Command::DeleteStream { .. } => "delete_stream",
             Command::PlaceStream { .. } => "place_stream",
+            Command::PlaceStreams { .. } => "place_streams",
             Command::BeginTransfer { .. } => "begin_transfer",
+            Command::BeginTransfers { .. } => "begin_transfers",
             Command::CancelTransfer { .. } => "cancel_transfer",
             Command::DiscardTransfer { .. } => "discard_transfer",
             Command::OpenStream { .. } => "open_stream",
+            Command::OpenStreams { .. } => "open_streams",
             Command::CloseStream { .. } => "close_stream",
+            Command::CloseStreams { .. } => "close_streams",
             Command::CommitObjects { .. } => "commit_objects",
             Command::TrimStream { .. } => "trim_stream",
             Command::CompactObjects { .. } => "compact_objects",
@@ -409,6 +465,11 @@ pub enum Applied {
     /// changed since the compactor read them.
     Compacted {
         skipped: Vec<StreamId>,
+    },
+    /// A batch command applied: each item's outcome, in the order of the items, as the
+    /// single command would have had it.
+    Each {
+        outcomes: Vec<Outcome>,
     },
 }
 

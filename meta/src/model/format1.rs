@@ -71,7 +71,6 @@ pub fn metadata_from_state(mut state: Value) -> Result<Metadata, CodecError> {
     for row in rows {
         meta.state.set_row(&row.key(), Some(row));
     }
-    meta.state.reindex();
     Ok(meta)
 }
 
@@ -119,7 +118,6 @@ pub(crate) mod tests {
             }
         }
         meta.state.applied_index = applied_index;
-        meta.state.reindex();
         meta
     }
 

@@ -11,18 +11,20 @@ pub mod names;
 pub mod rows;
 pub mod scopes;
 pub mod state;
+pub mod streams;
 pub mod user_commands;
 
 pub use apply::{check_destination, Effects};
 pub use command::{
-    Applied, Command, CommitRange, CompactedObject, ConfigTarget, DamageRemedy, NewObject, Outcome, Proposal, Proposer,
-    RejectCode, Rejection, ReplacedRange, StreamSwap,
+    Applied, Command, CommitRange, CompactedObject, ConfigTarget, DamageRemedy, NewObject, Outcome, Placement,
+    Proposal, Proposer, RejectCode, Rejection, ReplacedRange, StreamAt, StreamSwap, TransferTo, MAX_BATCH,
 };
 pub use index::{IndexChange, IndexRead, MemIndex, Overlay};
 pub use metadata::Metadata;
 pub use names::validate_name;
 pub use rows::*;
 pub use state::{Change, Delta, Row, RowKey, State};
+pub use streams::{Owned, Streams};
 
 #[cfg(test)]
 mod apply_props;

@@ -2,7 +2,6 @@
 //! stored format (`codec::FORMAT_VERSION`): rename only with a format bump.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use weir_shared::ids::{Epoch, Incarnation, NodeId, ObjectKey, Offset, StreamEpoch, StreamId};
 
 /// What kind of service a node row describes.
@@ -398,17 +397,6 @@ pub struct Counters {
     pub next_stream_id: u64,
     /// Next Kafka producer id to hand out (allocated in blocks).
     pub next_producer_id: i64,
-}
-
-/// Group-by helper for admin listings.
-pub fn streams_per_owner(streams: &BTreeMap<StreamId, StreamRow>) -> BTreeMap<NodeId, usize> {
-    let mut counts = BTreeMap::new();
-    for s in streams.values() {
-        if let (Some(owner), StreamState::Open | StreamState::Closed) = (&s.owner, s.state) {
-            *counts.entry(owner.node.clone()).or_insert(0) += 1;
-        }
-    }
-    counts
 }
 
 #[cfg(test)]

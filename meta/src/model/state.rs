@@ -4,9 +4,10 @@
 //! so its size follows the number of streams, never time or bytes written (D-19).
 
 use super::rows::*;
+use super::streams::Streams;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use weir_shared::ids::{Epoch, NodeId, StreamId};
+use weir_shared::ids::{Epoch, Incarnation, NodeId, StreamId};
 
 /// The replicated state machine's state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,16 +17,14 @@ pub struct State {
     pub settings: Option<ClusterSettings>,
     pub counters: Counters,
     pub nodes: BTreeMap<NodeId, NodeRow>,
-    pub streams: BTreeMap<StreamId, StreamRow>,
+    /// The streams, indexed by name, owner and transfer mark (`streams`).
+    pub streams: Streams,
     pub topics: BTreeMap<String, TopicRow>,
     pub leases: BTreeMap<String, LeaseRow>,
     /// Stored as a list of rows: JSON map keys must be strings, and the key is in the row.
     #[serde(with = "takeover_list")]
     pub takeovers: BTreeMap<(NodeId, Epoch), TakeoverRow>,
     pub tokens: BTreeMap<String, TokenRow>,
-    /// Name index over `streams`, rebuilt from them; not stored.
-    #[serde(skip)]
-    pub stream_names: BTreeMap<String, StreamId>,
 }
 
 /// Addresses one row. The variant order is stable storage (`codec::row_key_bytes`).
@@ -134,21 +133,10 @@ impl State {
                 self.nodes.remove(id);
             }
             (RowKey::Stream(_), Some(Row::Stream(r))) => {
-                // Deleted streams leave the name index so the name can be reused at once.
-                if self.stream_names.get(&r.name) == Some(&r.id) {
-                    self.stream_names.remove(&r.name);
-                }
-                if r.state != StreamState::Deleted {
-                    self.stream_names.insert(r.name.clone(), r.id);
-                }
-                self.streams.insert(r.id, r);
+                self.streams.insert(r);
             }
             (RowKey::Stream(id), None) => {
-                if let Some(old) = self.streams.remove(id) {
-                    if self.stream_names.get(&old.name) == Some(id) {
-                        self.stream_names.remove(&old.name);
-                    }
-                }
+                self.streams.remove(id);
             }
             (RowKey::Topic(_), Some(Row::Topic(r))) => {
                 self.topics.insert(r.name.clone(), r);
@@ -189,18 +177,15 @@ impl State {
         self.applied_index = delta.index;
     }
 
-    /// Rebuilds derived indexes after deserializing.
-    pub fn reindex(&mut self) {
-        self.stream_names = self
-            .streams
-            .values()
-            .filter(|s| s.state != StreamState::Deleted)
-            .map(|s| (s.name.clone(), s.id))
-            .collect();
+    pub fn stream_by_name(&self, name: &str) -> Option<&StreamRow> {
+        self.streams.by_name(name)
     }
 
-    pub fn stream_by_name(&self, name: &str) -> Option<&StreamRow> {
-        self.stream_names.get(name).and_then(|id| self.streams.get(id))
+    /// Whether `who` is the live current incarnation of its node.
+    pub fn is_live(&self, who: &Incarnation) -> bool {
+        self.nodes
+            .get(&who.node)
+            .is_some_and(|r| r.epoch == who.epoch && r.is_live())
     }
 }
 

@@ -163,6 +163,12 @@ impl ViewHub {
         *self.durable.borrow()
     }
 
+    /// Changes each time a batch of entries is applied and stored: the loops that plan
+    /// from the view wake on it.
+    pub fn applied_changes(&self) -> watch::Receiver<u64> {
+        self.durable.subscribe()
+    }
+
     /// Waits until the store holds what was applied through `index`.
     pub async fn wait_durable(&self, index: u64) {
         let _ = self.durable.subscribe().wait_for(|i| *i >= index).await;
@@ -391,7 +397,6 @@ fn load_state(db: &DB) -> anyhow::Result<(State, Option<LogId>, StoredMembership
         .transpose()?
         .unwrap_or_default();
     state.applied_index = last_applied.map_or(0, |l| l.index);
-    state.reindex();
     Ok((state, last_applied, membership))
 }
 

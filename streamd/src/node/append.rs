@@ -146,6 +146,7 @@ impl Node {
         }
         let handle = self.stream(stream)?;
         self.wal.check().map_err(wal_error)?;
+        self.tail_state(&handle).await?;
         let headers: Vec<_> = parsed.iter().map(|(h, _)| *h).collect();
         let verified = self.verify_transactions(&handle, transactional_id, &headers).await?;
         let mut inner = self.lock_for_write(&handle).await?;
@@ -290,6 +291,7 @@ impl Node {
         inner.next_offset = next;
         let spans: Vec<(u64, u64)> = buffered.iter().map(|b| (b.start, b.end)).collect();
         inner.push(buffered);
+        self.uploads.push(handle.id);
         Ok(Queued {
             durable: Box::pin(durable),
             appended: Appended {

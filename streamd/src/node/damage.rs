@@ -20,13 +20,12 @@ impl Node {
 
     /// Streams this node serves that are marked damaged, by name.
     pub fn damaged_streams(&self) -> Vec<String> {
-        let served: Vec<_> = self.all_streams().iter().map(|h| h.id).collect();
-        self.view.with(|s| {
-            served
-                .iter()
-                .filter_map(|id| s.streams.get(id).filter(|r| r.damage.is_some()).map(|r| r.name.clone()))
-                .collect()
-        })
+        let damaged: Vec<_> = self.view.with(|s| s.streams.damaged().iter().copied().collect());
+        damaged
+            .into_iter()
+            .filter_map(|id| self.served(id))
+            .map(|h| h.name.clone())
+            .collect()
     }
 
     /// Refuses a read at `offset` when it falls in `stream`'s marked damage.

@@ -33,6 +33,7 @@ impl Node {
         }
         let handle = self.stream(stream)?;
         self.wal.check().map_err(wal_error)?;
+        self.tail_state(&handle).await?;
         let mut inner = self.lock_for_write(&handle).await?;
         inner
             .producers

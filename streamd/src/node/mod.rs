@@ -90,12 +90,12 @@ pub struct Node {
     pub ranges: ranges::RangeCache,
     pub tunables: Tunables,
     streams: RwLock<HashMap<StreamId, Arc<StreamHandle>>>,
-    /// Final committed ends of streams no longer served, for WAL reclaim.
-    closed_ends: RwLock<HashMap<StreamId, u64>>,
     /// Passed the catch-up fence; serves nothing before.
     admitted: AtomicBool,
     /// Wakes the uploader early (buffer over threshold, or a close waiting).
     pub upload_now: Notify,
+    /// The streams with buffered records not yet uploaded: what the uploader visits.
+    pub(crate) uploads: uploader::UploadQueue,
     /// Cancelled when this incarnation is fenced or replaced: the process exits 75.
     pub fenced: CancellationToken,
     /// Shared with the registration: set before a clean stop's self-fence (SD-TD-1).
@@ -152,9 +152,9 @@ impl Node {
             ranges: ranges::RangeCache::new(ranges::CAPACITY),
             tunables,
             streams: RwLock::new(HashMap::new()),
-            closed_ends: RwLock::new(HashMap::new()),
             admitted: AtomicBool::new(false),
             upload_now: Notify::new(),
+            uploads: Default::default(),
             // The registration's token: fenced there (heartbeat refused, own row) is fenced here.
             fenced: registered.fenced.clone(),
             self_fencing: registered.self_fencing.clone(),
@@ -210,6 +210,54 @@ impl Node {
             .collect()
     }
 
+    /// The handle of stream `id` if this incarnation serves it.
+    pub fn served(&self, id: StreamId) -> Option<Arc<StreamHandle>> {
+        self.streams.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+    }
+
+    /// The ids of the streams this incarnation serves.
+    pub fn served_ids(&self) -> Vec<StreamId> {
+        self.streams
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// The streams this incarnation serves or the view shows open on it: what a loop
+    /// working per stream looks at when it must look at every one (after a snapshot).
+    pub fn served_or_open(&self) -> Vec<StreamId> {
+        let mut ids = self.served_ids();
+        self.view.with(|s| {
+            if let Some(owned) = s.streams.owned(&self.me) {
+                ids.extend(owned.open.iter().copied());
+            }
+        });
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// The streams this incarnation serves or the view places on it, in any state:
+    /// what reconciliation looks at when it must look at every one (after a snapshot).
+    pub fn served_or_owned(&self) -> Vec<StreamId> {
+        let mut ids = self.served_ids();
+        self.view.with(|s| {
+            if let Some(owned) = s.streams.owned(&self.me) {
+                ids.extend(owned.open.iter().chain(&owned.closed).chain(&owned.deleted).copied());
+            }
+        });
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// How many streams this incarnation serves.
+    pub fn served_count(&self) -> usize {
+        self.streams.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     fn insert_stream(&self, handle: Arc<StreamHandle>) {
         self.streams
             .write()
@@ -239,10 +287,9 @@ impl Node {
     }
 
     fn stopped_serving(&self, id: StreamId, end: u64, removed: Option<&Arc<StreamHandle>>) {
-        self.closed_ends
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, end);
+        // Its records up to `end` are committed; the rest are no longer this
+        // incarnation's to upload.
+        self.wal.reclaim([(id, end)]);
         if let Some(h) = removed {
             h.stop();
         }

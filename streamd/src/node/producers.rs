@@ -1,20 +1,127 @@
 //! Rebuilding a stream's idempotent-producer and transaction state from its stored
-//! batches when the stream is opened, so duplicate detection, producer fences and open
-//! transactions survive moves and failover. Only the tail is read, however large the
+//! batches when the stream is first written (or read `read_committed`) after an open,
+//! so duplicate detection, producer fences and open transactions survive moves and
+//! failover. Not at open: opening many streams stays a few metadata entries, and an
+//! idle stream never reads its tail (D-23). Only the tail is read, however large the
 //! range holding it (a compacted object): the oldest range needed is read from where
 //! the tail starts, to its first whole batch. A transaction open since before the tail
 //! is found through the last range's summary (its LSO), and read from there.
 
 use super::Node;
 use crate::error::StreamdError;
-use crate::stream::TailState;
+use crate::stream::{StreamHandle, TailState};
 use crate::txn::partition::StreamTxns;
 use futures::StreamExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use weir_meta::model::ObjectRange;
 use weir_shared::batch::split_batches;
 use weir_shared::ids::StreamId;
 
+/// RR-WAL-7: the first wait before a failed rebuild is tried again, and the longest.
+const TAIL_RETRY_FIRST: Duration = Duration::from_millis(250);
+const TAIL_RETRY_MAX: Duration = Duration::from_secs(30);
+/// Tails rebuilt at once after opens.
+const PREFETCH_CONCURRENCY: usize = 16;
+
 impl Node {
+    /// Rebuilds `handle`'s producer and transaction state if it is not yet: once per
+    /// open, by the first caller that needs it (or the prefetch after an open); the
+    /// others wait for it. A rebuild that fails is tried again on a doubling backoff
+    /// (RR-WAL-7), each attempt logged, and until one succeeds this answers
+    /// `Unavailable`: nothing is written on top of state that is not restored. Damaged
+    /// data rebuilds nothing (it is never served, and must not keep the stream closed).
+    pub async fn tail_state(&self, handle: &StreamHandle) -> Result<(), StreamdError> {
+        if handle.tail_loaded() {
+            return Ok(());
+        }
+        let opening = || {
+            StreamdError::Unavailable(format!(
+                "stream '{}' is opening: its producer state is not restored yet",
+                handle.name
+            ))
+        };
+        if handle.tail_retry_due().is_some_and(|due| due > Instant::now()) {
+            return Err(opening());
+        }
+        let _loading = handle.tail_loading.lock().await;
+        if handle.tail_loaded() {
+            return Ok(());
+        }
+        // Another attempt failed while this one waited: it waits for the next turn.
+        if handle.tail_retry_due().is_some_and(|due| due > Instant::now()) {
+            return Err(opening());
+        }
+        match self.load_tail(handle).await {
+            Ok(()) => {
+                if handle.tail_failed(None).is_some() {
+                    tracing::info!(stream = %handle.name, "producer state restored; the stream takes appends");
+                }
+                Ok(())
+            }
+            Err(why) => {
+                let wait = handle
+                    .tail_failed(Some((TAIL_RETRY_FIRST, TAIL_RETRY_MAX)))
+                    .unwrap_or(TAIL_RETRY_FIRST);
+                tracing::warn!(stream = %handle.name, error = %why, retry_in = ?wait, "cannot open stream yet; will retry");
+                Err(opening())
+            }
+        }
+    }
+
+    /// Rebuilds the tail state of streams just opened, a few at a time, so their first
+    /// appends find it ready (an append that comes first rebuilds its own), and keeps
+    /// trying, on each stream's backoff, those whose rebuild fails.
+    pub fn prefetch_tails(self: &Arc<Self>, handles: Vec<Arc<StreamHandle>>) {
+        let handles: Vec<_> = handles.into_iter().filter(|h| !h.tail_loaded()).collect();
+        if handles.is_empty() {
+            return;
+        }
+        let node = self.clone();
+        self.tasks.spawn("open", "restore producer state", None, async move {
+            futures::stream::iter(handles)
+                .for_each_concurrent(PREFETCH_CONCURRENCY, |h| {
+                    let node = node.clone();
+                    async move {
+                        while h.is_serving() && !node.fenced.is_cancelled() && node.tail_state(&h).await.is_err() {
+                            let due = h.tail_retry_due().unwrap_or_else(|| Instant::now() + TAIL_RETRY_FIRST);
+                            tokio::select! {
+                                _ = tokio::time::sleep_until(due.into()) => {}
+                                _ = node.fenced.cancelled() => {}
+                            }
+                        }
+                    }
+                })
+                .await;
+        });
+    }
+
+    /// Rebuilds and installs `handle`'s tail state; the caller holds `tail_loading`.
+    async fn load_tail(&self, handle: &StreamHandle) -> Result<(), String> {
+        let rebuilt = if weir_shared::failpoint::fails("open_read") {
+            // Tests: the tail's read fails as an unreachable object store would.
+            Err(StreamdError::Unavailable("failpoint open_read".into()))
+        } else if handle.opened_at == 0 {
+            // Nothing was ever committed: nothing to rebuild from.
+            Ok(TailState::default())
+        } else {
+            self.rebuild_tail_state(handle.id, handle.opened_at).await
+        };
+        let mut tail = match rebuilt {
+            Ok(tail) => tail,
+            Err(e @ StreamdError::Corrupt(_)) => {
+                tracing::error!(stream = %handle.name, error = %e, "producer state not rebuilt from damaged data; duplicates of earlier idempotent batches are not detected");
+                TailState::default()
+            }
+            Err(e) => return Err(format!("cannot rebuild producer state: {e}")),
+        };
+        let mut inner = handle.inner.lock().await;
+        // A range holding the start can carry trimmed producers' batches.
+        tail.forget_below(inner.start_offset);
+        handle.install_tail(&mut inner, tail);
+        Ok(())
+    }
+
     /// Replays the batches of the last `--producer-state-bytes` of the stream's
     /// committed data, below `end` (read from the object index's tail), and the
     /// transactions open at `end` however long ago they began.

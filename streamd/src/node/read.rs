@@ -134,6 +134,10 @@ impl Node {
             at_least_one,
         };
         let handle = self.stream(stream)?;
+        // The last stable offset needs the transactions open in the stream.
+        if isolation == Isolation::ReadCommitted {
+            self.tail_state(&handle).await?;
+        }
         let mut durable_rx = handle.durable.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {

@@ -3,26 +3,32 @@
 //! `(node, epoch)` (FO-FEN-9), and stops the node when its own row is fenced or
 //! replaced (FO-FEN-8, SD-TRG-3). A failed open is retried on a doubling backoff
 //! (RR-WAL-7); until it succeeds the stream is not served, so it takes no appends.
+//!
+//! A pass visits the streams whose rows changed since the last one (the view's change
+//! tracker), and the opens due for a retry; only after a fresh snapshot of the view
+//! does it visit every stream the node serves or owns (D-23). Opens go to the log in
+//! batches of up to [`MAX_BATCH`] streams, one `OpenStreams` entry each.
 
 use super::Node;
 use crate::stream::StreamHandle;
-use futures::StreamExt;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-use weir_meta::model::{Applied, Command, StreamState};
+use weir_meta::model::{Applied, Command, RejectCode, State, StreamState, MAX_BATCH};
+use weir_meta::view::{Changed, ChangedStreams};
 use weir_shared::backoff::Backoff;
-use weir_shared::ids::StreamId;
+use weir_shared::ids::{Incarnation, StreamEpoch, StreamId};
 
 /// Reconciles on every view change, and when a failed open is due again, until the
 /// node is fenced or `cancel` fires.
 pub async fn reconcile_loop(node: Arc<Node>, cancel: tokio_util::sync::CancellationToken) {
     let mut applied = node.view.subscribe();
+    let changed = node.view.track();
     let mut retries = OpenRetries::default();
     loop {
         if node.is_admitted() {
-            reconcile(&node, &mut retries).await;
+            reconcile(&node, &changed, &mut retries).await;
         }
         let due = retries.earliest();
         tokio::select! {
@@ -64,12 +70,63 @@ impl OpenRetries {
     fn earliest(&self) -> Option<Instant> {
         self.0.values().map(|(due, _)| *due).min()
     }
+
+    fn due(&self, now: Instant) -> impl Iterator<Item = StreamId> + '_ {
+        self.0
+            .iter()
+            .filter(move |(_, (due, _))| *due <= now)
+            .map(|(id, _)| *id)
+    }
 }
 
-/// Placed streams opened at once.
-const OPEN_CONCURRENCY: usize = 16;
+/// What one stream needs, as a pass finds it.
+#[derive(Debug, PartialEq, Eq)]
+enum Need {
+    Nothing,
+    /// Served, and the view says it still is this node's at that epoch.
+    Keep,
+    /// Served, but the view gives it to another owner, or closed or deleted it.
+    StopServing,
+    /// Placed on this incarnation and not served: open it.
+    Open,
+    /// Deleted while this incarnation holds it: destroy it.
+    Destroy,
+}
 
-async fn reconcile(node: &Arc<Node>, retries: &mut OpenRetries) {
+/// The streams a pass looks at: those that changed, those whose open is due again,
+/// and when anything may have changed (after a snapshot) every stream `all` lists.
+fn to_visit(
+    changed: ChangedStreams,
+    due: impl Iterator<Item = StreamId>,
+    all: impl FnOnce() -> Vec<StreamId>,
+) -> BTreeSet<StreamId> {
+    let mut visit: BTreeSet<StreamId> = due.collect();
+    match changed {
+        ChangedStreams::Some(ids) => visit.extend(ids),
+        ChangedStreams::All => visit.extend(all()),
+    }
+    visit
+}
+
+/// What stream `id` needs, given the handle this node serves it with, if any.
+fn need_of(node: &Node, id: StreamId, handle: Option<&Arc<StreamHandle>>) -> Need {
+    node.view.with(|s| need_in(s, &node.me, id, handle.map(|h| h.epoch)))
+}
+
+/// What stream `id` needs in `state` on incarnation `me`, which serves it at epoch
+/// `served`, or does not serve it.
+fn need_in(state: &State, me: &Incarnation, id: StreamId, served: Option<StreamEpoch>) -> Need {
+    let mine = state.streams.get(&id).filter(|r| r.owner.as_ref() == Some(me));
+    match (served, mine) {
+        (Some(epoch), Some(r)) if r.state == StreamState::Open && r.epoch == epoch => Need::Keep,
+        (Some(_), _) => Need::StopServing,
+        (None, Some(r)) if r.state == StreamState::Deleted => Need::Destroy,
+        (None, Some(_)) => Need::Open,
+        (None, None) => Need::Nothing,
+    }
+}
+
+async fn reconcile(node: &Arc<Node>, changed: &Changed, retries: &mut OpenRetries) {
     let me = node.me.clone();
     // Our own row: fenced or superseded means stop at once.
     let row_state = node.view.with(|s| s.nodes.get(&me.node).map(|r| (r.epoch, r.fenced)));
@@ -79,35 +136,45 @@ async fn reconcile(node: &Arc<Node>, retries: &mut OpenRetries) {
         Some((epoch, _)) => return node.fence(&format!("a newer registration (epoch {epoch}) replaced it")),
         None => return,
     }
-    // Streams served that the view gives to someone else, or closed, or deleted.
-    for handle in node.all_streams() {
-        let keep = node.view.with(|s| {
-            s.streams.get(&handle.id).is_some_and(|row| {
-                row.owner.as_ref() == Some(&me) && row.state == StreamState::Open && row.epoch == handle.epoch
-            })
-        });
-        if !keep {
-            let end = handle.inner.lock().await.committed_end;
-            tracing::info!(stream = %handle.name, stream_epoch = %handle.epoch, "ownership moved; no longer serving the stream");
-            node.remove_stream(handle.id, end);
-            continue;
+    let now = Instant::now();
+    let mut opens = Vec::new();
+    let mut destroys = Vec::new();
+    let visit = to_visit(changed.take(), retries.due(now), || node.served_or_owned());
+    for id in visit {
+        let mut handle = node.served(id);
+        let mut need = need_of(node, id, handle.as_ref());
+        if need == Need::StopServing {
+            let served = handle.take().expect("served");
+            let end = served.inner.lock().await.committed_end;
+            tracing::info!(stream = %served.name, stream_epoch = %served.epoch, "ownership moved; no longer serving the stream");
+            node.remove_stream(served.id, end);
+            // Placed here again at a later epoch, or deleted: acted on in this pass.
+            need = need_of(node, id, None);
         }
-        // A trim another proposer made (an operator's) moves the served start too.
-        let start = node.view.with(|s| s.streams.get(&handle.id).map(|r| r.start_offset.0));
-        if let Some(start) = start {
-            node.apply_start(&handle, start).await;
+        match need {
+            Need::Keep => {
+                let handle = handle.expect("served");
+                // A trim another proposer made (an operator's) moves the served start too.
+                let start = node.view.with(|s| s.streams.get(&id).map(|r| r.start_offset.0));
+                if let Some(start) = start {
+                    node.apply_start(&handle, start).await;
+                }
+                node.recheck_cleared_damage(&handle);
+                retries.0.remove(&id);
+            }
+            Need::StopServing => unreachable!("acted on above"),
+            Need::Open if retries.ready(id, now) => opens.push(id),
+            Need::Open => {}
+            Need::Destroy => {
+                retries.0.remove(&id);
+                destroys.push(id);
+            }
+            Need::Nothing => {
+                retries.0.remove(&id);
+            }
         }
-        node.recheck_cleared_damage(&handle);
     }
-    // Deleted streams this incarnation holds: it has stopped serving them, so it destroys them.
-    let deleted: Vec<StreamId> = node.view.with(|s| {
-        s.streams
-            .values()
-            .filter(|row| row.owner.as_ref() == Some(&me) && row.state == StreamState::Deleted)
-            .map(|row| row.id)
-            .collect()
-    });
-    for stream in deleted {
+    for stream in destroys {
         match node
             .metad
             .propose(&node.proposer(), Command::DestroyStream { stream })
@@ -118,121 +185,129 @@ async fn reconcile(node: &Arc<Node>, retries: &mut OpenRetries) {
             Err(e) => tracing::debug!(stream = %stream, error = %e, "deleted stream not destroyed yet"),
         }
     }
-    // Streams placed on this incarnation that it does not serve yet.
-    let to_open: Vec<(StreamId, String)> = node.view.with(|s| {
-        s.streams
-            .values()
-            .filter(|row| row.owner.as_ref() == Some(&me) && row.state != StreamState::Deleted)
-            .map(|row| (row.id, row.name.clone()))
-            .collect()
-    });
-    let served: HashSet<StreamId> = node.all_streams().iter().map(|h| h.id).collect();
-    // Only streams still placed here and not served yet keep a retry.
-    let placed: HashSet<StreamId> = to_open.iter().map(|(id, _)| *id).collect();
-    retries.0.retain(|id, _| !served.contains(id) && placed.contains(id));
-    let now = Instant::now();
-    let due: Vec<(StreamId, String)> = to_open
-        .into_iter()
-        .filter(|(id, _)| !served.contains(id) && retries.ready(*id, now))
-        .collect();
-    // Several at a time: each open waits on metad and reads its producer-state tail.
-    let results: Vec<(StreamId, String, Result<(), String>)> = futures::stream::iter(due)
-        .map(|(id, name)| async move {
-            let result = open_stream(node, id, &name).await;
-            (id, name, result)
-        })
-        .buffer_unordered(OPEN_CONCURRENCY)
-        .collect()
-        .await;
-    for (id, name, result) in results {
-        match result {
-            // Opened, or refused until the view changes: no timer.
+    for batch in opens.chunks(MAX_BATCH) {
+        if node.fenced.is_cancelled() {
+            return;
+        }
+        match open_streams(node, batch).await {
             Ok(()) => {
-                retries.0.remove(&id);
+                for id in batch {
+                    retries.0.remove(id);
+                }
             }
             Err(why) => {
-                let retry_in = retries.failed(id);
-                tracing::warn!(stream = name, error = %why, retry_in = ?retry_in, "cannot open stream yet; will retry");
+                for &id in batch {
+                    let retry_in = retries.failed(id);
+                    tracing::warn!(stream = %id, error = %why, retry_in = ?retry_in, "cannot open stream yet; will retry");
+                }
             }
         }
     }
 }
 
-/// Opens a placed stream; a retried open after an unknown outcome gets the same epoch.
-/// `Err` says why an open that should be retried failed (a metadata or object-store
-/// read error); a refusal is not retried until the view changes.
-async fn open_stream(node: &Arc<Node>, id: StreamId, name: &str) -> Result<(), String> {
+/// Opens placed streams with one `OpenStreams` entry; a retried open after an unknown
+/// outcome gets the same epochs. `Err` says why the whole batch should be retried (the
+/// metadata log did not answer); a stream the log refuses is not retried until its row
+/// changes.
+async fn open_streams(node: &Arc<Node>, streams: &[StreamId]) -> Result<(), String> {
     // Tests: a slow open, so the placed node can change incarnation first (FO-TKO-17).
     weir_shared::failpoint::pause("open_stream").await;
-    let result = node
+    let command = Command::OpenStreams {
+        streams: streams.to_vec(),
+        stamps_leader_epochs: true,
+    };
+    let (index, outcome) = node
         .metad
-        .propose(
-            &node.proposer(),
-            Command::OpenStream {
-                stream: id,
-                stamps_leader_epochs: true,
-            },
-        )
-        .await;
-    match result {
-        Ok((
-            index,
+        .propose(&node.proposer(), command)
+        .await
+        .map_err(|e| format!("metadata unavailable: {e}"))?;
+    let outcomes = match outcome {
+        Ok(Applied::Each { outcomes }) => outcomes,
+        Ok(other) => {
+            tracing::warn!(?other, "unexpected answer to OpenStreams");
+            return Ok(());
+        }
+        Err(r) if matches!(r.code, RejectCode::Fenced | RejectCode::Superseded) => {
+            node.fence(&r.message);
+            return Ok(());
+        }
+        Err(r) => {
+            tracing::warn!(rejection = %r, "streams not opened");
+            return Ok(());
+        }
+    };
+    // Apply through the open, so the rows we start from are current.
+    node.view.wait_applied(index).await;
+    let mut opened = Vec::new();
+    for (&id, outcome) in streams.iter().zip(outcomes) {
+        let (stream_epoch, committed_end) = match outcome {
             Ok(Applied::StreamOpened {
                 stream_epoch,
                 committed_end,
-            }),
-        )) => {
-            // Apply through the open so the committed ranges we start from are current.
-            node.view.wait_applied(index).await;
-            let row = node.view.with(|s| s.streams.get(&id).cloned());
-            let Some(row) = row.filter(|r| r.epoch == stream_epoch && r.owner.as_ref() == Some(&node.me)) else {
-                return Ok(());
-            };
-            let rebuilt = if weir_shared::failpoint::fails("open_read") {
-                // Tests: the tail's read fails as an unreachable object store would.
-                Err(crate::error::StreamdError::Unavailable("failpoint open_read".into()))
-            } else {
-                node.rebuild_tail_state(id, committed_end.0).await
-            };
-            let tail = match rebuilt {
-                Ok(mut t) => {
-                    // A range holding the start can carry trimmed producers' batches.
-                    t.forget_below(row.start_offset.0);
-                    t
-                }
-                // Damaged data is never served, but must not keep the stream closed to appends.
-                Err(e @ crate::error::StreamdError::Corrupt(_)) => {
-                    tracing::error!(stream = name, error = %e, "producer state not rebuilt from damaged data; duplicates of earlier idempotent batches are not detected");
-                    Default::default()
-                }
-                Err(e) => return Err(format!("cannot rebuild producer state: {e}")),
-            };
-            let leader_epoch = weir_meta::model::leader_epochs::stamped_at(&row, stream_epoch);
-            let handle = StreamHandle::new(
-                id,
-                name.to_string(),
-                stream_epoch,
-                leader_epoch,
-                row.start_offset.0,
-                committed_end.0,
-                tail,
-            );
-            tracing::info!(stream = name, stream_epoch = %stream_epoch, leader_epoch, offset = committed_end.0, log_index = index, "opened stream");
-            node.insert_stream(Arc::new(handle));
-            Ok(())
-        }
-        Ok((_, Ok(other))) => {
-            tracing::warn!(stream = name, ?other, "unexpected answer to OpenStream");
-            Ok(())
-        }
-        Ok((_, Err(rejection))) => {
-            use weir_meta::model::RejectCode;
-            match rejection.code {
-                RejectCode::Fenced | RejectCode::Superseded => node.fence(&rejection.message),
-                _ => tracing::debug!(stream = name, %rejection, "stream not opened"),
+            }) => (stream_epoch, committed_end),
+            Ok(other) => {
+                tracing::warn!(stream = %id, ?other, "unexpected answer to the open of a stream");
+                continue;
             }
-            Ok(())
-        }
-        Err(e) => Err(format!("metadata unavailable: {e}")),
+            Err(rejection) => {
+                tracing::debug!(stream = %id, %rejection, "stream not opened");
+                continue;
+            }
+        };
+        let row = node.view.with(|s| s.streams.get(&id).cloned());
+        let Some(row) = row.filter(|r| r.epoch == stream_epoch && r.owner.as_ref() == Some(&node.me)) else {
+            continue;
+        };
+        let leader_epoch = weir_meta::model::leader_epochs::stamped_at(&row, stream_epoch);
+        let handle = Arc::new(StreamHandle::new(
+            id,
+            row.name.clone(),
+            stream_epoch,
+            leader_epoch,
+            row.start_offset.0,
+            committed_end.0,
+        ));
+        tracing::info!(stream = %row.name, stream_epoch = %stream_epoch, leader_epoch, offset = committed_end.0, log_index = index, "opened stream");
+        node.insert_stream(handle.clone());
+        opened.push(handle);
+    }
+    node.prefetch_tails(opened);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_meta::model::{Delta, Row, RowKey};
+    use weir_meta::view::View;
+
+    /// D-23: with 100,000 streams open on this node, a change to one of them makes a
+    /// pass visit that one stream and read that one row.
+    #[test]
+    fn a_change_to_one_of_100_000_streams_visits_one() {
+        let (state, me) = weir_meta::crowd::open_on_one_node(100_000);
+        let view = View::default();
+        view.install(state.clone());
+        let changed = view.track();
+        assert_eq!(
+            changed.take(),
+            ChangedStreams::All,
+            "a new tracker looks at everything once"
+        );
+        let mut row = state.streams[&StreamId(42)].clone();
+        row.state = StreamState::Closed;
+        view.install_delta(&Delta {
+            index: state.applied_index + 1,
+            changes: vec![weir_meta::model::Change {
+                key: RowKey::Stream(StreamId(42)),
+                row: Some(Row::Stream(row)),
+            }],
+        });
+        let visit = to_visit(changed.take(), std::iter::empty(), || panic!("not a full pass"));
+        assert_eq!(visit.into_iter().collect::<Vec<_>>(), [StreamId(42)]);
+        let before = view.with(|s| s.streams.visits());
+        let need = view.with(|s| need_in(s, &me, StreamId(42), Some(StreamEpoch(1))));
+        assert_eq!(need, Need::StopServing, "closed in the view");
+        assert_eq!(view.with(|s| s.streams.visits()) - before, 1);
     }
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use weir_meta::client::ClientError;
 use weir_meta::model::{Applied, Command, ObjectRange, RejectCode, StreamConfig, NO_TIMESTAMP};
-use weir_shared::ids::Offset;
+use weir_meta::view::ChangedStreams;
+use weir_shared::ids::{Offset, StreamId};
 
 /// How long an explicit trim above the committed end waits for the upload.
 const COMMIT_WAIT: Duration = Duration::from_secs(30);
@@ -136,147 +137,167 @@ impl Node {
         inner.producers.expire_below(start)
     }
 
-    /// One retention pass over the served streams whose config asks for one.
-    pub async fn enforce_retention(&self) {
-        for handle in self.all_streams() {
-            let row = self.view.with(|s| s.streams.get(&handle.id).cloned());
-            let Some(row) = row.filter(|r| r.epoch == handle.epoch) else {
-                continue;
-            };
-            let Some(mut retention) = Retention::new(&row.config, row.bytes, now_ms()) else {
-                continue;
-            };
-            let from = handle.inner.lock().await.start_offset;
-            match self.retention_point(&handle, from, &mut retention).await {
-                Ok(Some(start)) => {
-                    if let Err(e) = self.propose_trim(&handle, start, "retention").await {
+    /// Enforces retention on one served stream; when it should be looked at again
+    /// (`None`: only once its row changes).
+    async fn enforce_retention(&self, handle: &Arc<StreamHandle>, every: Duration) -> Option<Duration> {
+        let row = self.view.with(|s| {
+            s.streams
+                .get(&handle.id)
+                .filter(|r| r.epoch == handle.epoch)
+                .map(|r| (r.config.clone(), r.bytes))
+        });
+        let (config, bytes) = row?;
+        let now = now_ms();
+        let mut retention = Retention::new(&config, bytes, now)?;
+        let from = handle.inner.lock().await.start_offset;
+        match self.retention_point(handle, from, &mut retention).await {
+            Ok((point, stays)) => {
+                if let Some(start) = point {
+                    if let Err(e) = self.propose_trim(handle, start, "retention").await {
                         tracing::warn!(stream = %handle.name, error = %e, "retention trim refused; will retry");
+                        return Some(every);
                     }
                 }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(stream = %handle.name, error = %e, "cannot read the stream's ranges for retention; will retry")
-                }
+                // The oldest range that stays expires at its newest record's age limit.
+                let expires = stays.filter(|t| *t != NO_TIMESTAMP).zip(config.retention_ms)?;
+                let at = expires.0.saturating_add(i64::try_from(expires.1).unwrap_or(i64::MAX));
+                let wait = Duration::from_millis(u64::try_from(at.saturating_sub(now)).unwrap_or(0));
+                Some(wait.clamp(every, MAX_RETENTION_WAIT))
+            }
+            Err(e) => {
+                tracing::warn!(stream = %handle.name, error = %e, "cannot read the stream's ranges for retention; will retry");
+                Some(every)
             }
         }
     }
 
-    /// The start offset retention allows, walking the committed ranges from `from`.
+    /// The start offset retention allows, walking the committed ranges from `from`,
+    /// and the newest-record timestamp of the first range that stays, if one does.
     async fn retention_point(
         &self,
         handle: &Arc<StreamHandle>,
         from: u64,
         retention: &mut Retention,
-    ) -> Result<Option<u64>, StreamdError> {
+    ) -> Result<(Option<u64>, Option<i64>), StreamdError> {
         let (mut at, mut point) = (from, None);
         loop {
             let page = self.index_page(handle.id, at).await?;
             for range in &page.ranges {
                 if !retention.lets_go(range) {
-                    return Ok(point);
+                    return Ok((point, Some(range.max_timestamp)));
                 }
                 point = Some(range.end.0);
                 at = range.end.0;
             }
             if !page.more || page.ranges.is_empty() {
-                return Ok(point);
+                return Ok((point, None));
             }
         }
     }
 }
 
-/// Runs a retention pass every `every` until `cancel`.
+/// The longest retention waits before looking at a stream again, whatever its oldest
+/// range's age says (a clock that jumped).
+const MAX_RETENTION_WAIT: Duration = Duration::from_secs(3600);
+
+/// Which served streams retention looks at, and when (D-23): only streams whose config
+/// asks for retention; each again when its oldest range that stayed may have expired,
+/// or once its row changed (a commit adds bytes, a trim or config change moves the
+/// limits), never every stream on every pass.
+#[derive(Default)]
+struct Schedule {
+    due: std::collections::BTreeSet<(tokio::time::Instant, StreamId)>,
+    at: std::collections::HashMap<StreamId, tokio::time::Instant>,
+}
+
+impl Schedule {
+    fn set(&mut self, id: StreamId, when: Option<tokio::time::Instant>) {
+        if let Some(old) = self.at.remove(&id) {
+            self.due.remove(&(old, id));
+        }
+        if let Some(when) = when {
+            self.at.insert(id, when);
+            self.due.insert((when, id));
+        }
+    }
+
+    /// Takes the streams due by `now`.
+    fn take_due(&mut self, now: tokio::time::Instant) -> Vec<StreamId> {
+        let mut out = Vec::new();
+        while let Some(&(when, id)) = self.due.first() {
+            if when > now {
+                break;
+            }
+            self.set(id, None);
+            out.push(id);
+        }
+        out
+    }
+}
+
+/// Enforces retention every `every` on the streams due, until `cancel`.
 pub async fn retention_loop(node: Arc<Node>, every: Duration, cancel: tokio_util::sync::CancellationToken) {
+    let changed = node.view.track();
+    let mut schedule = Schedule::default();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = node.fenced.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        if node.is_admitted() {
-            node.enforce_retention().await;
+        if !node.is_admitted() {
+            continue;
+        }
+        let now = tokio::time::Instant::now();
+        let ids: Vec<StreamId> = match changed.take() {
+            ChangedStreams::All => node.served_or_open(),
+            ChangedStreams::Some(ids) => ids.into_iter().collect(),
+        };
+        for id in ids {
+            schedule.set(id, node.asks_retention(id).then_some(now));
+        }
+        for id in schedule.take_due(now) {
+            let again = match node.served(id) {
+                Some(handle) => node.enforce_retention(&handle, every).await,
+                // Opened in the view, and not served yet: looked at on the next pass.
+                None => node.asks_retention(id).then_some(every),
+            };
+            schedule.set(id, again.map(|wait| tokio::time::Instant::now() + wait));
         }
     }
 }
 
+impl Node {
+    /// Whether stream `id` is open on this incarnation with a config that asks for
+    /// retention.
+    fn asks_retention(&self, id: StreamId) -> bool {
+        self.view.with(|s| {
+            s.streams.get(&id).is_some_and(|r| {
+                r.owner.as_ref() == Some(&self.me)
+                    && r.state == weir_meta::model::StreamState::Open
+                    && (r.config.retention_ms.is_some() || r.config.retention_bytes.is_some())
+            })
+        })
+    }
+}
+
 #[cfg(test)]
-mod tests {
+mod schedule_tests {
     use super::*;
-    use weir_shared::ids::ObjectKey;
 
-    fn range(start: u64, len: u64, max_timestamp: i64) -> ObjectRange {
-        ObjectRange {
-            key: ObjectKey(format!("data/{start}")),
-            start: Offset(start),
-            end: Offset(start + 1),
-            pos: 0,
-            len,
-            crc: 0,
-            max_timestamp,
-            txns: Default::default(),
+    /// D-23: of 100,000 streams with retention, a pass takes the one due, not all.
+    #[test]
+    fn a_pass_takes_only_the_streams_due() {
+        let now = tokio::time::Instant::now();
+        let later = now + Duration::from_secs(3600);
+        let mut schedule = Schedule::default();
+        for id in 0..100_000 {
+            schedule.set(StreamId(id), Some(later));
         }
-    }
-
-    fn walk(retention: &mut Retention, ranges: &[ObjectRange]) -> usize {
-        ranges.iter().take_while(|r| retention.lets_go(r)).count()
-    }
-
-    #[test]
-    fn retention_bytes_drops_the_oldest_ranges_while_the_rest_still_meet_the_limit() {
-        let config = StreamConfig {
-            retention_bytes: Some(250),
-            ..Default::default()
-        };
-        let ranges = [range(0, 100, 1), range(1, 100, 1), range(2, 100, 1), range(3, 100, 1)];
-        // 400 retained, 250 kept: 150 may go, so only the first range (the second would
-        // leave 200 < 250).
-        let mut r = Retention::new(&config, 400, 10).expect("configured");
-        assert_eq!(walk(&mut r, &ranges), 1);
-        let mut r = Retention::new(&config, 250, 10).expect("configured");
-        assert_eq!(walk(&mut r, &ranges), 0, "at the limit nothing goes");
-        let mut r = Retention::new(&config, 100, 10).expect("configured");
-        assert_eq!(walk(&mut r, &ranges), 0, "below the limit nothing goes");
-    }
-
-    #[test]
-    fn retention_ms_drops_the_expired_prefix_and_keeps_ranges_of_unknown_age() {
-        let config = StreamConfig {
-            retention_ms: Some(1_000),
-            ..Default::default()
-        };
-        let ranges = [
-            range(0, 1, 100),
-            range(1, 1, 8_999),
-            range(2, 1, 9_500),
-            range(3, 1, 50),
-        ];
-        let mut r = Retention::new(&config, 4, 10_000).expect("configured");
-        assert_eq!(
-            walk(&mut r, &ranges),
-            2,
-            "stops at the first range newer than the cutoff"
-        );
-        let unknown = [range(0, 1, NO_TIMESTAMP), range(1, 1, 100)];
-        let mut r = Retention::new(&config, 2, 10_000).expect("configured");
-        assert_eq!(walk(&mut r, &unknown), 0, "a range of unknown age stays");
-    }
-
-    #[test]
-    fn either_limit_lets_a_range_go_and_no_config_asks_nothing() {
-        let config = StreamConfig {
-            retention_ms: Some(1_000),
-            retention_bytes: Some(150),
-            ..Default::default()
-        };
-        // The first goes by age; the bytes budget (300 - 150) covers it and the next.
-        let ranges = [
-            range(0, 100, 1),
-            range(1, 50, 9_999),
-            range(2, 100, 9_999),
-            range(3, 50, 9_999),
-        ];
-        let mut r = Retention::new(&config, 300, 10_000).expect("configured");
-        assert_eq!(walk(&mut r, &ranges), 2);
-        assert_eq!(Retention::new(&StreamConfig::default(), 1 << 40, 0), None);
+        schedule.set(StreamId(5), Some(now));
+        assert_eq!(schedule.take_due(now), vec![StreamId(5)]);
+        assert!(schedule.take_due(now).is_empty());
+        schedule.set(StreamId(6), None);
+        assert_eq!(schedule.take_due(later).len(), 99_998, "the others once due");
     }
 }

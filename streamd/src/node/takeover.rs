@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use weir_meta::model::{Command, RangeTxns, RejectCode, StreamState, TakeoverState};
+use weir_meta::model::{Command, RangeTxns, RejectCode, TakeoverState};
 use weir_shared::batch::split_batches;
 use weir_shared::ids::{Incarnation, ObjectKey, Offset, StreamEpoch, StreamId};
 
@@ -162,28 +162,33 @@ impl Node {
             std::process::exit(86);
         }
         let targets: HashMap<StreamId, (StreamEpoch, u64)> = self.view.with(|s| {
-            s.streams
-                .values()
-                .filter(|r| r.state == StreamState::Open && r.owner.as_ref() == Some(dead))
+            let open = s.streams.owned(dead).map(|o| &o.open);
+            open.into_iter()
+                .flatten()
+                .filter_map(|id| s.streams.get(id))
                 .map(|r| (r.id, (r.epoch, r.committed_end.0)))
                 .collect()
         });
         let (missing, lost) = missing_batches(&replay, &targets)?;
-        let mut builder = ObjectBuilder::new();
-        let mut parts = Vec::new();
         let mut recovered = 0u64;
-        for (stream, (epoch, start, end, batches)) in &missing {
-            let txns = self.recovered_txns(*stream, *start, *end, batches).await?;
-            let chunk = builder.add(*stream, *epoch, *start, *end, batches).clone();
-            recovered += end - start;
-            parts.push(Part {
-                stream: *stream,
-                chunk,
-                batches: batches.clone(),
-                txns,
-            });
-        }
-        if !parts.is_empty() {
+        // One object per [`MAX_ROUND_STREAMS`] streams, so no commit grows with the
+        // number of streams the dead node wrote; a retry after a refusal finds the
+        // streams already committed past their records and skips them.
+        let missing: Vec<_> = missing.into_iter().collect();
+        for group in missing.chunks(super::uploader::MAX_ROUND_STREAMS) {
+            let mut builder = ObjectBuilder::new();
+            let mut parts = Vec::new();
+            for (stream, (epoch, start, end, batches)) in group {
+                let txns = self.recovered_txns(*stream, *start, *end, batches).await?;
+                let chunk = builder.add(*stream, *epoch, *start, *end, batches).clone();
+                recovered += end - start;
+                parts.push(Part {
+                    stream: *stream,
+                    chunk,
+                    batches: batches.clone(),
+                    txns,
+                });
+            }
             let (object, _) = builder.finish();
             let key = ObjectKey(format!(
                 "data/{}/{:020}/takeover-{}-{}-{:08x}.wdo",

@@ -7,12 +7,14 @@ use super::Node;
 use crate::object::format::{Chunk, ObjectBuilder};
 use bytes::Bytes;
 use object_store::{ObjectStoreExt, PutPayload};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_meta::client::ClientError;
 use weir_meta::model::{Command, CommitRange, RangeTxns, RejectCode};
 use weir_shared::ids::{ObjectKey, Offset, StreamEpoch, StreamId};
+
+/// Most streams one upload round takes: its commit is one metadata entry.
+pub const MAX_ROUND_STREAMS: usize = 1_000;
 
 /// Runs upload rounds until `cancel` (a final round is the caller's, via close).
 pub async fn upload_loop(node: Arc<Node>, cancel: tokio_util::sync::CancellationToken) {
@@ -26,6 +28,52 @@ pub async fn upload_loop(node: Arc<Node>, cancel: tokio_util::sync::Cancellation
         }
         seq += 1;
         node.upload_round(seq).await;
+    }
+}
+
+/// The streams with buffered records not yet uploaded, in the order they got them
+/// (D-23): an append queues its stream, and a round takes the queue, so the uploader
+/// visits the streams being written, never every stream, and an idle node's rounds
+/// cost nothing. A stream a round leaves with records is queued again.
+#[derive(Default)]
+pub struct UploadQueue {
+    inner: std::sync::Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    order: std::collections::VecDeque<StreamId>,
+    queued: std::collections::HashSet<StreamId>,
+}
+
+impl UploadQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `id` at the back, unless it is queued.
+    pub fn push(&self, id: StreamId) {
+        let mut q = self.lock();
+        if q.queued.insert(id) {
+            q.order.push_back(id);
+        }
+    }
+
+    /// Takes every queued stream, oldest first.
+    fn take(&self) -> Vec<StreamId> {
+        let mut q = self.lock();
+        q.queued.clear();
+        std::mem::take(&mut q.order).into()
+    }
+
+    /// Puts streams a round did not reach back at the front, in their order.
+    fn put_back(&self, ids: &[StreamId]) {
+        let mut q = self.lock();
+        for &id in ids.iter().rev() {
+            if q.queued.insert(id) {
+                q.order.push_front(id);
+            }
+        }
     }
 }
 
@@ -68,21 +116,23 @@ impl Node {
     /// never cancels one midway: its batches are marked in flight until it finishes.
     ///
     /// A round's object holds at most the compaction target (one batch more when a
-    /// single batch is larger): a stream's range is read whole and cached whole, so a
-    /// round that took everything after a burst (541 MB was seen) made a range no cache
-    /// holds, and every later read of it fetched it all again. What a round leaves is
-    /// taken by the next, started at once; rounds start at a different stream each time,
-    /// so none waits behind the others every round.
+    /// single batch is larger) and at most [`MAX_ROUND_STREAMS`] streams: a stream's
+    /// range is read whole and cached whole, so a round that took everything after a
+    /// burst (541 MB was seen) made a range no cache holds, and every later read of it
+    /// fetched it all again; and its commit is one metadata entry, which must not grow
+    /// with the number of streams. What a round leaves is taken by the next, started at
+    /// once; the streams it did not reach go first, so none waits behind the others.
     async fn upload_round(&self, seq: u64) {
         let budget = self.tunables.compaction_target_bytes;
         let (mut taken, mut round_bytes, mut more) = (Vec::new(), 0u64, false);
-        let streams = self.all_streams();
-        let first = seq as usize % streams.len().max(1);
-        for handle in streams[first..].iter().chain(&streams[..first]) {
-            if round_bytes >= budget {
+        let queued = self.uploads.take();
+        for (i, &id) in queued.iter().enumerate() {
+            if round_bytes >= budget || taken.len() >= MAX_ROUND_STREAMS {
                 more = true;
+                self.uploads.put_back(&queued[i..]);
                 break;
             }
+            let Some(handle) = self.served(id) else { continue };
             let durable = handle.durable_end();
             let mut inner = handle.inner.lock().await;
             // Tests: an upload that holds the stream's lock a while, so appends contend.
@@ -98,9 +148,19 @@ impl Node {
                 round_bytes += len;
                 batches.push(b.clone());
             }
-            let Some(last) = batches.last() else { continue };
+            let Some(last) = batches.last() else {
+                // Nothing durable yet: its records are being written.
+                if inner.next_offset > inner.uploaded_end {
+                    self.uploads.push(id);
+                }
+                continue;
+            };
             let end = last.end;
             inner.uploaded_end = end;
+            // Records past this round's are taken by a later one.
+            if inner.next_offset > end {
+                self.uploads.push(id);
+            }
             let txns = inner.txns.summary(from, end);
             // Copying and checksumming the batches waits until the lock is released, so
             // appends to the stream do not wait on them.
@@ -280,9 +340,10 @@ impl Node {
     /// or let the next round retry what was refused.
     async fn finish_round(&self, key: &ObjectKey, parts: &[Part], commit: Commit) {
         let committed = commit != Commit::Refused;
-        let streams: HashMap<StreamId, _> = self.all_streams().into_iter().map(|h| (h.id, h)).collect();
+        // The committed ends this round moved, for the WAL to reclaim what they cover.
+        let mut reclaimed = Vec::new();
         for part in parts {
-            let Some(handle) = streams.get(&part.stream).filter(|h| h.epoch == part.chunk.stream_epoch) else {
+            let Some(handle) = self.served(part.stream).filter(|h| h.epoch == part.chunk.stream_epoch) else {
                 continue;
             };
             if commit == Commit::Committed {
@@ -320,7 +381,10 @@ impl Node {
                     self.ranges.forget_unsettled(part.stream);
                 }
                 inner.trim_committed();
+                reclaimed.push((part.stream, part.chunk.end));
             } else {
+                // Taken again by the next round.
+                self.uploads.push(part.stream);
                 // The view may show the stream committed further: an earlier round's
                 // commit landed though its answer was lost, and a retry of it was refused
                 // (its ranges replaced since). The next round starts there, or its
@@ -333,21 +397,38 @@ impl Node {
                     handle.committed.send_replace(seen);
                     inner.trim_committed();
                     self.ranges.forget_unsettled(part.stream);
+                    reclaimed.push((part.stream, seen));
                 }
                 inner.uploaded_end = inner.committed_end;
             }
         }
-        if committed {
-            self.wal.reclaim(self.committed_ends().await);
+        if !reclaimed.is_empty() {
+            self.wal.reclaim(reclaimed);
         }
     }
+}
 
-    /// Committed end of every stream this incarnation has served.
-    pub async fn committed_ends(&self) -> HashMap<StreamId, u64> {
-        let mut ends = self.closed_ends.read().unwrap_or_else(|p| p.into_inner()).clone();
-        for h in self.all_streams() {
-            ends.insert(h.id, h.inner.lock().await.committed_end);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// D-23: a round takes the streams appended to since the last one, oldest first,
+    /// not every stream; what a round does not reach goes first in the next.
+    #[test]
+    fn a_round_takes_the_streams_written_to_and_leaves_the_idle_ones() {
+        let queue = UploadQueue::default();
+        // 100,000 idle streams are never queued; two are written, one twice.
+        for id in [7, 3, 7] {
+            queue.push(StreamId(id));
         }
-        ends
+        assert_eq!(queue.take(), vec![StreamId(7), StreamId(3)]);
+        assert!(queue.take().is_empty(), "taken");
+        for id in 0..4 {
+            queue.push(StreamId(id));
+        }
+        let round = queue.take();
+        queue.push(StreamId(9));
+        queue.put_back(&round[2..]);
+        assert_eq!(queue.take(), vec![StreamId(2), StreamId(3), StreamId(9)]);
     }
 }

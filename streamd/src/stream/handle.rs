@@ -7,6 +7,7 @@ use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::{watch, Mutex};
+use weir_shared::backoff::Backoff;
 use weir_shared::ids::{ObjectKey, StreamEpoch, StreamId};
 
 /// One batch in the tail buffer, with its assigned offsets.
@@ -81,6 +82,17 @@ pub struct StreamHandle {
     /// `inner.start_offset`, readable without the lock (the view follower compares it).
     pub start: AtomicU64,
     serving: AtomicBool,
+    /// The committed end this epoch opened at. The producer and transaction state is
+    /// rebuilt from the data below it on first need, not at open (`Node::tail_state`):
+    /// opening stays one metadata entry for many streams (D-23).
+    pub opened_at: u64,
+    /// The rebuilt tail state is in `inner`; until then appends, markers and
+    /// `read_committed` reads wait for it.
+    tail_loaded: AtomicBool,
+    /// Held by the one rebuild of the tail state.
+    pub tail_loading: Mutex<()>,
+    /// Set while the rebuild fails: when it may be tried again, and its backoff.
+    tail_retry: std::sync::Mutex<Option<(std::time::Instant, Backoff)>>,
     /// Where the last read stopped inside a committed range, so a sequential reader's
     /// next read starts there rather than at the range's first batch.
     read_hint: std::sync::Mutex<Option<ReadHint>>,
@@ -105,7 +117,6 @@ impl StreamHandle {
         leader_epoch: i32,
         start_offset: u64,
         committed_end: u64,
-        tail: TailState,
     ) -> Self {
         Self {
             id,
@@ -120,16 +131,58 @@ impl StreamHandle {
                 committed_end,
                 closers: 0,
                 settling: false,
-                producers: tail.producers,
-                txns: tail.txns,
+                producers: Default::default(),
+                txns: Default::default(),
                 buffered: 0,
             }),
             durable: watch::channel(committed_end).0,
             committed: watch::channel(committed_end).0,
             start: AtomicU64::new(start_offset),
             serving: AtomicBool::new(true),
+            opened_at: committed_end,
+            tail_loaded: AtomicBool::new(false),
+            tail_loading: Mutex::new(()),
+            tail_retry: std::sync::Mutex::new(None),
             read_hint: std::sync::Mutex::new(None),
         }
+    }
+
+    pub fn tail_loaded(&self) -> bool {
+        self.tail_loaded.load(Ordering::Acquire)
+    }
+
+    /// When a failed rebuild of the tail state may be tried again; `None` unless one failed.
+    pub fn tail_retry_due(&self) -> Option<std::time::Instant> {
+        self.tail_retry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(due, _)| *due)
+    }
+
+    /// Records a failed rebuild (`Some((first, max))`, the backoff's bounds) and returns
+    /// the wait before the next attempt; or, with `None`, a successful one, returning
+    /// whether one had failed before.
+    pub fn tail_failed(
+        &self,
+        bounds: Option<(std::time::Duration, std::time::Duration)>,
+    ) -> Option<std::time::Duration> {
+        let mut retry = self.tail_retry.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((first, max)) = bounds else {
+            return retry.take().map(|_| std::time::Duration::ZERO);
+        };
+        let (due, backoff) = retry.get_or_insert_with(|| (std::time::Instant::now(), Backoff::new(first, max)));
+        let wait = backoff.next_wait();
+        *due = std::time::Instant::now() + wait;
+        Some(wait)
+    }
+
+    /// Installs the rebuilt tail state; nothing was appended before it (appends wait
+    /// for it), so it replaces the empty state whole.
+    pub fn install_tail(&self, inner: &mut StreamInner, tail: TailState) {
+        inner.producers = tail.producers;
+        inner.txns = tail.txns;
+        self.tail_loaded.store(true, Ordering::Release);
     }
 
     /// Where the batch at `offset` begins in the range at (`key`, `pos`), if the last

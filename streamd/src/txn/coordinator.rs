@@ -137,7 +137,13 @@ impl Txns {
                 _ = tokio::time::sleep(TICK) => {}
                 _ = cancel.cancelled() => return,
             }
-            for handle in self.node.all_streams() {
+            // The topic's partitions, not every served stream (D-23).
+            let partitions: Vec<_> = self
+                .node
+                .view
+                .with(|s| s.topics.get(TXN_STATE_TOPIC).map(|t| t.partitions.clone()))
+                .unwrap_or_default();
+            for handle in partitions.into_iter().filter_map(|id| self.node.served(id)) {
                 if !handle.name.starts_with(&prefix) || !handle.is_serving() {
                     continue;
                 }

@@ -16,7 +16,7 @@ use super::{SegmentId, Sink, WalError};
 use bytes::BytesMut;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use weir_shared::ids::StreamId;
@@ -34,7 +34,8 @@ enum Request {
         on_durable: Option<OnDurable>,
     },
     /// Delete segments whose every stream's records end at or below these committed ends.
-    Reclaim { committed: HashMap<StreamId, u64> },
+    /// New committed ends are waiting in `WalWriter::committed`.
+    Reclaim,
     /// The stop was requested: wakes a writer thread waiting for appends.
     Wake,
 }
@@ -63,6 +64,10 @@ pub struct WalWriter {
     bytes: Arc<AtomicU64>,
     max_bytes: u64,
     fenced: Arc<AtomicBool>,
+    /// Committed ends reported since the writer last looked: streams whose records up
+    /// to there are in committed objects. Kept here, not in the queue, so a full queue
+    /// loses none; only what changed is reported, never every stream's (D-23).
+    committed: Arc<Mutex<HashMap<StreamId, u64>>>,
 }
 
 impl WalWriter {
@@ -80,12 +85,15 @@ impl WalWriter {
             bytes: Arc::new(AtomicU64::new(0)),
             max_bytes,
             fenced: Arc::new(AtomicBool::new(false)),
+            committed: Arc::default(),
         };
         let log = Log {
             segments: BTreeMap::new(),
             failed: None,
             bytes: writer.bytes.clone(),
             fenced: writer.fenced.clone(),
+            reported: writer.committed.clone(),
+            committed: HashMap::new(),
         };
         match sink {
             Sink::File(file) => {
@@ -170,9 +178,19 @@ impl WalWriter {
         })
     }
 
-    /// Reclaims segments fully covered by `committed` ends.
-    pub fn reclaim(&self, committed: HashMap<StreamId, u64>) {
-        let _ = self.tx.try_send(Request::Reclaim { committed });
+    /// Reports streams' new committed ends (their records below are in committed
+    /// objects, or no longer this incarnation's to keep), and reclaims the segments
+    /// they now cover.
+    pub fn reclaim(&self, ends: impl IntoIterator<Item = (StreamId, u64)>) {
+        {
+            let mut committed = self.committed.lock().unwrap_or_else(|p| p.into_inner());
+            for (stream, end) in ends {
+                let e = committed.entry(stream).or_insert(end);
+                *e = (*e).max(end);
+            }
+        }
+        // A full queue means the writer is busy: it takes the ends with its next group.
+        let _ = self.tx.try_send(Request::Reclaim);
     }
 
     /// Bytes held in live segments.
@@ -192,6 +210,11 @@ struct Log {
     failed: Option<WalError>,
     bytes: Arc<AtomicU64>,
     fenced: Arc<AtomicBool>,
+    /// Where the handle leaves reported committed ends (`WalWriter::reclaim`).
+    reported: Arc<Mutex<HashMap<StreamId, u64>>>,
+    /// The committed end of every stream with records in a live segment, as reported;
+    /// a stream not in it has nothing committed yet.
+    committed: HashMap<StreamId, u64>,
 }
 
 /// Appends gathered for one write.
@@ -200,7 +223,8 @@ struct Group {
     data: BytesMut,
     waiters: Vec<(Answer, Option<OnDurable>)>,
     ends: Vec<(StreamId, u64)>,
-    reclaims: Vec<HashMap<StreamId, u64>>,
+    /// Committed ends were reported.
+    reclaim: bool,
 }
 
 impl Group {
@@ -228,7 +252,7 @@ impl Group {
                 self.waiters.push((done, on_durable));
                 self.ends.push((record.stream, record.end_offset()));
             }
-            Request::Reclaim { committed } => self.reclaims.push(committed),
+            Request::Reclaim => self.reclaim = true,
             Request::Wake => {}
         }
     }
@@ -273,15 +297,25 @@ impl Log {
         }
     }
 
-    /// Segments, oldest first, whose every record is covered by `committed`; never the
-    /// `boundary` one, which the writer still needs.
-    fn reclaimable(&self, committed: &HashMap<StreamId, u64>, boundary: Option<SegmentId>) -> Vec<SegmentId> {
-        tracing::debug!(
-            segments = self.segments.len(),
-            ?boundary,
-            ?committed,
-            "reclaiming WAL segments"
-        );
+    /// Whether committed ends were reported and not yet taken (a full queue may have
+    /// dropped the request that announced them).
+    fn has_reported(&self) -> bool {
+        !self.reported.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    /// Takes the committed ends reported since the last look.
+    fn take_reported(&mut self) {
+        let reported = std::mem::take(&mut *self.reported.lock().unwrap_or_else(|p| p.into_inner()));
+        for (stream, end) in reported {
+            let e = self.committed.entry(stream).or_insert(end);
+            *e = (*e).max(end);
+        }
+    }
+
+    /// Segments, oldest first, whose every record is covered by the committed ends;
+    /// never the `boundary` one, which the writer still needs.
+    fn reclaimable(&self, boundary: Option<SegmentId>) -> Vec<SegmentId> {
+        tracing::debug!(segments = self.segments.len(), ?boundary, "reclaiming WAL segments");
         self.segments
             .iter()
             .take_while(|(id, info)| {
@@ -289,10 +323,21 @@ impl Log {
                     && info
                         .stream_ends
                         .iter()
-                        .all(|(s, end)| committed.get(s).is_none_or(|c| c >= end))
+                        .all(|(s, end)| self.committed.get(s).is_some_and(|c| c >= end))
             })
             .map(|(id, _)| *id)
             .collect()
+    }
+
+    /// Forgets the committed ends of streams no live segment holds a record of, so
+    /// the map follows what is in the log, not every stream ever served.
+    fn forget_reclaimed(&mut self) {
+        let live: std::collections::HashSet<StreamId> = self
+            .segments
+            .values()
+            .flat_map(|info| info.stream_ends.keys().copied())
+            .collect();
+        self.committed.retain(|s, _| live.contains(s));
     }
 
     /// Records that deleting `segment` went as it did; false stops this reclaim.
@@ -320,8 +365,8 @@ fn run_file(mut file: FileSink, mut rx: mpsc::Receiver<Request>, mut log: Log, s
         if stop.is_cancelled() {
             break;
         }
-        let mut group = Group::gather(first, &mut rx);
-        let reclaims = std::mem::take(&mut group.reclaims);
+        let group = Group::gather(first, &mut rx);
+        let reclaim = group.reclaim || log.has_reported();
         if !group.waiters.is_empty() {
             // Tests: a slow disk, so appends that arrive meanwhile pile up for the next group.
             if !weir_shared::failpoint::pause_blocking("wal_persist", stop) {
@@ -333,12 +378,14 @@ fn run_file(mut file: FileSink, mut rx: mpsc::Receiver<Request>, mut log: Log, s
             };
             log.settle(group, result);
         }
-        for committed in reclaims {
-            for segment in log.reclaimable(&committed, file.active_segment()) {
+        if reclaim {
+            log.take_reported();
+            for segment in log.reclaimable(file.active_segment()) {
                 if !log.deleted(segment, file.delete(segment)) {
                     break;
                 }
             }
+            log.forget_reclaimed();
         }
     }
     // Appends still queued are answered "stopped" as their senders drop.
@@ -350,7 +397,7 @@ fn run_file(mut file: FileSink, mut rx: mpsc::Receiver<Request>, mut log: Log, s
 async fn run_object(object: &mut ObjectSink, mut rx: mpsc::Receiver<Request>, mut log: Log) {
     while let Some(first) = rx.recv().await {
         let mut group = Group::gather(first, &mut rx);
-        let reclaims = std::mem::take(&mut group.reclaims);
+        let reclaim = group.reclaim || log.has_reported();
         if !group.waiters.is_empty() {
             weir_shared::failpoint::pause("wal_persist").await;
             let result = match &log.failed {
@@ -359,12 +406,14 @@ async fn run_object(object: &mut ObjectSink, mut rx: mpsc::Receiver<Request>, mu
             };
             log.settle(group, result);
         }
-        for committed in reclaims {
-            for segment in log.reclaimable(&committed, object.newest_segment()) {
+        if reclaim {
+            log.take_reported();
+            for segment in log.reclaimable(object.newest_segment()) {
                 if !log.deleted(segment, object.delete(segment).await) {
                     break;
                 }
             }
+            log.forget_reclaimed();
         }
     }
 }
@@ -465,5 +514,44 @@ mod tests {
         answered.await.expect("durable");
         assert_eq!(*durable.borrow(), 2, "the hook ran before the answer");
         stop.cancel();
+    }
+
+    /// D-23: only changed committed ends are reported. A segment is reclaimed once every
+    /// stream in it is reported committed past its records; a stream not reported yet
+    /// keeps its segments, and the ends of streams no live segment holds are forgotten.
+    #[test]
+    fn segments_are_reclaimed_from_reported_ends_and_unreported_streams_keep_theirs() {
+        let mut log = Log {
+            segments: BTreeMap::new(),
+            failed: None,
+            bytes: Arc::default(),
+            fenced: Arc::default(),
+            reported: Arc::default(),
+            committed: HashMap::new(),
+        };
+        let segment = |ends: &[(u64, u64)]| SegmentInfo {
+            bytes: 1,
+            stream_ends: ends.iter().map(|&(s, e)| (StreamId(s), e)).collect(),
+        };
+        log.segments.insert(1, segment(&[(1, 10), (2, 5)]));
+        log.segments.insert(2, segment(&[(1, 20)]));
+        log.segments.insert(3, segment(&[(3, 1)]));
+        let report = |log: &Log, ends: &[(u64, u64)]| {
+            log.reported
+                .lock()
+                .expect("lock")
+                .extend(ends.iter().map(|&(s, e)| (StreamId(s), e)));
+        };
+        report(&log, &[(1, 20)]);
+        log.take_reported();
+        assert!(log.reclaimable(None).is_empty(), "stream 2 was never reported");
+        report(&log, &[(2, 5)]);
+        log.take_reported();
+        assert_eq!(log.reclaimable(Some(3)), vec![1, 2], "never the boundary segment");
+        for s in [1, 2] {
+            assert!(log.deleted(s, Ok(())));
+        }
+        log.forget_reclaimed();
+        assert!(log.committed.is_empty(), "no live segment holds streams 1 and 2");
     }
 }

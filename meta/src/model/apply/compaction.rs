@@ -177,8 +177,10 @@ impl Txn<'_> {
                 .1
                 .insert(id);
         }
-        let row = self.state.streams.get_mut(&id).expect("checked above");
-        row.bytes = row.bytes.saturating_sub(removed) + added;
+        self.state
+            .streams
+            .update(&id, |row| row.bytes = row.bytes.saturating_sub(removed) + added)
+            .expect("checked above");
         self.touch(RowKey::Stream(id));
         Ok(())
     }

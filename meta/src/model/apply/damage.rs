@@ -99,8 +99,10 @@ impl Txn<'_> {
                 if uncommitted {
                     // The lost offsets are skipped, never handed out again: the stream
                     // goes on from the end of the damage, with nothing below it.
-                    let row = self.state.streams.get_mut(&id).expect("checked above");
-                    row.committed_end = damage.until;
+                    self.state
+                        .streams
+                        .update(&id, |row| row.committed_end = damage.until)
+                        .expect("checked above");
                 }
                 self.trim_stream(proposer, id, damage.until)?
             }

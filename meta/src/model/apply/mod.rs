@@ -2,7 +2,7 @@
 //! to (outcome, changed rows). Every replica runs it and so reaches the same state.
 //! A rejected command changes nothing: each rule validates before it mutates.
 
-use super::command::{Command, Outcome, Proposal, Proposer, RejectCode, Rejection};
+use super::command::{Applied, Command, Outcome, Proposal, Proposer, RejectCode, Rejection, MAX_BATCH};
 use super::index::{IndexChange, IndexRead};
 use super::rows::*;
 use super::state::{Change, RowKey, State};
@@ -135,18 +135,39 @@ impl Txn<'_> {
             Command::DeleteStream { name, id } => self.delete_stream(proposer, name, *id),
             Command::DestroyStream { stream } => self.destroy_stream(proposer, *stream),
             Command::PlaceStream { stream, node } => self.place_stream(proposer, *stream, node),
+            Command::PlaceStreams { placements } => {
+                self.privileged(proposer)?;
+                self.each(placements, |txn, p| txn.place_stream(proposer, p.stream, &p.node))
+            }
             Command::BeginTransfer {
                 stream,
                 stream_epoch,
                 target,
             } => self.begin_transfer(proposer, *stream, *stream_epoch, target),
+            Command::BeginTransfers { transfers } => {
+                self.privileged(proposer)?;
+                self.each(transfers, |txn, t| {
+                    txn.begin_transfer(proposer, t.stream, t.stream_epoch, &t.target)
+                })
+            }
             Command::CancelTransfer { stream, stream_epoch } => self.cancel_transfer(proposer, *stream, *stream_epoch),
             Command::DiscardTransfer { stream, op, .. } => self.discard_transfer(proposer, *stream, *op),
             Command::OpenStream {
                 stream,
                 stamps_leader_epochs,
             } => self.open_stream(proposer, *stream, *stamps_leader_epochs),
+            Command::OpenStreams {
+                streams,
+                stamps_leader_epochs,
+            } => {
+                self.node_proposer(proposer)?;
+                self.each(streams, |txn, id| txn.open_stream(proposer, *id, *stamps_leader_epochs))
+            }
             Command::CloseStream { stream, stream_epoch } => self.close_stream(proposer, *stream, *stream_epoch),
+            Command::CloseStreams { streams } => {
+                self.privileged(proposer)?;
+                self.each(streams, |txn, s| txn.close_stream(proposer, s.stream, s.stream_epoch))
+            }
             Command::CommitObjects { key, size, ranges } => self.commit_objects(proposer, key, *size, ranges),
             Command::TrimStream { stream, start } => self.trim_stream(proposer, *stream, *start),
             Command::CompactObjects {
@@ -182,6 +203,19 @@ impl Txn<'_> {
             } => self.report_damage(proposer, *stream, *from, *until, what),
             Command::ResolveDamage { stream, remedy } => self.resolve_damage(proposer, *stream, *remedy),
         }
+    }
+
+    /// A batch command: each item applied in order as its single command would be, its
+    /// refusal its own (a refused item changes nothing, as every rule checks first).
+    fn each<T>(&mut self, items: &[T], mut one: impl FnMut(&mut Self, &T) -> Outcome) -> Outcome {
+        if items.is_empty() || items.len() > MAX_BATCH {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                format!("a batch holds 1 to {MAX_BATCH} items, not {}", items.len()),
+            ));
+        }
+        let outcomes = items.iter().map(|item| one(self, item)).collect();
+        Ok(Applied::Each { outcomes })
     }
 
     // ---- proposer checks ----

@@ -116,7 +116,7 @@ impl Txn<'_> {
         }
         let streams: Vec<StreamId> = updated.keys().copied().collect();
         for (id, row) in updated {
-            self.state.streams.insert(id, row);
+            self.state.streams.insert(row);
             self.touch(RowKey::Stream(id));
         }
         self.index_changes.extend(ranges_out);

@@ -38,10 +38,14 @@ impl Txn<'_> {
             });
         }
         let dropped = self.drop_ranges_below(id, start);
-        let row = self.state.streams.get_mut(&id).expect("checked above");
-        row.start_offset = start;
-        row.bytes = row.bytes.saturating_sub(dropped);
-        crate::model::leader_epochs::prune(row);
+        self.state
+            .streams
+            .update(&id, |row| {
+                row.start_offset = start;
+                row.bytes = row.bytes.saturating_sub(dropped);
+                crate::model::leader_epochs::prune(row);
+            })
+            .expect("checked above");
         self.touch(RowKey::Stream(id));
         Ok(Applied::Trimmed { start })
     }
@@ -127,8 +131,12 @@ impl Txn<'_> {
             }
         };
         for id in streams {
-            if let Some(row) = self.state.streams.get_mut(&id) {
-                row.config = config.clone();
+            if self
+                .state
+                .streams
+                .update(&id, |row| row.config = config.clone())
+                .is_some()
+            {
                 self.touch(RowKey::Stream(id));
             }
         }

@@ -32,7 +32,7 @@ impl Txn<'_> {
     pub(super) fn create_stream(&mut self, proposer: &Proposer, name: &str, config: &StreamConfig) -> Outcome {
         self.privileged(proposer)?;
         validate_name("stream", name)?;
-        if self.state.stream_names.contains_key(name) {
+        if self.state.streams.names().contains_key(name) {
             return Err(reject(
                 RejectCode::AlreadyExists,
                 format!("stream '{name}' already exists"),
@@ -98,9 +98,13 @@ impl Txn<'_> {
             }
         }
         let owner = target.incarnation();
-        let row = self.state.streams.get_mut(&id).expect("checked");
-        row.owner = Some(owner);
-        row.clear_transfer();
+        self.state
+            .streams
+            .update(&id, |row| {
+                row.owner = Some(owner);
+                row.clear_transfer();
+            })
+            .expect("checked");
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }
@@ -138,17 +142,23 @@ impl Txn<'_> {
                 ))
             }
             StreamState::Closed => {
-                let row = self.state.streams.get_mut(&id).expect("checked");
-                row.state = StreamState::Open;
-                row.epoch = row.epoch.next();
-                if stamps_leader_epochs {
-                    let gateways = crate::model::leader_epochs::gateway_changes(&self.state.nodes);
-                    crate::model::leader_epochs::record_open(row, gateways);
-                }
-                let applied = Applied::StreamOpened {
-                    stream_epoch: row.epoch,
-                    committed_end: row.committed_end,
-                };
+                let gateways = stamps_leader_epochs
+                    .then(|| crate::model::leader_epochs::gateway_changes(&self.state.nodes));
+                let applied = self
+                    .state
+                    .streams
+                    .update(&id, |row| {
+                        row.state = StreamState::Open;
+                        row.epoch = row.epoch.next();
+                        if let Some(gateways) = gateways {
+                            crate::model::leader_epochs::record_open(row, gateways);
+                        }
+                        Applied::StreamOpened {
+                            stream_epoch: row.epoch,
+                            committed_end: row.committed_end,
+                        }
+                    })
+                    .expect("checked");
                 self.touch(RowKey::Stream(id));
                 Ok(applied)
             }
@@ -211,10 +221,14 @@ impl Txn<'_> {
             .and_then(|t| check_destination(self.state, t).ok())
             .filter(|t| stream.transfer_target_epoch.is_none_or(|e| e == t.epoch))
             .map(NodeRow::incarnation);
-        let row = self.state.streams.get_mut(&id).expect("checked");
-        row.state = StreamState::Closed;
-        row.owner = handed_to;
-        row.clear_transfer();
+        self.state
+            .streams
+            .update(&id, |row| {
+                row.state = StreamState::Closed;
+                row.owner = handed_to;
+                row.clear_transfer();
+            })
+            .expect("checked");
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }

@@ -68,10 +68,15 @@ impl Txn<'_> {
                 format!("stream '{}' is owned by {owner}, which is not live", stream.name),
             ));
         }
-        let row = self.state.streams.get_mut(&id).expect("checked");
-        row.transfer_target = Some(target.clone());
-        row.transfer_target_epoch = Some(target_epoch);
-        row.transfer_op = Some(self.index);
+        let op = self.index;
+        self.state
+            .streams
+            .update(&id, |row| {
+                row.transfer_target = Some(target.clone());
+                row.transfer_target_epoch = Some(target_epoch);
+                row.transfer_op = Some(op);
+            })
+            .expect("checked");
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)
     }
@@ -81,8 +86,10 @@ impl Txn<'_> {
         self.privileged(proposer)?;
         let stream = self.stream(id)?;
         if stream.epoch == stream_epoch && stream.transfer_target.is_some() {
-            let row = self.state.streams.get_mut(&id).expect("checked");
-            row.clear_transfer();
+            self.state
+                .streams
+                .update(&id, crate::model::rows::StreamRow::clear_transfer)
+                .expect("checked");
             self.touch(RowKey::Stream(id));
         }
         Ok(Applied::Done)
@@ -96,8 +103,10 @@ impl Txn<'_> {
         self.privileged(proposer)?;
         let stream = self.stream(id)?;
         if stream.transfer_target.is_some() && stream.transfer_op.unwrap_or(0) == op {
-            let row = self.state.streams.get_mut(&id).expect("checked");
-            row.clear_transfer();
+            self.state
+                .streams
+                .update(&id, crate::model::rows::StreamRow::clear_transfer)
+                .expect("checked");
             self.touch(RowKey::Stream(id));
         }
         Ok(Applied::Done)

@@ -23,12 +23,13 @@ use futures::StreamExt;
 use layout::{layout, EntryLayout, WindowShape, MAX_COMMAND_RANGES};
 use object_store::{ObjectStore, PutPayload};
 use plan::{batches, plan};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_meta::model::{Applied, Command, NewObject, ObjectRange, RejectCode, ReplacedRange, StreamSwap};
+use weir_meta::view::ChangedStreams;
 use weir_shared::batch::split_batches_by_header;
-use weir_shared::ids::{ObjectKey, Offset};
+use weir_shared::ids::{ObjectKey, Offset, StreamId};
 
 /// Objects fetched or written at once while compacting (less than reads use:
 /// compaction is background work).
@@ -78,10 +79,24 @@ impl Node {
     /// needs, and cut into the batch's ranges. An upload object holds a range of nearly
     /// every stream of its node, so reading per stream would GET each object once per
     /// stream (the soak: ~100,000 GETs, over 200 s, per pass over 500 streams).
-    pub async fn compact_streams(&self) -> usize {
+    ///
+    /// Only `candidates` are planned: streams whose rows changed since they were last
+    /// planned (D-23). A stream planned with nothing to compact leaves them until its
+    /// row changes again (an upload's commit, a trim); one whose plan failed stays.
+    pub async fn compact_streams(&self, candidates: &mut HashSet<StreamId>) -> usize {
         let started = Instant::now();
         let target = self.tunables.compaction_target_bytes;
-        let planned: Vec<(Arc<StreamHandle>, Vec<Vec<ObjectRange>>)> = futures::stream::iter(self.all_streams())
+        let handles: Vec<Arc<StreamHandle>> = candidates.iter().filter_map(|id| self.served(*id)).collect();
+        // A stream opened in the view and not served yet stays for the next pass.
+        candidates.retain(|id| {
+            self.served(*id).is_some()
+                || self.view.with(|s| {
+                    s.streams.get(id).is_some_and(|r| {
+                        r.owner.as_ref() == Some(&self.me) && r.state == weir_meta::model::StreamState::Open
+                    })
+                })
+        });
+        let planned: Vec<(Arc<StreamHandle>, Vec<Vec<ObjectRange>>)> = futures::stream::iter(handles)
             .map(|handle| async move {
                 match self.stream_ranges(&handle).await {
                     Ok(ranges) => {
@@ -96,9 +111,14 @@ impl Node {
                 }
             })
             .buffer_unordered(STREAM_CONCURRENCY)
-            .filter_map(|p| async move { p.filter(|(_, w)| !w.is_empty()) })
+            .filter_map(|p| async move { p })
             .collect()
             .await;
+        // Planned: looked at again once its row changes (this pass's swaps change it).
+        for (handle, _) in &planned {
+            candidates.remove(&handle.id);
+        }
+        let planned: Vec<_> = planned.into_iter().filter(|(_, w)| !w.is_empty()).collect();
         let source_bytes: u64 = planned
             .iter()
             .flat_map(|(_, windows)| windows.iter().flatten())
@@ -574,6 +594,8 @@ pub async fn compaction_loop(node: Arc<Node>, cancel: tokio_util::sync::Cancella
     let every = node.tunables.compaction_interval;
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let changed = node.view.track();
+    let mut candidates = HashSet::new();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -581,7 +603,11 @@ pub async fn compaction_loop(node: Arc<Node>, cancel: tokio_util::sync::Cancella
             _ = ticks.tick() => {}
         }
         if node.is_admitted() {
-            let pass = node.compact_streams();
+            match changed.take() {
+                ChangedStreams::All => candidates.extend(node.served_or_open()),
+                ChangedStreams::Some(ids) => candidates.extend(ids),
+            }
+            let pass = node.compact_streams(&mut candidates);
             tokio::pin!(pass);
             tokio::select! {
                 _ = &mut pass => {}
