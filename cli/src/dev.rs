@@ -77,6 +77,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         raft_heartbeat_ms: 200,
         snapshot_logs: 10_000,
         auto_place: true,
+        drain_batch_streams: weir_meta::drain_plan::DRAIN_BATCH,
         telemetry: TelemetryArgs {
             log_format: LogFormat::Human,
             ..args.telemetry.clone()

@@ -118,7 +118,7 @@ enum NodesCmd {
         node: String,
     },
     /// Cordon NODE and move each of its streams to another node by planned transfer,
-    /// one at a time (everything buffered is uploaded first); reports per stream what
+    /// in batches (everything buffered is uploaded first); reports per stream what
     /// moved and why a move failed, and exits 1 when not everything moved. The process
     /// keeps running.
     Drain {

@@ -14,7 +14,8 @@ use weir_proto::metad::admin_client::AdminClient;
 use weir_proto::metad::metad_client::MetadClient as GrpcMetadClient;
 use weir_proto::metad::{
     AbortedTxn as ProtoAbortedTxn, AdminReply, AdminRequest, DrainRequest, LinearizableReadRequest,
-    ObjectsCommittedRequest, ProposeRequest, Range, ReadRangesRequest, TransferRequest, WatchEvent, WatchRequest,
+    ObjectsCommittedRequest, ProposeRequest, Range, ReadRangesRequest, ReleasedObjectsRequest, TransferRequest,
+    WatchEvent, WatchRequest,
 };
 use weir_shared::grpc::Channel;
 use weir_shared::grpc::MAX_MESSAGE;
@@ -420,6 +421,25 @@ impl MetadClient {
             reply.committed.into_iter().map(ObjectKey).collect(),
             reply.applied_index,
         ))
+    }
+
+    /// Up to [`MAX_PAGE`] objects released after log index `after` and not yet
+    /// forgotten, in release order, read linearizably; whether more follow.
+    pub async fn released_objects(&self, after: u64) -> Result<(Vec<(u64, ObjectKey)>, bool), ClientError> {
+        let request = ReleasedObjectsRequest {
+            after_index: after,
+            limit: MAX_PAGE,
+        };
+        let reply = self
+            .each(|ch| async move { metad_stub(ch).released_objects(request).await })
+            .await?
+            .into_inner();
+        let objects = reply
+            .objects
+            .into_iter()
+            .map(|o| (o.index, ObjectKey(o.object_key)))
+            .collect();
+        Ok((objects, reply.more))
     }
 
     /// An admin query (`nodes`, `streams`, `log`, ...) answered by some replica.

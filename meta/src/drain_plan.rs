@@ -150,13 +150,46 @@ pub fn owned_streams(state: &State, owner: &Incarnation) -> Vec<(StreamId, Strin
 
 /// The least loaded node that may receive a stream, other than `source`.
 pub fn choose_destination(state: &State, source: &NodeId) -> Option<NodeId> {
+    choose_destinations(state, source, 1).and_then(|mut d| d.pop())
+}
+
+/// Destinations for `n` streams leaving `source`, each the least loaded node that may
+/// receive one, counting those chosen before it; `None` when no node may.
+pub fn choose_destinations(state: &State, source: &NodeId, n: usize) -> Option<Vec<NodeId>> {
     let load = state.streams.load_by_node();
-    state
+    let mut candidates: std::collections::BTreeMap<NodeId, usize> = state
         .nodes
         .values()
         .filter(|n| n.kind == NodeKind::Streamd && &n.id != source && check_destination(state, &n.id).is_ok())
-        .min_by_key(|n| (load.get(&n.id).copied().unwrap_or(0), n.id.clone()))
-        .map(|n| n.id.clone())
+        .map(|n| (n.id.clone(), load.get(&n.id).copied().unwrap_or(0)))
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (node, count) = candidates
+            .iter_mut()
+            .min_by_key(|(id, count)| (**count, (*id).clone()))
+            .expect("checked non-empty");
+        *count += 1;
+        out.push(node.clone());
+    }
+    Some(out)
+}
+
+/// Streams a drain moves in one unit: one `BeginTransfers` entry, one close request to
+/// the source, a few `CloseStreams` and `OpenStreams` entries. Each is unwritable for
+/// about as long as its unit takes, so a unit stays small; a drain of many streams is
+/// many units (D-23).
+pub const DRAIN_BATCH: usize = 500;
+
+/// One stream of a unit, and where it goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub stream: StreamId,
+    pub name: String,
+    pub target: NodeId,
 }
 
 /// A drain in progress: the source incarnation and the streams still to try, in order.
@@ -177,13 +210,8 @@ impl DrainPlan {
 /// What a drain does next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Move `stream` to `target`, within `unit`.
-    Move {
-        stream: StreamId,
-        name: String,
-        target: NodeId,
-        unit: Duration,
-    },
+    /// Move the streams of `batch`, in canonical order, each to its target, within `unit`.
+    Move { batch: Vec<Planned>, unit: Duration },
     /// Every stream of the plan was tried.
     Done,
     /// The drain stops here; the remaining streams are not tried.
@@ -214,11 +242,12 @@ impl Stopped {
     }
 }
 
-/// The drain's next step at `now`, taking it off the plan (SD-DRN-1, -6, -13, SD-TRM-8).
-pub fn next_step(state: &State, plan: &mut DrainPlan, budget: &Budget, now: Instant) -> Step {
-    let Some((stream, name)) = plan.remaining.front().cloned() else {
+/// The drain's next step at `now`, taking it off the plan (SD-DRN-1, -6, -13, SD-TRM-8):
+/// the next at most `batch` streams in canonical order, as one unit.
+pub fn next_step(state: &State, plan: &mut DrainPlan, budget: &Budget, now: Instant, batch: usize) -> Step {
+    if plan.remaining.is_empty() {
         return Step::Done;
-    };
+    }
     let owner = &plan.owner;
     let same_source = state
         .nodes
@@ -230,16 +259,17 @@ pub fn next_step(state: &State, plan: &mut DrainPlan, budget: &Budget, now: Inst
     let Some(unit) = budget.unit_bound_at(now) else {
         return Step::Stop(Stopped::BudgetSpent);
     };
-    let Some(target) = choose_destination(state, &owner.node) else {
+    let n = batch.clamp(1, plan.remaining.len());
+    let Some(targets) = choose_destinations(state, &owner.node, n) else {
         return Step::Stop(Stopped::NoDestination);
     };
-    plan.remaining.pop_front();
-    Step::Move {
-        stream,
-        name,
-        target,
-        unit,
-    }
+    let batch = plan
+        .remaining
+        .drain(..n)
+        .zip(targets)
+        .map(|((stream, name), target)| Planned { stream, name, target })
+        .collect();
+    Step::Move { batch, unit }
 }
 
 #[cfg(test)]
@@ -343,17 +373,45 @@ mod tests {
         let mut plan = DrainPlan::new(&log.state, a);
         let mut moved = Vec::new();
         loop {
-            match next_step(&log.state, &mut plan, &budget, start) {
-                Step::Move { name, target, unit, .. } => {
-                    assert_eq!(target, b.node);
+            match next_step(&log.state, &mut plan, &budget, start, 1) {
+                Step::Move { batch, unit } => {
+                    assert_eq!(batch.len(), 1);
+                    assert_eq!(batch[0].target, b.node);
                     assert_eq!(unit, Duration::from_secs(50));
-                    moved.push(name);
+                    moved.push(batch[0].name.clone());
                 }
                 Step::Done => break,
                 other => panic!("{other:?}"),
             }
         }
         assert_eq!(moved, ["s1", "s2"]);
+    }
+
+    /// D-23: a unit takes up to the batch's size of streams in canonical order, and
+    /// spreads them over the destinations by load.
+    #[test]
+    fn a_drain_moves_its_streams_in_batches_spread_by_load() {
+        let (mut log, a, b) = cluster();
+        let c = log.register("c");
+        for name in ["s4", "s3", "s5"] {
+            log.open(name, &a);
+        }
+        log.open("on-b", &b);
+        let start = Instant::now();
+        let budget = Budget::new(Duration::from_secs(60), start);
+        let mut plan = DrainPlan::new(&log.state, a);
+        let Step::Move { batch, .. } = next_step(&log.state, &mut plan, &budget, start, 4) else {
+            panic!("a batch")
+        };
+        let names: Vec<&str> = batch.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["s1", "s2", "s3", "s4"]);
+        let targets: Vec<&NodeId> = batch.iter().map(|p| &p.target).collect();
+        assert_eq!(targets, [&c.node, &b.node, &c.node, &b.node], "b had one already");
+        let Step::Move { batch, .. } = next_step(&log.state, &mut plan, &budget, start, 4) else {
+            panic!("the rest")
+        };
+        assert_eq!(batch.len(), 1);
+        assert_eq!(next_step(&log.state, &mut plan, &budget, start, 4), Step::Done);
     }
 
     /// SD-DRN-6, SD-DRN-13, SD-TRM-8: the drain stops when the budget is spent, when no
@@ -365,7 +423,7 @@ mod tests {
         let budget = Budget::new(Duration::from_secs(60), start);
         let mut plan = DrainPlan::new(&log.state, a.clone());
         assert_eq!(
-            next_step(&log.state, &mut plan, &budget, start + Duration::from_secs(50)),
+            next_step(&log.state, &mut plan, &budget, start + Duration::from_secs(50), 1),
             Step::Stop(Stopped::BudgetSpent)
         );
         log.operator(Command::Cordon {
@@ -374,12 +432,12 @@ mod tests {
         });
         // FO-TKO-15: a cordoned node is no drain destination.
         assert_eq!(
-            next_step(&log.state, &mut plan, &budget, start),
+            next_step(&log.state, &mut plan, &budget, start, 1),
             Step::Stop(Stopped::NoDestination)
         );
         log.register("a");
         assert_eq!(
-            next_step(&log.state, &mut plan, &budget, start),
+            next_step(&log.state, &mut plan, &budget, start, 1),
             Step::Stop(Stopped::SourceChanged)
         );
     }

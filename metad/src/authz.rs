@@ -170,6 +170,7 @@ fn node_command_of(role: Role, c: &Command) -> bool {
                         | Command::CompactStreams { .. }
                         | Command::TrimStream { .. }
                         | Command::DestroyStream { .. }
+                        | Command::ForgetReleased { .. }
                         | Command::CompleteTakeover { .. }
                         | Command::ReportDamage { .. }
                         | Command::Cordon {

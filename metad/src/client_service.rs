@@ -19,13 +19,13 @@ use weir_meta::model::codec;
 use weir_meta::model::command::{Command, Outcome, Proposal, Proposer, RejectCode, Rejection};
 use weir_meta::model::index::page;
 use weir_meta::model::CordonBy;
-use weir_meta::model::{IndexRead, Row};
+use weir_meta::model::IndexRead;
 use weir_proto::metad::metad_client::MetadClient;
 use weir_proto::metad::metad_server::Metad;
 use weir_proto::metad::{
     watch_event, LinearizableReadReply, LinearizableReadRequest, ObjectsCommittedReply, ObjectsCommittedRequest,
-    ProposeReply, ProposeRequest, ReadRangesReply, ReadRangesRequest, SnapshotBegin, SnapshotEnd, WatchEvent,
-    WatchRequest,
+    ProposeReply, ProposeRequest, ReadRangesReply, ReadRangesRequest, ReleasedObject, ReleasedObjectsReply,
+    ReleasedObjectsRequest, SnapshotBegin, SnapshotEnd, WatchEvent, WatchRequest,
 };
 use weir_shared::failpoint;
 use weir_shared::ids::{ObjectKey, Offset, StreamId};
@@ -326,6 +326,38 @@ impl Metad for ClientService {
         }))
     }
 
+    async fn released_objects(
+        &self,
+        req: Request<ReleasedObjectsRequest>,
+    ) -> Result<Response<ReleasedObjectsReply>, Status> {
+        let was_forwarded = forwarded(&req);
+        let inner = req.into_inner();
+        // Linearizable: a replica behind the leader could miss releases GC must see.
+        if self.read_barrier(true, 0).await?.is_none() {
+            return self
+                .leader_client(was_forwarded)?
+                .released_objects(mark_forwarded(inner, Some(self.timeout)))
+                .await;
+        }
+        let limit = match inner.limit {
+            0 => MAX_PAGE as usize,
+            n => (n as usize).min(MAX_PAGE as usize),
+        };
+        let applied_index = self.hub.durable_index();
+        let (objects, more) = crate::store::index::released(self.sm.db(), inner.after_index, limit);
+        Ok(Response::new(ReleasedObjectsReply {
+            objects: objects
+                .into_iter()
+                .map(|(index, key)| ReleasedObject {
+                    index,
+                    object_key: key.0,
+                })
+                .collect(),
+            applied_index,
+            more,
+        }))
+    }
+
     type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
     async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
@@ -337,13 +369,13 @@ impl Metad for ClientService {
         })?;
         // Bounded: a slow watcher holds at most this many frames (a snapshot chunk is ≤ 1 MiB).
         let (tx, rx) = mpsc::channel(16);
-        let hub = self.hub.clone();
+        let sm = self.sm.clone();
         let cancel = self.cancel.clone();
         self.tasks.spawn(async move {
             let watchers = &metrics().watchers;
             watchers.inc();
             tokio::select! {
-                _ = feed_watcher(hub, after, &tx) => {}
+                _ = feed_watcher(sm, after, &tx) => {}
                 // A watcher that went away gives its slot back at once.
                 _ = tx.closed() => {}
                 _ = cancel.cancelled() => {
@@ -359,17 +391,22 @@ impl Metad for ClientService {
 
 /// Sends a watcher a snapshot or backlog, then every delta in order, starting over
 /// from a snapshot when it lags too far or the state is replaced.
-async fn feed_watcher(hub: Arc<ViewHub>, after: Option<u64>, tx: &mpsc::Sender<Result<WatchEvent, Status>>) {
+async fn feed_watcher(sm: StateMachineStore, after: Option<u64>, tx: &mpsc::Sender<Result<WatchEvent, Status>>) {
+    let hub = sm.hub();
     let mut last = after;
     loop {
         let start = hub.subscribe(last);
         let mut rx = start.rx;
-        if let Some(state) = start.snapshot {
-            let index = state.applied_index;
-            if !send_snapshot(tx, &state).await {
+        if start.snapshot {
+            let Some(index) = send_snapshot(&sm, tx).await else {
                 return;
-            }
+            };
             last = Some(index);
+            // The deltas after the snapshot that were applied before this watcher
+            // subscribed are among the backlog; without every one of them, again.
+            if start.backlog.first().is_some_and(|d| d.index > index + 1) {
+                continue;
+            }
         }
         for delta in start.backlog {
             if !send_delta(tx, &delta, &mut last).await {
@@ -394,61 +431,62 @@ async fn feed_watcher(hub: Arc<ViewHub>, after: Option<u64>, tx: &mpsc::Sender<R
     }
 }
 
-/// Sends `state` as a snapshot in chunks of at most [`SNAPSHOT_CHUNK_BYTES`] of rows.
-/// One watch-snapshot chunk. Failpoint `watch_snapshot_rows` (`return(err)`) marks it
-/// with a format this build does not write, as a newer replica's frame would be.
-fn rows_frame(rows: &[Row]) -> Vec<u8> {
-    let mut frame = codec::encode(&rows);
+/// Failpoint `watch_snapshot_rows` (`return(err)`) marks a watch-snapshot chunk with a
+/// format this build does not write, as a newer replica's frame would be.
+fn rows_frame(mut frame: Vec<u8>) -> Vec<u8> {
     if failpoint::action("watch_snapshot_rows") == Some(failpoint::Action::Error) {
         frame[1] = codec::FORMAT_VERSION + 1;
     }
     frame
 }
 
-async fn send_snapshot(tx: &mpsc::Sender<Result<WatchEvent, Status>>, state: &weir_meta::model::State) -> bool {
-    let index = state.applied_index;
-    let event = |kind| {
-        Ok(WatchEvent {
-            index,
-            kind: Some(kind),
-        })
-    };
-    if tx
-        .send(event(watch_event::Kind::SnapshotBegin(SnapshotBegin {})))
-        .await
-        .is_err()
-    {
-        return false;
-    }
-    let rows = state.rows();
-    let total = rows.len() as u64;
-    let mut chunk: Vec<Row> = Vec::new();
-    let mut bytes = 0;
-    for row in rows {
-        // JSON of one row and its separator; a chunk (with its two-byte header and the
-        // brackets) is flushed before it would pass the bound.
-        let size = serde_json::to_vec(&row).map_or(0, |b| b.len()) + 1;
-        if !chunk.is_empty() && bytes + size + 4 > SNAPSHOT_CHUNK_BYTES {
-            let rows = rows_frame(&std::mem::take(&mut chunk));
-            if tx.send(event(watch_event::Kind::SnapshotRows(rows))).await.is_err() {
-                return false;
-            }
-            bytes = 0;
+/// Sends a snapshot of the stored view in chunks of at most [`SNAPSHOT_CHUNK_BYTES`] of
+/// rows, read on a blocking thread as the watcher takes them; the applied index it is
+/// at, or `None` when the watcher went away or the store could not be read.
+async fn send_snapshot(sm: &StateMachineStore, tx: &mpsc::Sender<Result<WatchEvent, Status>>) -> Option<u64> {
+    let (sm, frames) = (sm.clone(), tx.clone());
+    let read = tokio::task::spawn_blocking(move || {
+        let index = std::cell::Cell::new(0);
+        let event = |index: u64, kind| {
+            Ok(WatchEvent {
+                index,
+                kind: Some(kind),
+            })
+        };
+        let begin = |at: u64| {
+            index.set(at);
+            frames
+                .blocking_send(event(at, watch_event::Kind::SnapshotBegin(SnapshotBegin {})))
+                .is_ok()
+        };
+        let frame = |rows: Vec<u8>| {
+            frames
+                .blocking_send(event(index.get(), watch_event::Kind::SnapshotRows(rows_frame(rows))))
+                .is_ok()
+        };
+        sm.watch_snapshot(SNAPSHOT_CHUNK_BYTES, begin, frame)
+    })
+    .await;
+    let (index, rows) = match read {
+        Ok(Ok(Some(sent))) => sent,
+        Ok(Ok(None)) => return None,
+        Ok(Err(e)) => {
+            tracing::error!(error = %format!("{e:#}"), "cannot read a watch snapshot from the store");
+            let _ = tx
+                .send(Err(Status::internal(format!("cannot read a watch snapshot: {e:#}"))))
+                .await;
+            return None;
         }
-        bytes += size;
-        chunk.push(row);
-    }
-    if !chunk.is_empty()
-        && tx
-            .send(event(watch_event::Kind::SnapshotRows(rows_frame(&chunk))))
-            .await
-            .is_err()
-    {
-        return false;
-    }
-    tx.send(event(watch_event::Kind::SnapshotEnd(SnapshotEnd { rows: total })))
-        .await
-        .is_ok()
+        Err(e) => {
+            tracing::error!(error = %e, "watch snapshot task failed");
+            return None;
+        }
+    };
+    let end = WatchEvent {
+        index,
+        kind: Some(watch_event::Kind::SnapshotEnd(SnapshotEnd { rows })),
+    };
+    tx.send(Ok(end)).await.ok().map(|_| index)
 }
 
 async fn send_delta(

@@ -73,6 +73,11 @@ pub struct MetadArgs {
     #[arg(long, env = "WEIR_SNAPSHOT_LOGS", default_value_t = 10_000)]
     pub snapshot_logs: u64,
 
+    /// Streams a drain moves in one unit (one BeginTransfers entry and one close request
+    /// to the source); each is unwritable for about as long as its unit takes.
+    #[arg(long, env = "WEIR_DRAIN_BATCH_STREAMS", default_value_t = weir_meta::drain_plan::DRAIN_BATCH)]
+    pub drain_batch_streams: usize,
+
     /// Place closed streams without a live owner on the least loaded streamd (the leader does).
     #[arg(long, env = "WEIR_AUTO_PLACE", default_value_t = true, action = clap::ArgAction::Set)]
     pub auto_place: bool,
@@ -106,6 +111,13 @@ impl MetadArgs {
         }
         self.heartbeat.validate()?;
         self.listeners.limits()?;
+        if !(1..=weir_meta::model::MAX_BATCH).contains(&self.drain_batch_streams) {
+            return Err(ConfigError::new(format!(
+                "--drain-batch-streams must be 1 to {}, got {}",
+                weir_meta::model::MAX_BATCH,
+                self.drain_batch_streams
+            )));
+        }
         if self.max_watch_streams == 0 {
             return Err(ConfigError::new("--max-watch-streams must be at least 1"));
         }

@@ -74,7 +74,8 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
     let timeout = Duration::from_millis(args.propose_timeout_ms);
     let limits = args.listeners.limits()?;
     let users = crate::authz::Directory::new(hub.clone(), args.allow_anonymous_gateways);
-    let runner = crate::transfer_runner::TransferRunner::new(raft.clone(), hub.clone(), args.id);
+    let runner =
+        crate::transfer_runner::TransferRunner::new(raft.clone(), hub.clone(), args.id, args.drain_batch_streams);
     // Operators may come with an admin token instead of a certificate (`weir --token`).
     let grpc = weir_shared::grpc::server_with(&limits, true)?
         .layer(tonic::service::InterceptorLayer::new(

@@ -1,11 +1,14 @@
 //! Planned transfers and drain node, run by the metad leader (SD-DRN-1…12).
 //!
-//! A transfer of one stream: choose the destination from the state as it is now, mark
-//! it in the log (`BeginTransfer`), ask the owner to close the stream (it stops intake,
-//! lets admitted appends become durable, uploads and commits them; its close hands the
-//! stream to the destination in the same entry), then wait for the destination to open
-//! it at the next epoch. A drain asks the pure `drain_plan::next_step` what to do next
-//! and runs one transfer at a time, each bounded by what is left of the budget.
+//! A unit of transfers moves up to `--drain-batch-streams` streams: choose each destination
+//! from the state as it is now, mark them in the log (one `BeginTransfers`), ask the
+//! owner to close them (one `CloseStreams` call; each stream stops intake, lets its
+//! admitted appends become durable, uploads and commits them, and its close hands it
+//! to its destination in the same entry), then wait for the destinations to open them
+//! at the next epoch. A drain asks the pure `drain_plan::next_step` for its next unit,
+//! in canonical order, each bounded by what is left of the budget; a transfer of one
+//! stream is a unit of one. A stream is unwritable for as long as its unit takes, not
+//! for as long as the drain does (D-23).
 
 use crate::leader::current_leader;
 use crate::metrics::metrics;
@@ -17,15 +20,17 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::Status;
 use weir_meta::drain_plan::{
-    next_step, owned_streams, prepare_bound, Budget, DrainPlan, Moved, Reason, Report, Requester, Step, Stopped,
+    next_step, owned_streams, prepare_bound, Budget, DrainPlan, Moved, Planned, Reason, Report, Requester, Step,
+    Stopped,
 };
 use weir_meta::model::{
-    check_destination, Command, CordonBy, NodeKind, Outcome, Proposal, Proposer, State, StreamState,
+    check_destination, Applied, Command, CordonBy, NodeKind, Outcome, Proposal, Proposer, State, StreamState,
+    TransferTo,
 };
 use weir_proto::streamd::streamd_client::StreamdClient;
-use weir_proto::streamd::CloseStreamRequest;
+use weir_proto::streamd::CloseStreamsRequest;
 use weir_shared::error_code::ErrorCode;
-use weir_shared::ids::{Epoch, Incarnation, NodeId, StreamId};
+use weir_shared::ids::{Epoch, Incarnation, NodeId, StreamEpoch, StreamId};
 
 /// Runs transfers on this replica while it leads.
 #[derive(Clone)]
@@ -35,15 +40,18 @@ pub struct TransferRunner {
     id: u64,
     /// The streams it is moving: their marks are its own (RR-INT-4).
     running: Running,
+    /// Streams a drain moves in one unit (`--drain-batch-streams`).
+    batch: usize,
 }
 
 impl TransferRunner {
-    pub fn new(raft: Raft, hub: Arc<ViewHub>, id: u64) -> Self {
+    pub fn new(raft: Raft, hub: Arc<ViewHub>, id: u64, batch: usize) -> Self {
         Self {
             raft,
             hub,
             id,
             running: Running::default(),
+            batch,
         }
     }
 
@@ -81,7 +89,7 @@ impl TransferRunner {
             .map_err(|e| Status::unavailable(format!("metadata log unavailable: {e}")))
     }
 
-    /// Drains a node: cordons it, then moves its streams one at a time.
+    /// Drains a node: cordons it, then moves its streams in units of `--drain-batch-streams`.
     pub async fn drain(&self, requester: Requester, budget: Budget) -> Result<Report, Status> {
         if !self.leading() {
             return Err(self.not_leading());
@@ -152,16 +160,11 @@ impl TransferRunner {
             }
             let step = self
                 .hub
-                .with_state(|s| next_step(s, &mut plan, &budget, std::time::Instant::now()));
+                .with_state(|s| next_step(s, &mut plan, &budget, std::time::Instant::now(), self.batch));
             match step {
-                Step::Move {
-                    stream,
-                    name,
-                    target,
-                    unit,
-                } => {
-                    let moved = self.move_stream(stream, &name, &owner, &target, unit, reason).await;
-                    report.streams.push(moved);
+                Step::Move { batch, unit } => {
+                    let moved = self.move_batch(batch, &owner, unit, reason).await;
+                    report.streams.extend(moved);
                 }
                 Step::Done => break,
                 Step::Stop(stopped) => {
@@ -221,187 +224,317 @@ impl TransferRunner {
         let unit = budget
             .unit_bound_at(std::time::Instant::now())
             .ok_or_else(|| Status::invalid_argument("the budget is too small for a transfer"))?;
-        Ok(self
-            .move_stream(row.id, stream, &owner, target, unit, Reason::Transfer)
-            .await)
+        let planned = Planned {
+            stream: row.id,
+            name: stream.to_string(),
+            target: target.clone(),
+        };
+        let mut moved = self.move_batch(vec![planned], &owner, unit, Reason::Transfer).await;
+        Ok(moved.pop().expect("one stream moved or not"))
     }
 
-    /// One planned transfer, bounded by `unit` (SD-DRN-2, SD-DRN-6, SD-DRN-7).
-    async fn move_stream(
-        &self,
-        stream: StreamId,
-        name: &str,
-        owner: &Incarnation,
-        target: &NodeId,
-        unit: Duration,
-        reason: Reason,
-    ) -> Moved {
+    /// One unit of planned transfers, bounded by `unit` (SD-DRN-2, SD-DRN-6,
+    /// SD-DRN-7): what became of each stream, in order.
+    async fn move_batch(&self, batch: Vec<Planned>, owner: &Incarnation, unit: Duration, reason: Reason) -> Vec<Moved> {
         let deadline = Instant::now() + unit;
-        let moved = self.try_move(stream, name, owner, target, unit, deadline).await;
-        let outcome = if moved.moved { "moved" } else { "failed" };
-        metrics().transfers.with_label_values(&[outcome, reason.label()]).inc();
-        match &moved.error {
-            None => {
-                tracing::info!(stream = name, from = %owner, to = %target, reason = reason.label(), closed_at = moved.closed_at, "stream transferred")
-            }
-            Some(e) => {
-                tracing::warn!(stream = name, from = %owner, to = %target, reason = reason.label(), error = %e, "stream not transferred")
+        let moved = self.try_move_batch(&batch, owner, unit, deadline).await;
+        for (p, moved) in batch.iter().zip(&moved) {
+            let outcome = if moved.moved { "moved" } else { "failed" };
+            metrics().transfers.with_label_values(&[outcome, reason.label()]).inc();
+            match &moved.error {
+                None => {
+                    tracing::info!(stream = p.name, from = %owner, to = moved.to.as_deref().unwrap_or(""), reason = reason.label(), closed_at = moved.closed_at, "stream transferred")
+                }
+                Some(e) => {
+                    tracing::warn!(stream = p.name, from = %owner, to = %p.target, reason = reason.label(), error = %e, "stream not transferred")
+                }
             }
         }
         moved
     }
 
-    async fn try_move(
+    async fn try_move_batch(
         &self,
-        stream: StreamId,
-        name: &str,
+        batch: &[Planned],
         owner: &Incarnation,
-        target: &NodeId,
         unit: Duration,
         deadline: Instant,
-    ) -> Moved {
-        let Some((epoch, addr)) = self.hub.with_state(|s| {
-            let row = s.streams.get(&stream)?;
-            let node = s.nodes.get(&owner.node)?;
-            (row.state == StreamState::Open && row.owner.as_ref() == Some(owner))
-                .then(|| (row.epoch, node.addrs.grpc.clone()))
-        }) else {
-            return Moved::failed(name, format!("stream '{name}' is no longer open on {owner}"));
+    ) -> Vec<Moved> {
+        let mut out: Vec<Option<Moved>> = vec![None; batch.len()];
+        let Some(addr) = self
+            .hub
+            .with_state(|s| s.nodes.get(&owner.node).map(|n| n.addrs.grpc.clone()))
+        else {
+            return batch
+                .iter()
+                .map(|p| Moved::failed(&p.name, format!("node '{}' is not registered", owner.node)))
+                .collect();
         };
-        // The mark this transfer sets is its own until it ends (RR-INT-4).
-        let Some(_holding) = self.running.hold(stream) else {
-            return Moved::failed(name, format!("a transfer of stream '{name}' is already running"));
-        };
-        let begin = Command::BeginTransfer {
-            stream,
-            stream_epoch: epoch,
-            target: target.clone(),
-        };
-        let op = match self.propose(self.operator(), begin).await {
-            Ok((index, Ok(_))) => index,
-            Ok((_, Err(r))) => return Moved::failed(name, format!("transfer refused: {}", r.message)),
-            Err(s) => return Moved::failed(name, s.message().to_string()),
-        };
-        let begun = self.begun_with(stream);
-        let prepare = prepare_bound(unit);
-        let gate = Gate { stream, op, begun };
-        let closed = tokio::time::timeout(prepare, self.prepare(&gate, name, target, &addr, prepare)).await;
-        let closed_at = match closed {
-            Ok(Ok(end)) => end,
-            failed => {
-                let why = match failed {
-                    Ok(Err(Unprepared::Restarted(why))) => why,
-                    Ok(Err(Unprepared::Failed(e))) => format!("prepare failed: {e}"),
-                    _ => format!("prepare did not finish within {prepare:?}"),
-                };
-                self.cancel(stream, op).await;
-                // The close may still have landed just as the bound ended.
-                if self.hub.with_state(|s| owned_by(s, stream, owner)) {
-                    return Moved::failed(name, why);
-                }
-                tracing::info!(
-                    stream = name,
-                    "the owner's close landed after the prepare bound; waiting for activation"
-                );
-                0
-            }
-        };
-        // Activation: the destination opens the stream at the next epoch (SD-DRN-2 step 5).
-        loop {
-            // RR-INT-5: a target restarted since the transfer began makes it void,
-            // whatever placement does with the stream next.
-            if self.target_restarted(target, &begun) {
-                return Moved {
-                    error: Some(restarted(target)),
-                    ..Moved::toward(name, target, Some(closed_at))
-                };
-            }
-            let opened = self.hub.with_state(|s| {
-                s.streams.get(&stream).and_then(|r| {
-                    (r.state == StreamState::Open && r.epoch > epoch)
-                        .then(|| r.owner.as_ref().map(|o| o.node.clone()))
-                        .flatten()
-                })
+        // The streams still open on the owner, each held by this transfer alone.
+        let mut begun = Vec::new();
+        let mut holds = Vec::new();
+        for (i, p) in batch.iter().enumerate() {
+            let epoch = self.hub.with_state(|s| {
+                let row = s.streams.get(&p.stream)?;
+                (row.state == StreamState::Open && row.owner.as_ref() == Some(owner)).then_some(row.epoch)
             });
-            if let Some(at) = opened {
-                return Moved {
-                    moved: true,
-                    ..Moved::toward(name, &at, Some(closed_at))
-                };
+            let Some(epoch) = epoch else {
+                out[i] = Some(Moved::failed(
+                    &p.name,
+                    format!("stream '{}' is no longer open on {owner}", p.name),
+                ));
+                continue;
+            };
+            // The mark this transfer sets is its own until it ends (RR-INT-4).
+            let Some(holding) = self.running.hold(p.stream) else {
+                out[i] = Some(Moved::failed(
+                    &p.name,
+                    format!("a transfer of stream '{}' is already running", p.name),
+                ));
+                continue;
+            };
+            holds.push(holding);
+            begun.push((i, epoch));
+        }
+        let begin = Command::BeginTransfers {
+            transfers: begun
+                .iter()
+                .map(|&(i, stream_epoch)| TransferTo {
+                    stream: batch[i].stream,
+                    stream_epoch,
+                    target: batch[i].target.clone(),
+                })
+                .collect(),
+        };
+        let mut gates = Vec::new();
+        if !begun.is_empty() {
+            match self.propose(self.operator(), begin).await {
+                Ok((op, Ok(Applied::Each { outcomes }))) => {
+                    for (&(i, epoch), outcome) in begun.iter().zip(outcomes) {
+                        match outcome {
+                            Ok(_) => gates.push(Gate {
+                                i,
+                                stream: batch[i].stream,
+                                op,
+                                epoch,
+                                begun: self.begun_with(batch[i].stream),
+                            }),
+                            Err(r) => {
+                                out[i] = Some(Moved::failed(
+                                    &batch[i].name,
+                                    format!("transfer refused: {}", r.message),
+                                ))
+                            }
+                        }
+                    }
+                }
+                Ok((_, Ok(other))) => {
+                    for &(i, _) in &begun {
+                        out[i] = Some(Moved::failed(
+                            &batch[i].name,
+                            format!("unexpected answer to BeginTransfers: {other:?}"),
+                        ));
+                    }
+                }
+                Ok((_, Err(r))) => {
+                    for &(i, _) in &begun {
+                        out[i] = Some(Moved::failed(
+                            &batch[i].name,
+                            format!("transfer refused: {}", r.message),
+                        ));
+                    }
+                }
+                Err(e) => {
+                    for &(i, _) in &begun {
+                        out[i] = Some(Moved::failed(&batch[i].name, e.message().to_string()));
+                    }
+                }
+            }
+        }
+        // Preparation: the owner closes the unit's streams; each close hands its stream
+        // to its target in the same entry (SD-DRN-2).
+        let prepare = prepare_bound(unit);
+        let closed = match tokio::time::timeout(prepare, self.prepare(&gates, batch, &addr, prepare)).await {
+            Ok(closed) => closed,
+            Err(_) => gates
+                .iter()
+                .map(|_| Err(format!("prepare did not finish within {prepare:?}")))
+                .collect(),
+        };
+        let mut activating = Vec::new();
+        for (gate, closed) in gates.iter().zip(closed) {
+            let p = &batch[gate.i];
+            match closed {
+                Ok(end) => activating.push((gate, end)),
+                Err(why) => {
+                    self.cancel(gate.stream, gate.op).await;
+                    // The close may still have landed just as the bound ended.
+                    if self.hub.with_state(|s| owned_by(s, gate.stream, owner)) {
+                        out[gate.i] = Some(Moved::failed(&p.name, why));
+                    } else {
+                        tracing::info!(
+                            stream = p.name,
+                            "the owner's close landed after the prepare bound; waiting for activation"
+                        );
+                        activating.push((gate, 0));
+                    }
+                }
+            }
+        }
+        // Activation: each destination opens its streams at the next epoch (SD-DRN-2 step 5).
+        let mut applied = self.hub.applied_changes();
+        loop {
+            activating.retain(|(gate, closed_at)| {
+                let p = &batch[gate.i];
+                // RR-INT-5: a target restarted since the transfer began makes it void,
+                // whatever placement does with the stream next.
+                if self.target_restarted(&p.target, &gate.begun) {
+                    out[gate.i] = Some(Moved {
+                        error: Some(restarted(&p.target)),
+                        ..Moved::toward(&p.name, &p.target, Some(*closed_at))
+                    });
+                    return false;
+                }
+                let opened = self.hub.with_state(|s| {
+                    s.streams.get(&gate.stream).and_then(|r| {
+                        (r.state == StreamState::Open && r.epoch > gate.epoch)
+                            .then(|| r.owner.as_ref().map(|o| o.node.clone()))
+                            .flatten()
+                    })
+                });
+                match opened {
+                    Some(at) => {
+                        out[gate.i] = Some(Moved {
+                            moved: true,
+                            ..Moved::toward(&p.name, &at, Some(*closed_at))
+                        });
+                        false
+                    }
+                    None => true,
+                }
+            });
+            if activating.is_empty() {
+                break;
             }
             if Instant::now() >= deadline {
-                return Moved {
-                    error: Some(format!(
-                        "closed, but '{target}' did not open it within the unit's bound"
-                    )),
-                    ..Moved::toward(name, target, Some(closed_at))
-                };
+                for (gate, closed_at) in &activating {
+                    let p = &batch[gate.i];
+                    out[gate.i] = Some(Moved {
+                        error: Some(format!(
+                            "closed, but '{}' did not open it within the unit's bound",
+                            p.target
+                        )),
+                        ..Moved::toward(&p.name, &p.target, Some(*closed_at))
+                    });
+                }
+                break;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::select! {
+                _ = applied.changed() => {}
+                _ = tokio::time::sleep_until(deadline.min(Instant::now() + ACTIVATION_RECHECK)) => {}
+            }
         }
+        drop(holds);
+        out.into_iter()
+            .zip(batch)
+            .map(|(m, p)| m.unwrap_or_else(|| Moved::failed(&p.name, "not tried")))
+            .collect()
     }
 
-    /// Asks the owner to close the stream within `bound`; its committed end. Not when
-    /// the target restarted since the transfer began (RR-INT-5), nor when the mark is no
-    /// longer this transfer's (RR-INT-4): the stream stays put.
+    /// Asks the owner to close the gates' streams within `bound`; for each gate, its
+    /// committed end, or why it did not close. Not a stream whose target restarted
+    /// since the transfer began (RR-INT-5), nor one whose mark is no longer this
+    /// transfer's (RR-INT-4): it stays put.
     async fn prepare(
         &self,
-        gate: &Gate,
-        name: &str,
-        target: &NodeId,
+        gates: &[Gate],
+        batch: &[Planned],
         addr: &str,
         bound: Duration,
-    ) -> Result<u64, Unprepared> {
+    ) -> Vec<Result<u64, String>> {
         let deadline = Instant::now() + bound;
+        let mut results: Vec<Result<u64, String>> = gates.iter().map(|_| Err("not asked".to_string())).collect();
+        if gates.is_empty() {
+            return results;
+        }
         weir_shared::failpoint::pause("transfer_prepare").await;
         // A deposed coordinator's mark may already be discarded by the next leader, whose
         // discard its own view has not seen yet: it asks for no close unless a quorum
         // still confirms it leads.
-        self.confirm_leading(deadline).await?;
+        if let Err(why) = self.confirm_leading(deadline).await {
+            return gates.iter().map(|_| Err(why.clone())).collect();
+        }
         // Judged after the quorum read, so on a view at least as new as the log it
         // confirmed.
-        if self.target_restarted(target, &gate.begun) {
-            return Err(Unprepared::Restarted(restarted(target)));
-        }
-        let held = self.hub.with_state(|s| {
-            s.streams
-                .get(&gate.stream)
-                .is_some_and(|r| r.transfer_target.is_some() && r.transfer_op == Some(gate.op))
-        });
-        if !held {
-            return Err(Unprepared::Failed(format!(
-                "the transfer's mark (operation {}) is no longer in the log",
-                gate.op
-            )));
+        let mut asked = Vec::new();
+        for (k, gate) in gates.iter().enumerate() {
+            let target = &batch[gate.i].target;
+            if self.target_restarted(target, &gate.begun) {
+                results[k] = Err(restarted(target));
+                continue;
+            }
+            let held = self.hub.with_state(|s| {
+                s.streams
+                    .get(&gate.stream)
+                    .is_some_and(|r| r.transfer_target.is_some() && r.transfer_op == Some(gate.op))
+            });
+            if !held {
+                results[k] = Err(format!(
+                    "the transfer's mark (operation {}) is no longer in the log",
+                    gate.op
+                ));
+                continue;
+            }
+            asked.push(k);
         }
         // Only the time this prepare has left; a close asked with (almost) none would
         // get the owner's default instead, so none is asked.
         let left = deadline.saturating_duration_since(Instant::now());
-        if left < MIN_CLOSE_TIME {
-            return Err(Unprepared::Failed(
-                "no time left in the prepare bound for the close".into(),
-            ));
+        if left < MIN_CLOSE_TIME || asked.is_empty() {
+            for &k in &asked {
+                results[k] = Err("no time left in the prepare bound for the close".into());
+            }
+            return results;
         }
-        let channel =
-            weir_shared::grpc::channel(addr).map_err(|e| Unprepared::Failed(format!("owner address '{addr}': {e}")))?;
-        let reply = StreamdClient::new(channel)
-            .close_stream(CloseStreamRequest {
-                stream: name.to_string(),
-                timeout_ms: left.as_millis() as u64,
-            })
-            .await
-            .map_err(|s| Unprepared::Failed(s.message().to_string()))?;
-        Ok(reply.into_inner().end_offset)
+        let channel = match weir_shared::grpc::channel(addr) {
+            Ok(c) => c,
+            Err(e) => {
+                for &k in &asked {
+                    results[k] = Err(format!("owner address '{addr}': {e}"));
+                }
+                return results;
+            }
+        };
+        let request = CloseStreamsRequest {
+            streams: asked.iter().map(|&k| batch[gates[k].i].name.clone()).collect(),
+            timeout_ms: left.as_millis() as u64,
+        };
+        match StreamdClient::new(channel).close_streams(request).await {
+            Ok(reply) => {
+                for (&k, closed) in asked.iter().zip(reply.into_inner().streams) {
+                    results[k] = if closed.error.is_empty() {
+                        Ok(closed.end_offset)
+                    } else {
+                        Err(closed.error)
+                    };
+                }
+            }
+            Err(status) => {
+                for &k in &asked {
+                    results[k] = Err(status.message().to_string());
+                }
+            }
+        }
+        results
     }
 
     /// Confirms by a quorum read that this replica still leads. A round that misses its
     /// quorum (one slow or partitioned follower) is tried again while this replica
     /// leads, up to `deadline`.
-    async fn confirm_leading(&self, deadline: Instant) -> Result<(), Unprepared> {
-        let lost = || Unprepared::Failed("lost the metadata leadership before asking the owner to close".into());
-        let unconfirmed = || {
-            Unprepared::Failed("the metadata leadership was not confirmed by a quorum within the prepare bound".into())
-        };
+    async fn confirm_leading(&self, deadline: Instant) -> Result<(), String> {
+        let lost = || "lost the metadata leadership before asking the owner to close".to_string();
+        let unconfirmed =
+            || "the metadata leadership was not confirmed by a quorum within the prepare bound".to_string();
         loop {
             if !self.leading() {
                 return Err(lost());
@@ -461,20 +594,19 @@ fn owned_by(state: &State, stream: StreamId, owner: &Incarnation) -> bool {
         .is_some_and(|r| r.state == StreamState::Open && r.owner.as_ref() == Some(owner))
 }
 
-/// A begun transfer's gate in the log: its stream, its operation id (the
-/// `BeginTransfer`'s log index) and the destination epoch it recorded.
+/// A begun transfer's gate in the log: its place in the unit, its stream and the
+/// stream epoch it was begun at, its operation id (the `BeginTransfers`' log index)
+/// and the destination epoch it recorded.
 struct Gate {
+    i: usize,
     stream: StreamId,
     op: u64,
+    epoch: StreamEpoch,
     begun: Option<Epoch>,
 }
 
-/// Why a transfer's prepare did not close the stream.
-enum Unprepared {
-    /// RR-INT-5: the target restarted since the transfer began; the exact report.
-    Restarted(String),
-    Failed(String),
-}
+/// How often activation looks again when nothing is applied.
+const ACTIVATION_RECHECK: Duration = Duration::from_millis(100);
 
 /// RR-INT-5: the report of a transfer whose target restarted during it.
 fn restarted(target: &NodeId) -> String {

@@ -18,6 +18,9 @@ pub struct StreamdMetrics {
     pub gc_deleted: IntCounter,
     /// Garbage-collection passes run.
     pub gc_passes: IntCounter,
+    /// Requests GC made, by kind (`released`, `committed`, `forget`, `list`, `delete`):
+    /// a pass's cost, which follows what was released, not the bucket's size.
+    pub gc_requests: IntCounterVec,
     /// Start offsets advanced, by reason (`request` or `retention`).
     pub trims: IntCounterVec,
     /// Ranges compaction replaced, and bytes it wrote.
@@ -106,6 +109,13 @@ pub fn metrics() -> &'static StreamdMetrics {
                 "Data objects deleted: uncommitted, or no longer referenced",
             ),
             gc_passes: counter("streamd_gc_passes_total", "Garbage-collection passes run"),
+            gc_requests: register(
+                IntCounterVec::new(
+                    Opts::new("streamd_gc_requests_total", "Requests garbage collection made, by kind"),
+                    &["kind"],
+                )
+                .expect("valid metric"),
+            ),
             trims: register(
                 IntCounterVec::new(
                     Opts::new("streamd_trims_total", "Stream start offsets advanced, by reason"),

@@ -163,9 +163,15 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         None,
         crate::object::gc::gc_loop(
             node.store.clone(),
-            node.metad.clone(),
-            gc_delay,
-            gc_grace,
+            crate::object::gc::MetadIndex {
+                metad: node.metad.clone(),
+                me: node.me.clone(),
+            },
+            node.view.clone(),
+            crate::object::gc::Limits {
+                delay: gc_delay,
+                grace: gc_grace,
+            },
             (gc_delay.min(gc_grace.max(Duration::from_secs(1))) / 4)
                 .clamp(Duration::from_secs(1), Duration::from_secs(300)),
             object_work_stop.clone(),

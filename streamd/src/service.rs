@@ -172,6 +172,54 @@ impl Streamd for DataPlane {
         Ok(Response::new(CloseStreamReply { end_offset: end }))
     }
 
+    async fn close_streams(&self, req: Request<CloseStreamsRequest>) -> Result<Response<CloseStreamsReply>, Status> {
+        weir_shared::peer::require(&req, METAD, "CloseStreams")?;
+        let req = req.into_inner();
+        if req.streams.len() > weir_meta::model::MAX_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "at most {} streams per CloseStreams, not {}",
+                weir_meta::model::MAX_BATCH,
+                req.streams.len()
+            )));
+        }
+        let within = match req.timeout_ms {
+            0 => crate::node::close::DEFAULT_CLOSE_TIMEOUT,
+            ms => Duration::from_millis(ms),
+        };
+        // In a task of its own, as one close is: a caller that stops waiting must not
+        // cancel the closes midway.
+        let node = self.node.clone();
+        let names = req.streams.clone();
+        let results = self
+            .node
+            .tasks
+            .spawn("close", "closes for a transfer", None, async move {
+                node.close_streams(&names, within).await
+            })
+            .await
+            .map_err(|e| Status::internal(format!("close task failed: {e}")))?;
+        let streams = req
+            .streams
+            .into_iter()
+            .zip(results)
+            .map(|(stream, result)| match result {
+                Ok(end_offset) => ClosedStream {
+                    stream,
+                    end_offset,
+                    error: String::new(),
+                    code: String::new(),
+                },
+                Err(e) => ClosedStream {
+                    stream,
+                    end_offset: 0,
+                    code: e.code().as_str().to_string(),
+                    error: e.to_string(),
+                },
+            })
+            .collect();
+        Ok(Response::new(CloseStreamsReply { streams }))
+    }
+
     async fn trim(&self, req: Request<TrimRequest>) -> Result<Response<TrimReply>, Status> {
         weir_shared::peer::require(&req, CLIENTS, "Trim")?;
         let req = req.into_inner();

@@ -1,19 +1,22 @@
 //! Drain-support of a stopping streamd (F steps 2–5, D-3). It keeps serving for
-//! `--shutdown-drain-sec`, ends live reads and stops intake (SD-INT-10: before any
-//! transfer, so no append is admitted after its stream's final upload began). Then,
-//! when another live schedulable streamd exists, it asks the metad leader to drain it
-//! (`stopping_node_drain`, SD-DRN-8): the leader cordons it and moves its streams one
-//! at a time by planned transfer. Whatever did not move is closed in place (its
-//! buffered records uploaded and committed) while the drain's cordon is released
-//! (SD-ADM-1, SD-REL-8). What still does not close is left to failover after the
-//! self-fence. Every wait is bounded by the drain timeout and the deadline.
+//! `--shutdown-drain-sec` and ends live reads. Then, when another live schedulable
+//! streamd exists, it asks the metad leader to drain it (`stopping_node_drain`,
+//! SD-DRN-8): the leader cordons it and moves its streams in batches by planned
+//! transfer. Each stream's intake stops when its transfer's close begins (SD-INT-10:
+//! no append is admitted after its stream's final upload began), not for all streams
+//! at once: a stream waiting for its batch still takes appends, so none is unwritable
+//! for longer than its own hand-off, however many the node holds (D-23). Then intake
+//! stops on every stream, and whatever did not move is closed in place (its buffered
+//! records uploaded and committed) while the drain's cordon is released (SD-ADM-1,
+//! SD-REL-8). What still does not close is left to failover after the self-fence.
+//! Every wait is bounded by the drain timeout and the deadline.
 
 use crate::node::Node;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use weir_meta::client::ClientError;
-use weir_meta::model::{Command, CordonBy, NodeKind, State};
+use weir_meta::model::{Command, CordonBy, NodeKind, State, MAX_BATCH};
 use weir_proto::metad::DrainRequest;
 use weir_shared::shutdown::{PhaseOutcome as Outcome, Shutdown};
 
@@ -48,8 +51,6 @@ enum Requested {
 pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
     tokio::time::sleep(shutdown.step(shutdown.drain_window)).await;
     node.reads_end.cancel();
-    node.intake_closed.store(true, Ordering::Release);
-    tracing::info!("live reads ended and intake stopped");
     let (operator_cordon, replacement) = node.view.with(|s| {
         let cordon = s.nodes.get(&node.me.node).and_then(|n| n.cordon);
         // The leader's own choice of destination, on this node's view (SD-DRN-8/13).
@@ -62,6 +63,12 @@ pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
     }
     let mut outcome = Outcome::Completed;
     let mut requested = false;
+    if replacement {
+        // Each stream's intake stops when its transfer's close begins, before its final
+        // upload (SD-INT-10), so a stream still waiting for its batch takes appends and
+        // none is unwritable for longer than its own hand-off (D-23).
+        tracing::info!("live reads ended; intake stops on each stream as it moves");
+    }
     if !replacement {
         // SD-DRN-13: nowhere to move to; everything closes in place and is placed again
         // when a node comes back.
@@ -98,6 +105,9 @@ pub async fn drain(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
             }
         }
     }
+    // Whatever did not move takes no more appends: it closes in place below.
+    node.intake_closed.store(true, Ordering::Release);
+    tracing::info!("live reads ended and intake stopped");
     let release = async {
         if requested && !operator_cordon {
             release_cordon(node, shutdown).await
@@ -294,26 +304,35 @@ fn metad_quorum_stays(state: &State) -> bool {
 async fn close_in_place(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
     use futures::StreamExt;
     // SD-ADM-11: the streams close independently, many at once, each within what is
-    // left of the budget: a close that hangs or fails leaves the others theirs.
-    let closed: Vec<Closed> = futures::stream::iter(node.all_streams())
-        .map(|handle| async move {
+    // left of the budget: a close that hangs or fails leaves the others theirs. They
+    // close in batches, a few metadata entries for all of them (D-23).
+    let names: Vec<String> = node.all_streams().iter().map(|h| h.name.clone()).collect();
+    let batches: Vec<Vec<String>> = names.chunks(MAX_BATCH).map(<[String]>::to_vec).collect();
+    let closed: Vec<Closed> = futures::stream::iter(batches)
+        .map(|batch| async move {
             let budget = shutdown.step(Duration::MAX);
             if budget.is_zero() {
-                return Closed::NotTried;
+                return vec![Closed::NotTried; batch.len()];
             }
-            match node.close_stream(&handle.name, budget).await {
-                Ok(end) => {
-                    tracing::info!(stream = %handle.name, offset = end, "closed stream for shutdown");
-                    Closed::Yes
-                }
-                Err(_) if shutdown.step(Duration::MAX).is_zero() => Closed::NotTried,
-                Err(e) => {
-                    tracing::warn!(stream = %handle.name, error = %e, "stream not closed; failover will recover it");
-                    Closed::Failed
-                }
-            }
+            let results = node.close_streams(&batch, budget).await;
+            batch
+                .iter()
+                .zip(results)
+                .map(|(name, result)| match result {
+                    Ok(end) => {
+                        tracing::info!(stream = %name, offset = end, "closed stream for shutdown");
+                        Closed::Yes
+                    }
+                    Err(_) if shutdown.step(Duration::MAX).is_zero() => Closed::NotTried,
+                    Err(e) => {
+                        tracing::warn!(stream = %name, error = %e, "stream not closed; failover will recover it");
+                        Closed::Failed
+                    }
+                })
+                .collect::<Vec<_>>()
         })
-        .buffer_unordered(CLOSE_CONCURRENCY)
+        .buffer_unordered(CLOSE_BATCHES)
+        .flat_map(futures::stream::iter)
         .collect()
         .await;
     let unfinished = closed.iter().filter(|c| **c == Closed::NotTried).count();
@@ -340,5 +359,6 @@ enum Closed {
     NotTried,
 }
 
-/// Closes in place at once, at most; each close is mostly a wait for its upload.
-const CLOSE_CONCURRENCY: usize = 64;
+/// Batches of closes in place under way at once; each close is mostly a wait for its
+/// upload.
+const CLOSE_BATCHES: usize = 8;

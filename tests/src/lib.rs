@@ -247,3 +247,46 @@ pub fn shutdown_exit_code(log: &str) -> i32 {
     });
     i32::from(forced)
 }
+
+/// The entries of a metadata log dump (`admin("log", ..)`), each batch command
+/// (`place_streams`, `open_streams`, `close_streams`, `begin_transfers`, issue 57)
+/// split into its items, each shown as the single command it stands for with its own
+/// outcome, at the batch's index. Assertions about single streams' steps then read
+/// the same whether the steps came one per entry or many.
+pub fn flatten_batches(dump: &serde_json::Value) -> Vec<serde_json::Value> {
+    use serde_json::{json, Value};
+    let mut out = Vec::new();
+    for entry in dump["entries"].as_array().into_iter().flatten() {
+        let command = &entry["proposal"]["command"];
+        let (single, items) = match command["type"].as_str() {
+            Some("place_streams") => ("place_stream", &command["placements"]),
+            Some("open_streams") => ("open_stream", &command["streams"]),
+            Some("close_streams") => ("close_stream", &command["streams"]),
+            Some("begin_transfers") => ("begin_transfer", &command["transfers"]),
+            _ => {
+                out.push(entry.clone());
+                continue;
+            }
+        };
+        let Some(outcomes) = entry["outcome"]["Ok"]["outcomes"].as_array() else {
+            // Refused whole: every item alike.
+            out.push(entry.clone());
+            continue;
+        };
+        for (item, outcome) in items.as_array().into_iter().flatten().zip(outcomes) {
+            let mut single_command = match item {
+                Value::Object(fields) => Value::Object(fields.clone()),
+                // `open_streams` lists bare ids.
+                id => json!({ "stream": id }),
+            };
+            single_command["type"] = json!(single);
+            out.push(json!({
+                "index": entry["index"],
+                "term": entry["term"],
+                "proposal": { "proposer": entry["proposal"]["proposer"], "command": single_command },
+                "outcome": outcome,
+            }));
+        }
+    }
+    out
+}

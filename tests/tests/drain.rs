@@ -112,9 +112,7 @@ async fn log_entries(stack: &Stack) -> Vec<(u64, String, Value, Value)> {
 /// As [`log_entries`], from the replicas `client` asks.
 async fn log_entries_of(client: &weir_meta::client::MetadClient) -> Vec<(u64, String, Value, Value)> {
     let dump = client.admin("log", 0, 100_000).await.expect("log dump");
-    dump["entries"]
-        .as_array()
-        .expect("entries")
+    weir_tests::flatten_batches(&dump)
         .iter()
         .filter(|e| e["outcome"].get("Ok").is_some())
         .filter_map(|e| {
@@ -949,12 +947,13 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
 // out before the last are tried.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopping_nodes_drain_that_outlasts_its_budget_is_logged_as_timed_out() {
+    // A unit per stream, so the budget runs out between units.
     let stack = Stack::start_replicas_with_env(
         1,
         2,
         Backend::FileWal,
         SHORT,
-        &[],
+        &["--drain-batch-streams", "1"],
         &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(2500)")],
     )
     .await;
@@ -1405,12 +1404,13 @@ async fn rr_wal_7_a_failed_open_is_retried_on_a_doubling_backoff() {
 // through the takeover, every record intact.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_source_restarted_mid_drain_invalidates_the_plan() {
+    // A unit per stream, so the restart falls between units.
     let stack = Stack::start_replicas_with_env(
         1,
         2,
         Backend::FileWal,
         SHORT,
-        &[],
+        &["--drain-batch-streams", "1"],
         &[("WEIR_FAILPOINT_TRANSFER_PREPARE", "sleep(2000)")],
     )
     .await;
@@ -1730,7 +1730,7 @@ async fn an_append_unresolved_at_teardown_is_answered_504_interrupted() {
 
 // INV-2: an owner reopens a stream's intake after a failed close only once
 // the log says the close did not land. Here the close lands but its answer is lost
-// (`reply_close_stream=1*drop`), so the owner's next attempt is refused: the stream is
+// (`reply_close_streams=1*drop`), so the owner's next attempt is refused: the stream is
 // already closed and handed on. Node 0's view is held back (`view_apply`), as a view
 // following a lagging replica is, so only the log can tell it. Before, it reopened
 // intake at the refusal and acknowledged an append on a stream no owner would serve.
@@ -1745,7 +1745,7 @@ async fn a_close_refused_after_its_lost_answer_landed_acknowledges_nothing_more(
         Backend::FileWal,
         &[],
         &[],
-        &[("WEIR_FAILPOINT_REPLY_CLOSE_STREAM", "1*drop")],
+        &[("WEIR_FAILPOINT_REPLY_CLOSE_STREAMS", "1*drop")],
     )
     .await;
     std::fs::remove_file(&lag_path).expect("no lag yet");
@@ -1977,9 +1977,10 @@ async fn sd_rel_9_the_release_lands_through_the_next_leader_when_the_leader_dies
     assert_eq!(gw.bodies("rel").await, ["before"]);
 }
 
-// SD-INT-6: once intake stops (step 4) the node refuses appends and reads sent straight
-// to it, at once and retryably (`x-weir-draining`), while the close that moves the
-// stream still runs (it sleeps 2 s: failpoint `close_stream_held=sleep(2000)`). An
+// SD-INT-6: once a stopping node's intake stops on a stream (as its move begins) the
+// node refuses appends and reads of it sent straight to it, at once and retryably
+// (`x-weir-draining`), while the close that moves the stream still runs (it sleeps
+// 2 s: failpoint `close_stream_held=sleep(2000)`). An
 // append through the gateway meanwhile is rerouted and lands on the new owner after the
 // hand-off, and every acknowledged record reads back.
 #[tokio::test(flavor = "multi_thread")]
@@ -2008,13 +2009,10 @@ async fn sd_int_6_a_draining_node_refuses_appends_and_reads_sent_straight_to_it(
     gw.append("held", &["before"]).await;
     let mut direct = stack.nodes[0].client().await;
     stack.nodes[0].term();
-    wait_for(
-        "intake stopped on the stopping node",
-        Duration::from_secs(10),
-        || async {
-            (!records(&stack.nodes[0].log_text(), "live reads ended and intake stopped").is_empty()).then_some(())
-        },
-    )
+    // Its intake stops as its move begins: the close that moves it is under way.
+    wait_for("the stream's move under way", Duration::from_secs(10), || async {
+        (!records(&stack.nodes[0].log_text(), "failpoint: slow close").is_empty()).then_some(())
+    })
     .await;
     let appended = direct
         .append(weir_proto::streamd::AppendRequest {

@@ -120,9 +120,7 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
     // then the holder's close of each recovered stream.
     let victim_id = stack.nodes[victim].id.clone();
     let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
-    let steps: Vec<(u64, String, String)> = dump["entries"]
-        .as_array()
-        .expect("entries")
+    let steps: Vec<(u64, String, String)> = weir_tests::flatten_batches(&dump)
         .iter()
         .filter(|e| e["outcome"].get("Ok").is_some())
         .filter_map(|e| {
@@ -130,7 +128,7 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
             let kind = p["command"]["type"].as_str()?;
             let about_victim = p["command"]["node"] == victim_id.as_str();
             let step = matches!(kind, "fence_node" | "begin_takeover" | "complete_takeover") && about_victim
-                || kind == "close_streams" && p["proposer"]["node"]["node"] != victim_id.as_str();
+                || kind == "close_stream" && p["proposer"]["node"]["node"] != victim_id.as_str();
             step.then(|| {
                 let by = p["proposer"]["node"]["node"].as_str().unwrap_or("operator").to_string();
                 (e["index"].as_u64().unwrap_or(0), kind.to_string(), by)
@@ -142,7 +140,7 @@ async fn sigkill_recovers_everything_acknowledged(backend: Backend) {
         first("fence_node").expect("fenced"),
         first("begin_takeover").expect("takeover begun"),
         first("complete_takeover").expect("takeover completed"),
-        first("close_streams").expect("streams closed, in a batch"),
+        first("close_stream").expect("stream closed"),
     );
     assert!(
         fence.0 < begin.0 && begin.0 < complete.0 && complete.0 < close.0,
@@ -477,9 +475,8 @@ async fn a_stream_deleted_while_its_owner_is_dead_is_destroyed_not_placed() {
         "{destroyed}"
     );
     let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
-    let after_delete: Vec<&str> = dump["entries"]
-        .as_array()
-        .expect("entries")
+    let entries = weir_tests::flatten_batches(&dump);
+    let after_delete: Vec<&str> = entries
         .iter()
         .filter(|e| e["outcome"].get("Ok").is_some())
         .filter_map(|e| e["proposal"]["command"]["type"].as_str())
@@ -489,7 +486,7 @@ async fn a_stream_deleted_while_its_owner_is_dead_is_destroyed_not_placed() {
     assert!(
         !after_delete
             .iter()
-            .any(|k| matches!(*k, "place_stream" | "place_streams" | "begin_takeover")),
+            .any(|k| matches!(*k, "place_stream" | "begin_takeover")),
         "destroyed, not recovered or placed: {after_delete:?}"
     );
     let (status, _) = gw.send(gw.request(Method::GET, "/v1/streams/doomed")).await;
@@ -910,7 +907,7 @@ async fn a_restarted_lease_holder_acts_only_after_acquiring_the_lease_at_its_new
     let mut lease: Option<(String, u64)> = None;
     let mut steps = 0;
     let mut holders = std::collections::BTreeSet::new();
-    for e in dump["entries"].as_array().expect("entries") {
+    for e in &weir_tests::flatten_batches(&dump) {
         if e["outcome"].get("Ok").is_none() {
             continue;
         }
@@ -1167,21 +1164,11 @@ async fn a_stream_placed_on_a_node_that_restarts_before_opening_is_placed_again(
     let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/fo17")).await;
     let id = d["id"].clone();
     let dump = stack.metad.client().admin("log", 0, 100_000).await.expect("log dump");
-    // Placements come in batches, each placement with its own outcome.
-    let placed_on_b = dump["entries"]
-        .as_array()
-        .expect("entries")
+    let placed_on_b = weir_tests::flatten_batches(&dump)
         .iter()
-        .filter(|e| e["proposal"]["command"]["type"] == "place_streams")
-        .flat_map(|e| {
-            let placements = e["proposal"]["command"]["placements"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            let outcomes = e["outcome"]["Ok"]["outcomes"].as_array().cloned().unwrap_or_default();
-            placements.into_iter().zip(outcomes)
-        })
-        .filter(|(p, outcome)| outcome.get("Ok").is_some() && p["stream"] == id && p["node"] == b.as_str())
+        .filter(|e| e["outcome"].get("Ok").is_some())
+        .filter(|e| e["proposal"]["command"]["type"] == "place_stream")
+        .filter(|e| e["proposal"]["command"]["stream"] == id && e["proposal"]["command"]["node"] == b.as_str())
         .count();
     assert_eq!(
         placed_on_b, 2,

@@ -340,6 +340,11 @@ pub enum Command {
     DestroyStream {
         stream: StreamId,
     },
+    /// GC deleted the objects released at or below log index `through` from the bucket:
+    /// they leave the released-objects log (D-23).
+    ForgetReleased {
+        through: u64,
+    },
     /// Records that `agent` recovers the WAL of the fenced or replaced `(node, epoch)`.
     BeginTakeover {
         node: NodeId,
@@ -424,6 +429,7 @@ impl Command {
             Command::RevokeToken { .. } => "revoke_token",
             Command::AllocateProducerIds { .. } => "allocate_producer_ids",
             Command::DestroyStream { .. } => "destroy_stream",
+            Command::ForgetReleased { .. } => "forget_released",
             Command::BeginTakeover { .. } => "begin_takeover",
             Command::CompleteTakeover { .. } => "complete_takeover",
             Command::ReportDamage { .. } => "report_damage",

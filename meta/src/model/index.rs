@@ -49,10 +49,26 @@ pub fn page(
 /// One write to the index, made by an applied entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IndexChange {
-    PutRange { stream: StreamId, range: ObjectRange },
-    DeleteRange { stream: StreamId, start: Offset },
+    PutRange {
+        stream: StreamId,
+        range: ObjectRange,
+    },
+    DeleteRange {
+        stream: StreamId,
+        start: Offset,
+    },
     PutObject(ObjectRow),
     DeleteObject(ObjectKey),
+    /// An object left the index at log index `index`: GC deletes it from the bucket
+    /// after its grace, reading these in order instead of listing the bucket (D-23).
+    Released {
+        index: u64,
+        key: ObjectKey,
+    },
+    /// GC deleted the objects released at or below log index `through`.
+    ForgetReleased {
+        through: u64,
+    },
 }
 
 /// The index in memory: the reference implementation (tests, the migration) and the
@@ -61,6 +77,8 @@ pub enum IndexChange {
 pub struct MemIndex {
     ranges: BTreeMap<(StreamId, Offset), ObjectRange>,
     objects: BTreeMap<ObjectKey, ObjectRow>,
+    /// Objects released and not yet forgotten, by the log index that released them.
+    released: BTreeSet<(u64, ObjectKey)>,
 }
 
 impl MemIndex {
@@ -80,7 +98,32 @@ impl MemIndex {
                 IndexChange::DeleteObject(key) => {
                     self.objects.remove(key);
                 }
+                IndexChange::Released { index, key } => {
+                    self.released.insert((*index, key.clone()));
+                }
+                IndexChange::ForgetReleased { through } => {
+                    self.released = self
+                        .released
+                        .split_off(&(through.saturating_add(1), ObjectKey(String::new())));
+                }
             }
+        }
+    }
+
+    /// Objects released and not forgotten, by releasing index, from `after` on (exclusive).
+    pub fn released(&self, after: u64, limit: usize) -> Vec<(u64, ObjectKey)> {
+        self.released
+            .range((after.saturating_add(1), ObjectKey(String::new()))..)
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// This index without its released-objects log (which format 1 did not have).
+    pub fn without_released(&self) -> Self {
+        Self {
+            released: BTreeSet::new(),
+            ..self.clone()
         }
     }
 
@@ -164,6 +207,8 @@ impl<'a> Overlay<'a> {
                 IndexChange::DeleteObject(key) => {
                     self.deleted_objects.insert(key.clone());
                 }
+                // Never read by apply.
+                IndexChange::Released { .. } | IndexChange::ForgetReleased { .. } => {}
             }
         }
         self.puts.apply(changes);

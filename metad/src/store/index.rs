@@ -13,6 +13,17 @@ use weir_shared::ids::{ObjectKey, Offset, StreamId};
 /// Key prefixes in `index`; stored format, must be kept stable.
 const RANGE: u8 = 0x01;
 const OBJECT: u8 = 0x02;
+/// `0x03 ‖ releasing log index (u64 BE) ‖ object key`, empty value: the objects GC
+/// deletes, in release order (issue 57).
+const RELEASED: u8 = 0x03;
+
+fn released_key(index: u64, key: &ObjectKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + key.0.len());
+    out.push(RELEASED);
+    out.extend_from_slice(&index.to_be_bytes());
+    out.extend_from_slice(key.0.as_bytes());
+    out
+}
 
 pub fn range_key(stream: StreamId, start: Offset) -> Vec<u8> {
     let mut key = Vec::with_capacity(17);
@@ -47,6 +58,12 @@ pub fn write(db: &DB, batch: &mut WriteBatch, changes: &[IndexChange]) {
             IndexChange::DeleteRange { stream, start } => batch.delete_cf(cf, range_key(*stream, *start)),
             IndexChange::PutObject(row) => batch.put_cf(cf, object_key(&row.key), codec::encode(row)),
             IndexChange::DeleteObject(key) => batch.delete_cf(cf, object_key(key)),
+            IndexChange::Released { index, key } => batch.put_cf(cf, released_key(*index, key), []),
+            IndexChange::ForgetReleased { through } => {
+                let mut end = vec![RELEASED];
+                end.extend_from_slice(&through.saturating_add(1).to_be_bytes());
+                batch.delete_range_cf(cf, vec![RELEASED], end);
+            }
         }
     }
 }
@@ -64,6 +81,28 @@ pub fn counts(db: &DB) -> (u64, u64) {
         }
     }
     (ranges, objects)
+}
+
+/// Up to `limit` released objects after log index `after`, in release order; whether
+/// more follow.
+pub fn released(db: &DB, after: u64, limit: usize) -> (Vec<(u64, ObjectKey)>, bool) {
+    let cf = db.cf_handle(CF_INDEX).expect("opened with this column family");
+    let mut from = vec![RELEASED];
+    from.extend_from_slice(&after.saturating_add(1).to_be_bytes());
+    let mut out: Vec<(u64, ObjectKey)> = db
+        .iterator_cf(cf, IteratorMode::From(&from, Direction::Forward))
+        .flatten()
+        .take_while(|(k, _)| k.first() == Some(&RELEASED))
+        .take(limit + 1)
+        .filter_map(|(k, _)| {
+            let index = u64::from_be_bytes(k.get(1..9)?.try_into().ok()?);
+            let key = String::from_utf8(k.get(9..)?.to_vec()).ok()?;
+            Some((index, ObjectKey(key)))
+        })
+        .collect();
+    let more = out.len() > limit;
+    out.truncate(limit);
+    (out, more)
 }
 
 /// Up to `limit` committed objects after skipping `skip`, in key order.

@@ -115,11 +115,16 @@ pub struct ViewHub {
     tx: broadcast::Sender<WatchItem>,
     /// The applied index whose batch (view and index rows) is in the store.
     durable: watch::Sender<u64>,
+    /// Snapshot installs begun and ended; odd while one replaces the store, whose rows
+    /// a watch snapshot then must not read.
+    installs: std::sync::atomic::AtomicU64,
 }
 
-/// How a new watcher starts: from a snapshot, or from a backlog of deltas after its index.
+/// How a new watcher starts: from a backlog of deltas after its index, or, when
+/// `snapshot`, from a snapshot of the store ([`StateMachineStore::watch_snapshot`])
+/// followed by the deltas of `backlog` after it (every delta kept in memory) and `rx`.
 pub struct WatchStart {
-    pub snapshot: Option<State>,
+    pub snapshot: bool,
     pub backlog: Vec<Arc<Delta>>,
     pub rx: broadcast::Receiver<WatchItem>,
 }
@@ -138,6 +143,7 @@ impl ViewHub {
             }),
             tx,
             durable,
+            installs: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -183,13 +189,15 @@ impl ViewHub {
             .filter(|a| *a <= applied && (*a == applied || inner.recent.front().is_some_and(|d| d.index <= a + 1)));
         match resumable {
             Some(a) => WatchStart {
-                snapshot: None,
+                snapshot: false,
                 backlog: inner.recent.iter().filter(|d| d.index > a).cloned().collect(),
                 rx,
             },
+            // Not a copy of the view: the snapshot is read from the store, outside any
+            // lock (a million rows took the view's lock for the length of a copy).
             None => WatchStart {
-                snapshot: Some(inner.state.clone()),
-                backlog: Vec::new(),
+                snapshot: true,
+                backlog: inner.recent.iter().cloned().collect(),
                 rx,
             },
         }
@@ -254,6 +262,79 @@ impl StateMachineStore {
 
     pub fn db(&self) -> &DB {
         &self.db
+    }
+
+    /// A watch snapshot read from the store, not the view: a point-in-time copy of the
+    /// view's rows as stored, sent as frames of at most `frame_bytes` (each the
+    /// versioned JSON list of its rows, built from the stored rows' JSON without
+    /// decoding them). `begin` gets the applied index the snapshot is at, `frame` each
+    /// frame; either returning false stops it. Its applied index and row count, or
+    /// `None` when stopped. Runs on a blocking thread.
+    pub fn watch_snapshot(
+        &self,
+        frame_bytes: usize,
+        begin: impl FnOnce(u64) -> bool,
+        mut frame: impl FnMut(Vec<u8>) -> bool,
+    ) -> anyhow::Result<Option<(u64, u64)>> {
+        use std::sync::atomic::Ordering;
+        let snapshot = loop {
+            let installs = self.hub.installs.load(Ordering::Acquire);
+            let snapshot = self.db.snapshot();
+            // Not during an install: its rows are replaced in several batches.
+            if installs.is_multiple_of(2) && self.hub.installs.load(Ordering::Acquire) == installs {
+                break snapshot;
+            }
+            drop(snapshot);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let meta = self.db.cf_handle(CF_META).expect("opened with this column family");
+        let applied: Option<LogId> = snapshot
+            .get_cf(meta, KEY_APPLIED)?
+            .map(|b| codec::decode_compatible(&b))
+            .transpose()?
+            .flatten();
+        let index = applied.map_or(0, |l| l.index);
+        if !begin(index) {
+            return Ok(None);
+        }
+        let sm = self.db.cf_handle(CF_SM).expect("opened with this column family");
+        let header = [codec::MAGIC, codec::FORMAT_VERSION];
+        let mut buf = Vec::with_capacity(frame_bytes.min(1 << 20));
+        let (mut rows, mut in_frame) = (0u64, 0usize);
+        for item in snapshot.iterator_cf(sm, rocksdb::IteratorMode::Start) {
+            let (_, value) = item?;
+            // A stored row is the versioned JSON of one `Row`.
+            let json = match value.as_ref() {
+                [m, v, json @ ..] if *m == codec::MAGIC && *v == codec::FORMAT_VERSION => json,
+                other => anyhow::bail!(
+                    "stored view row has an unknown format (header {:02x?})",
+                    other.iter().take(2).collect::<Vec<_>>()
+                ),
+            };
+            if in_frame > 0 && buf.len() + json.len() + 2 > frame_bytes {
+                buf.push(b']');
+                if !frame(std::mem::take(&mut buf)) {
+                    return Ok(None);
+                }
+                in_frame = 0;
+            }
+            if in_frame == 0 {
+                buf.extend_from_slice(&header);
+                buf.push(b'[');
+            } else {
+                buf.push(b',');
+            }
+            buf.extend_from_slice(json);
+            in_frame += 1;
+            rows += 1;
+        }
+        if in_frame > 0 {
+            buf.push(b']');
+            if !frame(buf) {
+                return Ok(None);
+            }
+        }
+        Ok(Some((index, rows)))
     }
 
     /// Up to `limit` history entries from `from_index` on.
@@ -560,7 +641,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             file: file_name(&staged),
         };
         let (db, dir) = (self.db.clone(), self.snapshots.clone());
-        let state = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        // Watch snapshots read no rows while the install replaces them.
+        self.hub.installs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let installed = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             snapshot_file::verify(&staged)?;
             snapshot_file::sync_dir(&dir)?;
             let cf = db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
@@ -573,10 +656,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             finish_install(&db, &dir, &record)?;
             load_state(&db)
         })
-        .await
-        .map_err(|e| io_err(subject(), ErrorVerb::Write, e))?
-        .map_err(|e| io_err(subject(), ErrorVerb::Write, format!("{e:#}")))?;
-        let (state, last_applied, membership) = state;
+        .await;
+        self.hub.installs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let (state, last_applied, membership) = installed
+            .map_err(|e| io_err(subject(), ErrorVerb::Write, e))?
+            .map_err(|e| io_err(subject(), ErrorVerb::Write, format!("{e:#}")))?;
         let mut inner = self.hub.write();
         inner.state = state;
         inner.last_applied = last_applied;
@@ -674,8 +758,8 @@ mod tests {
         assert_eq!(inner.recent.back().map(|d| d.index), Some(2_000));
         drop(inner);
         let start = hub.subscribe(Some(1_990));
-        assert!(start.snapshot.is_none());
+        assert!(!start.snapshot);
         assert_eq!(start.backlog.len(), 10);
-        assert!(hub.subscribe(Some(5)).snapshot.is_some(), "too far behind: a snapshot");
+        assert!(hub.subscribe(Some(5)).snapshot, "too far behind: a snapshot");
     }
 }

@@ -226,6 +226,11 @@ impl Node {
             });
         }
         if inner.closers > 0 {
+            // SD-INT-6: a stopping node's stream being moved refuses as draining, so
+            // the sender re-routes to its next owner rather than retrying here.
+            if self.terminating.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(StreamdError::Draining);
+            }
             return Err(StreamdError::Unavailable(format!(
                 "stream '{}' is closing",
                 handle.name

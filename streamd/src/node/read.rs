@@ -144,6 +144,11 @@ impl Node {
             let end = handle.durable_end();
             let (start, lso) = {
                 let inner = handle.inner.lock().await;
+                // SD-INT-6: a stopping node's stream being moved refuses reads as
+                // draining; its next owner serves them.
+                if inner.closers > 0 && self.terminating.load(std::sync::atomic::Ordering::Acquire) {
+                    return Err(StreamdError::Draining);
+                }
                 (inner.start_offset, inner.txns.lso(end))
             };
             if offset < start || offset > end {

@@ -72,7 +72,19 @@ impl State {
         };
         let outcome = txn.apply(&proposal.proposer, &proposal.command);
         let touched = std::mem::take(&mut txn.touched);
-        let index_changes = std::mem::take(&mut txn.index_changes);
+        let mut index_changes = std::mem::take(&mut txn.index_changes);
+        // Every object that leaves the index is logged for GC (D-23).
+        let released: Vec<IndexChange> = index_changes
+            .iter()
+            .filter_map(|c| match c {
+                IndexChange::DeleteObject(key) => Some(IndexChange::Released {
+                    index,
+                    key: key.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        index_changes.extend(released);
         debug_assert!(
             outcome.is_ok() || (touched.is_empty() && index_changes.is_empty()),
             "a rejection changed rows"
@@ -134,6 +146,12 @@ impl Txn<'_> {
             Command::CreateStream { name, config } => self.create_stream(proposer, name, config),
             Command::DeleteStream { name, id } => self.delete_stream(proposer, name, *id),
             Command::DestroyStream { stream } => self.destroy_stream(proposer, *stream),
+            Command::ForgetReleased { through } => {
+                self.privileged(proposer)?;
+                self.index_changes
+                    .push(IndexChange::ForgetReleased { through: *through });
+                Ok(Applied::Done)
+            }
             Command::PlaceStream { stream, node } => self.place_stream(proposer, *stream, node),
             Command::PlaceStreams { placements } => {
                 self.privileged(proposer)?;
