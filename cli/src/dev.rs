@@ -78,6 +78,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         snapshot_logs: 10_000,
         auto_place: true,
         drain_batch_streams: weir_meta::drain_plan::DRAIN_BATCH,
+        reap_after_sec: 3600,
         telemetry: TelemetryArgs {
             log_format: LogFormat::Human,
             ..args.telemetry.clone()

@@ -19,12 +19,16 @@ pub const FAILOVER_LEASE: &str = "failover";
 #[derive(Debug, Default)]
 pub struct Clock {
     seen: HashMap<Incarnation, (u64, u64)>,
+    /// The holder's count when it first saw each fenced incarnation fenced: the row is
+    /// reaped a retention later.
+    fenced_since: HashMap<Incarnation, u64>,
 }
 
 impl Clock {
     /// Forgets everything: a new holder starts judging from scratch (FO-LIV-12).
     pub fn reset(&mut self) {
         self.seen.clear();
+        self.fenced_since.clear();
     }
 
     /// Records `row` at holder count `mine`; returns the heartbeat count to fence it at
@@ -59,19 +63,65 @@ fn live(state: &State, inc: &Incarnation) -> bool {
 
 /// What the failover-lease holder `me` proposes on one tick: nothing at all unless it is
 /// live itself (FO-LIV-11: a fenced holder runs no failover; its proposals would only be
-/// refused), else the fences of silent nodes when `judge` (once a second, FO-LIV-3) and
-/// the next takeover steps.
-pub fn holder_commands(state: &State, me: &Incarnation, clock: &mut Clock, judge: bool) -> Vec<Command> {
+/// refused), else the fences of silent nodes and the rows to reap when `judge` (once a
+/// second, FO-LIV-3), and the next takeover steps. A row fenced for `reap_after` holder
+/// heartbeats that nothing refers to any more is reaped.
+pub fn holder_commands(
+    state: &State,
+    me: &Incarnation,
+    clock: &mut Clock,
+    judge: bool,
+    reap_after: u64,
+) -> Vec<Command> {
     if !live(state, me) {
         return Vec::new();
     }
     let mut commands = if judge {
-        dead_nodes(state, me, clock)
+        let mut judged = dead_nodes(state, me, clock);
+        judged.extend(rows_to_reap(state, me, clock, reap_after));
+        judged
     } else {
         Vec::new()
     };
     commands.extend(takeover_steps(state));
     commands
+}
+
+/// `ReapNode` for each fenced streamd or gatewayd row the holder has seen fenced for
+/// `reap_after` of its own heartbeats, that holds no stream and has no takeover under way.
+pub fn rows_to_reap(state: &State, me: &Incarnation, clock: &mut Clock, reap_after: u64) -> Vec<Command> {
+    let Some(mine) = state
+        .nodes
+        .get(&me.node)
+        .filter(|r| r.epoch == me.epoch && r.is_live())
+        .map(|r| r.heartbeats)
+    else {
+        return Vec::new();
+    };
+    clock.fenced_since.retain(|inc, _| {
+        state
+            .nodes
+            .get(&inc.node)
+            .is_some_and(|r| r.epoch == inc.epoch && r.fenced)
+    });
+    let holding: std::collections::HashSet<&NodeId> =
+        state.streams.owners().filter_map(|(o, _)| o.map(|o| &o.node)).collect();
+    let mut out = Vec::new();
+    for row in state.nodes.values().filter(|r| r.fenced && r.kind != NodeKind::Metad) {
+        let since = *clock.fenced_since.entry(row.incarnation()).or_insert(mine);
+        let busy = holding.contains(&row.id)
+            || state
+                .takeovers
+                .values()
+                .any(|t| t.dead.node == row.id && t.state == TakeoverState::Pending);
+        if mine.saturating_sub(since) >= reap_after && !busy {
+            out.push(Command::ReapNode {
+                node: row.id.clone(),
+                epoch: row.epoch,
+            });
+        }
+    }
+    out
 }
 
 /// FenceNode commands for every live node (other than `me`) silent for the threshold.
@@ -342,15 +392,15 @@ mod tests {
         w.apply(Proposer::Node(a.clone()), Command::open(stream)).expect("open");
         w.apply(Proposer::Node(a.clone()), Command::FenceSelf).expect("fence");
         let mut clock = Clock::default();
-        let live = holder_commands(&w.s, &holder, &mut clock, true);
+        let live = holder_commands(&w.s, &holder, &mut clock, true, u64::MAX);
         assert!(
             matches!(&live[..], [Command::BeginTakeover { .. }]),
             "a live holder begins the takeover: {live:?}"
         );
         w.apply(Proposer::Node(holder.clone()), Command::FenceSelf)
             .expect("fence the holder");
-        assert!(holder_commands(&w.s, &holder, &mut clock, true).is_empty());
-        assert!(holder_commands(&w.s, &holder, &mut clock, false).is_empty());
+        assert!(holder_commands(&w.s, &holder, &mut clock, true, u64::MAX).is_empty());
+        assert!(holder_commands(&w.s, &holder, &mut clock, false, u64::MAX).is_empty());
     }
 
     /// FO-LIV-10: a re-registered node's clock restarts.
@@ -814,5 +864,79 @@ mod tests {
             "visited {} rows",
             s.streams.visits() - before
         );
+    }
+
+    /// Issue 57: a fenced row that holds nothing leaves the view once the holder has
+    /// seen it fenced for the retention (in its own heartbeats), with its takeover
+    /// rows; one holding a stream stays. The id registers again above its old epoch.
+    #[test]
+    fn a_row_fenced_for_the_retention_and_holding_nothing_is_reaped() {
+        let mut w = World::new(30);
+        let holder = w.register("metad-1", NodeKind::Metad);
+        let gone = w.register("gone", NodeKind::Gatewayd);
+        let keeps = w.register("keeps", NodeKind::Streamd);
+        let stream = StreamId(0);
+        w.apply(
+            op(),
+            Command::CreateStream {
+                name: "s".into(),
+                config: Default::default(),
+            },
+        )
+        .expect("created");
+        w.apply(
+            op(),
+            Command::PlaceStream {
+                stream,
+                node: keeps.node.clone(),
+            },
+        )
+        .expect("placed");
+        for dead in [&gone, &keeps] {
+            w.apply(
+                op(),
+                Command::FenceNode {
+                    node: dead.node.clone(),
+                    epoch: dead.epoch,
+                    seen_heartbeats: 0,
+                },
+            )
+            .expect("fenced");
+        }
+        let mut clock = Clock::default();
+        for beat in 0..3 {
+            let steps = rows_to_reap(&w.s, &holder, &mut clock, 3);
+            assert!(steps.is_empty(), "not before the retention ({beat} beats): {steps:?}");
+            w.beat(&holder);
+        }
+        let steps = rows_to_reap(&w.s, &holder, &mut clock, 3);
+        assert_eq!(
+            steps,
+            vec![Command::ReapNode {
+                node: gone.node.clone(),
+                epoch: gone.epoch
+            }],
+            "the row holding a stream stays"
+        );
+        let changes = crate::model::leader_epochs::gateway_changes(&w.s);
+        for step in steps {
+            w.apply(Proposer::Node(holder.clone()), step).expect("reaped");
+        }
+        assert!(!w.s.nodes.contains_key(&gone.node));
+        assert_eq!(
+            crate::model::leader_epochs::gateway_changes(&w.s),
+            changes,
+            "a reaped gateway's changes still count"
+        );
+        let refused = w.apply(
+            Proposer::Node(holder.clone()),
+            Command::ReapNode {
+                node: keeps.node.clone(),
+                epoch: keeps.epoch,
+            },
+        );
+        assert!(refused.is_err(), "it holds a stream");
+        let again = w.register("gone", NodeKind::Gatewayd);
+        assert!(again.epoch > gone.epoch, "{} after {}", again.epoch, gone.epoch);
     }
 }

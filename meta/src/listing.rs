@@ -22,6 +22,8 @@ pub fn nodes_json(state: &State) -> Value {
                 "cordoned": n.cordon.is_some(),
                 "cordoned_by": n.cordon,
                 "streams": owned.get(&n.id).copied().unwrap_or(0),
+                // Open on its current incarnation: how many it serves.
+                "open_streams": state.streams.owned(&n.incarnation()).map_or(0, |o| o.open.len()),
                 "addrs": n.addrs,
                 "registered_index": n.registered_index,
                 "last_heartbeat_index": n.last_heartbeat_index,

@@ -69,7 +69,8 @@ pub struct MetadArgs {
     #[arg(long, env = "WEIR_RAFT_HEARTBEAT_MS", default_value_t = 200)]
     pub raft_heartbeat_ms: u64,
 
-    /// Log entries since the last snapshot that trigger a new one.
+    /// Log entries since the last snapshot that trigger a new one, at least; a state of
+    /// many rows snapshots once per half its rows in entries.
     #[arg(long, env = "WEIR_SNAPSHOT_LOGS", default_value_t = 10_000)]
     pub snapshot_logs: u64,
 
@@ -77,6 +78,12 @@ pub struct MetadArgs {
     /// to the source); each is unwritable for about as long as its unit takes.
     #[arg(long, env = "WEIR_DRAIN_BATCH_STREAMS", default_value_t = weir_meta::drain_plan::DRAIN_BATCH)]
     pub drain_batch_streams: usize,
+
+    /// Seconds a fenced streamd or gatewayd row stays in the view, once nothing refers
+    /// to it any more, before the failover holder removes it (counted in its own
+    /// heartbeats, as liveness is).
+    #[arg(long, env = "WEIR_REAP_AFTER_SEC", default_value_t = 3600)]
+    pub reap_after_sec: u64,
 
     /// Place closed streams without a live owner on the least loaded streamd (the leader does).
     #[arg(long, env = "WEIR_AUTO_PLACE", default_value_t = true, action = clap::ArgAction::Set)]

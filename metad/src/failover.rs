@@ -24,7 +24,16 @@ const STEP_TICK: Duration = Duration::from_millis(250);
 
 /// Runs until `cancel`: registers (again whenever this incarnation is fenced), heartbeats,
 /// and runs the failover ticks.
-pub async fn run(own_addr: String, hub: Arc<ViewHub>, id: u64, timing: HeartbeatArgs, cancel: CancellationToken) {
+pub async fn run(
+    own_addr: String,
+    hub: Arc<ViewHub>,
+    id: u64,
+    timing: HeartbeatArgs,
+    reap_after: Duration,
+    cancel: CancellationToken,
+) {
+    // Fenced rows are reaped after this many of the holder's own heartbeats.
+    let reap_beats = reap_after.as_secs().div_ceil(timing.heartbeat_interval_sec.max(1));
     let metad = match MetadClient::new(std::slice::from_ref(&own_addr), Duration::from_secs(5)) {
         Ok(c) => Arc::new(c),
         Err(e) => return tracing::error!(error = %e, "failover loop cannot reach its own replica"),
@@ -54,7 +63,7 @@ pub async fn run(own_addr: String, hub: Arc<ViewHub>, id: u64, timing: Heartbeat
             stop.cancel();
         };
         let ticking = async {
-            ticks(&metad, &hub, &me, &stop).await;
+            ticks(&metad, &hub, &me, reap_beats, &stop).await;
             stop.cancel();
         };
         tokio::join!(heartbeats, ticking);
@@ -65,7 +74,7 @@ pub async fn run(own_addr: String, hub: Arc<ViewHub>, id: u64, timing: Heartbeat
     }
 }
 
-async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, stop: &CancellationToken) {
+async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, reap_beats: u64, stop: &CancellationToken) {
     // Takeover steps follow each other as soon as each applies (a completed takeover's
     // streams are closed in the next entries); liveness is judged once a second (FO-LIV-3).
     let mut tick = tokio::time::interval(STEP_TICK);
@@ -109,7 +118,7 @@ async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, stop: &Canc
         if judge {
             last_judged = Some(tokio::time::Instant::now());
         }
-        let commands = hub.with_state(|s| holder_commands(s, me, &mut clock, judge));
+        let commands = hub.with_state(|s| holder_commands(s, me, &mut clock, judge, reap_beats));
         for command in commands {
             act(metad, &proposer, command).await;
         }
@@ -202,6 +211,10 @@ async fn act(metad: &MetadClient, proposer: &Proposer, command: Command) {
                         }
                     }
                 }
+                Command::ReapNode { node, epoch } => tracing::info!(
+                    node_id = %node, epoch = %epoch, log_index = index,
+                    "reaped the row of a node fenced long ago"
+                ),
                 Command::DestroyStream { stream } => tracing::info!(
                     stream = %stream, log_index = index,
                     "destroyed a deleted stream of a dead owner"

@@ -18,6 +18,7 @@ mod placement_loop;
 mod raft_service;
 mod raft_types;
 mod server;
+mod snapshot_policy;
 mod store;
 mod token_callers;
 mod transfer_marks;

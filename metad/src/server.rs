@@ -46,7 +46,8 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
         election_timeout_min: args.raft_heartbeat_ms * 5,
         election_timeout_max: args.raft_heartbeat_ms * 10,
         install_snapshot_timeout: 10_000,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(args.snapshot_logs),
+        // `snapshot_policy::snapshot_loop` triggers them, by entries and rows.
+        snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: args.snapshot_logs / 2,
         purge_batch_size: (args.snapshot_logs / 2).clamp(1, 256),
         // Bounded messages (design 0002): snapshots travel in 1 MiB chunks, and one
@@ -153,6 +154,12 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
         );
     }
     background.spawn(
+        "snapshots",
+        "snapshot policy",
+        None,
+        crate::snapshot_policy::snapshot_loop(raft.clone(), sm.clone(), args.snapshot_logs, background_stop.clone()),
+    );
+    background.spawn(
         "transfer marks",
         "transfer marks",
         None,
@@ -167,6 +174,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
             hub.clone(),
             args.id,
             args.heartbeat,
+            Duration::from_secs(args.reap_after_sec),
             background_stop.clone(),
         ),
     );

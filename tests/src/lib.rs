@@ -15,6 +15,7 @@ pub mod process;
 pub mod proxy;
 pub mod readback;
 pub mod s3;
+pub mod scale;
 pub mod streamd;
 pub mod tls;
 pub mod writer;

@@ -124,7 +124,7 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
     // The brokers and every topic found, from one read of the view.
     let (brokers, described) = kafka.gw.routes.view().with(|s| {
         let brokers = brokers_in(kafka, s);
-        let gateways = weir_meta::model::leader_epochs::gateway_changes(&s.nodes);
+        let gateways = weir_meta::model::leader_epochs::gateway_changes(s);
         let described: Vec<Option<(String, MetadataResponseTopic)>> = match &r.topics {
             _ if !admitted => vec![],
             None => s

@@ -23,7 +23,7 @@ pub fn of(kafka: &Kafka, stream: &str) -> Option<i32> {
         .gw
         .routes
         .view()
-        .with(|s| in_state(s, leader_epochs::gateway_changes(&s.nodes), stream))
+        .with(|s| in_state(s, leader_epochs::gateway_changes(s), stream))
 }
 
 /// Kafka's check of a request's `current_leader_epoch` (−1: the client does not say):
@@ -55,7 +55,7 @@ pub fn check_partitions(kafka: &Kafka, asked: &[(String, i32)]) -> Vec<i16> {
         return vec![errors::NONE; asked.len()];
     }
     kafka.gw.routes.view().with(|s| {
-        let gateways = leader_epochs::gateway_changes(&s.nodes);
+        let gateways = leader_epochs::gateway_changes(s);
         asked
             .iter()
             .map(|(stream, client)| match in_state(s, gateways, stream) {
@@ -104,7 +104,7 @@ pub async fn offset_for_leader_epoch(
 async fn end_offset(kafka: &Kafka, stream: &str, current: i32, requested: i32) -> (i16, i32, i64) {
     let found: Option<(i32, EpochEnd)> = kafka.gw.routes.view().with(|s| {
         let row = s.stream_by_name(stream)?;
-        let ours = leader_epochs::current(row, leader_epochs::gateway_changes(&s.nodes));
+        let ours = leader_epochs::current(row, leader_epochs::gateway_changes(s));
         Some((ours, leader_epochs::end_of(&row.leader_epochs, requested)))
     });
     let Some((ours, end)) = found else {

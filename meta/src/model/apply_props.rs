@@ -104,6 +104,8 @@ enum Op {
     PlaceMany(Vec<(u64, usize)>),
     /// GC forgets the objects released this many entries back and before.
     Forget(u64),
+    /// The holder reaps a node's row.
+    Reap(usize),
     TransferMany(Vec<(u64, usize)>),
     OpenMany(Vec<u64>),
     CloseMany(Vec<(u64, bool)>),
@@ -144,8 +146,8 @@ fn arb_op() -> impl Strategy<Value = Op> {
         2 => (0..2usize).prop_map(Op::RevokeToken),
         1 => (0..3u32).prop_map(Op::AllocateProducerIds),
         1 => (0..8u64).prop_map(Op::Destroy),
-        2 => (0..3usize, 0..5u64, 0..3usize).prop_map(|(node, epoch, agent)| Op::BeginTakeover { node, epoch, agent }),
-        2 => (0..3usize, 0..5u64, any::<bool>()).prop_map(|(node, epoch, by_agent)| Op::CompleteTakeover { node, epoch, by_agent }),
+        3 => (0..3usize, 0..5u64, 0..3usize).prop_map(|(node, epoch, agent)| Op::BeginTakeover { node, epoch, agent }),
+        4 => (0..3usize, 0..5u64, any::<bool>()).prop_map(|(node, epoch, by_agent)| Op::CompleteTakeover { node, epoch, by_agent }),
         3 => (0..8u64, 0..6u64).prop_map(|(stream, quarter)| Op::Trim { stream, quarter }),
         1 => (prop::option::of(0..2usize), 0..3usize, prop::option::of(0..100u64))
             .prop_map(|(topic, stream, retention_bytes)| Op::AlterConfig { topic, stream, retention_bytes }),
@@ -155,6 +157,7 @@ fn arb_op() -> impl Strategy<Value = Op> {
             .prop_map(|(streams, count, stale)| Op::CompactMany { streams, count, stale }),
         2 => prop::collection::vec((0..8u64, 0..3usize), 1..5).prop_map(Op::PlaceMany),
         1 => (0..10u64).prop_map(Op::Forget),
+        2 => (0..3usize).prop_map(Op::Reap),
         2 => prop::collection::vec((0..8u64, 0..3usize), 1..5).prop_map(Op::TransferMany),
         2 => prop::collection::vec(0..8u64, 1..5).prop_map(Op::OpenMany),
         2 => prop::collection::vec((0..8u64, any::<bool>()), 1..5).prop_map(Op::CloseMany),
@@ -276,6 +279,10 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
             let (stream, stream_epoch) = epoch_of(state, stream, stale);
             Command::CloseStream { stream, stream_epoch }
         }
+        Op::Reap(n) => Command::ReapNode {
+            node: node(n),
+            epoch: state.nodes.get(&node(n)).map_or(Epoch(1), |r| r.epoch),
+        },
         Op::Forget(back) => Command::ForgetReleased {
             through: state.applied_index.saturating_sub(back),
         },
@@ -368,11 +375,29 @@ fn resolve(state: &State, index: &super::index::MemIndex, op: &Op) -> Command {
         Op::Destroy(s) => Command::DestroyStream {
             stream: epoch_of(state, s, false).0,
         },
-        Op::BeginTakeover { node: n, epoch, agent } => Command::BeginTakeover {
-            node: node(n),
-            epoch: Epoch(epoch),
-            agent: node(agent),
-        },
+        // Usually a dead owner of open streams, as the holder proposes; sometimes any.
+        Op::BeginTakeover { node: n, epoch, agent } => {
+            let dead_owners: Vec<Incarnation> = state
+                .streams
+                .owners()
+                .filter_map(|(o, owned)| {
+                    o.filter(|o| !owned.open.is_empty() && !is_live_proposer(state, &Proposer::Node((*o).clone())))
+                })
+                .cloned()
+                .collect();
+            match dead_owners.get(n).filter(|_| epoch < 4) {
+                Some(dead) => Command::BeginTakeover {
+                    node: dead.node.clone(),
+                    epoch: dead.epoch,
+                    agent: node(agent),
+                },
+                None => Command::BeginTakeover {
+                    node: node(n),
+                    epoch: Epoch(epoch),
+                    agent: node(agent),
+                },
+            }
+        }
         Op::CompleteTakeover { node: n, epoch, .. } => match state.takeovers.values().nth(n) {
             Some(t) => Command::CompleteTakeover {
                 node: t.dead.node.clone(),
@@ -560,6 +585,8 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
     let mut meta = initialized();
     let mut applied = BTreeSet::new();
     let mut fenced: BTreeMap<(NodeId, Epoch), ()> = BTreeMap::new();
+    // The highest epoch each node id ever had, over the whole run (rows are reaped).
+    let mut highest: BTreeMap<NodeId, Epoch> = BTreeMap::new();
     for (i, (who, op)) in ops.into_iter().enumerate() {
         let index = i as u64 + 2;
         let before_all = meta.clone();
@@ -702,7 +729,29 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
                 prop_assert!(outcome.is_err());
             }
         }
+        // A reaped row was fenced and nothing referred to it.
+        for (id, old) in &before.nodes {
+            if !state.nodes.contains_key(id) {
+                prop_assert!(old.fenced, "{} reaped while live", id);
+                prop_assert!(state.streams.owners().all(|(o, _)| o.is_none_or(|o| &o.node != id)));
+                prop_assert!(state.takeovers.keys().all(|(n, _)| n != id), "{}'s takeovers stay", id);
+            }
+        }
         for (id, row) in &state.nodes {
+            // Epochs never go back, even for an id whose row was reaped (FO-LIV-10).
+            if let Some(top) = highest.get(id) {
+                prop_assert!(
+                    row.epoch >= *top,
+                    "{} went back from epoch {} to {}",
+                    id,
+                    top,
+                    row.epoch
+                );
+                if !before.nodes.contains_key(id) {
+                    prop_assert!(row.epoch > *top, "{} registered again at epoch {}", id, row.epoch);
+                }
+            }
+            highest.insert(id.clone(), row.epoch);
             if let Some(old) = before.nodes.get(id) {
                 // Epochs only grow (FO-LIV-10).
                 prop_assert!(row.epoch >= old.epoch);
@@ -1003,6 +1052,7 @@ fn every_command_kind_applies_somewhere_in_the_generated_runs() {
         "close_streams",
         "begin_transfers",
         "forget_released",
+        "reap_node",
     ];
     applied.insert("init_cluster");
     let missing: Vec<_> = all.iter().filter(|k| !applied.contains(*k)).collect();

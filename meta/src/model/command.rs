@@ -156,6 +156,13 @@ pub enum Command {
     },
     /// The proposer fences itself, unconditionally (FO-FEN-3).
     FenceSelf,
+    /// Removes the row of `node`, fenced at `epoch`, once nothing refers to any of its
+    /// incarnations (no stream, no takeover under way): rows of nodes long gone do not
+    /// stay in the view for ever. Its takeover rows go with it.
+    ReapNode {
+        node: NodeId,
+        epoch: Epoch,
+    },
     /// The proposer is stopping (D-4).
     MarkTerminating,
     Cordon {
@@ -400,6 +407,7 @@ impl Command {
             Command::Heartbeat => "heartbeat",
             Command::FenceNode { .. } => "fence_node",
             Command::FenceSelf => "fence_self",
+            Command::ReapNode { .. } => "reap_node",
             Command::MarkTerminating => "mark_terminating",
             Command::Cordon { .. } => "cordon",
             Command::Uncordon { .. } => "uncordon",

@@ -24,9 +24,9 @@
 //! would take for one. The history is pruned below the log start and capped.
 
 use super::rows::{NodeKind, NodeRow, StreamRow};
+use super::state::State;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use weir_shared::ids::{NodeId, Offset, StreamEpoch};
+use weir_shared::ids::{Offset, StreamEpoch};
 
 /// Opens kept per stream, besides those pruned below the log start.
 pub const MAX_KEPT: usize = 16;
@@ -41,13 +41,20 @@ pub struct EpochStart {
 
 /// How many times a gateway joined or left the live set (the Kafka brokers): each
 /// incarnation joins once (its registration epoch counts them) and leaves once, when
-/// it stops or is fenced, whichever comes first.
-pub fn gateway_changes(nodes: &BTreeMap<NodeId, NodeRow>) -> u64 {
-    nodes
-        .values()
-        .filter(|n| n.kind == NodeKind::Gatewayd)
-        .map(|n| (2 * n.epoch.0).saturating_sub(1) + u64::from(n.fenced || n.terminating))
-        .sum()
+/// it stops or is fenced, whichever comes first; with what reaped rows had counted.
+pub fn gateway_changes(state: &State) -> u64 {
+    state.counters.retired_gateway_changes
+        + state
+            .nodes
+            .values()
+            .filter(|n| n.kind == NodeKind::Gatewayd)
+            .map(gateway_row_changes)
+            .sum::<u64>()
+}
+
+/// What one gateway row counts in [`gateway_changes`].
+pub fn gateway_row_changes(row: &NodeRow) -> u64 {
+    (2 * row.epoch.0).saturating_sub(1) + u64::from(row.fenced || row.terminating)
 }
 
 /// The partition's leader epoch, given [`gateway_changes`].

@@ -397,6 +397,18 @@ pub struct Counters {
     pub next_stream_id: u64,
     /// Next Kafka producer id to hand out (allocated in blocks).
     pub next_producer_id: i64,
+    /// The highest epoch of a node row reaped (`ReapNode`): a node id registering
+    /// without a row starts above it, so no id's epochs ever go back (FO-LIV-10).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reaped_epoch_floor: u64,
+    /// What reaped gateway rows added to `leader_epochs::gateway_changes`, which must
+    /// never go back (issue 22).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retired_gateway_changes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

@@ -83,6 +83,15 @@ pub fn counts(db: &DB) -> (u64, u64) {
     (ranges, objects)
 }
 
+/// About how many rows the index holds (RocksDB's estimate: no scan).
+pub fn estimated_rows(db: &DB) -> u64 {
+    let cf = db.cf_handle(CF_INDEX).expect("opened with this column family");
+    db.property_int_value_cf(cf, "rocksdb.estimate-num-keys")
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+}
+
 /// Up to `limit` released objects after log index `after`, in release order; whether
 /// more follow.
 pub fn released(db: &DB, after: u64, limit: usize) -> (Vec<(u64, ObjectKey)>, bool) {

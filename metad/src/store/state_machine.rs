@@ -6,7 +6,7 @@
 //! (`snapshot_file`), sent and installed in bounded chunks.
 
 use super::db::{sync_write, CF_HISTORY, CF_META, CF_SM, CF_SNAPSHOT, KEY_APPLIED, KEY_MEMBERSHIP};
-use super::history::{HistoryEntry, HISTORY_RETAIN};
+use super::history::HistoryEntry;
 use super::index::StoreIndex;
 use super::snapshot_file;
 use crate::raft_types::{Entry, LogId, NodeId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
@@ -228,6 +228,8 @@ pub struct StateMachineStore {
     db: Arc<DB>,
     hub: Arc<ViewHub>,
     snapshots: PathBuf,
+    /// How much of the applied-command history is kept.
+    history_retention: Arc<std::sync::Mutex<super::history::Retention>>,
 }
 
 impl StateMachineStore {
@@ -247,6 +249,7 @@ impl StateMachineStore {
             hub: Arc::new(ViewHub::new(state, last_applied, membership)),
             db,
             snapshots: snapshots.to_path_buf(),
+            history_retention: Default::default(),
         };
         // A store migrated from format 1 has no snapshot of its own format yet; a
         // follower behind the purged log needs one.
@@ -558,13 +561,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         None => batch.delete_cf(sm, key),
                     }
                 }
-                batch.put_cf(history, entry_index.to_be_bytes(), codec::encode(&record));
-                if entry_index % 1024 == 0 && entry_index > HISTORY_RETAIN {
-                    batch.delete_range_cf(
-                        history,
-                        0u64.to_be_bytes(),
-                        (entry_index - HISTORY_RETAIN).to_be_bytes(),
-                    );
+                let encoded = codec::encode(&record);
+                let mut retention = self.history_retention.lock().unwrap_or_else(|p| p.into_inner());
+                retention.saw(encoded.len());
+                batch.put_cf(history, entry_index.to_be_bytes(), encoded);
+                let keep = retention.keep();
+                if entry_index % 1024 == 0 && entry_index > keep {
+                    batch.delete_range_cf(history, 0u64.to_be_bytes(), (entry_index - keep).to_be_bytes());
                 }
                 ViewHub::publish(
                     inner,

@@ -133,6 +133,7 @@ impl Txn<'_> {
                 seen_heartbeats,
             } => self.fence_node(proposer, node, *epoch, *seen_heartbeats),
             Command::FenceSelf => self.fence_self(proposer),
+            Command::ReapNode { node, epoch } => self.reap_node(proposer, node, *epoch),
             Command::MarkTerminating => self.mark_terminating(proposer),
             Command::Cordon { node, by } => self.cordon(proposer, node, *by),
             Command::Uncordon { node, by } => self.uncordon(proposer, node, *by),

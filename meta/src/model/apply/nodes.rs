@@ -64,8 +64,9 @@ impl Txn<'_> {
                 ));
             }
         }
-        // FO-LIV-10: strictly above every earlier epoch of this id.
-        let epoch = previous.map_or(Epoch(1), |p| p.epoch.next());
+        // FO-LIV-10: strictly above every earlier epoch of this id, a reaped row's too.
+        let floor = Epoch(self.state.counters.reaped_epoch_floor);
+        let epoch = previous.map_or(floor.next(), |p| p.epoch.next());
         let row = NodeRow {
             id: node.clone(),
             kind,
@@ -84,6 +85,66 @@ impl Txn<'_> {
         self.state.nodes.insert(node.clone(), row);
         self.touch(RowKey::Node(node.clone()));
         Ok(Applied::Registered { epoch })
+    }
+
+    /// Removes a fenced node row nothing refers to any more, with its takeover rows.
+    pub(super) fn reap_node(&mut self, proposer: &Proposer, node: &NodeId, epoch: Epoch) -> Outcome {
+        self.privileged(proposer)?;
+        let row = self.node_row(node)?;
+        if row.epoch != epoch || !row.fenced {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!(
+                    "node '{node}' is at epoch {}, fenced {}; only a fenced row is reaped",
+                    row.epoch, row.fenced
+                ),
+            ));
+        }
+        if row.kind == NodeKind::Metad {
+            return Err(reject(
+                RejectCode::InvalidArgument,
+                format!("node '{node}' is a metad replica; its row stays"),
+            ));
+        }
+        // As many owners as incarnations holding streams, not as many as streams.
+        if let Some(owner) = self
+            .state
+            .streams
+            .owners()
+            .find_map(|(o, _)| o.filter(|o| &o.node == node))
+        {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!("node '{node}' still holds streams (as {owner})"),
+            ));
+        }
+        let takeovers: Vec<(NodeId, Epoch)> = self
+            .state
+            .takeovers
+            .range((node.clone(), Epoch(0))..=(node.clone(), Epoch(u64::MAX)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if takeovers
+            .iter()
+            .any(|k| self.state.takeovers[k].state == TakeoverState::Pending)
+        {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!("a takeover of node '{node}' is under way"),
+            ));
+        }
+        let changes = (row.kind == NodeKind::Gatewayd).then(|| crate::model::leader_epochs::gateway_row_changes(row));
+        let counters = &mut self.state.counters;
+        counters.reaped_epoch_floor = counters.reaped_epoch_floor.max(epoch.0);
+        counters.retired_gateway_changes += changes.unwrap_or(0);
+        self.touch(RowKey::Counters);
+        self.state.nodes.remove(node);
+        self.touch(RowKey::Node(node.clone()));
+        for (dead, at) in takeovers {
+            self.state.takeovers.remove(&(dead.clone(), at));
+            self.touch(RowKey::Takeover(dead, at));
+        }
+        Ok(Applied::Done)
     }
 
     pub(super) fn heartbeat(&mut self, proposer: &Proposer) -> Outcome {
@@ -268,7 +329,7 @@ mod tests {
         use crate::model::leader_epochs::{current, gateway_changes};
         use weir_shared::ids::{Epoch, Incarnation};
         let mut log = Log::new();
-        let changes = |log: &Log| gateway_changes(&log.meta.state.nodes);
+        let changes = |log: &Log| gateway_changes(&log.meta.state);
         let epoch_of_a = |log: &Log| current(log.row(0), changes(log));
         let before = epoch_of_a(&log);
         let register = Command::RegisterNode {

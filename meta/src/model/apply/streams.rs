@@ -143,7 +143,7 @@ impl Txn<'_> {
             }
             StreamState::Closed => {
                 let gateways = stamps_leader_epochs
-                    .then(|| crate::model::leader_epochs::gateway_changes(&self.state.nodes));
+                    .then(|| crate::model::leader_epochs::gateway_changes(self.state));
                 let applied = self
                     .state
                     .streams

@@ -26,6 +26,17 @@ impl Txn<'_> {
                 format!("{dead} is live; only a fenced or replaced incarnation is taken over"),
             ));
         }
+        // Only a WAL that may hold acknowledged records of open streams is taken over:
+        // a late proposal for an incarnation whose streams all moved (its row perhaps
+        // reaped since) starts nothing.
+        let key = (node.clone(), epoch);
+        let holds_open = self.state.streams.owned(&dead).is_some_and(|o| !o.open.is_empty());
+        if !holds_open && !self.state.takeovers.contains_key(&key) {
+            return Err(reject(
+                RejectCode::Conflict,
+                format!("{dead} holds no open stream; there is nothing to recover"),
+            ));
+        }
         let agent_row = self.node_row(agent)?;
         if agent_row.kind != NodeKind::Streamd || !agent_row.is_live() {
             return Err(reject(
@@ -34,7 +45,6 @@ impl Txn<'_> {
             ));
         }
         let agent = agent_row.incarnation();
-        let key = (node.clone(), epoch);
         match self.state.takeovers.get(&key) {
             Some(t) if t.state != TakeoverState::Pending => Ok(Applied::Done),
             Some(t) if t.agent.as_ref() == Some(&agent) => Ok(Applied::Done),
