@@ -76,6 +76,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         propose_timeout_ms: 5000,
         raft_heartbeat_ms: 200,
         snapshot_logs: 10_000,
+        snapshot_rows_percent: 50,
         auto_place: true,
         drain_batch_streams: weir_meta::drain_plan::DRAIN_BATCH,
         reap_after_sec: 3600,

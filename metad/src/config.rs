@@ -69,10 +69,14 @@ pub struct MetadArgs {
     #[arg(long, env = "WEIR_RAFT_HEARTBEAT_MS", default_value_t = 200)]
     pub raft_heartbeat_ms: u64,
 
-    /// Log entries since the last snapshot that trigger a new one, at least; a state of
-    /// many rows snapshots once per half its rows in entries.
+    /// Log entries since the last snapshot that trigger a new one, at least.
     #[arg(long, env = "WEIR_SNAPSHOT_LOGS", default_value_t = 10_000)]
     pub snapshot_logs: u64,
+
+    /// And at least this percent of the rows the store holds: a snapshot writes every
+    /// row, so a large state snapshots less often (0: `--snapshot-logs` alone).
+    #[arg(long, env = "WEIR_SNAPSHOT_ROWS_PERCENT", default_value_t = 50)]
+    pub snapshot_rows_percent: u64,
 
     /// Streams a drain moves in one unit (one BeginTransfers entry and one close request
     /// to the source); each is unwritable for about as long as its unit takes.

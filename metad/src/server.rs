@@ -157,7 +157,15 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
         "snapshots",
         "snapshot policy",
         None,
-        crate::snapshot_policy::snapshot_loop(raft.clone(), sm.clone(), args.snapshot_logs, background_stop.clone()),
+        crate::snapshot_policy::snapshot_loop(
+            raft.clone(),
+            sm.clone(),
+            crate::snapshot_policy::Policy {
+                min_logs: args.snapshot_logs,
+                rows_percent: args.snapshot_rows_percent,
+            },
+            background_stop.clone(),
+        ),
     );
     background.spawn(
         "transfer marks",

@@ -306,7 +306,13 @@ async fn close_in_place(node: &Arc<Node>, shutdown: &Shutdown) -> Outcome {
     // SD-ADM-11: the streams close independently, many at once, each within what is
     // left of the budget: a close that hangs or fails leaves the others theirs. They
     // close in batches, a few metadata entries for all of them (D-23).
-    let names: Vec<String> = node.all_streams().iter().map(|h| h.name.clone()).collect();
+    // Every stream open here, whether or not it was used since it opened.
+    let open = node.open_here();
+    let names: Vec<String> = node.view.with(|s| {
+        open.iter()
+            .filter_map(|id| s.streams.get(id).map(|r| r.name.clone()))
+            .collect()
+    });
     let batches: Vec<Vec<String>> = names.chunks(MAX_BATCH).map(<[String]>::to_vec).collect();
     let closed: Vec<Closed> = futures::stream::iter(batches)
         .map(|batch| async move {

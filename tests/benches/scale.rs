@@ -106,7 +106,13 @@ async fn dev(n: usize, idle: Duration) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let baseline = scale::rss_bytes(dev.proc.pid());
     let base = format!("http://{}", dev.http);
-    let windows = scale::create_streams(&base, "s-", n, 16, 10_000, true).await;
+    // Half, then the other half: what the second half adds is what a stream costs,
+    // past the caches every process fills up to their bounds.
+    let mut windows = scale::create_streams(&base, "s-", n / 2, 16, 10_000, true).await;
+    scale::wait_all_open(&dev.metad_http, (n / 2) as u64, Duration::from_secs(1800)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let half = scale::rss_bytes(dev.proc.pid());
+    windows.extend(scale::create_streams(&base, "t-", n - n / 2, 16, 10_000, true).await);
     summary(&windows);
     let opened = scale::wait_all_open(&dev.metad_http, n as u64, Duration::from_secs(1800)).await;
     println!("all {n} open {:.1} s after the last was created", opened.as_secs_f64());
@@ -115,12 +121,14 @@ async fn dev(n: usize, idle: Duration) {
     let cpu = scale::idle_cpu(&[dev.proc.pid()], idle).await;
     let rss = scale::rss_bytes(dev.proc.pid());
     println!(
-        "idle over {} s: {:.2} % of a core; RSS {:.0} MiB ({:.0} MiB before the streams): {:.0} bytes per stream",
+        "idle over {} s: {:.2} % of a core; RSS {:.0} MiB ({:.0} MiB before the streams, {:.0} MiB at half): {:.0} bytes per stream in all, {:.0} per stream of the second half",
         idle.as_secs(),
         cpu * 100.0,
         rss as f64 / (1 << 20) as f64,
         baseline as f64 / (1 << 20) as f64,
-        rss.saturating_sub(baseline) as f64 / n as f64
+        half as f64 / (1 << 20) as f64,
+        rss.saturating_sub(baseline) as f64 / n as f64,
+        rss.saturating_sub(half) as f64 / (n - n / 2) as f64
     );
     let stopping = Instant::now();
     dev.proc.term();

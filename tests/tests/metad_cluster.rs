@@ -178,7 +178,7 @@ async fn restart_of_all_three_replicas_keeps_identical_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_behind_the_purged_log_catches_up_by_snapshot() {
     with_timeout(async {
-        let mut cluster = Cluster::start(3, &["--snapshot-logs", "20"]).await;
+        let mut cluster = Cluster::start(3, &["--snapshot-logs", "20", "--snapshot-rows-percent", "0"]).await;
         let client = cluster.client();
         let leader = cluster.wait_leader(&[]).await;
         let follower = (leader + 1) % 3;

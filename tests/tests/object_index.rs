@@ -104,7 +104,7 @@ async fn after_an_ingest_past_three_times_the_old_limit_every_process_restarts_r
             1,
             Backend::FileWal,
             &["--upload-interval-ms", "5", "--compaction-interval-ms", "86400000"],
-            &["--snapshot-logs", "2000"],
+            &["--snapshot-logs", "2000", "--snapshot-rows-percent", "0"],
         )
         .await;
         let partitions_n = 300u32;
@@ -215,7 +215,18 @@ async fn after_an_ingest_past_three_times_the_old_limit_every_process_restarts_r
 #[tokio::test(flavor = "multi_thread")]
 async fn a_watch_snapshot_and_a_raft_snapshot_over_4_mib_travel_in_chunks() {
     within(300, async {
-        let mut cluster = Cluster::start(3, &["--snapshot-logs", "20", "--auto-place", "false"]).await;
+        let mut cluster = Cluster::start(
+            3,
+            &[
+                "--snapshot-logs",
+                "20",
+                "--snapshot-rows-percent",
+                "0",
+                "--auto-place",
+                "false",
+            ],
+        )
+        .await;
         let leader = cluster.wait_leader(&[]).await;
         let lagging = (leader + 1) % 3;
         cluster.replicas[lagging].kill();

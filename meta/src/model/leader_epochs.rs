@@ -99,6 +99,8 @@ pub fn prune(row: &mut StreamRow) {
     row.leader_epochs.drain(..below);
     let over = row.leader_epochs.len().saturating_sub(MAX_KEPT);
     row.leader_epochs.drain(..over);
+    // Every row of every view holds these: no spare capacity (a push reserves four).
+    row.leader_epochs.shrink_to_fit();
 }
 
 /// Where the epoch an OffsetForLeaderEpoch asks about ends.

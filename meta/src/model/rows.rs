@@ -219,8 +219,9 @@ pub struct StreamRow {
     pub config: StreamConfig,
     /// Damage found in the stream's committed data; reads of it are refused until an
     /// operator acts (issue 20).
+    /// Boxed: rare, and as large as the rest of the row's fixed fields.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub damage: Option<StreamDamage>,
+    pub damage: Option<Box<StreamDamage>>,
     /// Where each recent open's Kafka leader epoch starts (issue 22,
     /// [`super::leader_epochs`]); pruned below the start offset and capped. Absent in
     /// rows written before it existed.

@@ -15,17 +15,20 @@ impl Node {
     /// The damage marked on `stream`, if any.
     pub fn damage(&self, stream: StreamId) -> Option<StreamDamage> {
         self.view
-            .with(|s| s.streams.get(&stream).and_then(|r| r.damage.clone()))
+            .with(|s| s.streams.get(&stream).and_then(|r| r.damage.as_deref().cloned()))
     }
 
-    /// Streams this node serves that are marked damaged, by name.
+    /// Streams open here that are marked damaged, by name.
     pub fn damaged_streams(&self) -> Vec<String> {
-        let damaged: Vec<_> = self.view.with(|s| s.streams.damaged().iter().copied().collect());
-        damaged
-            .into_iter()
-            .filter_map(|id| self.served(id))
-            .map(|h| h.name.clone())
-            .collect()
+        self.view.with(|s| {
+            s.streams
+                .damaged()
+                .iter()
+                .filter_map(|id| s.streams.get(id))
+                .filter(|r| r.owner.as_ref() == Some(&self.me) && r.state == weir_meta::model::StreamState::Open)
+                .map(|r| r.name.clone())
+                .collect()
+        })
     }
 
     /// Refuses a read at `offset` when it falls in `stream`'s marked damage.

@@ -6,6 +6,7 @@ mod append;
 pub(crate) mod close;
 pub mod compaction;
 mod damage;
+mod handles;
 mod markers;
 mod producers;
 pub mod ranges;
@@ -17,7 +18,6 @@ mod uploader;
 
 pub use read::Isolation;
 
-use crate::error::StreamdError;
 use crate::object::cache::BlockCache;
 use crate::object::pace::Pace;
 use crate::object::range_reads::RangeReads;
@@ -89,7 +89,13 @@ pub struct Node {
     /// Where committed offsets are stored: cached ranges of the object index.
     pub ranges: ranges::RangeCache,
     pub tunables: Tunables,
+    /// The handles of the streams in use here; an open stream gets one on first use
+    /// (`handles`), so an idle stream costs only its row in the view.
     streams: RwLock<HashMap<StreamId, Arc<StreamHandle>>>,
+    /// Streams this incarnation stopped serving, at the stream epoch it served: not
+    /// served at that epoch again while the view still shows it open here (a close
+    /// that landed before the view applied it).
+    stopped: std::sync::Mutex<HashMap<StreamId, weir_shared::ids::StreamEpoch>>,
     /// Passed the catch-up fence; serves nothing before.
     admitted: AtomicBool,
     /// Wakes the uploader early (buffer over threshold, or a close waiting).
@@ -152,6 +158,7 @@ impl Node {
             ranges: ranges::RangeCache::new(ranges::CAPACITY),
             tunables,
             streams: RwLock::new(HashMap::new()),
+            stopped: Default::default(),
             admitted: AtomicBool::new(false),
             upload_now: Notify::new(),
             uploads: Default::default(),
@@ -198,128 +205,6 @@ impl Node {
         self.fenced.cancel();
         for handle in self.all_streams() {
             handle.stop();
-        }
-    }
-
-    pub fn all_streams(&self) -> Vec<Arc<StreamHandle>> {
-        self.streams
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
-    }
-
-    /// The handle of stream `id` if this incarnation serves it.
-    pub fn served(&self, id: StreamId) -> Option<Arc<StreamHandle>> {
-        self.streams.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
-    }
-
-    /// The ids of the streams this incarnation serves.
-    pub fn served_ids(&self) -> Vec<StreamId> {
-        self.streams
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .copied()
-            .collect()
-    }
-
-    /// The streams this incarnation serves or the view shows open on it: what a loop
-    /// working per stream looks at when it must look at every one (after a snapshot).
-    pub fn served_or_open(&self) -> Vec<StreamId> {
-        let mut ids = self.served_ids();
-        self.view.with(|s| {
-            if let Some(owned) = s.streams.owned(&self.me) {
-                ids.extend(owned.open.iter().copied());
-            }
-        });
-        ids.sort_unstable();
-        ids.dedup();
-        ids
-    }
-
-    /// The streams this incarnation serves or the view places on it, in any state:
-    /// what reconciliation looks at when it must look at every one (after a snapshot).
-    pub fn served_or_owned(&self) -> Vec<StreamId> {
-        let mut ids = self.served_ids();
-        self.view.with(|s| {
-            if let Some(owned) = s.streams.owned(&self.me) {
-                ids.extend(owned.open.iter().chain(&owned.closed).chain(&owned.deleted).copied());
-            }
-        });
-        ids.sort_unstable();
-        ids.dedup();
-        ids
-    }
-
-    /// How many streams this incarnation serves.
-    pub fn served_count(&self) -> usize {
-        self.streams.read().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    fn insert_stream(&self, handle: Arc<StreamHandle>) {
-        self.streams
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(handle.id, handle);
-    }
-
-    fn remove_stream(&self, id: StreamId, end: u64) -> Option<Arc<StreamHandle>> {
-        let removed = self.streams.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
-        self.stopped_serving(id, end, removed.as_ref());
-        removed
-    }
-
-    /// Stops serving `handle`, unless the stream is already served at another epoch.
-    fn remove_served(&self, handle: &Arc<StreamHandle>, end: u64) {
-        let removed = {
-            let mut streams = self.streams.write().unwrap_or_else(|p| p.into_inner());
-            let same = streams
-                .get(&handle.id)
-                .is_some_and(|served| Arc::ptr_eq(served, handle));
-            if !same {
-                return;
-            }
-            streams.remove(&handle.id)
-        };
-        self.stopped_serving(handle.id, end, removed.as_ref());
-    }
-
-    fn stopped_serving(&self, id: StreamId, end: u64, removed: Option<&Arc<StreamHandle>>) {
-        // Its records up to `end` are committed; the rest are no longer this
-        // incarnation's to upload.
-        self.wal.reclaim([(id, end)]);
-        if let Some(h) = removed {
-            h.stop();
-        }
-        self.ranges.forget(id);
-    }
-
-    /// The served stream named `name`, or why it is not served here.
-    pub fn stream(&self, name: &str) -> Result<Arc<StreamHandle>, StreamdError> {
-        if self.fenced.is_cancelled() {
-            return Err(StreamdError::Fenced);
-        }
-        if !self.is_admitted() {
-            return Err(StreamdError::Unavailable(
-                "node is catching up with the metadata log".into(),
-            ));
-        }
-        let (id, owner) = self
-            .view
-            .with(|s| {
-                s.stream_by_name(name)
-                    .map(|row| (row.id, row.owner.as_ref().map(|o| o.to_string())))
-            })
-            .ok_or_else(|| StreamdError::NotFound(name.to_string()))?;
-        let handle = self.streams.read().unwrap_or_else(|p| p.into_inner()).get(&id).cloned();
-        match handle {
-            Some(h) if h.is_serving() => Ok(h),
-            _ => Err(StreamdError::NotOwner {
-                stream: name.to_string(),
-                owner,
-            }),
         }
     }
 }

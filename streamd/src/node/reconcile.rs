@@ -113,16 +113,17 @@ fn need_of(node: &Node, id: StreamId, handle: Option<&Arc<StreamHandle>>) -> Nee
     node.view.with(|s| need_in(s, &node.me, id, handle.map(|h| h.epoch)))
 }
 
-/// What stream `id` needs in `state` on incarnation `me`, which serves it at epoch
-/// `served`, or does not serve it.
+/// What stream `id` needs in `state` on incarnation `me`, whose handle of it is at
+/// epoch `served`, or which has none. A stream open here without a handle needs
+/// nothing: it gets one on first use.
 fn need_in(state: &State, me: &Incarnation, id: StreamId, served: Option<StreamEpoch>) -> Need {
     let mine = state.streams.get(&id).filter(|r| r.owner.as_ref() == Some(me));
     match (served, mine) {
         (Some(epoch), Some(r)) if r.state == StreamState::Open && r.epoch == epoch => Need::Keep,
         (Some(_), _) => Need::StopServing,
         (None, Some(r)) if r.state == StreamState::Deleted => Need::Destroy,
-        (None, Some(_)) => Need::Open,
-        (None, None) => Need::Nothing,
+        (None, Some(r)) if r.state == StreamState::Closed => Need::Open,
+        (None, _) => Need::Nothing,
     }
 }
 
@@ -141,6 +142,7 @@ async fn reconcile(node: &Arc<Node>, changed: &Changed, retries: &mut OpenRetrie
     let mut destroys = Vec::new();
     let visit = to_visit(changed.take(), retries.due(now), || node.served_or_owned());
     for id in visit {
+        node.forget_stopped_if_settled(id);
         let mut handle = node.served(id);
         let mut need = need_of(node, id, handle.as_ref());
         if need == Need::StopServing {
@@ -258,18 +260,13 @@ async fn open_streams(node: &Arc<Node>, streams: &[StreamId]) -> Result<(), Stri
         let Some(row) = row.filter(|r| r.epoch == stream_epoch && r.owner.as_ref() == Some(&node.me)) else {
             continue;
         };
+        // Its handle comes with its first use (`handles`); its producer state is
+        // rebuilt ahead for the streams with data, so their first appends find it.
         let leader_epoch = weir_meta::model::leader_epochs::stamped_at(&row, stream_epoch);
-        let handle = Arc::new(StreamHandle::new(
-            id,
-            row.name.clone(),
-            stream_epoch,
-            leader_epoch,
-            row.start_offset.0,
-            committed_end.0,
-        ));
         tracing::info!(stream = %row.name, stream_epoch = %stream_epoch, leader_epoch, offset = committed_end.0, log_index = index, "opened stream");
-        node.insert_stream(handle.clone());
-        opened.push(handle);
+        if committed_end.0 > 0 {
+            opened.extend(node.handle(id));
+        }
     }
     node.prefetch_tails(opened);
     Ok(())

@@ -257,7 +257,7 @@ pub async fn retention_loop(node: Arc<Node>, every: Duration, cancel: tokio_util
             schedule.set(id, node.asks_retention(id).then_some(now));
         }
         for id in schedule.take_due(now) {
-            let again = match node.served(id) {
+            let again = match node.handle(id) {
                 Some(handle) => node.enforce_retention(&handle, every).await,
                 // Opened in the view, and not served yet: looked at on the next pass.
                 None => node.asks_retention(id).then_some(every),

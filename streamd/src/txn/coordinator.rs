@@ -143,7 +143,7 @@ impl Txns {
                 .view
                 .with(|s| s.topics.get(TXN_STATE_TOPIC).map(|t| t.partitions.clone()))
                 .unwrap_or_default();
-            for handle in partitions.into_iter().filter_map(|id| self.node.served(id)) {
+            for handle in partitions.into_iter().filter_map(|id| self.node.handle(id)) {
                 if !handle.name.starts_with(&prefix) || !handle.is_serving() {
                     continue;
                 }

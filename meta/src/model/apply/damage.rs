@@ -41,16 +41,16 @@ impl Txn<'_> {
             return Ok(Applied::Done);
         }
         let mut row = row.clone();
-        row.damage = Some(match row.damage.take() {
+        row.damage = Some(Box::new(match row.damage.take() {
             // The earliest report names the damage; a later one only reaches further.
-            Some(d) if d.from <= from => StreamDamage { until, ..d },
+            Some(d) if d.from <= from => StreamDamage { until, ..*d },
             earlier => StreamDamage {
                 from,
                 until: earlier.map_or(until, |d| d.until.max(until)),
                 what: what.to_string(),
                 found_by: finder.to_string(),
             },
-        });
+        }));
         self.state.set_row(&RowKey::Stream(id), Some(Row::Stream(row)));
         self.touch(RowKey::Stream(id));
         Ok(Applied::Done)

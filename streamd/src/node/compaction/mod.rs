@@ -86,16 +86,18 @@ impl Node {
     pub async fn compact_streams(&self, candidates: &mut HashSet<StreamId>) -> usize {
         let started = Instant::now();
         let target = self.tunables.compaction_target_bytes;
-        let handles: Vec<Arc<StreamHandle>> = candidates.iter().filter_map(|id| self.served(*id)).collect();
-        // A stream opened in the view and not served yet stays for the next pass.
+        // Only streams open here with two ranges or more have anything to compact: a
+        // stream just opened, or written once, costs the pass nothing.
         candidates.retain(|id| {
-            self.served(*id).is_some()
-                || self.view.with(|s| {
-                    s.streams.get(id).is_some_and(|r| {
-                        r.owner.as_ref() == Some(&self.me) && r.state == weir_meta::model::StreamState::Open
-                    })
+            self.view.with(|s| {
+                s.streams.get(id).is_some_and(|r| {
+                    r.owner.as_ref() == Some(&self.me)
+                        && r.state == weir_meta::model::StreamState::Open
+                        && r.commits >= 2
                 })
+            })
         });
+        let handles: Vec<Arc<StreamHandle>> = candidates.iter().filter_map(|id| self.handle(*id)).collect();
         let planned: Vec<(Arc<StreamHandle>, Vec<Vec<ObjectRange>>)> = futures::stream::iter(handles)
             .map(|handle| async move {
                 match self.stream_ranges(&handle).await {
