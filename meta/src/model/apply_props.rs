@@ -874,7 +874,7 @@ fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, T
                     row.is_some_and(|r| r.topic.as_deref() == Some(t.name.as_str()) && r.partition == Some(p as u32))
                 );
                 // A topic's config is its partitions' config.
-                prop_assert_eq!(row.map(|r| &r.config), Some(&t.config));
+                prop_assert_eq!(row.map(|r| &*r.config), Some(&t.config));
             }
         }
         // Allocators and lease generations only grow; a takeover never goes back to pending.

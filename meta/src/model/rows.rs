@@ -106,6 +106,46 @@ pub struct StreamConfig {
     pub segment_bytes: Option<u64>,
 }
 
+/// A stream's config, boxed only when it is not the default: most streams have none of
+/// their own, and every view holds every stream's row (issue 57). Reads as the config
+/// it holds; stored and sent as that config.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamConfigBox(Option<Box<StreamConfig>>);
+
+/// The config of a stream that has none of its own.
+static DEFAULT_CONFIG: StreamConfig = StreamConfig {
+    retention_ms: None,
+    retention_bytes: None,
+    max_message_bytes: None,
+    segment_bytes: None,
+};
+
+impl std::ops::Deref for StreamConfigBox {
+    type Target = StreamConfig;
+
+    fn deref(&self) -> &StreamConfig {
+        self.0.as_deref().unwrap_or(&DEFAULT_CONFIG)
+    }
+}
+
+impl From<StreamConfig> for StreamConfigBox {
+    fn from(config: StreamConfig) -> Self {
+        Self((config != DEFAULT_CONFIG).then(|| Box::new(config)))
+    }
+}
+
+impl Serialize for StreamConfigBox {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (**self).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for StreamConfigBox {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        StreamConfig::deserialize(d).map(Self::from)
+    }
+}
+
 /// `max_timestamp` of ranges committed before ranges carried one: unknown, so age-based
 /// retention keeps them.
 pub const NO_TIMESTAMP: i64 = -1;
@@ -216,7 +256,7 @@ pub struct StreamRow {
     /// Bytes of the committed ranges the index holds for the stream (`retention.bytes`).
     #[serde(default)]
     pub bytes: u64,
-    pub config: StreamConfig,
+    pub config: StreamConfigBox,
     /// Damage found in the stream's committed data; reads of it are refused until an
     /// operator acts (issue 20).
     /// Boxed: rare, and as large as the rest of the row's fixed fields.
@@ -247,7 +287,7 @@ impl StreamRow {
             committed_end: Offset(0),
             commits: 0,
             bytes: 0,
-            config: config.clone(),
+            config: config.clone().into(),
             damage: None,
             leader_epochs: vec![],
         }

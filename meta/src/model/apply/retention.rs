@@ -134,7 +134,7 @@ impl Txn<'_> {
             if self
                 .state
                 .streams
-                .update(&id, |row| row.config = config.clone())
+                .update(&id, |row| row.config = config.clone().into())
                 .is_some()
             {
                 self.touch(RowKey::Stream(id));
@@ -268,7 +268,7 @@ mod tests {
         log.apply(op(), alter(ConfigTarget::Topic("t".into())))
             .expect("alter topic");
         for p in ["t/0", "t/1"] {
-            assert_eq!(log.meta.state.stream_by_name(p).expect("partition").config, config);
+            assert_eq!(*log.meta.state.stream_by_name(p).expect("partition").config, config);
         }
         assert_eq!(log.meta.state.topics["t"].config, config);
         assert_eq!(
@@ -277,7 +277,7 @@ mod tests {
         );
         log.apply(op(), alter(ConfigTarget::Stream("a".into())))
             .expect("alter stream");
-        assert_eq!(log.row(0).config, config);
+        assert_eq!(*log.row(0).config, config);
         assert_eq!(
             log.apply(op(), alter(ConfigTarget::Topic("none".into()))),
             Err(RejectCode::NotFound)
