@@ -20,9 +20,10 @@ async fn within<F: std::future::Future<Output = ()>>(secs: u64, f: F) {
         .unwrap_or_else(|_| panic!("test did not finish within {secs} s"));
 }
 
-// D-19, D-23: at 30,000 streams, `weir streams list` (table and JSON) and
+// D-19, D-23: at 32,100 streams, `weir streams list` (table and JSON) and
 // `GET /v1/streams` page through every stream, each exactly once, and no admin page
-// nor watch-snapshot frame is over 1 MiB. Before, the whole listing was one message,
+// nor watch-snapshot frame is over 1 MiB; Kafka's Metadata for every topic lists each of
+// 2,103 topics once though the gateway reads them from its view in chunks. Before, the whole listing was one message,
 // refused past 16 MiB at about 100,000 streams.
 #[tokio::test(flavor = "multi_thread")]
 async fn listings_page_through_30_000_streams_with_no_message_over_its_bound() {
@@ -30,6 +31,15 @@ async fn listings_page_through_30_000_streams_with_no_message_over_its_bound() {
         let cluster = Cluster::start(1, &["--auto-place", "false"]).await;
         for t in 0..3 {
             cluster.create_topic(&format!("wide{t}"), 10_000).await;
+        }
+        // And 2,100 narrow topics, so that Kafka's listing of every topic spans chunks
+        // of the view (read 1,000 topics per hold of its lock).
+        for chunk in (0..2_100).collect::<Vec<_>>().chunks(16) {
+            let creates = chunk.iter().map(|t| {
+                let cluster = &cluster;
+                async move { cluster.create_topic(&format!("narrow{t:04}"), 1).await }
+            });
+            futures::future::join_all(creates).await;
         }
         let client = cluster.client();
         // metad's admin pages.
@@ -43,7 +53,7 @@ async fn listings_page_through_30_000_streams_with_no_message_over_its_bound() {
                 None => break,
             }
         }
-        assert_eq!(ids.len(), 30_000);
+        assert_eq!(ids.len(), 32_100);
         assert!(largest <= MIB, "an admin page of {largest} bytes");
         // A watcher's snapshot, in frames.
         let mut watch = client.watch(None).await.expect("watch");
@@ -55,7 +65,7 @@ async fn listings_page_through_30_000_streams_with_no_message_over_its_bound() {
                     largest_frame = largest_frame.max(rows.len());
                 }
                 Some(Kind::SnapshotEnd(end)) => {
-                    assert!(end.rows >= 30_000, "{} rows", end.rows);
+                    assert!(end.rows >= 32_100, "{} rows", end.rows);
                     break;
                 }
                 _ => {}
@@ -81,7 +91,7 @@ async fn listings_page_through_30_000_streams_with_no_message_over_its_bound() {
             String::from_utf8(out.stdout).expect("utf-8")
         };
         let table = weir(&["streams", "list"]);
-        assert_eq!(table.lines().count(), 30_001, "a header and 30,000 streams");
+        assert_eq!(table.lines().count(), 32_101, "a header and 32,100 streams");
         assert!(table.starts_with("ID"), "{}", &table[..200]);
         let json = weir(&["--json", "streams", "list"]);
         let mut names: Vec<String> = json
@@ -93,7 +103,7 @@ async fn listings_page_through_30_000_streams_with_no_message_over_its_bound() {
             .collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), 30_000, "each stream once");
+        assert_eq!(names.len(), 32_100, "each stream once");
         // The gateway's HTTP listing, page by page.
         let dir = tempfile::tempdir().expect("dir");
         let gw = Gatewayd::start("gw-list", &cluster.replicas[0].grpc, dir.path(), &[]);
@@ -102,7 +112,17 @@ async fn listings_page_through_30_000_streams_with_no_message_over_its_bound() {
         let mut seen: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
         assert!(seen.windows(2).all(|w| w[0] < w[1]), "in name order, each once");
         seen.dedup();
-        assert_eq!(seen.len(), 30_000);
+        assert_eq!(seen.len(), 32_100);
+        // Kafka's Metadata for every topic: each topic once, in name order.
+        let mut kafka = weir_tests::kafka_wire::connect(&gw.kafka);
+        let topics = weir_tests::kafka_wire::metadata_errors(&mut kafka, None).expect("metadata");
+        assert!(topics.iter().all(|(_, code)| *code == 0), "no topic in error");
+        let names: Vec<&str> = topics.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(names.windows(2).all(|w| w[0] < w[1]), "in name order, each once");
+        let ours = names
+            .iter()
+            .filter(|n| n.starts_with("narrow") || n.starts_with("wide"));
+        assert_eq!(ours.count(), 2_103, "every topic listed");
     })
     .await;
 }

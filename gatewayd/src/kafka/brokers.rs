@@ -121,19 +121,17 @@ fn topic_metadata(t: &TopicRow, brokers: &[Broker], state: &State, gateways: u64
 
 pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, version: i16) -> MetadataResponse {
     let admitted = kafka.gw.routes.is_admitted();
+    if admitted && r.topics.is_none() {
+        // A token sees the topics it has any scope on.
+        let (brokers, topics) = every_topic(kafka, session);
+        return response(&brokers, kafka, topics);
+    }
     // The brokers and every topic found, from one read of the view.
     let (brokers, described) = kafka.gw.routes.view().with(|s| {
         let brokers = brokers_in(kafka, s);
         let gateways = weir_meta::model::leader_epochs::gateway_changes(s);
         let described: Vec<Option<(String, MetadataResponseTopic)>> = match &r.topics {
-            _ if !admitted => vec![],
-            None => s
-                .topics
-                .values()
-                .filter(|t| visible(session, &t.name))
-                .map(|t| Some((t.name.clone(), topic_metadata(t, &brokers, s, gateways))))
-                .collect(),
-            Some(wanted) => wanted
+            Some(wanted) if admitted => wanted
                 .iter()
                 .map(|w| {
                     let t = match &w.name {
@@ -143,6 +141,7 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
                     Some((t.name.clone(), topic_metadata(t, &brokers, s, gateways)))
                 })
                 .collect(),
+            _ => vec![],
         };
         (brokers, described)
     });
@@ -162,8 +161,8 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
                     .with_error_code(errors::LEADER_NOT_AVAILABLE)
             })
             .collect(),
-        // A token sees the topics it has any scope on.
-        None => described.into_iter().flatten().map(|(_, t)| t).collect(),
+        // Answered by `every_topic` above.
+        None => vec![],
         Some(wanted) => {
             let mut out = vec![];
             for (w, found) in wanted.into_iter().zip(described) {
@@ -197,6 +196,62 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
             out
         }
     };
+    response(&brokers, kafka, topics)
+}
+
+/// Topics described per hold of the view's lock: describing a million topics in one
+/// hold would stall the view's writer, and every reader behind it, for as long (issue 57).
+const TOPICS_PER_READ: usize = 1_000;
+
+/// Every topic a token sees (any scope on it), read from the view a chunk at a time in
+/// name order. Each topic's leader and epoch come from one state; if the live gateways
+/// change between chunks, leaders and epochs of earlier chunks would not match later
+/// ones, so the listing starts over.
+fn every_topic(kafka: &Kafka, session: &Session) -> (Vec<Broker>, Vec<MetadataResponseTopic>) {
+    use std::ops::Bound::{Excluded, Unbounded};
+    'listing: loop {
+        let mut first: Option<(Vec<Broker>, u64)> = None;
+        let mut topics = vec![];
+        let mut after: Option<String> = None;
+        loop {
+            // Some(the chunk's last topic) while there may be more, None at the end,
+            // Err to start over.
+            let step = kafka.gw.routes.view().with(|s| {
+                let brokers = brokers_in(kafka, s);
+                let gateways = weir_meta::model::leader_epochs::gateway_changes(s);
+                match &first {
+                    Some((b, g)) if (b, *g) != (&brokers, gateways) => return Err(()),
+                    Some(_) => {}
+                    None => first = Some((brokers, gateways)),
+                }
+                let brokers = &first.as_ref().expect("set above").0;
+                let chunk = match &after {
+                    None => s.topics.range::<String, _>(..),
+                    Some(a) => s.topics.range::<String, _>((Excluded(a), Unbounded)),
+                };
+                let (mut read, mut last) = (0, None);
+                for t in chunk.map(|(_, t)| t).take(TOPICS_PER_READ) {
+                    if visible(session, &t.name) {
+                        topics.push(topic_metadata(t, brokers, s, gateways));
+                    }
+                    (read, last) = (read + 1, Some(t));
+                }
+                if let Some(t) = last.filter(|_| read == TOPICS_PER_READ) {
+                    return Ok(Some(t.name.clone()));
+                }
+                Ok(None)
+            });
+            match step {
+                Err(()) => continue 'listing,
+                Ok(None) => return (first.expect("set by the first chunk").0, topics),
+                // The next chunk starts after the last topic of this one.
+                Ok(Some(last)) => after = Some(last),
+            }
+        }
+    }
+}
+
+fn response(brokers: &[Broker], kafka: &Kafka, topics: Vec<MetadataResponseTopic>) -> MetadataResponse {
     MetadataResponse::default()
         .with_brokers(
             brokers
