@@ -1,6 +1,6 @@
 //! Benchmark: Weir with many streams (issue 57). Prints figures, asserts nothing.
 //!
-//! - `weir dev`: creates N streams over HTTP from 16 clients (the rate and p99 of
+//! - `weir dev`: creates N streams over HTTP from 16 clients (`WEIR_SCALE_CLIENTS`) (the rate and p99 of
 //!   each 10,000), waits until all are open, measures idle CPU and memory per
 //!   stream, then restarts it (SIGTERM, start) and times until all are open again.
 //! - A cluster (3 metad, 2 streamd, 1 gateway; 1 s heartbeats, 4 s node timeout,
@@ -14,7 +14,8 @@
 //! Run (release binaries first): `cargo build --release --bins && cargo bench -p
 //! weir-tests --bench scale`, with `WEIR_SCALE_STREAMS` (N, default 100,000),
 //! `WEIR_SCALE_TAKEOVER` (M, default 10,000), `WEIR_SCALE_MODE` (`dev`, `cluster`,
-//! or both, the default) and `WEIR_SCALE_IDLE_SEC` (30).
+//! or both, the default; `create` only creates in `weir dev`), `WEIR_SCALE_IDLE_SEC` (30)
+//! and `WEIR_SCALE_CLIENTS` (16).
 // The probes end with the benchmark process.
 #![allow(clippy::disallowed_methods)]
 
@@ -31,6 +32,11 @@ use weir_tests::{bin_path, free_port};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// HTTP clients creating streams.
+fn clients() -> usize {
+    env("WEIR_SCALE_CLIENTS", 16)
 }
 
 fn summary(windows: &[scale::Window]) {
@@ -108,11 +114,11 @@ async fn dev(n: usize, idle: Duration) {
     let base = format!("http://{}", dev.http);
     // Half, then the other half: what the second half adds is what a stream costs,
     // past the caches every process fills up to their bounds.
-    let mut windows = scale::create_streams(&base, "s-", n / 2, 16, 10_000, true).await;
+    let mut windows = scale::create_streams(&base, "s-", n / 2, clients(), 10_000, true).await;
     scale::wait_all_open(&dev.metad_http, (n / 2) as u64, Duration::from_secs(1800)).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let half = scale::rss_bytes(dev.proc.pid());
-    windows.extend(scale::create_streams(&base, "t-", n - n / 2, 16, 10_000, true).await);
+    windows.extend(scale::create_streams(&base, "t-", n - n / 2, clients(), 10_000, true).await);
     summary(&windows);
     let opened = scale::wait_all_open(&dev.metad_http, n as u64, Duration::from_secs(1800)).await;
     println!("all {n} open {:.1} s after the last was created", opened.as_secs_f64());
@@ -147,6 +153,18 @@ async fn dev(n: usize, idle: Duration) {
     let _ = dev.proc.wait_exit(Duration::from_secs(300)).await;
 }
 
+/// Creation alone, in `weir dev`: the rate and p99 per 10,000.
+async fn create_only(n: usize) {
+    println!("== weir dev, creating {n} streams from {} clients", clients());
+    let dir = tempfile::tempdir().expect("dir");
+    let mut dev = Dev::new(dir.path());
+    dev.start().await;
+    let windows = scale::create_streams(&format!("http://{}", dev.http), "s-", n, clients(), 10_000, true).await;
+    summary(&windows);
+    dev.proc.term();
+    let _ = dev.proc.wait_exit(Duration::from_secs(300)).await;
+}
+
 async fn cluster(m: usize, idle: Duration) {
     let n = 2 * m;
     println!("== cluster: 3 metad, 2 streamd, 1 gateway; {n} streams");
@@ -161,7 +179,7 @@ async fn cluster(m: usize, idle: Duration) {
     pids.extend(stack.nodes.iter().map(|n| n.pid()));
     pids.push(gw.pid());
     let baseline: u64 = pids.iter().map(|p| scale::rss_bytes(*p)).sum();
-    let windows = scale::create_streams(&base, "c-", n, 16, 10_000, true).await;
+    let windows = scale::create_streams(&base, "c-", n, clients(), 10_000, true).await;
     summary(&windows);
     let opened = scale::wait_all_open(&metad_http, n as u64, Duration::from_secs(1800)).await;
     println!("all {n} open {:.1} s after the last was created", opened.as_secs_f64());
@@ -279,6 +297,9 @@ async fn main() {
     let m = env("WEIR_SCALE_TAKEOVER", 10_000);
     let idle = Duration::from_secs(env("WEIR_SCALE_IDLE_SEC", 30) as u64);
     let mode = std::env::var("WEIR_SCALE_MODE").unwrap_or_default();
+    if mode == "create" {
+        create_only(n).await;
+    }
     if mode.is_empty() || mode == "dev" {
         dev(n, idle).await;
     }
