@@ -3,6 +3,7 @@
 use clap::{Parser, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 use weir_meta::registration::NodeArgs;
 use weir_shared::config::{ConfigError, TelemetryArgs};
 
@@ -56,6 +57,20 @@ pub struct StreamdArgs {
     /// Size at which the file WAL starts a new segment; whole segments are reclaimed.
     #[arg(long, env = "WEIR_WAL_SEGMENT_BYTES", default_value_t = 64 << 20)]
     pub wal_segment_bytes: u64,
+
+    /// Object WAL: WAL objects being written at once. An append is acknowledged once its
+    /// object and every one before it are durable.
+    #[arg(long, env = "WEIR_WAL_MAX_INFLIGHT_PUTS", default_value_t = 8)]
+    pub wal_max_inflight_puts: usize,
+
+    /// Object WAL: most bytes of records one WAL object holds.
+    #[arg(long, env = "WEIR_WAL_OBJECT_MAX_BYTES", default_value_t = 8 << 20)]
+    pub wal_object_max_bytes: usize,
+
+    /// Object WAL: while another WAL object is in flight, how long appends may wait to
+    /// share the next one (with none in flight they are sent at once).
+    #[arg(long, env = "WEIR_WAL_OBJECT_LINGER_MS", default_value_t = 5)]
+    pub wal_object_linger_ms: u64,
 
     /// gRPC data-plane address.
     #[arg(long, env = "WEIR_LISTEN", default_value = "127.0.0.1:7500")]
@@ -191,6 +206,21 @@ impl StreamdArgs {
         if self.gc_delay_sec == 0 {
             return Err(ConfigError::new("--gc-delay-sec must be at least 1"));
         }
+        if !(1..=1024).contains(&self.wal_max_inflight_puts) {
+            return Err(ConfigError::new(format!(
+                "--wal-max-inflight-puts {} must be between 1 and 1024",
+                self.wal_max_inflight_puts
+            )));
+        }
+        if self.wal_object_max_bytes < 4096 {
+            return Err(ConfigError::new("--wal-object-max-bytes must be at least 4096"));
+        }
+        if self.wal_object_linger_ms > 10_000 {
+            return Err(ConfigError::new(format!(
+                "--wal-object-linger-ms {} must be at most 10000",
+                self.wal_object_linger_ms
+            )));
+        }
         if self.wal_segment_bytes < 4096 {
             return Err(ConfigError::new("--wal-segment-bytes must be at least 4096"));
         }
@@ -219,6 +249,15 @@ impl StreamdArgs {
             return Err(ConfigError::new("--max-decompressed-bytes must be at least 1024"));
         }
         Ok(())
+    }
+
+    /// How the object WAL batches and pipelines its PUTs.
+    pub fn object_wal_pipelining(&self) -> crate::wal::object::Pipelining {
+        crate::wal::object::Pipelining {
+            max_inflight: self.wal_max_inflight_puts,
+            max_bytes: self.wal_object_max_bytes,
+            linger: Duration::from_millis(self.wal_object_linger_ms),
+        }
     }
 
     pub fn wal_root(&self) -> PathBuf {

@@ -10,6 +10,8 @@ pub struct StreamdMetrics {
     /// Seconds from receiving an append to acknowledging it.
     pub append_latency: Histogram,
     pub wal_bytes: IntGauge,
+    /// Object WAL: WAL objects being written now.
+    pub wal_puts_inflight: IntGauge,
     /// Data objects committed, and commits refused.
     pub objects_committed: IntCounter,
     pub objects_refused: IntCounter,
@@ -52,6 +54,11 @@ pub struct StreamdMetrics {
     pub damaged_streams: IntGauge,
     /// JoinGroups refused at `--max-group-members`.
     pub group_members_refused: IntCounter,
+    /// Object-store requests, by operation (`put`, `get`, `list`, `delete`, `copy`,
+    /// `multipart`) and by what the key holds (`wal`, `data`, `other`).
+    pub object_requests: IntCounterVec,
+    /// Bytes of each PUT, by what the key holds.
+    pub object_put_bytes: prometheus::HistogramVec,
 }
 
 /// Counts one answered append (unary or in an append stream).
@@ -97,6 +104,10 @@ pub fn metrics() -> &'static StreamdMetrics {
             ),
             wal_bytes: register(
                 IntGauge::new("streamd_wal_bytes", "Bytes held in live WAL segments").expect("valid metric"),
+            ),
+            wal_puts_inflight: register(
+                IntGauge::new("streamd_wal_puts_inflight", "Object WAL: WAL objects being written now")
+                    .expect("valid metric"),
             ),
             objects_committed: counter("streamd_objects_committed_total", "Data objects committed"),
             objects_refused: counter("streamd_objects_refused_total", "Data object commits refused"),
@@ -194,6 +205,32 @@ pub fn metrics() -> &'static StreamdMetrics {
             damage_found: counter(
                 "streamd_damage_found_total",
                 "Damaged committed ranges found (failing their checksum or not what the index says)",
+            ),
+            object_requests: register(
+                IntCounterVec::new(
+                    Opts::new(
+                        "streamd_object_requests_total",
+                        "Object-store requests, by operation and by what the key holds (wal, data, other); a delete counts each key, a list each call",
+                    ),
+                    &["op", "kind"],
+                )
+                .expect("valid metric"),
+            ),
+            object_put_bytes: register(
+                prometheus::HistogramVec::new(
+                    HistogramOpts::new("streamd_object_put_bytes", "Bytes of each object-store PUT").buckets(vec![
+                        1024.0,
+                        16384.0,
+                        65536.0,
+                        262144.0,
+                        1048576.0,
+                        4194304.0,
+                        16777216.0,
+                        67108864.0,
+                    ]),
+                    &["kind"],
+                )
+                .expect("valid metric"),
             ),
             damaged_streams: register(
                 IntGauge::new(

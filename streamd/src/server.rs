@@ -56,7 +56,12 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
             me.epoch,
             args.wal_segment_bytes,
         )?),
-        WalBackend::Object => Sink::Object(ObjectSink::create(store.clone(), &node_id, me.epoch)),
+        WalBackend::Object => Sink::Object(ObjectSink::create(
+            store.clone(),
+            &node_id,
+            me.epoch,
+            args.object_wal_pipelining(),
+        )),
     };
     // Background work stops only after the hand-off, which needs the uploader, the
     // heartbeat and the view; so no token below is a child of `shutdown`. Each stops in

@@ -1,8 +1,9 @@
 //! A fault-injecting TCP proxy for one link: it forwards connections to a target and
 //! can cut the link (drop every connection and refuse new ones), blackhole it (accept
-//! and forward nothing), delay it, or heal it.
+//! and forward nothing), delay it (every chunk, or each request once: an object store's
+//! latency), or heal it.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,6 +26,8 @@ pub enum Mode {
 struct Shared {
     mode: AtomicU8,
     delay_ms: AtomicU64,
+    /// Each request's delay, drawn between these (inclusive, ms; 0 and 0 for none).
+    request_delay_ms: (AtomicU64, AtomicU64),
     /// Connections accepted so far.
     accepted: AtomicU64,
     /// Bumped on every cut, so live connections notice and close.
@@ -47,6 +50,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             mode: AtomicU8::new(Mode::Pass as u8),
             delay_ms: AtomicU64::new(0),
+            request_delay_ms: (AtomicU64::new(0), AtomicU64::new(0)),
             accepted: AtomicU64::new(0),
             generation: watch::channel(0).0,
         });
@@ -79,6 +83,21 @@ impl Proxy {
         self.shared.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
+    /// Delays each request (the first bytes a client sends after a reply, or on a new
+    /// connection) by a time drawn between `min` and `max`, once: an object store's
+    /// latency, which a per-chunk delay would multiply over a large body.
+    pub fn delay_requests(&self, min: Duration, max: Duration) {
+        assert!(min <= max, "delay_requests: {min:?} > {max:?}");
+        self.shared
+            .request_delay_ms
+            .0
+            .store(min.as_millis() as u64, Ordering::SeqCst);
+        self.shared
+            .request_delay_ms
+            .1
+            .store(max.as_millis() as u64, Ordering::SeqCst);
+    }
+
     /// Connections accepted so far: a client whose request timed out retries on a new one.
     pub fn connections(&self) -> u64 {
         self.shared.accepted.load(Ordering::SeqCst)
@@ -107,9 +126,11 @@ async fn serve(client: TcpStream, target: &str, shared: Arc<Shared>) {
     let mut cut = shared.generation.subscribe();
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
+    // A request starts with the first bytes the client sends after a reply.
+    let new_request = Arc::new(AtomicBool::new(true));
     tokio::select! {
-        _ = pipe(cr, sw, shared.clone(), false) => {}
-        _ = pipe(sr, cw, shared.clone(), true) => {}
+        _ = pipe(cr, sw, shared.clone(), false, new_request.clone()) => {}
+        _ = pipe(sr, cw, shared.clone(), true, new_request) => {}
         _ = cut.changed() => {}
     }
 }
@@ -120,6 +141,7 @@ async fn pipe(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     shared: Arc<Shared>,
     replies: bool,
+    new_request: Arc<AtomicBool>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -141,6 +163,17 @@ async fn pipe(
         let delay = shared.delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if replies {
+            new_request.store(true, Ordering::SeqCst);
+        } else if new_request.swap(false, Ordering::SeqCst) {
+            let (min, max) = (
+                shared.request_delay_ms.0.load(Ordering::SeqCst),
+                shared.request_delay_ms.1.load(Ordering::SeqCst),
+            );
+            if max > 0 {
+                tokio::time::sleep(Duration::from_millis(rand::random_range(min..=max))).await;
+            }
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

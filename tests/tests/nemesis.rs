@@ -4,7 +4,8 @@
 //! blackholed or slowed, their link to the object store or the gateway's links to them
 //! and to metad cut or blackholed, by fault-injecting proxies, at random. After healing, every
 //! stream is read back and the history checker verifies that every acknowledged record
-//! is there, once, in order (INV-1 to INV-3).
+//! is there, once, in order (INV-1 to INV-3). The object WAL's runs add 25–55 ms to every
+//! object-store request (issue 58).
 //!
 //! Seeded: the seed is printed, and `WEIR_NEMESIS_SEED=<seed>` replays a run (the seed
 //! also picks the file or the object WAL). `WEIR_NEMESIS_SECS` sets its length (CI runs
@@ -218,6 +219,11 @@ async fn run(seed: u64, secs: u64) -> Run {
     for i in 0..3 {
         let link = Proxy::start(&stack.metad.replicas[0].grpc).await;
         let store = Proxy::start(&s3).await;
+        // Issue 58: the object WAL's runs see a real object store's latency, so its
+        // PUTs are in flight when the faults strike.
+        if backend == Backend::ObjectWal {
+            store.delay_requests(Duration::from_millis(25), Duration::from_millis(55));
+        }
         let endpoint = format!("http://{}", store.addr);
         let data = stack
             .add_node_behind_proxy_with_env(

@@ -493,14 +493,16 @@ async fn object_wal_takeover_fences_the_writer_and_loses_no_ack() {
     with_timeout(takeover_races_appends(Backend::ObjectWal)).await;
 }
 
-/// INV-7 (issue 20, defect 1): reclaim keeps the newest WAL object, so after every record
-/// is committed and reclaimed a takeover still fences above the writer, and the writer's
-/// next append is refused. Without the kept boundary the takeover lists nothing, fences
-/// key 1, and the writer's next put succeeds: acknowledged, and replayed by no one.
+/// INV-7 (issue 20, defect 1; issue 58): reclaim keeps the object carrying the highest
+/// durable floor (an idle writer's object without records), so after every record is
+/// committed and reclaimed a takeover still fences above the writer, and the writer's
+/// next append is refused. With every object deleted the takeover would list nothing,
+/// fence key 1, and the writer's next put would succeed: acknowledged, and replayed by
+/// no one.
 async fn reclaimed_object_wal_still_fences_the_writer(store: std::sync::Arc<dyn object_store::ObjectStore>) {
     use futures::TryStreamExt;
     use weir_shared::ids::{StreamEpoch, StreamId};
-    use weir_streamd::wal::object::{incarnation_prefix, take_over, ObjectSink};
+    use weir_streamd::wal::object::{incarnation_prefix, take_over, ObjectSink, Pipelining};
     use weir_streamd::wal::{Sink, WalError, WalRecord, WalWriter};
 
     let (tasks, stop) = (
@@ -508,7 +510,7 @@ async fn reclaimed_object_wal_still_fences_the_writer(store: std::sync::Arc<dyn 
         tokio_util::sync::CancellationToken::new(),
     );
     let (node, epoch, stream) = (NodeId::new("streamd-9"), Epoch(3), StreamId(7));
-    let sink = Sink::Object(ObjectSink::create(store.clone(), &node, epoch));
+    let sink = Sink::Object(ObjectSink::create(store.clone(), &node, epoch, Pipelining::default()));
     let wal = WalWriter::start(sink, u64::MAX, &tasks, stop.clone()).expect("writer");
     let record = |i: u64| WalRecord {
         stream,
@@ -562,6 +564,108 @@ async fn reclaimed_object_wal_still_fences_the_writer_on_s3() {
     with_timeout(async {
         let s3 = weir_tests::s3::S3Server::start().await;
         reclaimed_object_wal_still_fences_the_writer(std::sync::Arc::new(s3.store())).await;
+    })
+    .await;
+}
+
+/// Issue 58 (RR-WAL-1, RR-WAL-2, INV-7): SIGKILL while several WAL objects are in flight
+/// to an S3 whose every request a proxy delays 25–55 ms. The takeover's replay holds
+/// every acknowledged record once, in order, and no stream's replay has a hole: nothing
+/// put after a PUT that never landed is read as part of the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_wal_sigkill_with_puts_in_flight_at_s3_latency_loses_no_ack() {
+    use std::sync::{Arc, Mutex};
+    use weir_tests::proxy::Proxy;
+    with_timeout(async {
+        let mut stack = Stack::start(0, Backend::ObjectWal, &[]).await;
+        let proxy = Proxy::start(stack.s3.endpoint.trim_start_matches("http://")).await;
+        proxy.delay_requests(Duration::from_millis(25), Duration::from_millis(55));
+        let endpoint = format!("http://{}", proxy.addr);
+        let wal_only = ["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"];
+        stack.add_node_with_env(
+            "streamd-1",
+            Backend::ObjectWal,
+            &wal_only,
+            &[("AWS_ENDPOINT", &endpoint)],
+        );
+        stack.nodes[0].wait_ready().await;
+        const STREAMS: usize = 8;
+        let mut ids = Vec::new();
+        for s in 0..STREAMS {
+            ids.push(stack.create_stream(&format!("lat-{s}"), 0).await);
+        }
+        // Per stream, (offset, value) of each acknowledged append.
+        type Acked = Vec<Vec<(u64, String)>>;
+        let acked: Arc<Mutex<Acked>> = Arc::new(Mutex::new(vec![Vec::new(); STREAMS]));
+        let mut writers = Vec::new();
+        for s in 0..STREAMS {
+            let (mut client, acked) = (stack.nodes[0].client().await, acked.clone());
+            writers.push(tokio::spawn(async move {
+                for i in 0u64.. {
+                    let value = format!("v-{s}-{i}");
+                    let req = AppendRequest {
+                        stream: format!("lat-{s}"),
+                        batches: batch(value.as_bytes()).into(),
+                        match_next_offset: None,
+                        transactional_id: None,
+                    };
+                    match client.append(req).await {
+                        Ok(r) => acked.lock().expect("lock")[s].push((r.into_inner().base_offset, value)),
+                        Err(_) => return,
+                    }
+                }
+            }));
+        }
+        let metrics = format!("http://{}/metrics", stack.nodes[0].http);
+        wait_for("several WAL PUTs in flight at once", Duration::from_secs(60), || {
+            let metrics = metrics.clone();
+            async move {
+                let text = weir_tests::get_text(&metrics).await;
+                (weir_tests::metric_value(&text, "weir_streamd_wal_puts_inflight")? >= 3.0).then_some(())
+            }
+        })
+        .await;
+        wait_for(
+            "20 acknowledged appends on every stream",
+            Duration::from_secs(60),
+            || async { acked.lock().expect("lock").iter().all(|a| a.len() >= 20).then_some(()) },
+        )
+        .await;
+        stack.nodes[0].kill();
+        for w in writers {
+            w.await.expect("writer");
+        }
+        let replay =
+            weir_streamd::wal::object::take_over(s3_store(&stack), &NodeId::new("streamd-1"), Epoch(1), "test")
+                .await
+                .expect("takeover");
+        assert!(replay.damage.is_empty(), "{:?}", replay.damage);
+        let acked = acked.lock().expect("lock").clone();
+        for (s, id) in ids.iter().enumerate() {
+            let replayed: Vec<(u64, Vec<u8>)> = replay
+                .records
+                .iter()
+                .filter(|r| r.stream == *id)
+                .flat_map(|r| values(&r.batches))
+                .collect();
+            let offsets: Vec<u64> = replayed.iter().map(|(o, _)| *o).collect();
+            assert_eq!(
+                offsets,
+                (0..replayed.len() as u64).collect::<Vec<_>>(),
+                "stream lat-{s}: a hole or a repeat"
+            );
+            assert!(
+                replayed.len() >= acked[s].len(),
+                "stream lat-{s}: acknowledged records missing"
+            );
+            for (offset, value) in &acked[s] {
+                assert_eq!(
+                    replayed[*offset as usize].1,
+                    value.as_bytes(),
+                    "stream lat-{s} offset {offset}"
+                );
+            }
+        }
     })
     .await;
 }

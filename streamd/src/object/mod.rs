@@ -5,6 +5,7 @@ pub mod cache;
 pub mod format;
 pub mod gc;
 pub mod local;
+pub mod metered;
 pub mod pace;
 pub mod range_reads;
 pub mod store;

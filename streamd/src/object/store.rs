@@ -4,6 +4,7 @@
 //! `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ALLOW_HTTP`).
 
 use super::local::SteppedLocalStore;
+use super::metered::MeteredStore;
 use super::pace::PacedStore;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
@@ -28,7 +29,7 @@ pub fn open(url: &str) -> Result<Arc<dyn ObjectStore>, ConfigError> {
                 .map_err(|e| bad(e.to_string()))?
                 .with_fsync(true);
             // Large objects in synced steps: the WAL usually shares this disk.
-            Ok(Arc::new(SteppedLocalStore::new(fs)))
+            Ok(Arc::new(MeteredStore::new(SteppedLocalStore::new(fs))))
         }
         "s3" => {
             let bucket = parsed
@@ -48,10 +49,13 @@ pub fn open(url: &str) -> Result<Arc<dyn ObjectStore>, ConfigError> {
             let s3 = builder.build().map_err(|e| bad(e.to_string()))?;
             let prefix = parsed.path().trim_matches('/');
             // A PUT carrying a pace (compaction's) waits for its share first.
+            // Every request counted, by what its key holds (above the bucket prefix).
             if prefix.is_empty() {
-                Ok(Arc::new(PacedStore::new(s3)))
+                Ok(Arc::new(MeteredStore::new(PacedStore::new(s3))))
             } else {
-                Ok(Arc::new(PacedStore::new(PrefixStore::new(s3, prefix))))
+                Ok(Arc::new(MeteredStore::new(PacedStore::new(PrefixStore::new(
+                    s3, prefix,
+                )))))
             }
         }
         other => Err(bad(format!("scheme '{other}' is not supported; use file:// or s3://"))),

@@ -6,7 +6,10 @@
 mod direct;
 pub mod file;
 pub mod object;
+mod object_writer;
 pub mod record;
+#[cfg(test)]
+mod test_store;
 pub mod writer;
 
 pub use record::WalRecord;

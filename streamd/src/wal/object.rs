@@ -1,23 +1,35 @@
 //! The `object` WAL backend: each group commit is one object at the next sequential key
-//! under `wal/<node>/<epoch>/`, written with put-if-absent. A takeover puts a fence
-//! marker at the next free key, so the old writer's next conditional put fails and it
-//! acknowledges nothing more. Survives the loss of the machine.
+//! under `wal/<node>/<epoch>/`, written with put-if-absent, several at once
+//! (`object_writer`). A takeover puts a fence marker at the first key not written, so
+//! the old writer's conditional put there fails, and since the writer acknowledges its
+//! objects in key order it acknowledges nothing at or above the fence (INV-7). Survives
+//! the loss of the machine.
 //!
-//! Reclaim never deletes the newest object (the boundary, as SlateDB keeps its boundary
-//! WAL): with every object deleted, a takeover would list nothing, fence key 1, and the
-//! old writer's next put, far above it, would succeed and be acknowledged unreplayed.
+//! **The floor.** Every object carries the writer's floor: keys below it may be deleted
+//! (reclaimed: every record in them is committed in data objects), and the writer deletes
+//! a key only once an acknowledged object carries a floor above it. So any key at or above
+//! the highest floor a takeover reads was never deleted before its listing, and a missing
+//! key there is a PUT that failed or has not landed: the end of the log, never a hole to
+//! skip. Deletes in any order, and in bulk, cannot be mistaken for the end (design 0007).
 
 use super::record::{decode_past_damage, decode_segment, segment_header, SegmentEnd};
 use super::{Replay, SegmentId, WalDamage, WalError};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+#[cfg(test)]
+use bytes::BytesMut;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use std::sync::Arc;
+use std::time::Duration;
 use weir_shared::ids::{Epoch, NodeId};
 
 /// Marks a fence object; stable.
 const FENCE_MAGIC: &[u8] = b"WEIRFENCE";
+/// Starts an object with a floor: this magic, then the floor (u64, big-endian), then a
+/// WAL segment. Objects written before floors start with the segment itself (floor 0).
+const OBJECT_MAGIC: &[u8; 8] = b"WEIRWOB1";
+const OBJECT_HEADER_LEN: usize = OBJECT_MAGIC.len() + 8;
 
 /// The key prefix of one incarnation's WAL.
 pub fn incarnation_prefix(node: &NodeId, epoch: Epoch) -> ObjectPath {
@@ -28,56 +40,114 @@ fn key(prefix: &ObjectPath, seq: SegmentId) -> ObjectPath {
     prefix.clone().join(format!("{seq:020}"))
 }
 
-/// The writer side of an object WAL.
+/// How the object WAL batches and pipelines its PUTs (`--wal-max-inflight-puts`,
+/// `--wal-object-max-bytes`, `--wal-object-linger-ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct Pipelining {
+    /// WAL objects being written at once.
+    pub max_inflight: usize,
+    /// Most bytes of records one object holds.
+    pub max_bytes: usize,
+    /// While another object is in flight, how long a group may wait for more appends
+    /// before it is sent; with none in flight it is sent at once.
+    pub linger: Duration,
+}
+
+impl Default for Pipelining {
+    fn default() -> Self {
+        Pipelining {
+            max_inflight: 8,
+            max_bytes: 8 << 20,
+            linger: Duration::from_millis(5),
+        }
+    }
+}
+
+/// The writer side of an object WAL: hands out keys in order and writes objects.
 pub struct ObjectSink {
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
     next_seq: SegmentId,
+    pub pipelining: Pipelining,
 }
 
 impl ObjectSink {
     /// A WAL for a new incarnation, starting at sequence 1.
-    pub fn create(store: Arc<dyn ObjectStore>, node: &NodeId, epoch: Epoch) -> Self {
+    pub fn create(store: Arc<dyn ObjectStore>, node: &NodeId, epoch: Epoch, pipelining: Pipelining) -> Self {
         Self {
             store,
             prefix: incarnation_prefix(node, epoch),
             next_seq: 1,
+            pipelining,
         }
     }
 
-    pub async fn persist(&mut self, group: Bytes) -> Result<(SegmentId, u64), WalError> {
-        let mut body = BytesMut::with_capacity(group.len() + 8);
-        body.extend_from_slice(&segment_header());
-        body.extend_from_slice(&group);
+    /// The next key: each object takes one, in order, whether or not its PUT succeeds.
+    pub fn next_key(&mut self) -> SegmentId {
         let seq = self.next_seq;
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        match self
-            .store
-            .put_opts(&key(&self.prefix, seq), PutPayload::from_bytes(body.freeze()), opts)
-            .await
-        {
-            Ok(_) => {
-                self.next_seq += 1;
-                Ok((seq, group.len() as u64))
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Writes `group` (framed records) as the object at `seq`, carrying `floor`; runs
+    /// beside the writes of other keys.
+    pub fn put(
+        &self,
+        seq: SegmentId,
+        floor: SegmentId,
+        group: Bytes,
+    ) -> impl std::future::Future<Output = Result<(SegmentId, u64), WalError>> + Send + 'static {
+        let (store, path) = (self.store.clone(), key(&self.prefix, seq));
+        async move {
+            let mut header = Vec::with_capacity(OBJECT_HEADER_LEN + 8);
+            header.extend_from_slice(OBJECT_MAGIC);
+            header.extend_from_slice(&floor.to_be_bytes());
+            header.extend_from_slice(&segment_header());
+            let len = group.len() as u64;
+            // The records go as they are, beside the header: no copy of the group.
+            let payload = PutPayload::from_iter([Bytes::from(header), group]);
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            match store.put_opts(&path, payload, opts).await {
+                Ok(_) => Ok((seq, len)),
+                // Someone else wrote this key: the fence marker of a takeover.
+                Err(object_store::Error::AlreadyExists { .. }) => Err(WalError::Fenced),
+                Err(e) => Err(WalError::Io(e.to_string())),
             }
-            // Someone else wrote our next key: the fence marker of a takeover.
-            Err(object_store::Error::AlreadyExists { .. }) => Err(WalError::Fenced),
-            Err(e) => Err(WalError::Io(e.to_string())),
         }
     }
 
-    /// The newest object written, which reclaim keeps.
-    pub fn newest_segment(&self) -> Option<SegmentId> {
-        self.next_seq.checked_sub(1).filter(|s| *s > 0)
-    }
-
-    pub async fn delete(&mut self, segment: SegmentId) -> Result<(), WalError> {
-        match self.store.delete(&key(&self.prefix, segment)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(WalError::Io(e.to_string())),
+    /// Deletes `segments` (in one bulk request per 1,000 on S3); each key's outcome.
+    pub fn delete(
+        &self,
+        segments: Vec<SegmentId>,
+    ) -> impl std::future::Future<Output = Vec<(SegmentId, Result<(), WalError>)>> + Send + 'static {
+        let (store, prefix) = (self.store.clone(), self.prefix.clone());
+        async move {
+            let paths: Vec<object_store::Result<ObjectPath>> = segments.iter().map(|s| Ok(key(&prefix, *s))).collect();
+            let results: Vec<_> = store
+                .delete_stream(futures::stream::iter(paths).boxed())
+                .collect()
+                .await;
+            // Results come in request order; a missing key is already deleted.
+            segments
+                .into_iter()
+                .zip(results.into_iter().chain(std::iter::repeat_with(|| {
+                    Err(object_store::Error::Generic {
+                        store: "wal",
+                        source: "no result for this delete".into(),
+                    })
+                })))
+                .map(|(seq, r)| {
+                    let r = match r {
+                        Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                        Err(e) => Err(WalError::Io(e.to_string())),
+                    };
+                    (seq, r)
+                })
+                .collect()
         }
     }
 }
@@ -100,15 +170,46 @@ async fn list_seqs(store: &dyn ObjectStore, prefix: &ObjectPath) -> Result<Vec<S
 /// Segments a takeover fetches at once while it replays (in order).
 const REPLAY_CONCURRENCY: usize = 8;
 
-/// Takes over the object WAL of `(node, epoch)` as `agent`: puts a fence marker at the
-/// next free key (retrying past keys the writer wins), then replays every segment below
-/// it. Idempotent: an existing fence marker is reused.
+/// What one WAL object holds.
+enum Object {
+    Fence,
+    /// The writer's floor when it sent the object, and its segment.
+    Records {
+        floor: SegmentId,
+        segment: Bytes,
+    },
+}
+
+fn parse(seq: SegmentId, data: Bytes) -> Result<Object, WalError> {
+    if data.starts_with(FENCE_MAGIC) {
+        return Ok(Object::Fence);
+    }
+    if data.starts_with(OBJECT_MAGIC) {
+        if data.len() < OBJECT_HEADER_LEN {
+            return Err(WalError::Corrupt(format!("WAL object {seq}: header cut short")));
+        }
+        let floor = u64::from_be_bytes(data[OBJECT_MAGIC.len()..OBJECT_HEADER_LEN].try_into().expect("8 bytes"));
+        return Ok(Object::Records {
+            floor,
+            segment: data.slice(OBJECT_HEADER_LEN..),
+        });
+    }
+    // Written before floors: a bare segment.
+    Ok(Object::Records {
+        floor: 0,
+        segment: data,
+    })
+}
+
+/// Takes over the object WAL of `(node, epoch)` as `agent`. It reads every listed
+/// object; from the highest floor among them, the log runs over consecutive keys up to
+/// the first fence (an earlier takeover's, reused) or the first key missing, where it
+/// puts its fence. A key taken meanwhile by the writer is read and the fence tried at
+/// the next. Records below the floor are committed and not replayed.
 ///
-/// A fence is always the highest key: the old writer stops at the first of its keys it
-/// finds taken, so nothing is written above a fence, and a second agent racing this one
-/// fences the key after it. So only the last key is read to find one; the old scan read
-/// every segment to find it, then every segment again to replay, one GET at a time, and
-/// a busy node's WAL of thousands of objects took over a minute to take over on S3.
+/// Keys above the fence (the writer's PUTs that were in flight) are never read: the
+/// writer acknowledged none of them, since it acknowledges in key order and its PUT at
+/// the fence failed. Nor is anything after a missing key, for the same reason.
 pub async fn take_over(
     store: Arc<dyn ObjectStore>,
     node: &NodeId,
@@ -116,19 +217,41 @@ pub async fn take_over(
     agent: &str,
 ) -> Result<Replay, WalError> {
     let prefix = incarnation_prefix(node, epoch);
-    let seqs = list_seqs(store.as_ref(), &prefix).await?;
-    let fenced = match seqs.last() {
-        Some(&last) => get(store.as_ref(), &key(&prefix, last))
-            .await?
-            .starts_with(FENCE_MAGIC)
-            .then_some(last),
-        None => None,
+    let listed = list_seqs(store.as_ref(), &prefix).await?;
+    let mut objects = std::collections::BTreeMap::new();
+    let mut fetched = futures::stream::iter(listed)
+        .map(|seq| {
+            let (store, path) = (store.clone(), key(&prefix, seq));
+            async move { get(store.as_ref(), &path).await.map(|data| (seq, data)) }
+        })
+        .buffered(REPLAY_CONCURRENCY);
+    while let Some(object) = fetched.next().await {
+        let (seq, data) = object?;
+        // Gone since the listing: reclaimed, so its records are committed.
+        if let Some(data) = data {
+            objects.insert(seq, parse(seq, data)?);
+        }
+    }
+    drop(fetched);
+    let floor = objects
+        .values()
+        .filter_map(|o| match o {
+            Object::Records { floor, .. } => Some(*floor),
+            Object::Fence => None,
+        })
+        .max()
+        .unwrap_or(0);
+    // Floors start at 1. An incarnation written before floors (all 0) deleted its keys
+    // in order, one at a time, with one PUT in flight: its log starts at its lowest key.
+    let mut next = match floor {
+        0 => objects.keys().next().copied().unwrap_or(1),
+        floor => floor,
     };
-    let fence = match fenced {
-        Some(f) => f,
-        None => {
-            let mut candidate = seqs.last().copied().unwrap_or(0) + 1;
-            loop {
+    let mut replay = Replay::default();
+    loop {
+        let object = match objects.remove(&next) {
+            Some(object) => object,
+            None => {
                 let mut marker = FENCE_MAGIC.to_vec();
                 marker.extend_from_slice(agent.as_bytes());
                 let opts = PutOptions {
@@ -136,196 +259,171 @@ pub async fn take_over(
                     ..Default::default()
                 };
                 match store
-                    .put_opts(&key(&prefix, candidate), PutPayload::from(marker), opts)
+                    .put_opts(&key(&prefix, next), PutPayload::from(marker), opts)
                     .await
                 {
-                    Ok(_) => break candidate,
-                    // The writer (or a racing agent) got there first; fence the key after it.
-                    Err(object_store::Error::AlreadyExists { .. }) => candidate += 1,
+                    Ok(_) => return Ok(replay),
+                    // The writer (or a racing agent) got there first: read what it put.
+                    Err(object_store::Error::AlreadyExists { .. }) => {
+                        match get(store.as_ref(), &key(&prefix, next)).await? {
+                            Some(data) => parse(next, data)?,
+                            None => {
+                                next += 1;
+                                continue;
+                            }
+                        }
+                    }
                     Err(e) => return Err(WalError::Io(e.to_string())),
                 }
             }
+        };
+        match object {
+            Object::Fence => return Ok(replay),
+            Object::Records { segment, .. } => replay_segment(&mut replay, &prefix, next, &segment)?,
         }
-    };
-    let below: Vec<SegmentId> = list_seqs(store.as_ref(), &prefix)
-        .await?
-        .into_iter()
-        .filter(|s| *s < fence)
-        .collect();
-    let mut segments = futures::stream::iter(below)
-        .map(|seq| {
-            let (store, path) = (store.clone(), key(&prefix, seq));
-            async move { get(store.as_ref(), &path).await.map(|data| (seq, data)) }
-        })
-        .buffered(REPLAY_CONCURRENCY);
-    let mut replay = Replay::default();
-    while let Some(segment) = segments.next().await {
-        let (seq, data) = segment?;
-        // A racing agent's fence below this one holds no records.
-        if data.starts_with(FENCE_MAGIC) {
-            continue;
-        }
-        let (mut recs, end) = decode_segment(&data).map_err(|e| WalError::Corrupt(format!("WAL object {seq}: {e}")))?;
-        replay.records.append(&mut recs);
-        // Objects are written whole, so a bad record is damage, not a torn write.
-        if let SegmentEnd::Invalid { at, reason } = end {
-            let (mut after, damage) = decode_past_damage(&data, at, reason);
-            for d in damage {
-                let d = WalDamage {
-                    place: format!("WAL object {}", key(&prefix, seq)),
-                    damage: d,
-                };
-                tracing::error!(damage = %d, "damaged WAL object; the records after it are replayed");
-                replay.damage.push(d);
-            }
-            replay.records.append(&mut after);
-        }
+        next += 1;
     }
-    Ok(replay)
 }
 
-async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<Bytes, WalError> {
-    store
-        .get(path)
-        .await
-        .map_err(|e| WalError::Io(e.to_string()))?
-        .bytes()
-        .await
-        .map_err(|e| WalError::Io(e.to_string()))
+fn replay_segment(replay: &mut Replay, prefix: &ObjectPath, seq: SegmentId, data: &[u8]) -> Result<(), WalError> {
+    let (mut recs, end) = decode_segment(data).map_err(|e| WalError::Corrupt(format!("WAL object {seq}: {e}")))?;
+    replay.records.append(&mut recs);
+    // Objects are written whole, so a bad record is damage, not a torn write.
+    if let SegmentEnd::Invalid { at, reason } = end {
+        let (mut after, damage) = decode_past_damage(data, at, reason);
+        for d in damage {
+            let d = WalDamage {
+                place: format!("WAL object {}", key(prefix, seq)),
+                damage: d,
+            };
+            tracing::error!(damage = %d, "damaged WAL object; the records after it are replayed");
+            replay.damage.push(d);
+        }
+        replay.records.append(&mut after);
+    }
+    Ok(())
+}
+
+/// The object at `path`, or `None` if there is none.
+async fn get(store: &dyn ObjectStore, path: &ObjectPath) -> Result<Option<Bytes>, WalError> {
+    let got = match store.get(path).await {
+        Ok(got) => got,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(WalError::Io(e.to_string())),
+    };
+    got.bytes().await.map(Some).map_err(|e| WalError::Io(e.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wal::test_store::ScriptedStore;
     use crate::wal::{Sink, WalRecord, WalWriter};
-    use async_trait::async_trait;
-    use futures::stream::BoxStream;
-    use object_store::memory::InMemory;
-    use object_store::{
-        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, PutMultipartOptions, PutResult,
-    };
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+    use tokio_util::task::TaskTracker;
     use weir_shared::ids::{StreamEpoch, StreamId};
 
-    /// An in-memory store that counts its GETs.
-    #[derive(Debug, Default)]
-    struct CountingGets {
-        inner: InMemory,
-        gets: AtomicUsize,
-    }
+    const NODE: &str = "streamd-9";
 
-    impl std::fmt::Display for CountingGets {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "CountingGets")
-        }
-    }
-
-    #[async_trait]
-    impl ObjectStore for CountingGets {
-        async fn put_opts(
-            &self,
-            location: &ObjectPath,
-            payload: PutPayload,
-            opts: PutOptions,
-        ) -> object_store::Result<PutResult> {
-            self.inner.put_opts(location, payload, opts).await
-        }
-        async fn put_multipart_opts(
-            &self,
-            location: &ObjectPath,
-            opts: PutMultipartOptions,
-        ) -> object_store::Result<Box<dyn MultipartUpload>> {
-            self.inner.put_multipart_opts(location, opts).await
-        }
-        async fn get_opts(&self, location: &ObjectPath, options: GetOptions) -> object_store::Result<GetResult> {
-            self.gets.fetch_add(1, Ordering::SeqCst);
-            self.inner.get_opts(location, options).await
-        }
-        fn delete_stream(
-            &self,
-            locations: BoxStream<'static, object_store::Result<ObjectPath>>,
-        ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
-            self.inner.delete_stream(locations)
-        }
-        fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-            self.inner.list(prefix)
-        }
-        async fn list_with_delimiter(&self, prefix: Option<&ObjectPath>) -> object_store::Result<ListResult> {
-            self.inner.list_with_delimiter(prefix).await
-        }
-        async fn copy_opts(
-            &self,
-            from: &ObjectPath,
-            to: &ObjectPath,
-            options: CopyOptions,
-        ) -> object_store::Result<()> {
-            self.inner.copy_opts(from, to, options).await
+    fn record(i: u64) -> WalRecord {
+        WalRecord {
+            stream: StreamId(1),
+            stream_epoch: StreamEpoch(1),
+            base_offset: i,
+            offset_count: 1,
+            batches: Bytes::from(format!("r-{i}")),
         }
     }
 
-    /// Writes `n` records, one WAL object each, as incarnation `streamd-9`/1.
-    async fn written(store: Arc<CountingGets>, n: u64) -> (NodeId, Epoch) {
-        let (node, epoch) = (NodeId::new("streamd-9"), Epoch(1));
-        let (tasks, stop) = (
-            tokio_util::task::TaskTracker::new(),
-            tokio_util::sync::CancellationToken::new(),
-        );
-        let wal = WalWriter::start(
-            Sink::Object(ObjectSink::create(store, &node, epoch)),
-            u64::MAX,
-            &tasks,
-            stop.clone(),
-        )
-        .expect("writer");
-        for i in 0..n {
-            let record = WalRecord {
-                stream: StreamId(1),
-                stream_epoch: StreamEpoch(1),
-                base_offset: i,
-                offset_count: 1,
-                batches: Bytes::from(format!("r-{i}")),
-            };
-            wal.append(&record).await.expect("append");
-        }
+    /// The WAL writer of incarnation `streamd-9`/1 on `store`.
+    fn writer(store: Arc<ScriptedStore>) -> (WalWriter, TaskTracker, CancellationToken) {
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+        let sink = ObjectSink::create(store, &NodeId::new(NODE), Epoch(1), Pipelining::default());
+        let wal = WalWriter::start(Sink::Object(sink), u64::MAX, &tasks, stop.clone()).expect("writer");
+        (wal, tasks, stop)
+    }
+
+    async fn stopped(tasks: TaskTracker, stop: CancellationToken) {
         stop.cancel();
         tasks.close();
         tasks.wait().await;
-        (node, epoch)
     }
 
-    async fn keys(store: &CountingGets, node: &NodeId, epoch: Epoch) -> Vec<SegmentId> {
-        list_seqs(store, &incarnation_prefix(node, epoch)).await.expect("list")
+    /// Writes `n` records, one WAL object each, as incarnation `streamd-9`/1.
+    async fn written(store: Arc<ScriptedStore>, n: u64) -> (NodeId, Epoch) {
+        let (wal, tasks, stop) = writer(store);
+        for i in 0..n {
+            wal.append(&record(i)).await.expect("append");
+        }
+        stopped(tasks, stop).await;
+        (NodeId::new(NODE), Epoch(1))
+    }
+
+    async fn keys(store: &ScriptedStore) -> Vec<SegmentId> {
+        list_seqs(store, &incarnation_prefix(&NodeId::new(NODE), Epoch(1)))
+            .await
+            .expect("list")
+    }
+
+    async fn take_over_as(store: &Arc<ScriptedStore>, agent: &str) -> Vec<u64> {
+        let replay = take_over(store.clone(), &NodeId::new(NODE), Epoch(1), agent)
+            .await
+            .expect("takeover");
+        assert!(replay.damage.is_empty(), "{:?}", replay.damage);
+        replay.records.iter().map(|r| r.base_offset).collect()
+    }
+
+    /// Waits until the store has seen the PUT of key `seq` start.
+    async fn put_started(store: &ScriptedStore, seq: SegmentId) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !store.puts_started.lock().expect("lock").contains(&seq) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the PUT of WAL key {seq} never started"));
+    }
+
+    /// Waits until WAL key `seq` exists in the store.
+    async fn landed(store: &ScriptedStore, seq: SegmentId) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !keys(store).await.contains(&seq) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("WAL key {seq} never landed"));
+    }
+
+    /// Whether `answer` is still unanswered after a while.
+    async fn still_waiting<F: std::future::Future + Unpin>(answer: &mut F) -> bool {
+        tokio::time::timeout(Duration::from_millis(200), answer).await.is_err()
     }
 
     // Issue 21 (a nemesis run's object-WAL takeover took over a minute): a takeover reads
-    // each segment once, and the last key alone to find an earlier fence; it used to read
-    // every segment twice, one at a time. A retried takeover reuses its fence.
+    // each segment once; it used to read every segment twice, one at a time. A retried
+    // takeover reuses its fence.
     #[tokio::test]
     async fn a_takeover_reads_each_segment_once_and_a_retry_reuses_its_fence() {
-        let store = Arc::new(CountingGets::default());
-        let (node, epoch) = written(store.clone(), 20).await;
-        assert_eq!(keys(&store, &node, epoch).await.len(), 20);
+        let store = Arc::new(ScriptedStore::default());
+        written(store.clone(), 20).await;
+        assert_eq!(keys(&store).await.len(), 20);
         store.gets.store(0, Ordering::SeqCst);
-        let replay = take_over(store.clone(), &node, epoch, "agent-a")
-            .await
-            .expect("takeover");
-        assert_eq!(replay.records.len(), 20);
+        assert_eq!(take_over_as(&store, "agent-a").await, (0..20).collect::<Vec<_>>());
         let gets = store.gets.load(Ordering::SeqCst);
-        assert!(gets <= 21, "{gets} GETs to take over 20 segments");
-        let again = take_over(store.clone(), &node, epoch, "agent-b")
-            .await
-            .expect("retried takeover");
-        assert_eq!(again.records.len(), 20);
-        assert_eq!(keys(&store, &node, epoch).await.len(), 21, "one fence, reused");
+        assert!(gets <= 20, "{gets} GETs to take over 20 segments");
+        assert_eq!(take_over_as(&store, "agent-b").await.len(), 20, "retried takeover");
+        assert_eq!(keys(&store).await.len(), 21, "one fence, reused");
     }
 
-    // Two agents that raced each put a fence; the one below the highest holds no
-    // records and is skipped, not replayed as a damaged segment.
+    // Two agents that raced each put a fence; the log ends at the lower one.
     #[tokio::test]
-    async fn a_racing_agents_fence_below_the_highest_is_skipped() {
-        let store = Arc::new(CountingGets::default());
-        let (node, epoch) = written(store.clone(), 3).await;
-        let prefix = incarnation_prefix(&node, epoch);
+    async fn a_racing_agents_fence_ends_the_log() {
+        let store = Arc::new(ScriptedStore::default());
+        written(store.clone(), 3).await;
+        let prefix = incarnation_prefix(&NodeId::new(NODE), Epoch(1));
         for (seq, agent) in [(4, "agent-a"), (5, "agent-b")] {
             let marker = [FENCE_MAGIC, agent.as_bytes()].concat();
             store
@@ -333,11 +431,120 @@ mod tests {
                 .await
                 .expect("fence");
         }
-        let replay = take_over(store.clone(), &node, epoch, "agent-c")
-            .await
-            .expect("takeover");
-        assert_eq!(replay.records.len(), 3);
-        assert!(replay.damage.is_empty(), "{:?}", replay.damage);
-        assert_eq!(keys(&store, &node, epoch).await.len(), 5, "agent-b's fence reused");
+        assert_eq!(take_over_as(&store, "agent-c").await, vec![0, 1, 2]);
+        assert_eq!(keys(&store).await.len(), 5, "agent-a's fence reused");
+    }
+
+    // Issue 58 (RR-WAL-1): objects are answered in key order. The object after a held
+    // one lands first, and its append still waits until the held one is durable.
+    #[tokio::test]
+    async fn a_later_object_that_lands_first_waits_for_the_earlier_one() {
+        let store = Arc::new(ScriptedStore::default());
+        let first = store.hold(1);
+        let (wal, tasks, stop) = writer(store.clone());
+        let mut a = Box::pin(wal.submit(&record(0), None).await.expect("queued"));
+        put_started(&store, 1).await;
+        let mut b = Box::pin(wal.submit(&record(1), None).await.expect("queued"));
+        landed(&store, 2).await;
+        assert!(
+            still_waiting(&mut b).await,
+            "key 2 was answered before key 1 was durable"
+        );
+        assert!(still_waiting(&mut a).await);
+        first.release();
+        a.await.expect("key 1 durable");
+        b.await.expect("key 2 durable");
+        stopped(tasks, stop).await;
+    }
+
+    // Issue 58: a PUT that fails in the middle fails every object after it, though they
+    // landed; nothing acknowledged is lost, and a takeover ends the log at the gap, so
+    // the landed object after it is never read as acknowledged.
+    #[tokio::test]
+    async fn a_failed_put_in_the_middle_acknowledges_nothing_after_it() {
+        let store = Arc::new(ScriptedStore::default());
+        let first = store.hold(1);
+        store.fail(2);
+        let (wal, tasks, stop) = writer(store.clone());
+        let a = wal.submit(&record(0), None).await.expect("queued");
+        put_started(&store, 1).await;
+        let b = wal.submit(&record(1), None).await.expect("queued");
+        put_started(&store, 2).await;
+        let c = wal.submit(&record(2), None).await.expect("queued");
+        landed(&store, 3).await;
+        first.release();
+        a.await.expect("key 1 durable");
+        assert!(matches!(b.await, Err(WalError::Io(_))), "the failed PUT");
+        assert!(c.await.is_err(), "key 3 landed, but after the failed key 2");
+        assert!(
+            wal.append(&record(3)).await.is_err(),
+            "the log acknowledges nothing more"
+        );
+        stopped(tasks, stop).await;
+        assert_eq!(take_over_as(&store, "agent").await, vec![0], "the log ends at the gap");
+        assert_eq!(keys(&store).await, vec![1, 2, 3], "the fence fills the gap");
+    }
+
+    // Issue 58 (INV-7): a takeover fences the first key not written while the writer
+    // still has PUTs in flight. The writer's PUT at the fence fails, the object it put
+    // above the fence is never read, and it acknowledges nothing after the fence; a
+    // retried takeover reads the same.
+    #[tokio::test]
+    async fn a_fenced_writers_object_in_flight_is_never_used() {
+        let store = Arc::new(ScriptedStore::default());
+        let second = store.hold(2);
+        let (wal, tasks, stop) = writer(store.clone());
+        wal.append(&record(0)).await.expect("key 1 durable");
+        let b = wal.submit(&record(1), None).await.expect("queued");
+        put_started(&store, 2).await;
+        let c = wal.submit(&record(2), None).await.expect("queued");
+        landed(&store, 3).await;
+        assert_eq!(take_over_as(&store, "agent-a").await, vec![0]);
+        second.release();
+        assert_eq!(b.await, Err(WalError::Fenced));
+        assert!(c.await.is_err(), "key 3 is above the fence");
+        assert!(wal.is_fenced());
+        stopped(tasks, stop).await;
+        assert_eq!(take_over_as(&store, "agent-b").await, vec![0], "retried");
+        assert_eq!(keys(&store).await, vec![1, 2, 3]);
+    }
+
+    // Issue 58: reclaim deletes a key only once an acknowledged object carries a floor
+    // above it (an idle writer puts one without records), and a takeover starts at the
+    // highest floor it reads, so bulk deletes in any order never look like the end of
+    // the log, and a listed key below the floor is not replayed.
+    #[tokio::test]
+    async fn reclaimed_keys_are_deleted_once_a_durable_floor_covers_them() {
+        let store = Arc::new(ScriptedStore::default());
+        let (wal, tasks, stop) = writer(store.clone());
+        for i in 0..10 {
+            wal.append(&record(i)).await.expect("durable");
+        }
+        let floor_object = store.hold(11);
+        // Records 0..6 (keys 1..=6) are committed.
+        wal.reclaim([(StreamId(1), 6)]);
+        put_started(&store, 11).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(keys(&store).await.len(), 10, "deleted before the floor was durable");
+        floor_object.release();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while keys(&store).await != vec![7, 8, 9, 10, 11] {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("keys 1..=6 deleted");
+        assert_eq!(
+            wal.bytes() as usize,
+            (6..10).map(|i| record(i).encoded_len()).sum::<usize>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(keys(&store).await.len(), 5, "an idle writer puts nothing more");
+        stopped(tasks, stop).await;
+        let mut stale = BytesMut::new();
+        record(99).encode_into(&mut stale);
+        let sink = ObjectSink::create(store.clone(), &NodeId::new(NODE), Epoch(1), Pipelining::default());
+        sink.put(3, 1, stale.freeze()).await.expect("a key below the floor");
+        assert_eq!(take_over_as(&store, "agent").await, vec![6, 7, 8, 9]);
     }
 }

@@ -6,11 +6,10 @@
 //! append wakes it and its answer wakes the appender. That is as many cross-thread
 //! wake-ups as a runtime task handing each group to the blocking pool and back (the
 //! latency measured the same); what it saves is that task per group, and it keeps the
-//! disk's waits out of the runtime's workers. An object WAL's writer is a runtime task,
-//! since its writes are object store requests.
+//! disk's waits out of the runtime's workers. An object WAL's writer is a runtime task
+//! with several objects in flight (`object_writer`).
 
 use super::file::FileSink;
-use super::object::ObjectSink;
 use super::record::WalRecord;
 use super::{SegmentId, Sink, WalError};
 use bytes::BytesMut;
@@ -26,7 +25,7 @@ const MAX_GROUP_BYTES: usize = 8 * 1024 * 1024;
 /// Bounded queue of appends waiting for the writer.
 const QUEUE: usize = 4096;
 
-enum Request {
+pub(super) enum Request {
     /// Framed by the writer into its group, so the batches are copied once.
     Append {
         record: WalRecord,
@@ -125,9 +124,8 @@ impl WalWriter {
             }
             Sink::Object(object) => {
                 tasks.spawn(async move {
-                    let mut object = object;
                     tokio::select! {
-                        _ = run_object(&mut object, rx, log) => {}
+                        _ = super::object_writer::run(object, rx, log) => {}
                         _ = stop.cancelled() => {}
                     }
                 });
@@ -204,7 +202,7 @@ impl WalWriter {
 }
 
 /// The writer's account of its log: what each segment holds, and whether it failed.
-struct Log {
+pub(super) struct Log {
     segments: BTreeMap<SegmentId, SegmentInfo>,
     /// Set by the first failure: nothing after it is acknowledged.
     failed: Option<WalError>,
@@ -219,12 +217,12 @@ struct Log {
 
 /// Appends gathered for one write.
 #[derive(Default)]
-struct Group {
-    data: BytesMut,
-    waiters: Vec<(Answer, Option<OnDurable>)>,
+pub(super) struct Group {
+    pub(super) data: BytesMut,
+    pub(super) waiters: Vec<(Answer, Option<OnDurable>)>,
     ends: Vec<(StreamId, u64)>,
     /// Committed ends were reported.
-    reclaim: bool,
+    pub(super) reclaim: bool,
 }
 
 impl Group {
@@ -241,7 +239,7 @@ impl Group {
         group
     }
 
-    fn take(&mut self, req: Request) {
+    pub(super) fn take(&mut self, req: Request) {
         match req {
             Request::Append {
                 record,
@@ -257,14 +255,14 @@ impl Group {
         }
     }
 
-    fn is_full(&self) -> bool {
+    pub(super) fn is_full(&self) -> bool {
         self.data.len() >= MAX_GROUP_BYTES
     }
 }
 
 impl Log {
     /// Answers a group's appends with what its write did.
-    fn settle(&mut self, group: Group, result: Result<(SegmentId, u64), WalError>) {
+    pub(super) fn settle(&mut self, group: Group, result: Result<(SegmentId, u64), WalError>) {
         match result {
             Ok((segment, len)) => {
                 let info = self.segments.entry(segment).or_default();
@@ -284,12 +282,17 @@ impl Log {
             Err(e) => {
                 // Nothing after a failure is acknowledged: a taken-over or broken WAL stays failed.
                 if e == WalError::Fenced {
-                    tracing::error!("write-ahead log was taken over; acknowledging nothing more");
                     self.fenced.store(true, Ordering::Release);
-                } else {
-                    tracing::error!(error = %e, "write-ahead log write failed; acknowledging nothing more");
                 }
-                self.failed = Some(e.clone());
+                // Said once, when it first failed (objects in flight fail after it).
+                if self.failed.is_none() {
+                    if e == WalError::Fenced {
+                        tracing::error!("write-ahead log was taken over; acknowledging nothing more");
+                    } else {
+                        tracing::error!(error = %e, "write-ahead log write failed; acknowledging nothing more");
+                    }
+                    self.failed = Some(e.clone());
+                }
                 for (w, _) in group.waiters {
                     let _ = w.send(Err(e.clone()));
                 }
@@ -297,14 +300,24 @@ impl Log {
         }
     }
 
+    /// The failure that ended this log's acknowledgements, if any.
+    pub(super) fn failure(&self) -> Option<&WalError> {
+        self.failed.as_ref()
+    }
+
+    /// Whether `segment` holds any record (an object WAL's floor object holds none).
+    pub(super) fn holds_records(&self, segment: SegmentId) -> bool {
+        self.segments.get(&segment).is_some_and(|info| info.bytes > 0)
+    }
+
     /// Whether committed ends were reported and not yet taken (a full queue may have
     /// dropped the request that announced them).
-    fn has_reported(&self) -> bool {
+    pub(super) fn has_reported(&self) -> bool {
         !self.reported.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
     /// Takes the committed ends reported since the last look.
-    fn take_reported(&mut self) {
+    pub(super) fn take_reported(&mut self) {
         let reported = std::mem::take(&mut *self.reported.lock().unwrap_or_else(|p| p.into_inner()));
         for (stream, end) in reported {
             let e = self.committed.entry(stream).or_insert(end);
@@ -314,7 +327,7 @@ impl Log {
 
     /// Segments, oldest first, whose every record is covered by the committed ends;
     /// never the `boundary` one, which the writer still needs.
-    fn reclaimable(&self, boundary: Option<SegmentId>) -> Vec<SegmentId> {
+    pub(super) fn reclaimable(&self, boundary: Option<SegmentId>) -> Vec<SegmentId> {
         tracing::debug!(segments = self.segments.len(), ?boundary, "reclaiming WAL segments");
         self.segments
             .iter()
@@ -331,7 +344,7 @@ impl Log {
 
     /// Forgets the committed ends of streams no live segment holds a record of, so
     /// the map follows what is in the log, not every stream ever served.
-    fn forget_reclaimed(&mut self) {
+    pub(super) fn forget_reclaimed(&mut self) {
         let live: std::collections::HashSet<StreamId> = self
             .segments
             .values()
@@ -341,7 +354,7 @@ impl Log {
     }
 
     /// Records that deleting `segment` went as it did; false stops this reclaim.
-    fn deleted(&mut self, segment: SegmentId, result: Result<(), WalError>) -> bool {
+    pub(super) fn deleted(&mut self, segment: SegmentId, result: Result<(), WalError>) -> bool {
         match result {
             Ok(()) => {
                 if let Some(info) = self.segments.remove(&segment) {
@@ -391,31 +404,6 @@ fn run_file(mut file: FileSink, mut rx: mpsc::Receiver<Request>, mut log: Log, s
     // Appends still queued are answered "stopped" as their senders drop.
     drop(rx);
     file.close();
-}
-
-/// The object WAL's writer task: as [`run_file`], each group one object.
-async fn run_object(object: &mut ObjectSink, mut rx: mpsc::Receiver<Request>, mut log: Log) {
-    while let Some(first) = rx.recv().await {
-        let mut group = Group::gather(first, &mut rx);
-        let reclaim = group.reclaim || log.has_reported();
-        if !group.waiters.is_empty() {
-            weir_shared::failpoint::pause("wal_persist").await;
-            let result = match &log.failed {
-                Some(e) => Err(e.clone()),
-                None => object.persist(std::mem::take(&mut group.data).freeze()).await,
-            };
-            log.settle(group, result);
-        }
-        if reclaim {
-            log.take_reported();
-            for segment in log.reclaimable(object.newest_segment()) {
-                if !log.deleted(segment, object.delete(segment).await) {
-                    break;
-                }
-            }
-            log.forget_reclaimed();
-        }
-    }
 }
 
 #[cfg(test)]
