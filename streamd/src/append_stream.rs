@@ -25,7 +25,7 @@ use weir_shared::error_code::ErrorCode;
 
 /// Appends admitted and not yet taken by the caller (answered or not). Past it the next
 /// message is not read, so a caller cannot queue unbounded work.
-const MAX_PENDING: usize = 256;
+const MAX_PENDING: usize = 1024;
 
 /// The reply stream of one `AppendStream` call.
 pub type Replies = Pin<Box<dyn Stream<Item = Result<AppendStreamReply, Status>> + Send>>;
