@@ -99,8 +99,22 @@ KafkaAdminClient(bootstrap_servers=sys.argv[1], security_protocol="SASL_SSL", ss
                  ).create_topics([NewTopic("orders", 3, 1)])
 PY
 wait_until 60 "orders/0..2 open" bash -c "for p in 0 1 2; do c -sf $http/v1/streams/orders%2F\$p/records/tail || exit 1; done"
-seq 1 1000 | sed 's/.*/k&:v&/' | kc -P -t orders -K: -X acks=all
-count() { kc -C -t orders -o beginning -e -q -f '%s\n' 2>/dev/null | sort -u | wc -l; }
+seq 1 1000 | sed 's/.*/k&:v&/' | kc -P -t orders -K: -X acks=all -X enable.idempotence=true
+# The records of `orders` read back: how many, if they are v1..vN each once and in
+# produce order within each partition (the producers are idempotent), else what is wrong.
+count() {
+  kc -C -t orders -o beginning -e -q -f '%p %s\n' 2>/dev/null | python3 -c '
+import sys
+seen, last = [], {}
+for line in sys.stdin:
+    p, v = line.split()
+    n = int(v[1:])
+    if n <= last.get(p, 0):
+        sys.exit(print(f"v{n} after v{last[p]} in partition {p}"))
+    last[p] = n
+    seen.append(n)
+print(len(seen) if sorted(seen) == list(range(1, len(seen) + 1)) else f"{len(seen)} records, not v1..v{len(seen)} once each")'
+}
 [ "$(count)" = 1000 ] || fail "consume 1000 records, got $(count)"
 c -sf -X POST "$http/v1/streams" -H 'content-type: application/json' -d '{"stream":"hello"}' >/dev/null
 wait_until 60 "hello open" c -sf "$http/v1/streams/hello/records/tail"
@@ -113,7 +127,7 @@ owner() { c -sf "$http/v1/streams/orders%2F0" | python3 -c 'import json,sys; d=j
 before="$(owner)"
 victim="$(cut -d' ' -f2 <<<"$before")"
 docker kill "${project}_${victim}_1" >/dev/null
-seq 1001 1500 | sed 's/.*/k&:v&/' | kc -P -t orders -K: -X acks=all -X message.timeout.ms=120000
+seq 1001 1500 | sed 's/.*/k&:v&/' | kc -P -t orders -K: -X acks=all -X enable.idempotence=true -X message.timeout.ms=120000
 # Served again by another node (`docker kill` is a stop by hand: no restart follows).
 moved() { now="$(owner)" && [ "${now%% *}" = open ] && [ "$now" != "$before" ]; }
 wait_until 120 "orders/0 served again" moved

@@ -16,7 +16,7 @@ pub const FAILOVER_LEASE: &str = "failover";
 
 /// What the holder saw of each incarnation: its heartbeat count, and the holder's own
 /// count when that was first seen.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Clock {
     seen: HashMap<Incarnation, (u64, u64)>,
     /// The holder's count when it first saw each fenced incarnation fenced: the row is
@@ -350,15 +350,27 @@ mod tests {
         }
     }
 
-    /// FO-LIV-11, INV-8: a fenced holder judges nobody.
+    /// FO-LIV-11, INV-8: a fenced holder judges nobody, though its own count says a
+    /// silent node is past the threshold (the same holder unfenced would fence it).
     #[test]
     fn a_fenced_holder_does_nothing() {
         let mut w = World::new(30);
         let holder = w.register("metad-1", NodeKind::Metad);
         w.register("s1", NodeKind::Streamd);
+        let mut clock = Clock::default();
+        assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty(), "the clock starts");
+        let threshold = w.s.settings.expect("init").missed_heartbeats_threshold();
+        for _ in 0..threshold {
+            w.beat(&holder);
+        }
+        let mut unfenced = clock.clone();
+        assert_eq!(
+            dead_nodes(&w.s, &holder, &mut unfenced).len(),
+            1,
+            "s1 is past the threshold"
+        );
         w.apply(Proposer::Node(holder.clone()), Command::FenceSelf)
             .expect("fence");
-        let mut clock = Clock::default();
         for _ in 0..10 {
             assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         }

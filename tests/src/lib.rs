@@ -24,14 +24,14 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// A randomized test's seed: `$var` when set, to replay a run, else a fresh one. It is
-/// printed with how to replay it.
+/// A randomized test's seed: `WEIR_SEED` when set (any randomized test replays from
+/// it), else the test's own `$var`, else a fresh one. It is printed with how to replay it.
 pub fn seed(var: &str) -> u64 {
-    let seed = std::env::var(var)
-        .ok()
-        .and_then(|s| s.parse().ok())
+    let from = |name: &str| std::env::var(name).ok().and_then(|s| s.parse().ok());
+    let seed = from("WEIR_SEED")
+        .or_else(|| from(var))
         .unwrap_or_else(rand::random::<u64>);
-    println!("seed {seed}; replay with {var}={seed}");
+    println!("seed {seed}; replay with WEIR_SEED={seed} (or {var}={seed})");
     seed
 }
 

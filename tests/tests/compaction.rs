@@ -707,7 +707,7 @@ async fn sd_int_7_compaction_starts_no_object_write_after_the_stop_request() {
     .await;
 }
 
-// INV-1, RR-WAL-5: a compaction whose commit landed but whose answer was lost keeps its
+// RR-WAL-5: a compaction whose commit landed but whose answer was lost keeps its
 // objects. The metad leader drops the answer to the first committed CompactStreams
 // (failpoint `reply_compact_streams=1*drop`), so the compactor's client asks the next
 // replica, whose forwarded retry of the same swap is refused: its ranges are already

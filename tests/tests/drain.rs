@@ -283,6 +283,15 @@ async fn an_operator_cordon_survives_a_graceful_stop_and_a_restart() {
         .send(gw.request(Method::POST, &format!("/admin/nodes/{a}/cordon")))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    // Placement has run since the cordon once a stream created now is placed: on the
+    // other node, and by then anything the cordon moved would have moved.
+    gw.create_stream("oc-new").await;
+    gw.wait_open("oc-new").await;
+    assert_eq!(
+        owner_of(&gw, "oc-new").await.as_deref(),
+        Some(stack.nodes[1].id.as_str()),
+        "a cordoned node takes no new stream"
+    );
     assert_eq!(
         owner_of(&gw, "oc-a").await.as_deref(),
         Some(a.as_str()),

@@ -966,7 +966,7 @@ async fn health_readiness_and_metrics() {
     ));
 }
 
-/// SD-TRG-3 for a gateway: SIGTERM stops it cleanly with exit 0.
+/// SIGTERM stops a gateway cleanly with exit 0.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_stops_the_gateway_cleanly() {
     let (_stack, mut gw) = stack(1, &[]).await;

@@ -7,7 +7,7 @@
 //! is there, once, in order (INV-1 to INV-3). The object WAL's runs add 25–55 ms to every
 //! object-store request (issue 58).
 //!
-//! Seeded: the seed is printed, and `WEIR_NEMESIS_SEED=<seed>` replays a run (the seed
+//! Seeded: the seed is printed, and `WEIR_SEED=<seed>` (or `WEIR_NEMESIS_SEED`) replays a run (the seed
 //! also picks the file or the object WAL). `WEIR_NEMESIS_SECS` sets its length (CI runs
 //! a short one; 20 s by default), and `WEIR_NEMESIS_RUNS` how many runs follow each
 //! other, seeds counting up from the first: the long mode is
@@ -124,14 +124,16 @@ struct Run {
 // through a run that finds a violation and reports every run before it fails.
 #[tokio::test(flavor = "multi_thread")]
 async fn nemesis_kill_pause_and_stop_streamd_nodes_while_clients_append() {
-    let first = env_u64("WEIR_NEMESIS_SEED").unwrap_or_else(rand::random);
+    let first = env_u64("WEIR_SEED")
+        .or_else(|| env_u64("WEIR_NEMESIS_SEED"))
+        .unwrap_or_else(rand::random);
     let secs = env_u64("WEIR_NEMESIS_SECS").unwrap_or(20);
     let runs = env_u64("WEIR_NEMESIS_RUNS").unwrap_or(1).max(1);
     let mut done = Vec::new();
     for i in 0..runs {
         let seed = first.wrapping_add(i);
         println!(
-            "nemesis run {}/{runs}: seed {seed} ({secs} s); replay with WEIR_NEMESIS_SEED={seed}",
+            "nemesis run {}/{runs}: seed {seed} ({secs} s); replay with WEIR_SEED={seed}",
             i + 1
         );
         // A run that panics (a heal that times out, an exit status) is reported with

@@ -1062,11 +1062,12 @@ async fn gw_metrics(gw: &Gatewayd) -> String {
         .expect("text")
 }
 
-// SD-CS-4, SD-CS-9, SD-INT-3, SD-INT-8: a Kafka fetch long poll never holds a stop. When
-// the owning streamd stops, the waiting fetch either follows the stream to its new
-// owner (and gets the next record) or ends with NOT_LEADER_OR_FOLLOWER, well before its
-// 20 s wait. When the gateway stops, a waiting fetch ends with NOT_LEADER_OR_FOLLOWER
-// and throttle_time_ms 0 right after the drain window.
+// SD-CS-4, SD-CS-9, SD-INT-8: a Kafka fetch long poll never holds a stop. When the
+// owning streamd stops, its stop ends well within the poll's 20 s wait, and the waiting
+// fetch either follows the stream to its new owner (and gets the next record) or ends
+// with NOT_LEADER_OR_FOLLOWER, well before its wait. When the gateway stops, a waiting
+// fetch ends with NOT_LEADER_OR_FOLLOWER and throttle_time_ms 0 right after the drain
+// window.
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_fetch_long_polls_end_when_their_owner_or_gateway_stops() {
     let mut stack = Stack::start_with(2, Backend::FileWal, SHORT, &[]).await;
@@ -1082,8 +1083,14 @@ async fn kafka_fetch_long_polls_end_when_their_owner_or_gateway_stops() {
     let waiting = tokio::task::spawn_blocking(move || fetch_answer(&addr, &fetch_v4("lp", 0, 20_000)));
     // Nothing shows from outside that the poll is waiting; give it a moment to start.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let stopping = Instant::now();
     stack.nodes[victim].term();
     assert_eq!(stack.nodes[victim].wait_exit(Duration::from_secs(20)).await, Some(0));
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "SD-CS-4: the owner's stop waited on the poll: {:?}",
+        stopping.elapsed()
+    );
     gw.append("lp%2F0", &["after the move"]).await;
     let (throttle, error, records, took) = waiting.await.expect("fetch");
     assert_eq!(throttle, 0);
