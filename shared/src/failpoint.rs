@@ -3,9 +3,11 @@
 //! use, so a test sets them per process; unset costs one environment lookup.
 //!
 //! Compiled only with the `failpoints` feature, which the test crate turns on for the
-//! binaries the tests start (`cargo build --workspace --all-targets`); a release build
-//! (`cargo build --release`, or any build without the test crate) has none, and every
-//! point is `None` there.
+//! binaries the tests start (`cargo build --workspace --all-targets`), and only with
+//! debug assertions: a release build has none however it is built (`cargo build
+//! --release --workspace` unifies the test crate's features into every binary), and
+//! every point is `None` there. `scripts/check-release-failpoints.sh` checks the
+//! release binaries.
 
 use std::time::Duration;
 
@@ -36,7 +38,7 @@ pub enum Action {
 /// The action set for failpoint `name` (`drain_reply` reads `WEIR_FAILPOINT_DRAIN_REPLY`;
 /// characters other than letters, digits and `_` read as `_`, so a name may carry a
 /// stream name: `close_stream_orders/0` reads `WEIR_FAILPOINT_CLOSE_STREAM_ORDERS_0`).
-#[cfg(feature = "failpoints")]
+#[cfg(all(feature = "failpoints", debug_assertions))]
 pub fn action(name: &str) -> Option<Action> {
     let value = std::env::var(env_key(name)).ok()?;
     let parsed = parse(&value);
@@ -46,8 +48,8 @@ pub fn action(name: &str) -> Option<Action> {
     parsed
 }
 
-/// Without the `failpoints` feature no point is ever set.
-#[cfg(not(feature = "failpoints"))]
+/// Without the `failpoints` feature, or in a release build, no point is ever set.
+#[cfg(not(all(feature = "failpoints", debug_assertions)))]
 pub fn action(_name: &str) -> Option<Action> {
     None
 }
@@ -55,7 +57,7 @@ pub fn action(_name: &str) -> Option<Action> {
 /// Whether failpoint `name` is set at all, whatever its value (points that only stop
 /// the process where they stand).
 pub fn is_set(name: &str) -> bool {
-    cfg!(feature = "failpoints") && std::env::var_os(env_key(name)).is_some()
+    cfg!(all(feature = "failpoints", debug_assertions)) && std::env::var_os(env_key(name)).is_some()
 }
 
 /// `WEIR_FAILPOINT_<NAME>`, other characters than letters and digits read as `_`.
@@ -73,7 +75,7 @@ fn env_key(name: &str) -> String {
     format!("WEIR_FAILPOINT_{key}")
 }
 
-#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+#[cfg_attr(not(all(feature = "failpoints", debug_assertions)), allow(dead_code))]
 fn parse(value: &str) -> Option<Action> {
     match value.trim() {
         "hang" => Some(Action::Hang),
