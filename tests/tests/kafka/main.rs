@@ -1489,6 +1489,20 @@ async fn a_killed_owner_loses_no_acknowledged_message_and_the_group_resumes() {
         recv_any(&[&again], Duration::from_secs(5)).await.is_none(),
         "nothing left after the commit; committed {committed:?}"
     );
+    // Nothing read could also mean never assigned: a message produced now is the next
+    // it reads, so it is assigned and resumes at the committed offsets.
+    let p = producer(&gw, &[]);
+    p.send(
+        FutureRecord::to("fo").key("after-restart").payload("after-restart"),
+        Duration::from_secs(30),
+    )
+    .await
+    .map_err(|(e, _)| e)
+    .expect("produced");
+    let (_, m) = recv_any(&[&again], Duration::from_secs(60))
+        .await
+        .expect("the restarted member reads what is produced after its restart");
+    assert_eq!(m.payload(), Some(&b"after-restart"[..]), "committed {committed:?}");
 }
 
 // Issue 5, D-9, FO-MDO-1/3: while the metadata quorum is gone, producing and consuming
