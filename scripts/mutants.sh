@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Mutation testing of the modules whose decisions the tests must pin down (issue 61):
+# for each, cargo-mutants changes the code one mutant at a time and runs that crate's
+# unit tests; a mutant the tests do not catch is a behaviour no test checks. Prints each
+# module's score (caught / (caught + missed)) and keeps the lists of survivors under
+# target/mutants/<module>/. Slow (minutes per module): not part of CI.
+#
+#   scripts/mutants.sh                 every module below
+#   scripts/mutants.sh failover_plan   the modules whose name contains this
+#   WEIR_MUTANTS_BUDGET_SEC=900        the time bound per module (default 1200)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v cargo-mutants >/dev/null 2>&1 || cargo install --locked cargo-mutants
+budget="${WEIR_MUTANTS_BUDGET_SEC:-1200}"
+only="${1:-}"
+out_root="${CARGO_TARGET_DIR:-target}/mutants"
+# name | package | files (space-separated globs); each runs the package's unit tests (--lib)
+modules=(
+  "failover_plan|weir-meta|meta/src/failover_plan.rs"
+  "placement|weir-meta|meta/src/placement.rs"
+  "drain_plan|weir-meta|meta/src/drain_plan.rs"
+  "model_apply|weir-meta|meta/src/model/apply/*.rs"
+  "catch_up|weir-meta|meta/src/catch_up.rs"
+  "wal|weir-streamd|streamd/src/wal/*.rs"
+  "takeover|weir-streamd|streamd/src/node/takeover.rs streamd/src/node/reconcile.rs"
+  "gateway_errors|weir-gatewayd|gatewayd/src/kafka/errors.rs"
+)
+printf '%-16s %8s %8s %8s %8s %7s\n' module caught missed timeout unviable score
+for m in "${modules[@]}"; do
+  IFS='|' read -r name package files <<<"$m"
+  [ -n "$only" ] && [[ "$name" != *"$only"* ]] && continue
+  out="$out_root/$name"
+  mkdir -p "$out"
+  args=(--package "$package" --output "$out" --no-shuffle --test-tool cargo -- --lib)
+  file_args=()
+  for f in $files; do file_args+=(--file "$f"); done
+  # cargo-mutants exits non-zero when mutants survive; the counts say how it went.
+  timeout "$budget" cargo mutants "${file_args[@]}" "${args[@]}" >"$out/log.txt" 2>&1 || true
+  count() { [ -f "$out/mutants.out/$1.txt" ] && grep -c . "$out/mutants.out/$1.txt" || echo 0; }
+  caught=$(count caught) missed=$(count missed) timeouts=$(count timeout) unviable=$(count unviable)
+  total=$((caught + missed))
+  score="–"
+  [ "$total" -gt 0 ] && score="$((100 * caught / total)) %"
+  printf '%-16s %8s %8s %8s %8s %7s\n' "$name" "$caught" "$missed" "$timeouts" "$unviable" "$score"
+done
+echo "survivors: $out_root/<module>/mutants.out/missed.txt"
