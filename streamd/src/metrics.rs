@@ -85,7 +85,7 @@ pub fn metrics() -> &'static StreamdMetrics {
     METRICS.get_or_init(|| {
         use weir_shared::metrics::register;
         let counter = |name: &str, help: &str| register(IntCounter::new(name, help).expect("valid metric"));
-        StreamdMetrics {
+        let m = StreamdMetrics {
             appends: register(
                 IntCounterVec::new(
                     Opts::new("streamd_appends_total", "Appends answered, by result"),
@@ -239,6 +239,15 @@ pub fn metrics() -> &'static StreamdMetrics {
                 )
                 .expect("valid metric"),
             ),
+        };
+        // Every series the object-store meters can take exists from the start, at 0, so
+        // no family appears later (OBS-1).
+        for kind in ["wal", "data", "other"] {
+            for op in ["put", "get", "list", "delete", "copy", "multipart"] {
+                m.object_requests.with_label_values(&[op, kind]);
+            }
+            m.object_put_bytes.with_label_values(&[kind]);
         }
+        m
     })
 }
