@@ -39,7 +39,9 @@ pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequ
     let mut results = vec![];
     for t in r.topics {
         let name = t.name.0.to_string();
-        let partitions = if t.num_partitions == -1 {
+        let partitions = if !t.assignments.is_empty() {
+            t.assignments.len() as i32
+        } else if t.num_partitions == -1 {
             kafka.default_partitions as i32
         } else {
             t.num_partitions
@@ -67,11 +69,8 @@ pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequ
                 errors::INVALID_PARTITIONS,
                 format!("partitions must be at least 1, got {partitions}"),
             ))
-        } else if !t.assignments.is_empty() {
-            Err((
-                errors::INVALID_REQUEST,
-                "manual replica assignment is not supported".into(),
-            ))
+        } else if let Err(why) = check_assignments(kafka, &t) {
+            Err(why)
         } else if t.replication_factor == 0 || t.replication_factor < -1 {
             Err((
                 errors::INVALID_REPLICATION_FACTOR,
@@ -115,6 +114,52 @@ pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequ
         });
     }
     CreateTopicsResponse::default().with_topics(results)
+}
+
+/// A CreateTopics' manual replica assignment, checked as Kafka does (partitions 0..n
+/// each once, on known brokers, with `num_partitions` and `replication_factor` left −1).
+/// It sets the partition count; which gateway leads each partition stays Weir's choice,
+/// as every gateway serves every partition and the data lives in object storage.
+fn check_assignments(kafka: &Kafka, t: &create_topics_request::CreatableTopic) -> Result<(), (i16, String)> {
+    if t.assignments.is_empty() {
+        return Ok(());
+    }
+    if t.num_partitions != -1 || t.replication_factor != -1 {
+        return Err((
+            errors::INVALID_REQUEST,
+            "a replica assignment requires num_partitions and replication_factor -1".into(),
+        ));
+    }
+    let known: Vec<i32> = super::brokers::brokers(kafka).iter().map(|b| b.id).collect();
+    let mut indexes: Vec<i32> = t.assignments.iter().map(|a| a.partition_index).collect();
+    indexes.sort_unstable();
+    if indexes.iter().enumerate().any(|(i, p)| *p != i as i32) {
+        return Err((
+            errors::INVALID_REPLICA_ASSIGNMENT,
+            format!("the assignment's partitions must be 0..{} each once", indexes.len()),
+        ));
+    }
+    for a in &t.assignments {
+        let mut ids: Vec<i32> = a.broker_ids.iter().map(|b| b.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() || ids.len() != a.broker_ids.len() {
+            return Err((
+                errors::INVALID_REPLICA_ASSIGNMENT,
+                format!("partition {} needs distinct brokers", a.partition_index),
+            ));
+        }
+        if let Some(unknown) = ids.iter().find(|id| !known.contains(id)) {
+            return Err((
+                errors::INVALID_REPLICA_ASSIGNMENT,
+                format!(
+                    "partition {} names broker {unknown}, which is not a live broker",
+                    a.partition_index
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub async fn delete_topics(kafka: &Kafka, session: &Session, r: DeleteTopicsRequest) -> DeleteTopicsResponse {
@@ -332,6 +377,21 @@ pub fn describe_configs(kafka: &Kafka, session: &Session, r: DescribeConfigsRequ
                     DEFAULT_CONFIG,
                     true,
                 ),
+                // What consoles read to learn the cluster's abilities (issue 59): the
+                // Kafka release whose APIs Weir serves, and that topics can be deleted.
+                config_entry(
+                    "inter.broker.protocol.version",
+                    Some(super::versions::KAFKA_RELEASE.to_string()),
+                    DEFAULT_CONFIG,
+                    true,
+                ),
+                config_entry("delete.topic.enable", Some("true".into()), DEFAULT_CONFIG, true),
+                // Replication is the object store's: a partition has one replica.
+                config_entry("default.replication.factor", Some("1".into()), DEFAULT_CONFIG, true),
+                config_entry("min.insync.replicas", Some("1".into()), DEFAULT_CONFIG, true),
+                // A topic without `retention.ms` keeps everything.
+                config_entry("log.retention.ms", Some("-1".into()), DEFAULT_CONFIG, true),
+                config_entry("log.retention.bytes", Some("-1".into()), DEFAULT_CONFIG, true),
             ],
             other => {
                 results.push(

@@ -59,7 +59,7 @@ pub fn brokers(kafka: &Kafka) -> Vec<Broker> {
 }
 
 /// [`brokers`] in `state`.
-fn brokers_in(kafka: &Kafka, state: &State) -> Vec<Broker> {
+pub(super) fn brokers_in(kafka: &Kafka, state: &State) -> Vec<Broker> {
     let mut out: Vec<Broker> = state
         .nodes
         .values()
@@ -313,7 +313,7 @@ pub fn describe_cluster(kafka: &Kafka) -> DescribeClusterResponse {
 }
 
 /// Whether the session's token may see topic `name` in Metadata: any scope on it.
-fn visible(session: &Session, name: &str) -> bool {
+pub(super) fn visible(session: &Session, name: &str) -> bool {
     [Access::Read, Access::Write, Access::Manage]
         .into_iter()
         .any(|a| session.grants.allows(a, name))

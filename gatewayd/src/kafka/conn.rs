@@ -5,7 +5,7 @@
 
 use super::frame::{self, DecodeError, FrameError};
 use super::response_frame::SharedFrame;
-use super::{admin, brokers, groups, produce, sasl, transactions, versions, Kafka};
+use super::{admin, brokers, groups, introspection, produce, sasl, transactions, versions, Kafka};
 use crate::ordered_appends::OrderedAppends;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
@@ -432,7 +432,7 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             Answer::Close("a pipelined request reached the barrier path".into())
         }
         RequestKind::ListOffsets(r) => Respond(ResponseKind::ListOffsets(
-            super::scopes::list_offsets(kafka, &session.grants, r).await,
+            super::scopes::list_offsets(kafka, &session.grants, r, version).await,
         )),
         RequestKind::CreateTopics(r) => Respond(ResponseKind::CreateTopics(
             admin::create_topics(kafka, session, r).await,
@@ -458,6 +458,18 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
         RequestKind::OffsetForLeaderEpoch(r) => Respond(ResponseKind::OffsetForLeaderEpoch(
             super::leader_epochs::offset_for_leader_epoch(kafka, &session.grants, r).await,
         )),
+        RequestKind::DescribeLogDirs(r) => Respond(ResponseKind::DescribeLogDirs(introspection::describe_log_dirs(
+            kafka, session, r,
+        ))),
+        RequestKind::DescribeTopicPartitions(r) => Respond(ResponseKind::DescribeTopicPartitions(
+            introspection::describe_topic_partitions(kafka, session, r),
+        )),
+        RequestKind::ListPartitionReassignments(r) => Respond(ResponseKind::ListPartitionReassignments(
+            introspection::list_partition_reassignments(kafka, session, r),
+        )),
+        RequestKind::ElectLeaders(r) => Respond(ResponseKind::ElectLeaders(introspection::elect_leaders(
+            kafka, session, r,
+        ))),
         RequestKind::InitProducerId(r) if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) => Respond(
             ResponseKind::InitProducerId(transactions::init_producer_id(kafka, session, r, version).await),
         ),
@@ -550,7 +562,7 @@ async fn write<W: AsyncWriteExt + Unpin>(
         // Other responses are small: encoded as the crate does, then one piece.
         other => {
             let mut buf = bytes::BytesMut::new();
-            other.encode(&mut buf, version)?;
+            other.encode(&mut buf, versions::codec_version(key, version))?;
             frame.push(buf.freeze());
         }
     }

@@ -29,6 +29,7 @@ pub const INVALID_PARTITIONS: i16 = KafkaError::InvalidPartitions.code();
 pub const INVALID_REPLICATION_FACTOR: i16 = KafkaError::InvalidReplicationFactor.code();
 pub const INVALID_CONFIG: i16 = KafkaError::InvalidConfig.code();
 pub const INVALID_REQUEST: i16 = KafkaError::InvalidRequest.code();
+pub const INVALID_REPLICA_ASSIGNMENT: i16 = KafkaError::InvalidReplicaAssignment.code();
 pub const TOPIC_ALREADY_EXISTS: i16 = KafkaError::TopicAlreadyExists.code();
 pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = KafkaError::OutOfOrderSequenceNumber.code();
 pub const INVALID_PRODUCER_EPOCH: i16 = KafkaError::InvalidProducerEpoch.code();

@@ -117,7 +117,8 @@ pub fn decode(mut frame: Bytes, supported: impl Fn(ApiKey, i16) -> bool) -> Resu
     let header = RequestHeader::decode(&mut frame, key.request_header_version(version))
         .map_err(|e| DecodeError::Malformed(key, e.to_string()))?;
     let body = frame.clone();
-    let kind = RequestKind::decode(key, &mut frame, version).map_err(|e| DecodeError::Malformed(key, e.to_string()))?;
+    let codec = super::versions::codec_version(key, version);
+    let kind = RequestKind::decode(key, &mut frame, codec).map_err(|e| DecodeError::Malformed(key, e.to_string()))?;
     Ok(Request {
         header,
         key,

@@ -268,6 +268,33 @@ pub async fn forward(
                 .extend(commit_failed(&unknown, errors::UNKNOWN_TOPIC_OR_PARTITION));
             ResponseKind::OffsetCommit(resp)
         }
+        RequestKind::OffsetDelete(mut r) => {
+            // As OffsetCommit: deleting needs `read` on each topic too.
+            let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
+                .into_iter()
+                .partition(|t| session.grants.allows(Access::Read, t.name.0.as_str()));
+            r.topics = allowed;
+            let body = if denied.is_empty() { body } else { encode(&r, version) };
+            let mut resp = match call_group(kafka, session, &r.group_id.0, ApiKey::OffsetDelete, version, body).await {
+                Ok(resp) => resp,
+                Err(code) => OffsetDeleteResponse::default().with_error_code(code),
+            };
+            resp.topics.extend(denied.into_iter().map(|t| {
+                offset_delete_response::OffsetDeleteResponseTopic::default()
+                    .with_name(t.name)
+                    .with_partitions(
+                        t.partitions
+                            .iter()
+                            .map(|p| {
+                                offset_delete_response::OffsetDeleteResponsePartition::default()
+                                    .with_partition_index(p.partition_index)
+                                    .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
+                            })
+                            .collect(),
+                    )
+            }));
+            ResponseKind::OffsetDelete(resp)
+        }
         RequestKind::TxnOffsetCommit(r) => {
             ResponseKind::TxnOffsetCommit(txn_offset_commit(kafka, session, r, version).await)
         }

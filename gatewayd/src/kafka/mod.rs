@@ -14,6 +14,7 @@ pub mod fetch;
 pub mod fetch_sessions;
 pub mod frame;
 pub mod groups;
+pub mod introspection;
 pub mod leader_epochs;
 pub mod principals;
 pub mod produce;

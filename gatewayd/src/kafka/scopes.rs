@@ -35,8 +35,14 @@ pub fn fetch_denied(denied: Vec<FetchTopic>) -> impl Iterator<Item = FetchableTo
     })
 }
 
-/// ListOffsets needs `read` on each topic.
-pub async fn list_offsets(kafka: &Kafka, grants: &Grants, mut r: ListOffsetsRequest) -> ListOffsetsResponse {
+/// ListOffsets needs `read` on each topic. Before v4 a partition's answer has no leader
+/// epoch: the codec refuses to encode one, and the connection would close (issue 59).
+pub async fn list_offsets(
+    kafka: &Kafka,
+    grants: &Grants,
+    mut r: ListOffsetsRequest,
+    version: i16,
+) -> ListOffsetsResponse {
     let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
         .into_iter()
         .partition(|t| grants.allows(Access::Read, t.name.0.as_str()));
@@ -56,6 +62,11 @@ pub async fn list_offsets(kafka: &Kafka, grants: &Grants, mut r: ListOffsetsRequ
                 .collect(),
         )
     }));
+    if version < 4 {
+        for p in resp.topics.iter_mut().flat_map(|t| t.partitions.iter_mut()) {
+            p.leader_epoch = -1;
+        }
+    }
     resp
 }
 

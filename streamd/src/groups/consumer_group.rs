@@ -200,6 +200,15 @@ impl ConsumerGroup {
         self.members.is_empty()
     }
 
+    /// Whether some member subscribes to `topic`, by name or by regex (OffsetDelete
+    /// refuses such a topic's offsets).
+    pub fn subscribes_to(&self, topic: &str) -> bool {
+        self.members.values().any(|m| {
+            m.subscribed_names.iter().any(|n| n == topic)
+                || (!topic.starts_with("__") && m.matcher.as_ref().is_some_and(|re| re.is_match(topic)))
+        })
+    }
+
     /// The state name ListGroups and ConsumerGroupDescribe report.
     pub fn state_name(&self) -> &'static str {
         if self.members.is_empty() {

@@ -13,6 +13,7 @@ pub mod assignor;
 pub mod consumer_group;
 mod consumer_wire;
 pub mod membership;
+mod offset_delete;
 pub mod offsets;
 
 use crate::error::StreamdError;
@@ -144,6 +145,7 @@ impl Groups {
             RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(describe(&c, r)),
             RequestKind::ListGroups(r) => ResponseKind::ListGroups(list(&c, r)),
             RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(self.delete(&c, r).await),
+            RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(self.delete_offsets(&c, r).await),
             RequestKind::ConsumerGroupHeartbeat(r) => {
                 ResponseKind::ConsumerGroupHeartbeat(consumer_wire::heartbeat(&self.node, &c, r, version, client))
             }
@@ -154,7 +156,7 @@ impl Groups {
         };
         if matches!(
             key,
-            ApiKey::OffsetCommit | ApiKey::TxnOffsetCommit | ApiKey::DeleteGroups
+            ApiKey::OffsetCommit | ApiKey::TxnOffsetCommit | ApiKey::DeleteGroups | ApiKey::OffsetDelete
         ) {
             self.maybe_snapshot(&c);
         }
@@ -362,7 +364,7 @@ impl Groups {
         }
         let too_large = changes.iter().any(|ch| match ch {
             Change::Commit { committed, .. } => committed.metadata.as_ref().is_some_and(|m| m.len() > MAX_METADATA),
-            Change::DeleteGroup { .. } => false,
+            Change::DeleteGroup { .. } | Change::DeleteOffset { .. } => false,
         });
         let error = if too_large {
             OFFSET_METADATA_TOO_LARGE
@@ -452,7 +454,7 @@ impl Groups {
             .collect();
         let too_large = changes.iter().any(|ch| match ch {
             Change::Commit { committed, .. } => committed.metadata.as_ref().is_some_and(|m| m.len() > MAX_METADATA),
-            Change::DeleteGroup { .. } => false,
+            Change::DeleteGroup { .. } | Change::DeleteOffset { .. } => false,
         });
         let error = if too_large {
             OFFSET_METADATA_TOO_LARGE

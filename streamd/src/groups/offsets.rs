@@ -48,6 +48,13 @@ pub enum Change {
     DeleteGroup {
         group: String,
     },
+    /// OffsetDelete (KIP-496): one partition's committed offset removed, stored as
+    /// Kafka stores it, a tombstone (the partition's key, no value).
+    DeleteOffset {
+        group: String,
+        topic: String,
+        partition: i32,
+    },
 }
 
 /// Every group's committed offsets, by topic and partition.
@@ -114,6 +121,18 @@ impl OffsetTable {
             }
             Change::DeleteGroup { group } => {
                 self.groups.remove(&group);
+            }
+            Change::DeleteOffset {
+                group,
+                topic,
+                partition,
+            } => {
+                if let Some(offsets) = self.groups.get_mut(&group) {
+                    offsets.remove(&(topic, partition));
+                    if offsets.is_empty() {
+                        self.groups.remove(&group);
+                    }
+                }
             }
         }
     }
@@ -202,6 +221,11 @@ fn decode(r: &Record) -> Option<Change> {
             committed: serde_json::from_slice(value).ok()?,
         }),
         (None, None, None) => Some(Change::DeleteGroup { group: key.group }),
+        (Some(topic), Some(partition), None) => Some(Change::DeleteOffset {
+            group: key.group,
+            topic,
+            partition,
+        }),
         _ => None,
     }
 }
@@ -233,6 +257,18 @@ pub fn encode_as(changes: &[Change], producer: Option<(i64, i16)>) -> Result<Byt
                     group: group.clone(),
                     topic: None,
                     partition: None,
+                },
+                None,
+            ),
+            Change::DeleteOffset {
+                group,
+                topic,
+                partition,
+            } => (
+                Key {
+                    group: group.clone(),
+                    topic: Some(topic.clone()),
+                    partition: Some(*partition),
                 },
                 None,
             ),
@@ -345,5 +381,25 @@ mod tests {
         assert_eq!(a.get(&("t".to_string(), 0)).map(|c| c.offset), Some(9));
         assert!(table.group("b").is_none());
         assert_eq!(table.groups().count(), 1);
+    }
+
+    // Issue 59 (OffsetDelete): a partition's tombstone removes only that partition's
+    // offset, survives a replay, and a group whose last offset goes is gone.
+    #[test]
+    fn an_offset_tombstone_removes_one_partition_and_replays() {
+        let mut stored = BytesMut::new();
+        stored.extend_from_slice(&encode(&[commit("a", 0, 5), commit("a", 1, 6), commit("b", 0, 7)]).expect("encode"));
+        let gone = |group: &str, partition| Change::DeleteOffset {
+            group: group.into(),
+            topic: "t".into(),
+            partition,
+        };
+        stored.extend_from_slice(&encode(&[gone("a", 0), gone("b", 0)]).expect("encode"));
+        let mut table = OffsetTable::default();
+        table.replay(stored.freeze()).expect("replay");
+        let a = table.group("a").expect("group a");
+        assert_eq!(a.get(&("t".to_string(), 0)), None);
+        assert_eq!(a.get(&("t".to_string(), 1)).map(|c| c.offset), Some(6));
+        assert!(table.group("b").is_none(), "b's only offset was deleted");
     }
 }

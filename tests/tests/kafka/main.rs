@@ -23,6 +23,7 @@ use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack};
 use weir_tests::wait_for;
 
+mod api_sweep;
 mod consumer_protocol;
 mod consumer_side;
 mod leader_epochs;
@@ -713,7 +714,8 @@ async fn consumer_groups_commit_resume_and_split_partitions() {
     assert_eq!(made[0], Err(("__mine".to_string(), RDKafkaErrorCode::InvalidTopic)));
 }
 
-// Issue 5: kcat (librdkafka 2.0) lists, produces keyed records and consumes them.
+// Issue 5: kcat (librdkafka 2.0) lists, produces keyed records and consumes them;
+// issue 59: and finds offsets by time (`-Q`).
 #[tokio::test(flavor = "multi_thread")]
 async fn kcat_lists_produces_and_consumes() {
     let (_stack, gw) = kafka_stack(1, &[]).await;
@@ -763,6 +765,21 @@ async fn kcat_lists_produces_and_consumes() {
     let out = String::from_utf8_lossy(&c.stdout).into_owned();
     let want: String = (0..100).map(|i| format!("k{i}=v{i}@{i}\n")).collect();
     assert_eq!(out, want);
+    // Issue 59: `kcat -Q` finds offsets by time. A time before every record finds
+    // offset 0; one after every record finds none (Kafka's −1). The ListOffsets
+    // versions librdkafka 2.0 sends are each checked by the version sweep (api_sweep.rs).
+    for (at, want) in [("1", "kc [0] offset 0"), ("99999999999999", "kc [0] offset -1")] {
+        let q = Command::new("kcat")
+            .args(["-b", &gw.kafka, "-Q", "-t", &format!("kc:0:{at}")])
+            .output()
+            .expect("kcat -Q");
+        let text = String::from_utf8_lossy(&q.stdout);
+        assert!(
+            q.status.success() && text.contains(want),
+            "kcat -Q at {at}: {text} {}",
+            String::from_utf8_lossy(&q.stderr)
+        );
+    }
 }
 
 // Issue 5: the Python clients (confluent-kafka, kafka-python) produce, consume in

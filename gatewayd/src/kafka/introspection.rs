@@ -1,0 +1,320 @@
+//! Read-only cluster introspection that consoles (AKHQ, Kafka UI, Redpanda Console)
+//! and operators' scripts send, answered from this gateway's view (issue 59):
+//! DescribeLogDirs, DescribeTopicPartitions, ListPartitionReassignments and
+//! ElectLeaders.
+//!
+//! Weir's brokers are its gateways and each partition has one replica, its leader
+//! gateway (`brokers`); the data itself lives in object storage, owned by one streamd
+//! at a time. So a gateway's "log dirs" are the streamd nodes owning the partitions
+//! it leads, a reassignment is a transfer between streamd nodes in flight, and a
+//! leader election never has anything to do.
+
+use super::brokers;
+use super::conn::Session;
+use super::errors;
+use super::Kafka;
+use kafka_protocol::messages::describe_log_dirs_response::{
+    DescribeLogDirsPartition, DescribeLogDirsResult, DescribeLogDirsTopic,
+};
+use kafka_protocol::messages::describe_topic_partitions_response::{
+    Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
+};
+use kafka_protocol::messages::elect_leaders_response::{PartitionResult, ReplicaElectionResult};
+use kafka_protocol::messages::list_partition_reassignments_response::{
+    OngoingPartitionReassignment, OngoingTopicReassignment,
+};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use std::collections::BTreeMap;
+use weir_meta::model::scopes::Access;
+use weir_meta::model::{State, StreamRow};
+
+/// Kafka's "authorized operations not asked for".
+const OPERATIONS_NOT_ASKED: i32 = i32::MIN;
+/// The log dir of a partition no streamd owns right now (failover is moving it).
+const UNOWNED_DIR: &str = "weir:unowned";
+/// Kafka's ELECTION_NOT_NEEDED and ELIGIBLE_LEADERS_NOT_AVAILABLE.
+const ELECTION_NOT_NEEDED: i16 = 84;
+const ELIGIBLE_LEADERS_NOT_AVAILABLE: i16 = 83;
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+fn name(v: &str) -> TopicName {
+    TopicName(s(v))
+}
+
+/// The log dir of a partition: its owning streamd.
+fn log_dir(row: &StreamRow) -> String {
+    row.owner
+        .as_ref()
+        .map_or_else(|| UNOWNED_DIR.to_string(), |o| format!("weir:streamd/{}", o.node))
+}
+
+/// A topic's partitions as `(index, row)`, in index order.
+fn partitions<'s>(state: &'s State, topic: &str) -> Vec<(i32, &'s StreamRow)> {
+    state.topics.get(topic).map_or_else(Vec::new, |t| {
+        t.partitions
+            .iter()
+            .enumerate()
+            .filter_map(|(i, id)| Some((i as i32, state.streams.get(id)?)))
+            .collect()
+    })
+}
+
+/// DescribeLogDirs: the partitions this gateway leads (each partition is reported by
+/// exactly one broker, so a console summing over brokers counts it once), grouped by
+/// the streamd that owns them, each with the bytes its committed ranges hold. The
+/// object store's capacity is not known, so v4's totals are −1.
+pub fn describe_log_dirs(kafka: &Kafka, session: &Session, r: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
+    let dirs = kafka.gw.routes.view().with(|state| {
+        let brokers = brokers::brokers_in(kafka, state);
+        let wanted: Vec<(String, Option<Vec<i32>>)> = match &r.topics {
+            None => state.topics.keys().map(|t| (t.clone(), None)).collect(),
+            Some(topics) => topics
+                .iter()
+                .map(|t| (t.topic.0.to_string(), Some(t.partitions.clone())))
+                .collect(),
+        };
+        // dir → topic → partitions
+        let mut dirs: BTreeMap<String, BTreeMap<String, Vec<DescribeLogDirsPartition>>> = BTreeMap::new();
+        for (topic, only) in wanted {
+            if !brokers::visible(session, &topic) {
+                continue;
+            }
+            for (index, row) in partitions(state, &topic) {
+                if only.as_ref().is_some_and(|o| !o.contains(&index)) {
+                    continue;
+                }
+                if brokers::leader_for(&brokers, &row.name) != kafka.me.id {
+                    continue;
+                }
+                dirs.entry(log_dir(row))
+                    .or_default()
+                    .entry(topic.clone())
+                    .or_default()
+                    .push(
+                        DescribeLogDirsPartition::default()
+                            .with_partition_index(index)
+                            .with_partition_size(i64::try_from(row.bytes).unwrap_or(i64::MAX))
+                            .with_offset_lag(0),
+                    );
+            }
+        }
+        dirs
+    });
+    let results = dirs
+        .into_iter()
+        .map(|(dir, topics)| {
+            DescribeLogDirsResult::default()
+                .with_log_dir(s(&dir))
+                .with_total_bytes(-1)
+                .with_usable_bytes(-1)
+                .with_topics(
+                    topics
+                        .into_iter()
+                        .map(|(t, ps)| DescribeLogDirsTopic::default().with_name(name(&t)).with_partitions(ps))
+                        .collect(),
+                )
+        })
+        .collect();
+    DescribeLogDirsResponse::default().with_results(results)
+}
+
+/// DescribeTopicPartitions (KIP-966): Metadata's partition view, paged by a cursor
+/// and a partition limit, the topics in name order. An empty list asks for every
+/// topic the token sees.
+pub fn describe_topic_partitions(
+    kafka: &Kafka,
+    session: &Session,
+    r: DescribeTopicPartitionsRequest,
+) -> DescribeTopicPartitionsResponse {
+    let limit = usize::try_from(r.response_partition_limit.clamp(1, 2000)).unwrap_or(2000);
+    kafka.gw.routes.view().with(|state| {
+        let brokers = brokers::brokers_in(kafka, state);
+        let gateways = weir_meta::model::leader_epochs::gateway_changes(state);
+        let mut wanted: Vec<String> = if r.topics.is_empty() {
+            state
+                .topics
+                .keys()
+                .filter(|t| brokers::visible(session, t))
+                .cloned()
+                .collect()
+        } else {
+            r.topics.iter().map(|t| t.name.0.to_string()).collect()
+        };
+        wanted.sort();
+        wanted.dedup();
+        let (start_topic, start_partition) = r.cursor.as_ref().map_or((String::new(), 0), |c| {
+            (c.topic_name.0.to_string(), c.partition_index.max(0))
+        });
+        let mut topics = vec![];
+        let mut room = limit;
+        let mut next_cursor = None;
+        for topic in wanted.into_iter().filter(|t| *t >= start_topic) {
+            let first = if topic == start_topic { start_partition } else { 0 };
+            let row = state.topics.get(&topic);
+            let answer = DescribeTopicPartitionsResponseTopic::default()
+                .with_name(Some(name(&topic)))
+                .with_topic_authorized_operations(OPERATIONS_NOT_ASKED);
+            let Some(row) = row.filter(|_| brokers::visible(session, &topic)) else {
+                let code = if brokers::visible(session, &topic) {
+                    errors::UNKNOWN_TOPIC_OR_PARTITION
+                } else {
+                    errors::TOPIC_AUTHORIZATION_FAILED
+                };
+                topics.push(answer.with_error_code(code));
+                continue;
+            };
+            if room == 0 {
+                next_cursor = Some(
+                    Cursor::default()
+                        .with_topic_name(name(&topic))
+                        .with_partition_index(first),
+                );
+                break;
+            }
+            let mut parts = vec![];
+            for (index, stream) in partitions(state, &topic).into_iter().filter(|(i, _)| *i >= first) {
+                if room == 0 {
+                    next_cursor = Some(
+                        Cursor::default()
+                            .with_topic_name(name(&topic))
+                            .with_partition_index(index),
+                    );
+                    break;
+                }
+                let leader = BrokerId(brokers::leader_for(&brokers, &stream.name));
+                let epoch = super::leader_epochs::in_state(state, gateways, &stream.name).unwrap_or(-1);
+                parts.push(
+                    DescribeTopicPartitionsResponsePartition::default()
+                        .with_partition_index(index)
+                        .with_leader_id(leader)
+                        .with_leader_epoch(epoch)
+                        .with_replica_nodes(vec![leader])
+                        .with_isr_nodes(vec![leader])
+                        .with_eligible_leader_replicas(Some(vec![]))
+                        .with_last_known_elr(Some(vec![])),
+                );
+                room -= 1;
+            }
+            topics.push(
+                answer
+                    .with_topic_id(brokers::topic_id(row))
+                    .with_is_internal(brokers::is_internal_topic(&topic))
+                    .with_partitions(parts),
+            );
+            if next_cursor.is_some() {
+                break;
+            }
+        }
+        DescribeTopicPartitionsResponse::default()
+            .with_topics(topics)
+            .with_next_cursor(next_cursor)
+    })
+}
+
+/// ListPartitionReassignments: Weir's transfers in flight (a stream marked to move to
+/// another streamd). The partition's broker-level replica set does not change in a
+/// transfer (its one replica is its leader gateway), so nothing is adding or removing.
+pub fn list_partition_reassignments(
+    kafka: &Kafka,
+    session: &Session,
+    r: ListPartitionReassignmentsRequest,
+) -> ListPartitionReassignmentsResponse {
+    let moving = kafka.gw.routes.view().with(|state| {
+        let brokers = brokers::brokers_in(kafka, state);
+        let mut by_topic: BTreeMap<String, Vec<OngoingPartitionReassignment>> = BTreeMap::new();
+        for id in state.streams.marked() {
+            let Some(row) = state.streams.get(id) else { continue };
+            let (Some(topic), Some(index)) = (&row.topic, row.partition) else {
+                continue;
+            };
+            let asked = r.topics.as_ref().is_none_or(|ts| {
+                ts.iter()
+                    .any(|t| t.name.0.as_str() == topic && t.partition_indexes.contains(&(index as i32)))
+            });
+            if !asked || !brokers::visible(session, topic) {
+                continue;
+            }
+            let leader = BrokerId(brokers::leader_for(&brokers, &row.name));
+            by_topic.entry(topic.clone()).or_default().push(
+                OngoingPartitionReassignment::default()
+                    .with_partition_index(index as i32)
+                    .with_replicas(vec![leader]),
+            );
+        }
+        by_topic
+    });
+    ListPartitionReassignmentsResponse::default().with_topics(
+        moving
+            .into_iter()
+            .map(|(t, ps)| {
+                OngoingTopicReassignment::default()
+                    .with_name(name(&t))
+                    .with_partitions(ps)
+            })
+            .collect(),
+    )
+}
+
+/// ElectLeaders: each partition's leader is already its one replica, so there is no
+/// election to hold (ELECTION_NOT_NEEDED), unless no streamd owns it right now
+/// (ELIGIBLE_LEADERS_NOT_AVAILABLE, until failover places it). Asking needs `manage`.
+pub fn elect_leaders(kafka: &Kafka, session: &Session, r: ElectLeadersRequest) -> ElectLeadersResponse {
+    let results = kafka.gw.routes.view().with(|state| {
+        let wanted: Vec<(String, Vec<i32>)> = match &r.topic_partitions {
+            Some(tps) => tps
+                .iter()
+                .map(|t| (t.topic.0.to_string(), t.partitions.clone()))
+                .collect(),
+            None => state
+                .topics
+                .values()
+                .filter(|t| brokers::visible(session, &t.name))
+                .map(|t| (t.name.clone(), (0..t.partitions.len() as i32).collect()))
+                .collect(),
+        };
+        wanted
+            .into_iter()
+            .map(|(topic, indexes)| {
+                let rows = partitions(state, &topic);
+                let results = indexes
+                    .into_iter()
+                    .map(|index| {
+                        let (code, message) = if !session.grants.allows(Access::Manage, &topic) {
+                            (
+                                errors::TOPIC_AUTHORIZATION_FAILED,
+                                format!("the token has no 'manage' scope for topic '{topic}'"),
+                            )
+                        } else {
+                            match rows.iter().find(|(i, _)| *i == index) {
+                                None => (
+                                    errors::UNKNOWN_TOPIC_OR_PARTITION,
+                                    format!("{topic}/{index} does not exist"),
+                                ),
+                                Some((_, row)) if row.owner.is_none() => (
+                                    ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                                    "no streamd owns the partition now; failover is placing it".to_string(),
+                                ),
+                                Some(_) => (
+                                    ELECTION_NOT_NEEDED,
+                                    "the partition's one replica is its leader".to_string(),
+                                ),
+                            }
+                        };
+                        PartitionResult::default()
+                            .with_partition_id(index)
+                            .with_error_code(code)
+                            .with_error_message(Some(s(&message)))
+                    })
+                    .collect();
+                ReplicaElectionResult::default()
+                    .with_topic(name(&topic))
+                    .with_partition_result(results)
+            })
+            .collect()
+    });
+    ElectLeadersResponse::default().with_replica_election_results(results)
+}
