@@ -2,7 +2,7 @@
 """Real Python Kafka clients against a Weir gateway (run by tests/tests/kafka.rs).
 
 Usage: kafka_clients.py HOST:PORT. Exits non-zero with a message on the first failure.
-kafka-python: admin create/describe/delete, acks=all producer, a consumer group that
+kafka-python: admin create/describe/delete, DescribeLogDirs, acks=all producer, a consumer group that
 commits and a restarted member that resumes after the commit. confluent-kafka: an
 idempotent producer and a group consumer reading everything exactly once.
 """
@@ -50,6 +50,19 @@ def kafka_python():
     acked = [f.get(timeout=60) for f in futures]
     check(len(acked) == N, "every kafka-python send acknowledged")
     producer.close()
+
+    # Issue 59: DescribeLogDirs (v0, kafka-python's only version) lists every partition
+    # of the topic once, under the streamd that owns it.
+    dirs = admin.describe_log_dirs()
+    listed = sorted(
+        p[0]
+        for err, _dir, topics in dirs.log_dirs
+        if err == 0
+        for name, parts in topics
+        if name == "py"
+        for p in parts
+    )
+    check(listed == [0, 1, 2], f"describe_log_dirs lists py's partitions once: {dirs}")
 
     first = KafkaConsumer(
         "py", bootstrap_servers=BOOT, group_id="pyg", enable_auto_commit=False,
