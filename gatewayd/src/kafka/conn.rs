@@ -470,6 +470,12 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
         RequestKind::ElectLeaders(r) => Respond(ResponseKind::ElectLeaders(introspection::elect_leaders(
             kafka, session, r,
         ))),
+        RequestKind::ListTransactions(r) => Respond(ResponseKind::ListTransactions(
+            transactions::list_transactions(kafka, session, r, version).await,
+        )),
+        RequestKind::DescribeTransactions(r) => Respond(ResponseKind::DescribeTransactions(
+            transactions::describe_transactions(kafka, session, r, version).await,
+        )),
         RequestKind::InitProducerId(r) if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) => Respond(
             ResponseKind::InitProducerId(transactions::init_producer_id(kafka, session, r, version).await),
         ),

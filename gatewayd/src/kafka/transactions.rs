@@ -38,7 +38,19 @@ async fn call(
     fresh_producer_id: Option<i64>,
 ) -> Result<Bytes, i16> {
     ensure_internal_topic(kafka, TXN_STATE_TOPIC, TXN_STATE_PARTITIONS).await;
-    let stream = txn_state_stream(id);
+    call_stream(kafka, &txn_state_stream(id), key, version, body, fresh_producer_id).await
+}
+
+/// Sends one transaction request to the coordinator of state stream `stream`.
+async fn call_stream(
+    kafka: &Kafka,
+    stream: &str,
+    key: ApiKey,
+    version: i16,
+    body: Bytes,
+    fresh_producer_id: Option<i64>,
+) -> Result<Bytes, i16> {
+    let stream = stream.to_string();
     let result = kafka
         .gw
         .routes
@@ -209,4 +221,87 @@ pub async fn end(kafka: &Kafka, session: &Session, r: EndTxnRequest, version: i1
         Ok(b) => decode(b, version).unwrap_or_else(failed),
         Err(code) => failed(code),
     }
+}
+
+/// Whether the token may see transactional id `id` (any scope on it), as Kafka's
+/// DESCRIBE on the id.
+fn visible(session: &Session, id: &str) -> bool {
+    [Access::Read, Access::Write, Access::Manage]
+        .into_iter()
+        .any(|a| session.grants.allows(a, id))
+}
+
+/// ListTransactions (KIP-664): every coordinator's ids that pass the filters and that
+/// the token may see. A coordinator that does not answer makes the answer's error its
+/// code, with the others' ids still listed.
+pub async fn list_transactions(
+    kafka: &Kafka,
+    session: &Session,
+    r: ListTransactionsRequest,
+    version: i16,
+) -> ListTransactionsResponse {
+    let mut out = ListTransactionsResponse::default();
+    if !kafka.gw.routes.view().with(|s| s.topics.contains_key(TXN_STATE_TOPIC)) {
+        return out;
+    }
+    let body = encode(&r, version);
+    for p in 0..TXN_STATE_PARTITIONS {
+        let stream = format!("{TXN_STATE_TOPIC}/{p}");
+        match call_stream(kafka, &stream, ApiKey::ListTransactions, version, body.clone(), None)
+            .await
+            .and_then(|b| decode::<ListTransactionsResponse>(b, version))
+        {
+            Ok(answer) => {
+                out.unknown_state_filters = answer.unknown_state_filters;
+                if answer.error_code != errors::NONE {
+                    out.error_code = answer.error_code;
+                }
+                out.transaction_states.extend(
+                    answer
+                        .transaction_states
+                        .into_iter()
+                        .filter(|t| visible(session, &t.transactional_id.0)),
+                );
+            }
+            Err(code) => out.error_code = code,
+        }
+    }
+    out
+}
+
+/// DescribeTransactions: each id from its coordinator, or
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED for one the token may not see.
+pub async fn describe_transactions(
+    kafka: &Kafka,
+    session: &Session,
+    r: DescribeTransactionsRequest,
+    version: i16,
+) -> DescribeTransactionsResponse {
+    use kafka_protocol::messages::describe_transactions_response::TransactionState;
+    let failed = |id: &TransactionalId, code: i16| {
+        TransactionState::default()
+            .with_transactional_id(id.clone())
+            .with_error_code(code)
+            .with_producer_id((-1).into())
+            .with_producer_epoch(-1)
+    };
+    let mut states = vec![];
+    for id in &r.transactional_ids {
+        if !visible(session, &id.0) {
+            states.push(failed(id, errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED));
+            continue;
+        }
+        let one = encode(
+            &DescribeTransactionsRequest::default().with_transactional_ids(vec![id.clone()]),
+            version,
+        );
+        match call(kafka, &id.0, ApiKey::DescribeTransactions, version, one, None)
+            .await
+            .and_then(|b| decode::<DescribeTransactionsResponse>(b, version))
+        {
+            Ok(answer) => states.extend(answer.transaction_states),
+            Err(code) => states.push(failed(id, code)),
+        }
+    }
+    DescribeTransactionsResponse::default().with_transaction_states(states)
 }

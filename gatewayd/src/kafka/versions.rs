@@ -47,6 +47,8 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListPartitionReassignments, 0, 0),
     (ApiKey::ElectLeaders, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::ListTransactions, 0, 2),
+    (ApiKey::DescribeTransactions, 0, 0),
 ];
 
 /// The Kafka release (and metadata version) whose APIs the table above matches, as

@@ -212,6 +212,14 @@ impl Txns {
                     .with_producer_epoch(r.producer_epoch)
                     .encode(&mut out, version)
             }
+            ApiKey::ListTransactions => {
+                let r = ListTransactionsRequest::decode(&mut body, version).map_err(|e| bad(e.to_string()))?;
+                self.list(stream, r).await?.encode(&mut out, version)
+            }
+            ApiKey::DescribeTransactions => {
+                let r = DescribeTransactionsRequest::decode(&mut body, version).map_err(|e| bad(e.to_string()))?;
+                self.describe(stream, r).await?.encode(&mut out, version)
+            }
             _ => return Err(bad(format!("{key:?} is not a transaction request"))),
         };
         encoded.map_err(|e| StreamdError::Internal(format!("cannot encode {key:?} v{version}: {e}")))?;
@@ -541,6 +549,17 @@ impl Txns {
                 tracing::warn!(transactional_id = id, error = %e, "transaction completion not stored; its next coordinator completes it")
             }
         }
+    }
+
+    /// `f` of the table of the coordinator of `stream` (introspection).
+    pub(super) async fn with_table<R>(
+        self: &Arc<Self>,
+        stream: &str,
+        f: impl FnOnce(&TxnTable) -> R,
+    ) -> Result<R, StreamdError> {
+        let c = self.coordinator(stream).await?;
+        let table = c.table.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(f(&table))
     }
 
     /// The coordinator of the state stream this node owns, loaded from the stream when

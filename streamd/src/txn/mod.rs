@@ -7,6 +7,7 @@
 //! requests and write the markers build on them.
 
 pub mod coordinator;
+mod introspection;
 pub mod log;
 pub mod marker;
 pub mod partition;

@@ -657,14 +657,62 @@ fn sweep_transactions(c: &mut Conn, adv: &[(i16, i16, i16)]) {
         });
         if round == 0 {
             // A transaction left open, for the introspection requests to find.
-            each_version(c, adv, ApiKey::ListTransactions, false, |_| {
-                RequestKind::ListTransactions(ListTransactionsRequest::default())
+            // ListTransactions finds it by state, and DescribeTransactions shows its
+            // partition.
+            let listed = each_version(c, adv, ApiKey::ListTransactions, false, |v| {
+                let r = ListTransactionsRequest::default().with_state_filters(vec![s("Ongoing")]);
+                RequestKind::ListTransactions(if v >= 2 {
+                    r.with_transactional_id_pattern(Some(s("sweep-tx-.*")))
+                } else {
+                    r
+                })
             });
-            each_version(c, adv, ApiKey::DescribeTransactions, false, |_| {
+            for (v, answer) in listed {
+                let ResponseKind::ListTransactions(r) = answer else {
+                    unreachable!()
+                };
+                let found: Vec<(String, String)> = r
+                    .transaction_states
+                    .iter()
+                    .map(|t| (t.transactional_id.to_string(), t.transaction_state.to_string()))
+                    .collect();
+                if r.error_code != 0 || found != [(tid.clone(), "Ongoing".to_string())] {
+                    c.failures
+                        .push(format!("ListTransactions v{v}: {} {found:?}", r.error_code));
+                }
+            }
+            let described = each_version(c, adv, ApiKey::DescribeTransactions, false, |_| {
                 RequestKind::DescribeTransactions(
                     DescribeTransactionsRequest::default().with_transactional_ids(vec![txn_id(&tid)]),
                 )
             });
+            for (v, answer) in described {
+                let ResponseKind::DescribeTransactions(r) = answer else {
+                    unreachable!()
+                };
+                let t = r.transaction_states.first();
+                let shown = t.map(|t| {
+                    let topics: Vec<(String, Vec<i32>)> = t
+                        .topics
+                        .iter()
+                        .map(|d| (d.topic.to_string(), d.partitions.clone()))
+                        .collect();
+                    (t.error_code, t.transaction_state.to_string(), t.producer_id.0, topics)
+                });
+                // The partition written to, and the group's offsets partition that
+                // AddOffsetsToTxn added (as Kafka shows it).
+                let as_expected = shown.as_ref().is_some_and(|(error, state, producer, topics)| {
+                    let names: Vec<&str> = topics.iter().map(|(t, _)| t.as_str()).collect();
+                    *error == 0
+                        && state == "Ongoing"
+                        && *producer == pid.0
+                        && topics.contains(&(TOPIC.to_string(), vec![0]))
+                        && names == ["__consumer_offsets", TOPIC]
+                });
+                if !as_expected {
+                    c.failures.push(format!("DescribeTransactions v{v}: {shown:?}"));
+                }
+            }
             each_version(c, adv, ApiKey::DescribeProducers, false, |_| {
                 use describe_producers_request::TopicRequest;
                 RequestKind::DescribeProducers(DescribeProducersRequest::default().with_topics(vec![
