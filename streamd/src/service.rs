@@ -150,6 +150,30 @@ impl Streamd for DataPlane {
         }))
     }
 
+    async fn producers(&self, req: Request<ProducersRequest>) -> Result<Response<ProducersReply>, Status> {
+        weir_shared::peer::require(&req, CLIENTS, "Producers")?;
+        let name = req.into_inner().stream;
+        let h = self.node.stream(&name)?;
+        // The producers and open transactions of the stream's whole tail.
+        self.node.tail_state(&h).await?;
+        let inner = h.inner.lock().await;
+        let producers = inner
+            .producers
+            .describe()
+            .into_iter()
+            .map(|(producer_id, epoch, last_sequence)| ProducerStatus {
+                producer_id,
+                producer_epoch: i32::from(epoch),
+                last_sequence,
+                current_txn_start_offset: inner
+                    .txns
+                    .open(producer_id)
+                    .map_or(-1, |t| i64::try_from(t.first_offset).unwrap_or(i64::MAX)),
+            })
+            .collect();
+        Ok(Response::new(ProducersReply { producers }))
+    }
+
     async fn close_stream(&self, req: Request<CloseStreamRequest>) -> Result<Response<CloseStreamReply>, Status> {
         weir_shared::peer::require(&req, METAD, "CloseStream")?;
         let req = req.into_inner();

@@ -470,6 +470,9 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
         RequestKind::ElectLeaders(r) => Respond(ResponseKind::ElectLeaders(introspection::elect_leaders(
             kafka, session, r,
         ))),
+        RequestKind::DescribeProducers(r) => Respond(ResponseKind::DescribeProducers(
+            introspection::describe_producers(kafka, session, r).await,
+        )),
         RequestKind::ListTransactions(r) => Respond(ResponseKind::ListTransactions(
             transactions::list_transactions(kafka, session, r, version).await,
         )),

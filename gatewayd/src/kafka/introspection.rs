@@ -1,7 +1,7 @@
 //! Read-only cluster introspection that consoles (AKHQ, Kafka UI, Redpanda Console)
 //! and operators' scripts send, answered from this gateway's view (issue 59):
-//! DescribeLogDirs, DescribeTopicPartitions, ListPartitionReassignments and
-//! ElectLeaders.
+//! DescribeLogDirs, DescribeTopicPartitions, ListPartitionReassignments, ElectLeaders
+//! and DescribeProducers (the last from each partition's owner).
 //!
 //! Weir's brokers are its gateways and each partition has one replica, its leader
 //! gateway (`brokers`); the data itself lives in object storage, owned by one streamd
@@ -317,4 +317,73 @@ pub fn elect_leaders(kafka: &Kafka, session: &Session, r: ElectLeadersRequest) -
             .collect()
     });
     ElectLeadersResponse::default().with_replica_election_results(results)
+}
+
+/// DescribeProducers: the producers each partition's owner remembers (idempotent and
+/// transactional, with the open transaction's first offset). Needs `read` on the topic.
+/// Weir keeps no per-producer timestamp or coordinator epoch: both are −1.
+pub async fn describe_producers(
+    kafka: &Kafka,
+    session: &Session,
+    r: DescribeProducersRequest,
+) -> DescribeProducersResponse {
+    use describe_producers_response::{PartitionResponse, ProducerState, TopicResponse};
+    let mut topics = vec![];
+    for t in r.topics {
+        let topic = t.name.0.to_string();
+        let known = kafka
+            .gw
+            .routes
+            .view()
+            .with(|s| s.topics.get(&topic).map(|t| t.partitions.len()));
+        let mut partitions = vec![];
+        for index in t.partition_indexes {
+            let answer = PartitionResponse::default().with_partition_index(index);
+            let failed =
+                |code: i16, why: String| answer.clone().with_error_code(code).with_error_message(Some(s(&why)));
+            if !session.grants.allows(Access::Read, &topic) {
+                partitions.push(failed(
+                    errors::TOPIC_AUTHORIZATION_FAILED,
+                    format!("the token has no 'read' scope for topic '{topic}'"),
+                ));
+                continue;
+            }
+            if !known.is_some_and(|n| (0..n as i32).contains(&index)) {
+                partitions.push(failed(
+                    errors::UNKNOWN_TOPIC_OR_PARTITION,
+                    format!("{topic}/{index} does not exist"),
+                ));
+                continue;
+            }
+            let stream = format!("{topic}/{index}");
+            let asked = kafka
+                .gw
+                .routes
+                .call(&stream, true, |mut c| {
+                    let req = weir_proto::streamd::ProducersRequest { stream: stream.clone() };
+                    async move { c.producers(req).await }
+                })
+                .await;
+            partitions.push(match asked {
+                Ok(reply) => answer.with_active_producers(
+                    reply
+                        .producers
+                        .into_iter()
+                        .map(|p| {
+                            ProducerState::default()
+                                .with_producer_id(p.producer_id.into())
+                                .with_producer_epoch(p.producer_epoch)
+                                .with_last_sequence(p.last_sequence)
+                                .with_last_timestamp(-1)
+                                .with_coordinator_epoch(-1)
+                                .with_current_txn_start_offset(p.current_txn_start_offset)
+                        })
+                        .collect(),
+                ),
+                Err(e) => failed(errors::route(&e), e.to_string()),
+            });
+        }
+        topics.push(TopicResponse::default().with_name(t.name).with_partitions(partitions));
+    }
+    DescribeProducersResponse::default().with_topics(topics)
 }

@@ -48,6 +48,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ElectLeaders, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::ListTransactions, 0, 2),
+    (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::DescribeTransactions, 0, 0),
 ];
 

@@ -105,6 +105,17 @@ impl ProducerTable {
         self.producers.len()
     }
 
+    /// Every remembered producer as (id, epoch, last sequence or −1), by id.
+    pub fn describe(&self) -> Vec<(i64, i16, i32)> {
+        let mut out: Vec<(i64, i16, i32)> = self
+            .producers
+            .iter()
+            .map(|(id, p)| (*id, p.epoch, p.batches.back().map_or(-1, |b| b.last_seq)))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     pub fn is_empty(&self) -> bool {
         self.producers.is_empty()
     }

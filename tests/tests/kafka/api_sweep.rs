@@ -656,7 +656,31 @@ fn sweep_transactions(c: &mut Conn, adv: &[(i16, i16, i16)]) {
             )
         });
         if round == 0 {
-            // A transaction left open, for the introspection requests to find.
+            // A transaction left open, with a batch in it, for the introspection
+            // requests to find.
+            let batch = weir_tests::batches::idempotent(weir_tests::batches::batch(b"in-txn"), pid.0, epoch, 0);
+            let records = bytes::Bytes::from(weir_tests::batches::transactional(batch));
+            let produced = c.sweep(ApiKey::Produce, 9, {
+                use produce_request::{PartitionProduceData, TopicProduceData};
+                RequestKind::Produce(
+                    ProduceRequest::default()
+                        .with_transactional_id(Some(txn_id(&tid)))
+                        .with_acks(-1)
+                        .with_timeout_ms(10_000)
+                        .with_topic_data(vec![TopicProduceData::default()
+                            .with_name(topic(TOPIC))
+                            .with_partition_data(vec![PartitionProduceData::default()
+                                .with_index(0)
+                                .with_records(Some(records))])]),
+                )
+            });
+            if let Some(answer) = produced {
+                let errors = error_codes(&answer);
+                if errors != [0] {
+                    c.failures
+                        .push(format!("a transactional Produce: error codes {errors:?}"));
+                }
+            }
             // ListTransactions finds it by state, and DescribeTransactions shows its
             // partition.
             let listed = each_version(c, adv, ApiKey::ListTransactions, false, |v| {
@@ -713,12 +737,28 @@ fn sweep_transactions(c: &mut Conn, adv: &[(i16, i16, i16)]) {
                     c.failures.push(format!("DescribeTransactions v{v}: {shown:?}"));
                 }
             }
-            each_version(c, adv, ApiKey::DescribeProducers, false, |_| {
+            let described = each_version(c, adv, ApiKey::DescribeProducers, false, |_| {
                 use describe_producers_request::TopicRequest;
                 RequestKind::DescribeProducers(DescribeProducersRequest::default().with_topics(vec![
                     TopicRequest::default().with_name(topic(TOPIC)).with_partition_indexes(vec![0]),
                 ]))
             });
+            // The transaction's producer, at its epoch, with its one batch's sequence
+            // and the open transaction's first offset.
+            for (v, answer) in described {
+                let ResponseKind::DescribeProducers(r) = answer else {
+                    unreachable!()
+                };
+                let p = r.topics.first().and_then(|t| t.partitions.first());
+                let found = p.and_then(|p| p.active_producers.iter().find(|a| a.producer_id == pid));
+                let ok = p.is_some_and(|p| p.error_code == 0)
+                    && found.is_some_and(|a| {
+                        a.producer_epoch == i32::from(epoch) && a.last_sequence == 0 && a.current_txn_start_offset >= 0
+                    });
+                if !ok {
+                    c.failures.push(format!("DescribeProducers v{v}: {p:?}"));
+                }
+            }
         }
         let v = at(ApiKey::EndTxn);
         c.sweep(
