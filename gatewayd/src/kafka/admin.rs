@@ -130,7 +130,6 @@ fn check_assignments(kafka: &Kafka, t: &create_topics_request::CreatableTopic) -
             "a replica assignment requires num_partitions and replication_factor -1".into(),
         ));
     }
-    let known: Vec<i32> = super::brokers::brokers(kafka).iter().map(|b| b.id).collect();
     let mut indexes: Vec<i32> = t.assignments.iter().map(|a| a.partition_index).collect();
     indexes.sort_unstable();
     if indexes.iter().enumerate().any(|(i, p)| *p != i as i32) {
@@ -139,23 +138,58 @@ fn check_assignments(kafka: &Kafka, t: &create_topics_request::CreatableTopic) -
             format!("the assignment's partitions must be 0..{} each once", indexes.len()),
         ));
     }
-    for a in &t.assignments {
-        let mut ids: Vec<i32> = a.broker_ids.iter().map(|b| b.0).collect();
+    let lists: Vec<(i32, &[BrokerId])> = t
+        .assignments
+        .iter()
+        .map(|a| (a.partition_index, a.broker_ids.as_slice()))
+        .collect();
+    check_broker_lists(kafka, &lists)
+}
+
+/// A CreatePartitions' assignment, checked as Kafka checks it: one broker list per new
+/// partition, each of distinct live brokers. Leaders stay Weir's choice, as for
+/// CreateTopics.
+fn check_new_partitions(
+    kafka: &Kafka,
+    current: i32,
+    t: &create_partitions_request::CreatePartitionsTopic,
+) -> Result<(), (i16, String)> {
+    let assignments = t.assignments.as_deref().unwrap_or_default();
+    let new = t.count - current;
+    if assignments.len() as i32 != new {
+        return Err((
+            errors::INVALID_REPLICA_ASSIGNMENT,
+            format!(
+                "{new} new partitions need {new} broker lists, got {}",
+                assignments.len()
+            ),
+        ));
+    }
+    let lists: Vec<(i32, &[BrokerId])> = assignments
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (current + i as i32, a.broker_ids.as_slice()))
+        .collect();
+    check_broker_lists(kafka, &lists)
+}
+
+/// Each (partition, brokers) names distinct live brokers.
+fn check_broker_lists(kafka: &Kafka, lists: &[(i32, &[BrokerId])]) -> Result<(), (i16, String)> {
+    let known: Vec<i32> = super::brokers::brokers(kafka).iter().map(|b| b.id).collect();
+    for (partition, brokers) in lists {
+        let mut ids: Vec<i32> = brokers.iter().map(|b| b.0).collect();
         ids.sort_unstable();
         ids.dedup();
-        if ids.is_empty() || ids.len() != a.broker_ids.len() {
+        if ids.is_empty() || ids.len() != brokers.len() {
             return Err((
                 errors::INVALID_REPLICA_ASSIGNMENT,
-                format!("partition {} needs distinct brokers", a.partition_index),
+                format!("partition {partition} needs distinct brokers"),
             ));
         }
         if let Some(unknown) = ids.iter().find(|id| !known.contains(id)) {
             return Err((
                 errors::INVALID_REPLICA_ASSIGNMENT,
-                format!(
-                    "partition {} names broker {unknown}, which is not a live broker",
-                    a.partition_index
-                ),
+                format!("partition {partition} names broker {unknown}, which is not a live broker"),
             ));
         }
     }
@@ -267,6 +301,11 @@ pub async fn create_partitions(
             .routes
             .view()
             .with(|s| s.topics.get(&name).map(|t| t.partitions.len() as i32));
+        // A manual assignment is checked (and then only sets the count), as Kafka's.
+        let assignment = match current {
+            Some(c) if t.assignments.is_some() && t.count > c => check_new_partitions(kafka, c, &t),
+            _ => Ok(()),
+        };
         let outcome = match current {
             _ if !session.grants.allows(Access::Manage, &name) => {
                 Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", &name)))
@@ -282,10 +321,7 @@ pub async fn create_partitions(
                     t.count
                 ),
             )),
-            Some(_) if t.assignments.is_some() => Err((
-                errors::INVALID_REQUEST,
-                "manual replica assignment is not supported".into(),
-            )),
+            Some(_) if assignment.is_err() => assignment,
             Some(_) if r.validate_only => Ok(()),
             Some(_) => propose(
                 kafka,

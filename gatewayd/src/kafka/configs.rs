@@ -21,6 +21,8 @@ const DEFAULT_CONFIG: i8 = 5;
 /// Kafka's `segment.bytes` default and minimum.
 const DEFAULT_SEGMENT_BYTES: u64 = 1 << 30;
 const MIN_SEGMENT_BYTES: u64 = 14;
+/// Kafka's `delete.retention.ms` default (one day).
+const DEFAULT_DELETE_RETENTION_MS: u64 = 86_400_000;
 /// IncrementalAlterConfigs operations.
 const SET: i8 = 0;
 const DELETE: i8 = 1;
@@ -71,6 +73,18 @@ pub fn set(kafka: &Kafka, config: &mut StreamConfig, name: &str, value: Option<&
             config.max_message_bytes = bytes;
         }
         "segment.bytes" => config.segment_bytes = at_least(name, value, MIN_SEGMENT_BYTES)?,
+        "compression.type" => {
+            config.compression_type = match value.map(str::trim) {
+                None | Some("producer") => None,
+                Some(v) if super::recompress::codec(v).is_some() => Some(v.to_string()),
+                Some(other) => {
+                    return Err(format!(
+                        "compression.type '{other}' must be one of producer, uncompressed, gzip, snappy, lz4, zstd"
+                    ))
+                }
+            }
+        }
+        "delete.retention.ms" => config.delete_retention_ms = unlimited_or(name, value)?,
         "cleanup.policy" => match value.map(str::trim) {
             None | Some("delete") => {}
             Some(other) => {
@@ -138,6 +152,21 @@ pub fn describe(kafka: &Kafka, config: &StreamConfig) -> Vec<DescribeConfigsReso
             Some(config.segment_bytes.unwrap_or(DEFAULT_SEGMENT_BYTES).to_string()),
             config.segment_bytes.is_some(),
         ),
+        entry(
+            "compression.type",
+            Some(config.compression_type.clone().unwrap_or_else(|| "producer".into())),
+            config.compression_type.is_some(),
+        ),
+        entry(
+            "delete.retention.ms",
+            Some(
+                config
+                    .delete_retention_ms
+                    .unwrap_or(DEFAULT_DELETE_RETENTION_MS)
+                    .to_string(),
+            ),
+            config.delete_retention_ms.is_some(),
+        ),
         entry("cleanup.policy", Some("delete".into()), false),
         DescribeConfigsResourceResult::default()
             .with_name(s("message.timestamp.type"))
@@ -145,6 +174,16 @@ pub fn describe(kafka: &Kafka, config: &StreamConfig) -> Vec<DescribeConfigsReso
             .with_config_source(DEFAULT_CONFIG)
             .with_read_only(true),
     ]
+}
+
+/// The codec `topic`'s batches are stored in, when its `compression.type` names one.
+pub fn compression(kafka: &Kafka, topic: &str) -> Option<kafka_protocol::records::Compression> {
+    kafka
+        .gw
+        .routes
+        .view()
+        .with(|s| s.topics.get(topic).and_then(|t| t.config.compression_type.clone()))
+        .and_then(|c| super::recompress::codec(&c))
 }
 
 /// The largest record batch a producer may send to `topic`.

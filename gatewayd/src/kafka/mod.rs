@@ -18,6 +18,7 @@ pub mod introspection;
 pub mod leader_epochs;
 pub mod principals;
 pub mod produce;
+pub mod recompress;
 pub mod response_frame;
 pub mod sasl;
 pub mod scopes;

@@ -1,7 +1,8 @@
 //! Produce: each partition's record batches are checked (v2 format, CRC-32C, size) and
 //! appended by the partition's owner, which answers once they are durable in its WAL.
 //! acks=1 and acks=all are the same here (the WAL is the replica set); acks=0 gets no
-//! response. Batches are stored as sent, compressed or not.
+//! response. Batches are stored as sent, compressed or not, unless the topic's
+//! `compression.type` names a codec (`recompress`).
 
 use super::errors;
 use super::Kafka;
@@ -191,6 +192,24 @@ fn send(
     // the outcome of a first attempt is unknown.
     let idempotent = batches[0].0.producer_id >= 0;
     let count: u64 = batches.iter().map(|(h, _)| h.record_count.max(0) as u64).sum();
+    // The topic's compression.type, when it names a codec, is the one stored.
+    let records = match super::configs::compression(kafka, topic) {
+        None => records,
+        Some(codec) => match super::recompress::recompress(records, codec) {
+            Ok(stored) if stored.len() > limit => {
+                return Err((
+                    errors::MESSAGE_TOO_LARGE,
+                    -1,
+                    Some(format!(
+                        "the batch is {} bytes in the topic's compression.type, over the limit of {limit}",
+                        stored.len()
+                    )),
+                ))
+            }
+            Ok(stored) => stored,
+            Err(why) => return Err((errors::CORRUPT_MESSAGE, -1, Some(why))),
+        },
+    };
     Ok(Sent {
         append: appends.send(&kafka.gw.routes, &stream, records, transactional_id),
         idempotent,

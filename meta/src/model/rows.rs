@@ -104,6 +104,15 @@ pub struct StreamConfig {
     /// uploader and compaction, not by segment size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment_bytes: Option<u64>,
+    /// Kafka's `compression.type` when not `producer`: the codec the gateway stores a
+    /// Kafka producer's batches in, recompressing those sent in another (`uncompressed`,
+    /// `gzip`, `snappy`, `lz4` or `zstd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression_type: Option<String>,
+    /// Kafka's `delete.retention.ms`: kept and shown, advisory only (it times tombstones
+    /// of compacted topics, and Weir has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_retention_ms: Option<u64>,
 }
 
 /// A stream's config, boxed only when it is not the default: most streams have none of
@@ -118,6 +127,8 @@ static DEFAULT_CONFIG: StreamConfig = StreamConfig {
     retention_bytes: None,
     max_message_bytes: None,
     segment_bytes: None,
+    compression_type: None,
+    delete_retention_ms: None,
 };
 
 impl std::ops::Deref for StreamConfigBox {

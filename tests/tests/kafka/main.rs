@@ -320,6 +320,108 @@ async fn topic_admin_creates_describes_grows_and_deletes() {
     .await;
 }
 
+// Issue 59 (librdkafka's 0081_admin): CreateTopics takes a manual replica assignment on
+// live brokers (refusing an unknown broker), `delete.retention.ms`, and a
+// `compression.type` that Weir acts on: a batch produced uncompressed is stored in lz4,
+// as a Kafka broker recompresses, and reads back whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn create_topics_takes_assignments_and_a_compression_type_that_recompresses() {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, FetchResponse, TopicName};
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    let a = admin(&gw);
+    let opts = AdminOptions::new().operation_timeout(Some(T));
+    let md = a.inner().fetch_metadata(None, T).expect("metadata");
+    let broker = md.brokers()[0].id();
+    let assignment: &[&[i32]] = &[&[broker], &[broker], &[broker]];
+    let created = a
+        .create_topics(
+            &[
+                NewTopic::new("c-lz4", 3, TopicReplication::Variable(assignment))
+                    .set("compression.type", "lz4")
+                    .set("delete.retention.ms", "900"),
+                NewTopic::new("c-unknown-broker", 1, TopicReplication::Variable(&[&[broker + 1]])),
+                NewTopic::new("c-bad-codec", 1, TopicReplication::Fixed(1)).set("compression.type", "brotli"),
+            ],
+            &opts,
+        )
+        .await
+        .expect("create");
+    assert_eq!(created[0], Ok("c-lz4".to_string()));
+    assert_eq!(
+        created[1],
+        Err((
+            "c-unknown-broker".to_string(),
+            RDKafkaErrorCode::InvalidReplicaAssignment
+        ))
+    );
+    assert_eq!(
+        created[2],
+        Err(("c-bad-codec".to_string(), RDKafkaErrorCode::InvalidConfig))
+    );
+    let md = a.inner().fetch_metadata(Some("c-lz4"), T).expect("metadata");
+    assert_eq!(md.topics()[0].partitions().len(), 3, "the assignment's partition count");
+    let configs = a
+        .describe_configs(&[ResourceSpecifier::Topic("c-lz4")], &opts)
+        .await
+        .expect("describe");
+    let resource = configs[0].as_ref().expect("topic configs");
+    let value = |k: &str| resource.get(k).and_then(|e| e.value.clone());
+    assert_eq!(value("compression.type").as_deref(), Some("lz4"));
+    assert_eq!(value("delete.retention.ms").as_deref(), Some("900"));
+    gw.wait_open("c-lz4/0").await;
+
+    let p = producer(&gw, &[("compression.type", "none"), ("linger.ms", "50")]);
+    let sends = (0..50).map(|i| {
+        let p = &p;
+        async move {
+            let value = format!("compressible-{i}-{}", "x".repeat(200));
+            p.send(FutureRecord::<(), _>::to("c-lz4").partition(0).payload(&value), T)
+                .await
+                .map_err(|(e, _)| e)
+                .expect("acknowledged")
+        }
+    });
+    futures::future::join_all(sends).await;
+    // The stored batches, raw: each is in lz4 (codec bits 3 of its attributes).
+    let mut s = weir_tests::kafka_wire::connect(&gw.kafka);
+    let request = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(0)
+        .with_max_bytes(1 << 20)
+        .with_session_epoch(-1)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("c-lz4")))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(0)
+                .with_fetch_offset(0)
+                .with_partition_max_bytes(1 << 20)])]);
+    let answer: FetchResponse = weir_tests::kafka_wire::exchange(&mut s, ApiKey::Fetch, 12, &request).expect("fetch");
+    let mut rest: &[u8] = answer.responses[0].partitions[0].records.as_deref().unwrap_or_default();
+    let mut codecs = vec![];
+    while rest.len() >= 23 {
+        let len = i32::from_be_bytes(rest[8..12].try_into().expect("4 bytes")) as usize;
+        codecs.push(i16::from_be_bytes([rest[21], rest[22]]) & 7);
+        rest = &rest[(12 + len).min(rest.len())..];
+    }
+    assert!(
+        !codecs.is_empty() && codecs.iter().all(|c| *c == 3),
+        "codecs {codecs:?}"
+    );
+    let read = read_all(&gw, "c-lz4", 1, 50).await;
+    let mut values: Vec<String> = read
+        .iter()
+        .map(|m| String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned())
+        .collect();
+    values.sort();
+    let mut want: Vec<String> = (0..50)
+        .map(|i| format!("compressible-{i}-{}", "x".repeat(200)))
+        .collect();
+    want.sort();
+    assert_eq!(values, want);
+}
+
 // Issue 21: as a stream's HTTP delete, a DeleteTopics whose proposal lands after its
 // caller gave up, once the topic was deleted again and recreated, deletes nothing: the
 // gateway names the topic by the id a current view shows. Failpoint `late_delete_topic`:
