@@ -112,6 +112,14 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_MAX_GROUP_MEMBERS", default_value_t = 1_000)]
     pub max_group_members: usize,
 
+    /// How long the first rebalance of an empty classic consumer group waits for more
+    /// members, each new member waiting it again up to the rebalance timeout (Kafka's
+    /// `group.initial.rebalance.delay.ms`): consumers started together then share one
+    /// rebalance instead of the first taking every partition and giving them back. 0
+    /// answers a first join at once.
+    #[arg(long, env = "WEIR_GROUP_INITIAL_REBALANCE_DELAY_MS", default_value_t = 3_000)]
+    pub group_initial_rebalance_delay_ms: u64,
+
     /// How often members of a KIP-848 consumer group (`group.protocol=consumer`)
     /// heartbeat, told them in every answer (Kafka's
     /// `group.consumer.heartbeat.interval.ms`). A member learns of new partitions at its

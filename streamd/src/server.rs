@@ -83,6 +83,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         max_append_bytes: args.max_append_bytes,
         max_decompressed_bytes: args.max_decompressed_bytes,
         max_group_members: args.max_group_members,
+        group_initial_rebalance_delay: Duration::from_millis(args.group_initial_rebalance_delay_ms),
         consumer_heartbeat_interval: Duration::from_millis(args.consumer_heartbeat_interval_ms),
         consumer_session_timeout: Duration::from_millis(args.consumer_session_timeout_ms),
         producer_state_bytes: args.producer_state_bytes,

@@ -2,8 +2,9 @@
 //! LeaveGroup) as a state machine over one group. Time is passed in, and answers to
 //! waiting members go out through oneshot channels, so the rules are testable alone.
 //!
-//! A rebalance completes as soon as every member has rejoined: there is no initial
-//! delay (Kafka's `group.initial.rebalance.delay.ms`), so a first join answers at once.
+//! A rebalance completes as soon as every member has rejoined, except an empty group's
+//! first: as Kafka's `group.initial.rebalance.delay.ms`, it waits the initial delay for
+//! more members, each newcomer restarting the wait, up to the rebalance timeout.
 //!
 //! Static members (KIP-345, `group.instance.id`) keep their place across restarts: one
 //! that rejoins without a member id takes over its instance's member and assignment, in
@@ -99,6 +100,9 @@ pub struct JoinArgs {
     /// Most members (and ids handed out to join) the group holds: Kafka's
     /// `group.max.size`, streamd's `--max-group-members` (issue 19).
     pub max_size: usize,
+    /// Kafka's `group.initial.rebalance.delay.ms` (streamd's
+    /// `--group-initial-rebalance-delay-ms`).
+    pub initial_delay: Duration,
 }
 
 pub struct Member {
@@ -161,6 +165,9 @@ pub struct Group {
     /// when they may: a member (a leader above all) that dies between the two would
     /// otherwise hold the group until its session ends (Kafka's pending-sync check).
     awaiting_sync: Option<(Instant, BTreeSet<String>)>,
+    /// An empty group's first rebalance completes no sooner than the first instant,
+    /// and no later than the second (the initial delay and its cap).
+    initial_wait: Option<(Instant, Instant)>,
 }
 
 /// A fresh member id, prefixed as Kafka's are: by the instance id for a static member,
@@ -182,6 +189,7 @@ impl Group {
             pending: BTreeMap::new(),
             statics: BTreeMap::new(),
             awaiting_sync: None,
+            initial_wait: None,
         }
     }
 
@@ -274,6 +282,7 @@ impl Group {
         if self.members.len() == 1 || self.protocol_type.is_none() {
             self.protocol_type = Some(args.protocol_type);
         }
+        let first_rebalance = self.phase == GroupState::Empty && self.members.len() == 1;
         let is_leader = self.leader.as_deref() == Some(member_id.as_str());
         if self.phase == GroupState::Stable && unchanged && !is_leader {
             // A follower rejoining with the same metadata gets the current generation.
@@ -284,8 +293,22 @@ impl Group {
             return Answer::Now(outcome);
         }
         self.prepare_rebalance(now);
+        self.delay_initial_rebalance(now, first_rebalance, args.initial_delay, args.rebalance_timeout);
         self.try_complete_join(now, false);
         Answer::Later(rx)
+    }
+
+    /// Starts (for an empty group's first join) or extends (for a newcomer during it)
+    /// the initial rebalance's wait for more members.
+    fn delay_initial_rebalance(&mut self, now: Instant, first: bool, delay: Duration, rebalance_timeout: Duration) {
+        if delay.is_zero() {
+            return;
+        }
+        if first {
+            self.initial_wait = Some((now + delay, now + rebalance_timeout.max(delay)));
+        } else if let Some((until, cap)) = &mut self.initial_wait {
+            *until = (now + delay).min(*cap);
+        }
     }
 
     /// A static member rejoining without its member id (a restarted process) takes over
@@ -519,6 +542,9 @@ impl Group {
             }
             self.after_removal(now);
         }
+        if self.initial_wait.is_some_and(|(until, _)| now >= until) {
+            self.try_complete_join(now, false);
+        }
         if let GroupState::PreparingRebalance { since } = self.phase {
             let timeout = self
                 .members
@@ -579,6 +605,7 @@ impl Group {
 
     fn become_empty(&mut self) {
         self.awaiting_sync = None;
+        self.initial_wait = None;
         if self.phase != GroupState::Empty {
             self.generation += 1;
         }
@@ -624,12 +651,16 @@ impl Group {
     /// rebalance timed out), with those that did: the leader is one that rejoined.
     fn try_complete_join(&mut self, now: Instant, forced: bool) {
         let joined = |m: &Member| m.join.is_some();
+        if !forced && self.initial_wait.is_some_and(|(until, _)| now < until) {
+            return;
+        }
         if !matches!(self.phase, GroupState::PreparingRebalance { .. })
             || !self.members.values().any(joined)
             || (!forced && !self.members.values().all(joined))
         {
             return;
         }
+        self.initial_wait = None;
         self.generation += 1;
         self.protocol = self.common_protocols().into_iter().next();
         if !self
@@ -712,6 +743,7 @@ mod tests {
             protocols: vec![("range".into(), Bytes::from_static(b"m"))],
             require_known_member_id: true,
             max_size: 1000,
+            initial_delay: Duration::ZERO,
         }
     }
 
@@ -781,6 +813,46 @@ mod tests {
         ));
         assert_eq!(synced.assignment, Bytes::from("a"));
         assert_eq!(g.phase, GroupState::Stable);
+    }
+
+    // Issue 59 (librdkafka 0113): with `group.initial.rebalance.delay.ms`, members that
+    // join an empty group within the delay of each other share its first rebalance,
+    // each newcomer restarting the wait, capped by the rebalance timeout.
+    #[test]
+    fn an_empty_groups_first_rebalance_waits_for_members_joining_together() {
+        let t = Instant::now();
+        let delay = Duration::from_secs(3);
+        let mut g = Group::new("g");
+        let delayed = |m: &str| JoinArgs {
+            require_known_member_id: false,
+            initial_delay: delay,
+            ..args(m)
+        };
+        let mut a_rx = now_or_wait(g.join(delayed(""), t));
+        g.tick(t + Duration::from_secs(2));
+        assert!(a_rx.try_recv().is_err(), "the first join waits the delay");
+        let mut b_rx = now_or_wait(g.join(delayed(""), t + Duration::from_secs(2)));
+        g.tick(t + Duration::from_secs(4));
+        assert!(a_rx.try_recv().is_err(), "a newcomer restarts the wait");
+        g.tick(t + Duration::from_secs(5));
+        let (a, b) = (a_rx.try_recv().expect("joined"), b_rx.try_recv().expect("joined"));
+        assert_eq!((a.generation, b.generation), (1, 1), "one rebalance for both");
+        assert_eq!(a.members.len() + b.members.len(), 2, "the leader sees both");
+
+        // Newcomers keep the wait going no longer than the rebalance timeout (30 s).
+        let mut g = Group::new("h");
+        let mut first = now_or_wait(g.join(delayed(""), t));
+        let mut others = vec![];
+        for s in (2..40).step_by(2) {
+            let at = t + Duration::from_secs(s);
+            others.push(now_or_wait(g.join(delayed(""), at)));
+            g.tick(at);
+            if first.try_recv().is_ok() {
+                assert!(s >= 30, "completed at {s} s, before the cap");
+                return;
+            }
+        }
+        panic!("the first rebalance never completed");
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct Tunables {
     pub max_append_bytes: usize,
     /// Most members one consumer group admits (issue 19).
     pub max_group_members: usize,
+    /// A classic group's first rebalance waits this for more members.
+    pub group_initial_rebalance_delay: std::time::Duration,
     /// KIP-848 consumer groups' heartbeat interval and session timeout.
     pub consumer_heartbeat_interval: Duration,
     pub consumer_session_timeout: Duration,
