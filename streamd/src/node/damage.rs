@@ -11,6 +11,9 @@ use weir_meta::model::{Command, ObjectRange, StreamDamage};
 use weir_shared::batch::split_batches;
 use weir_shared::ids::StreamId;
 
+/// How long a damage report not yet in the view holds off another of the same range.
+const REPORT_PENDING: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Node {
     /// The damage marked on `stream`, if any.
     pub fn damage(&self, stream: StreamId) -> Option<StreamDamage> {
@@ -51,8 +54,8 @@ impl Node {
         result: Result<T, StreamdError>,
     ) -> Result<T, StreamdError> {
         if let Err(StreamdError::Corrupt(why)) = &result {
-            let known = self.damage(stream).is_some_and(|d| d.from <= range.start);
-            if !known {
+            let marked = self.damage(stream).is_some_and(|d| d.from <= range.start);
+            if !marked && self.start_reporting(stream, range.start.0) {
                 crate::metrics::metrics().damage_found.inc();
                 tracing::error!(stream = %stream, object = %range.key, start = %range.start, end = %range.end, reason = %why, "damaged data found; reporting it, and it is not served");
                 let command = Command::ReportDamage {
@@ -63,14 +66,34 @@ impl Node {
                 };
                 let (metad, proposer) = (self.metad.clone(), self.proposer());
                 let about = Some(stream.to_string());
+                let reporting = self.damage_reporting.clone();
                 self.tasks.spawn("damage", "report damage", about, async move {
                     if let Err(e) = metad.propose(&proposer, command).await {
+                        reporting
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(&stream);
                         tracing::warn!(stream = %stream, error = %e, "cannot report damage yet; the next read of it reports again");
                     }
                 });
             }
         }
         result
+    }
+
+    /// Whether damage of `stream` from `start` is to be reported now: not when a report
+    /// at or below it is under way (until the view shows it, or for
+    /// [`REPORT_PENDING`] if it never does).
+    fn start_reporting(&self, stream: StreamId, start: u64) -> bool {
+        let now = std::time::Instant::now();
+        let mut reporting = self.damage_reporting.lock().unwrap_or_else(|p| p.into_inner());
+        match reporting.get(&stream) {
+            Some((from, since)) if *from <= start && now.duration_since(*since) < REPORT_PENDING => false,
+            _ => {
+                reporting.insert(stream, (start, now));
+                true
+            }
+        }
     }
 
     /// On a view change: when an operator cleared the damage of a served stream and
@@ -86,6 +109,11 @@ impl Node {
             }
         };
         let (Some(cleared), None) = (before, now) else { return };
+        // Cleared: the range may be reported again.
+        self.damage_reporting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&handle.id);
         if handle.start.load(std::sync::atomic::Ordering::Acquire) >= cleared.until.0 {
             return;
         }

@@ -121,6 +121,9 @@ pub struct Node {
     /// The damage last seen marked on each served stream, to read a range again once
     /// an operator clears its mark.
     damage_seen: std::sync::Mutex<HashMap<weir_shared::ids::StreamId, weir_meta::model::StreamDamage>>,
+    /// Damage reported and not yet in the view: (lowest start reported, when), so
+    /// concurrent reads of one damaged range report and count it once.
+    damage_reporting: Arc<std::sync::Mutex<HashMap<weir_shared::ids::StreamId, (u64, std::time::Instant)>>>,
     /// Work the node starts for one stream or takeover (closes, takeovers, group
     /// ticks), waited for at teardown.
     pub tasks: weir_shared::task_kinds::KindTasks,
@@ -173,6 +176,7 @@ impl Node {
             wal_source,
             takeovers_running: Default::default(),
             damage_seen: Default::default(),
+            damage_reporting: Default::default(),
             tasks,
             calls: tokio_util::task::TaskTracker::new(),
             txns: std::sync::OnceLock::new(),
