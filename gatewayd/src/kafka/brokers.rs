@@ -201,7 +201,7 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
 
 /// Topics described per hold of the view's lock: describing a million topics in one
 /// hold would stall the view's writer, and every reader behind it, for as long (issue 57).
-const TOPICS_PER_READ: usize = 1_000;
+pub(super) const TOPICS_PER_READ: usize = 1_000;
 
 /// Every topic a token sees (any scope on it), read from the view a chunk at a time in
 /// name order. Each topic's leader and epoch come from one state; if the live gateways
@@ -312,7 +312,8 @@ pub fn describe_cluster(kafka: &Kafka) -> DescribeClusterResponse {
         )
 }
 
-/// Whether the session's token may see topic `name` in Metadata: any scope on it.
+/// Whether the session's token may see `name` (a topic in Metadata, a transactional
+/// id in the transaction APIs): any scope on it.
 pub(super) fn visible(session: &Session, name: &str) -> bool {
     [Access::Read, Access::Write, Access::Manage]
         .into_iter()

@@ -63,47 +63,85 @@ fn partitions<'s>(state: &'s State, topic: &str) -> Vec<(i32, &'s StreamRow)> {
     })
 }
 
+/// The names of the topics the token sees, in name order from `from` (inclusive), at
+/// most `most` of them, read [`brokers::TOPICS_PER_READ`] topics per hold of the view's
+/// lock: one hold over a million topics would stall the view's writer (issue 57).
+fn visible_topics(kafka: &Kafka, session: &Session, from: &str, most: usize) -> Vec<String> {
+    use std::ops::Bound::{Excluded, Included, Unbounded};
+    let mut out: Vec<String> = vec![];
+    let mut after: Option<String> = None;
+    loop {
+        let start = match &after {
+            Some(last) => (Excluded(last.clone()), Unbounded),
+            None => (Included(from.to_string()), Unbounded),
+        };
+        let read = kafka.gw.routes.view().with(|s| {
+            let mut read = 0;
+            for name in s
+                .topics
+                .range::<String, _>(start)
+                .map(|(n, _)| n)
+                .take(brokers::TOPICS_PER_READ)
+            {
+                read += 1;
+                after = Some(name.clone());
+                if out.len() < most && brokers::visible(session, name) {
+                    out.push(name.clone());
+                }
+            }
+            read
+        });
+        if read < brokers::TOPICS_PER_READ || out.len() >= most {
+            return out;
+        }
+    }
+}
+
 /// DescribeLogDirs: the partitions this gateway leads (each partition is reported by
 /// exactly one broker, so a console summing over brokers counts it once), grouped by
 /// the streamd that owns them, each with the bytes its committed ranges hold. The
 /// object store's capacity is not known, so v4's totals are −1.
 pub fn describe_log_dirs(kafka: &Kafka, session: &Session, r: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
-    let dirs = kafka.gw.routes.view().with(|state| {
-        let brokers = brokers::brokers_in(kafka, state);
-        let wanted: Vec<(String, Option<Vec<i32>>)> = match &r.topics {
-            None => state.topics.keys().map(|t| (t.clone(), None)).collect(),
-            Some(topics) => topics
-                .iter()
-                .map(|t| (t.topic.0.to_string(), Some(t.partitions.clone())))
-                .collect(),
-        };
-        // dir → topic → partitions
-        let mut dirs: BTreeMap<String, BTreeMap<String, Vec<DescribeLogDirsPartition>>> = BTreeMap::new();
-        for (topic, only) in wanted {
-            if !brokers::visible(session, &topic) {
-                continue;
-            }
-            for (index, row) in partitions(state, &topic) {
-                if only.as_ref().is_some_and(|o| !o.contains(&index)) {
+    let wanted: Vec<(String, Option<Vec<i32>>)> = match &r.topics {
+        None => visible_topics(kafka, session, "", usize::MAX)
+            .into_iter()
+            .map(|t| (t, None))
+            .collect(),
+        Some(topics) => topics
+            .iter()
+            .map(|t| (t.topic.0.to_string(), Some(t.partitions.clone())))
+            .collect(),
+    };
+    // dir → topic → partitions, filled a chunk of topics per hold of the view's lock.
+    let mut dirs: BTreeMap<String, BTreeMap<String, Vec<DescribeLogDirsPartition>>> = BTreeMap::new();
+    for chunk in wanted.chunks(brokers::TOPICS_PER_READ) {
+        kafka.gw.routes.view().with(|state| {
+            let brokers = brokers::brokers_in(kafka, state);
+            for (topic, only) in chunk {
+                if !brokers::visible(session, topic) {
                     continue;
                 }
-                if brokers::leader_for(&brokers, &row.name) != kafka.me.id {
-                    continue;
+                for (index, row) in partitions(state, topic) {
+                    if only.as_ref().is_some_and(|o| !o.contains(&index)) {
+                        continue;
+                    }
+                    if brokers::leader_for(&brokers, &row.name) != kafka.me.id {
+                        continue;
+                    }
+                    dirs.entry(log_dir(row))
+                        .or_default()
+                        .entry(topic.clone())
+                        .or_default()
+                        .push(
+                            DescribeLogDirsPartition::default()
+                                .with_partition_index(index)
+                                .with_partition_size(i64::try_from(row.bytes).unwrap_or(i64::MAX))
+                                .with_offset_lag(0),
+                        );
                 }
-                dirs.entry(log_dir(row))
-                    .or_default()
-                    .entry(topic.clone())
-                    .or_default()
-                    .push(
-                        DescribeLogDirsPartition::default()
-                            .with_partition_index(index)
-                            .with_partition_size(i64::try_from(row.bytes).unwrap_or(i64::MAX))
-                            .with_offset_lag(0),
-                    );
             }
-        }
-        dirs
-    });
+        });
+    }
     let results = dirs
         .into_iter()
         .map(|(dir, topics)| {
@@ -131,19 +169,18 @@ pub fn describe_topic_partitions(
     r: DescribeTopicPartitionsRequest,
 ) -> DescribeTopicPartitionsResponse {
     let limit = usize::try_from(r.response_partition_limit.clamp(1, 2000)).unwrap_or(2000);
+    // Every topic has a partition, so no page holds more than `limit` topics: an empty
+    // list reads that many names from the cursor on, never every topic.
+    let asked: Vec<String> = if r.topics.is_empty() {
+        let from = r.cursor.as_ref().map_or(String::new(), |c| c.topic_name.0.to_string());
+        visible_topics(kafka, session, &from, limit + 1)
+    } else {
+        r.topics.iter().map(|t| t.name.0.to_string()).collect()
+    };
     kafka.gw.routes.view().with(|state| {
         let brokers = brokers::brokers_in(kafka, state);
         let gateways = weir_meta::model::leader_epochs::gateway_changes(state);
-        let mut wanted: Vec<String> = if r.topics.is_empty() {
-            state
-                .topics
-                .keys()
-                .filter(|t| brokers::visible(session, t))
-                .cloned()
-                .collect()
-        } else {
-            r.topics.iter().map(|t| t.name.0.to_string()).collect()
-        };
+        let mut wanted = asked.clone();
         wanted.sort();
         wanted.dedup();
         let (start_topic, start_partition) = r.cursor.as_ref().map_or((String::new(), 0), |c| {
@@ -263,60 +300,66 @@ pub fn list_partition_reassignments(
 /// election to hold (ELECTION_NOT_NEEDED), unless no streamd owns it right now
 /// (ELIGIBLE_LEADERS_NOT_AVAILABLE, until failover places it). Asking needs `manage`.
 pub fn elect_leaders(kafka: &Kafka, session: &Session, r: ElectLeadersRequest) -> ElectLeadersResponse {
-    let results = kafka.gw.routes.view().with(|state| {
-        let wanted: Vec<(String, Vec<i32>)> = match &r.topic_partitions {
-            Some(tps) => tps
-                .iter()
-                .map(|t| (t.topic.0.to_string(), t.partitions.clone()))
-                .collect(),
-            None => state
-                .topics
-                .values()
-                .filter(|t| brokers::visible(session, &t.name))
-                .map(|t| (t.name.clone(), (0..t.partitions.len() as i32).collect()))
-                .collect(),
-        };
-        wanted
+    // (topic, its partitions asked for; None: all of them)
+    let wanted: Vec<(String, Option<Vec<i32>>)> = match &r.topic_partitions {
+        Some(tps) => tps
+            .iter()
+            .map(|t| (t.topic.0.to_string(), Some(t.partitions.clone())))
+            .collect(),
+        None => visible_topics(kafka, session, "", usize::MAX)
             .into_iter()
-            .map(|(topic, indexes)| {
-                let rows = partitions(state, &topic);
-                let results = indexes
-                    .into_iter()
-                    .map(|index| {
-                        let (code, message) = if !session.grants.allows(Access::Manage, &topic) {
-                            (
-                                errors::TOPIC_AUTHORIZATION_FAILED,
-                                format!("the token has no 'manage' scope for topic '{topic}'"),
-                            )
-                        } else {
-                            match rows.iter().find(|(i, _)| *i == index) {
-                                None => (
-                                    errors::UNKNOWN_TOPIC_OR_PARTITION,
-                                    format!("{topic}/{index} does not exist"),
-                                ),
-                                Some((_, row)) if row.owner.is_none() => (
-                                    ELIGIBLE_LEADERS_NOT_AVAILABLE,
-                                    "no streamd owns the partition now; failover is placing it".to_string(),
-                                ),
-                                Some(_) => (
-                                    ELECTION_NOT_NEEDED,
-                                    "the partition's one replica is its leader".to_string(),
-                                ),
-                            }
-                        };
-                        PartitionResult::default()
-                            .with_partition_id(index)
-                            .with_error_code(code)
-                            .with_error_message(Some(s(&message)))
-                    })
-                    .collect();
-                ReplicaElectionResult::default()
-                    .with_topic(name(&topic))
-                    .with_partition_result(results)
-            })
-            .collect()
-    });
+            .map(|t| (t, None))
+            .collect(),
+    };
+    let mut results = vec![];
+    for chunk in wanted.chunks(brokers::TOPICS_PER_READ) {
+        results.extend(kafka.gw.routes.view().with(|state| elect_in(state, session, chunk)));
+    }
     ElectLeadersResponse::default().with_replica_election_results(results)
+}
+
+/// ElectLeaders' answers for `wanted` topics, from one state.
+fn elect_in(state: &State, session: &Session, wanted: &[(String, Option<Vec<i32>>)]) -> Vec<ReplicaElectionResult> {
+    wanted
+        .iter()
+        .map(|(topic, asked)| {
+            let rows = partitions(state, topic);
+            let indexes = asked.clone().unwrap_or_else(|| rows.iter().map(|(i, _)| *i).collect());
+            let results = indexes
+                .into_iter()
+                .map(|index| {
+                    let (code, message) = if !session.grants.allows(Access::Manage, topic) {
+                        (
+                            errors::TOPIC_AUTHORIZATION_FAILED,
+                            format!("the token has no 'manage' scope for topic '{topic}'"),
+                        )
+                    } else {
+                        match rows.iter().find(|(i, _)| *i == index) {
+                            None => (
+                                errors::UNKNOWN_TOPIC_OR_PARTITION,
+                                format!("{topic}/{index} does not exist"),
+                            ),
+                            Some((_, row)) if row.owner.is_none() => (
+                                ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                                "no streamd owns the partition now; failover is placing it".to_string(),
+                            ),
+                            Some(_) => (
+                                ELECTION_NOT_NEEDED,
+                                "the partition's one replica is its leader".to_string(),
+                            ),
+                        }
+                    };
+                    PartitionResult::default()
+                        .with_partition_id(index)
+                        .with_error_code(code)
+                        .with_error_message(Some(s(&message)))
+                })
+                .collect();
+            ReplicaElectionResult::default()
+                .with_topic(name(topic))
+                .with_partition_result(results)
+        })
+        .collect()
 }
 
 /// DescribeProducers: the producers each partition's owner remembers (idempotent and

@@ -223,14 +223,6 @@ pub async fn end(kafka: &Kafka, session: &Session, r: EndTxnRequest, version: i1
     }
 }
 
-/// Whether the token may see transactional id `id` (any scope on it), as Kafka's
-/// DESCRIBE on the id.
-fn visible(session: &Session, id: &str) -> bool {
-    [Access::Read, Access::Write, Access::Manage]
-        .into_iter()
-        .any(|a| session.grants.allows(a, id))
-}
-
 /// ListTransactions (KIP-664): every coordinator's ids that pass the filters and that
 /// the token may see. A coordinator that does not answer makes the answer's error its
 /// code, with the others' ids still listed.
@@ -260,7 +252,7 @@ pub async fn list_transactions(
                     answer
                         .transaction_states
                         .into_iter()
-                        .filter(|t| visible(session, &t.transactional_id.0)),
+                        .filter(|t| super::brokers::visible(session, &t.transactional_id.0)),
                 );
             }
             Err(code) => out.error_code = code,
@@ -287,7 +279,8 @@ pub async fn describe_transactions(
     };
     let mut states = vec![];
     for id in &r.transactional_ids {
-        if !visible(session, &id.0) {
+        // Any scope on the id, as Kafka's DESCRIBE on it.
+        if !super::brokers::visible(session, &id.0) {
             states.push(failed(id, errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED));
             continue;
         }

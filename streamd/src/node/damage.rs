@@ -87,6 +87,8 @@ impl Node {
     fn start_reporting(&self, stream: StreamId, start: u64) -> bool {
         let now = std::time::Instant::now();
         let mut reporting = self.damage_reporting.lock().unwrap_or_else(|p| p.into_inner());
+        // Reports long past are dropped, so the map holds only those under way.
+        reporting.retain(|_, (_, since)| now.duration_since(*since) < REPORT_PENDING);
         match reporting.get(&stream) {
             Some((from, since)) if *from <= start && now.duration_since(*since) < REPORT_PENDING => false,
             _ => {

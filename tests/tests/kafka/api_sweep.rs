@@ -64,15 +64,20 @@ struct Conn {
 
 impl Conn {
     fn open(addr: &str) -> Conn {
-        let mut c = Conn {
+        let mut c = Conn::unauthenticated(addr);
+        c.authenticate();
+        c
+    }
+
+    /// A new connection, before SASL.
+    fn unauthenticated(addr: &str) -> Conn {
+        Conn {
             addr: addr.to_string(),
             s: weir_tests::kafka_wire::connect(addr),
             correlation: 100,
             covered: BTreeSet::new(),
             failures: vec![],
-        };
-        c.authenticate();
-        c
+        }
     }
 
     fn authenticate(&mut self) {
@@ -899,13 +904,7 @@ fn sweep_admin(c: &mut Conn, adv: &[(i16, i16, i16)]) {
 /// (a connection authenticates once).
 fn sweep_sasl(c: &mut Conn, adv: &[(i16, i16, i16)]) {
     for v in versions(adv, ApiKey::SaslHandshake) {
-        let mut fresh = Conn {
-            addr: c.addr.clone(),
-            s: weir_tests::kafka_wire::connect(&c.addr),
-            correlation: 1,
-            covered: BTreeSet::new(),
-            failures: vec![],
-        };
+        let mut fresh = Conn::unauthenticated(&c.addr);
         let hs = RequestKind::SaslHandshake(SaslHandshakeRequest::default().with_mechanism(s("PLAIN")));
         c.covered.insert((ApiKey::SaslHandshake as i16, v));
         match fresh.send(ApiKey::SaslHandshake, v, &hs) {
@@ -915,13 +914,7 @@ fn sweep_sasl(c: &mut Conn, adv: &[(i16, i16, i16)]) {
         }
     }
     for v in versions(adv, ApiKey::SaslAuthenticate) {
-        let mut fresh = Conn {
-            addr: c.addr.clone(),
-            s: weir_tests::kafka_wire::connect(&c.addr),
-            correlation: 1,
-            covered: BTreeSet::new(),
-            failures: vec![],
-        };
+        let mut fresh = Conn::unauthenticated(&c.addr);
         let hs = RequestKind::SaslHandshake(SaslHandshakeRequest::default().with_mechanism(s("PLAIN")));
         fresh.send(ApiKey::SaslHandshake, 1, &hs).expect("SaslHandshake v1");
         let token = format!("\0sweep\0{SECRET}");
