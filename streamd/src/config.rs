@@ -116,8 +116,10 @@ pub struct StreamdArgs {
     /// members, each new member waiting it again up to the rebalance timeout (Kafka's
     /// `group.initial.rebalance.delay.ms`): consumers started together then share one
     /// rebalance instead of the first taking every partition and giving them back. 0
-    /// answers a first join at once.
-    #[arg(long, env = "WEIR_GROUP_INITIAL_REBALANCE_DELAY_MS", default_value_t = 3_000)]
+    /// (the default, for now) answers a first join at once: with 3,000, Kafka's default,
+    /// kafka-python 3's static members did not complete their first rebalance (see
+    /// `consumer_side::kafka_python_static_members_restart_without_a_rebalance`).
+    #[arg(long, env = "WEIR_GROUP_INITIAL_REBALANCE_DELAY_MS", default_value_t = 0)]
     pub group_initial_rebalance_delay_ms: u64,
 
     /// How often members of a KIP-848 consumer group (`group.protocol=consumer`)
