@@ -52,6 +52,9 @@ pub struct DevArgs {
     telemetry: TelemetryArgs,
 
     #[command(flatten)]
+    disk_space: weir_shared::disk_space::DiskSpaceArgs,
+
+    #[command(flatten)]
     shutdown: ShutdownArgs,
 }
 
@@ -67,6 +70,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         http_listen: args.metad_http_listen,
         peers: String::new(),
         data_dir: args.data_dir.join("metad"),
+        disk_space: args.disk_space.clone(),
         heartbeat: HeartbeatArgs {
             heartbeat_interval_sec: 5,
             node_timeout_sec: 30,
@@ -113,6 +117,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     ]);
     let streamd = weir_streamd::StreamdArgs {
         insecure: args.insecure,
+        disk_space: args.disk_space.clone(),
         ..streamd
     };
     streamd.validate()?;

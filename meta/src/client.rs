@@ -143,6 +143,10 @@ pub enum ClientError {
     /// metad refused the caller: who it is may not ask this (D-21).
     #[error("{0}")]
     Denied(String),
+    /// The leader's disk is under its refuse mark: no new topics, streams or tokens
+    /// until space returns (issue 60). Retryable.
+    #[error("{0}")]
+    StorageFull(String),
 }
 
 impl ClientError {
@@ -155,6 +159,7 @@ impl ClientError {
             ClientError::Conflict(_) => ErrorCode::Conflict,
             ClientError::Malformed(_) => ErrorCode::Internal,
             ClientError::Denied(_) => ErrorCode::Forbidden,
+            ClientError::StorageFull(_) => ErrorCode::StorageFull,
         }
     }
 }
@@ -162,6 +167,9 @@ impl ClientError {
 impl From<tonic::Status> for ClientError {
     fn from(s: tonic::Status) -> Self {
         let message = s.message().to_string();
+        if ErrorCode::of_status(&s) == Some(ErrorCode::StorageFull) {
+            return ClientError::StorageFull(message);
+        }
         match s.code() {
             tonic::Code::NotFound => ClientError::NotFound(message),
             tonic::Code::FailedPrecondition | tonic::Code::AlreadyExists => ClientError::Conflict(message),
@@ -180,17 +188,18 @@ fn json(reply: AdminReply) -> Result<serde_json::Value, ClientError> {
 /// Whether a replica refused the request itself, so another replica would too.
 fn refused(s: &tonic::Status) -> bool {
     use tonic::Code::*;
-    matches!(
-        s.code(),
-        InvalidArgument
-            | NotFound
-            | FailedPrecondition
-            | AlreadyExists
-            | PermissionDenied
-            | Unauthenticated
-            | OutOfRange
-            | Unimplemented
-    )
+    ErrorCode::of_status(s) == Some(ErrorCode::StorageFull)
+        || matches!(
+            s.code(),
+            InvalidArgument
+                | NotFound
+                | FailedPrecondition
+                | AlreadyExists
+                | PermissionDenied
+                | Unauthenticated
+                | OutOfRange
+                | Unimplemented
+        )
 }
 
 /// Talks to whichever replica of `addrs` answers, starting with the last that did.

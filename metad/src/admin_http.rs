@@ -19,10 +19,11 @@ struct AdminState {
     raft: Raft,
     sm: StateMachineStore,
     node_id: u64,
+    disk: weir_shared::disk_space::DiskWatch,
 }
 
 /// The admin router for one replica.
-pub fn router(raft: Raft, sm: StateMachineStore, node_id: u64) -> Router {
+pub fn router(raft: Raft, sm: StateMachineStore, node_id: u64, disk: weir_shared::disk_space::DiskWatch) -> Router {
     Router::new()
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -33,7 +34,12 @@ pub fn router(raft: Raft, sm: StateMachineStore, node_id: u64) -> Router {
         .route("/admin/state/{section}", get(section))
         .route("/admin/index", get(index))
         .route("/metrics", get(weir_shared::metrics::metrics_handler))
-        .with_state(AdminState { raft, sm, node_id })
+        .with_state(AdminState {
+            raft,
+            sm,
+            node_id,
+            disk,
+        })
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -63,6 +69,10 @@ async fn ready(State(s): State<AdminState>) -> Response {
         "fenced": false,
         "terminating": false,
         "caught_up": ready,
+        // Issue 60: the data directory's volume against its marks, and why new
+        // topics, streams and tokens are refused, when they are.
+        "disk": s.disk.states(),
+        "proposals_refused": s.disk.refusal(),
     });
     let status = if ready {
         StatusCode::OK

@@ -46,6 +46,8 @@ pub struct ClientService {
     cancel: CancellationToken,
     /// One per open Watch stream (`--max-watch-streams`).
     watch_slots: Arc<tokio::sync::Semaphore>,
+    /// Free space on this replica's `--data-dir` (issue 60).
+    disk: weir_shared::disk_space::DiskWatch,
     /// The users gateways propose for (D-21).
     users: crate::authz::Directory,
 }
@@ -69,6 +71,7 @@ impl ClientService {
         users: crate::authz::Directory,
     ) -> Self {
         Self {
+            disk: weir_shared::disk_space::DiskWatch::new(Vec::new(), Default::default()),
             users,
             raft,
             hub: sm.hub(),
@@ -79,6 +82,12 @@ impl ClientService {
             cancel,
             watch_slots: Arc::new(tokio::sync::Semaphore::new(limits.max_watch_streams)),
         }
+    }
+
+    /// Watches this replica's disk with `disk` (issue 60); without, nothing is refused.
+    pub fn with_disk(mut self, disk: weir_shared::disk_space::DiskWatch) -> Self {
+        self.disk = disk;
+        self
     }
 
     /// The leader's client, unless this call was already forwarded or no leader is known.
@@ -189,6 +198,22 @@ impl Metad for ClientService {
             if who.role == weir_shared::peer::Role::Operator && *principal != who.id {
                 *principal = who.id.clone();
                 inner.command = codec::encode(&proposal);
+            }
+        }
+        // Issue 60: under its disk's refuse mark a replica takes no new topics, streams
+        // or tokens, and keeps taking everything that keeps the cluster running.
+        // Checked by the leader, which appends first: a follower forwards to it.
+        let leading = {
+            let m = self.raft.metrics().borrow().clone();
+            m.current_leader == Some(m.id)
+        };
+        if leading && proposal.command.adds_state() {
+            if let Some(why) = self.disk.refusal() {
+                metrics().proposals.with_label_values(&["storage_full"]).inc();
+                return Err(weir_shared::error_code::ErrorCode::StorageFull.status(format!(
+                    "the metadata leader refuses {}: {why}",
+                    proposal.command.kind()
+                )));
             }
         }
         let release = is_drain_release(&proposal);

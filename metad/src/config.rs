@@ -38,6 +38,9 @@ pub struct MetadArgs {
     pub heartbeat: HeartbeatArgs,
 
     #[command(flatten)]
+    pub disk_space: weir_shared::disk_space::DiskSpaceArgs,
+
+    #[command(flatten)]
     pub listeners: weir_shared::listener::ListenerArgs,
 
     #[command(flatten)]

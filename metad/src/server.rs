@@ -75,6 +75,11 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
     let timeout = Duration::from_millis(args.propose_timeout_ms);
     let limits = args.listeners.limits()?;
     let users = crate::authz::Directory::new(hub.clone(), args.allow_anonymous_gateways);
+    let disk = weir_shared::disk_space::DiskWatch::new(
+        vec![("metadata".to_owned(), args.data_dir.clone())],
+        args.disk_space.clone(),
+    );
+    tasks.spawn(disk.watch(shutdown.child_token()));
     let runner =
         crate::transfer_runner::TransferRunner::new(raft.clone(), hub.clone(), args.id, args.drain_batch_streams);
     // Operators may come with an admin token instead of a certificate (`weir --token`).
@@ -88,18 +93,21 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
                 .max_encoding_message_size(MAX_RAFT_MESSAGE),
         )
         .add_service(
-            MetadServer::new(ClientService::new(
-                raft.clone(),
-                sm.clone(),
-                peers.clone(),
-                crate::client_service::Limits {
-                    timeout,
-                    max_watch_streams: args.max_watch_streams,
-                },
-                tasks.clone(),
-                shutdown.child_token(),
-                users.clone(),
-            ))
+            MetadServer::new(
+                ClientService::new(
+                    raft.clone(),
+                    sm.clone(),
+                    peers.clone(),
+                    crate::client_service::Limits {
+                        timeout,
+                        max_watch_streams: args.max_watch_streams,
+                    },
+                    tasks.clone(),
+                    shutdown.child_token(),
+                    users.clone(),
+                )
+                .with_disk(disk.clone()),
+            )
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE),
         )
@@ -124,7 +132,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
 
     let http = weir_shared::http_server::serve(
         Listener::new(http_listener, "http", limits),
-        crate::admin_http::router(raft.clone(), sm.clone(), args.id),
+        crate::admin_http::router(raft.clone(), sm.clone(), args.id, disk),
         None,
         shutdown.clone().cancelled_owned(),
     );

@@ -41,6 +41,9 @@ pub enum ErrorCode {
     Unavailable,
     /// The WAL is over its limit until uploads catch up (FO-MDO-7).
     WalFull,
+    /// A volume is under its refuse mark, or full (issue 60): client writes are refused
+    /// until space returns; reads go on.
+    StorageFull,
     /// The call may or may not have been applied (the owner failed or stopped
     /// mid-request): HTTP 504 `interrupted`, never retried blindly.
     OutcomeUnknown,
@@ -78,11 +81,12 @@ pub enum ErrorCode {
 }
 
 /// Every code, for tables and tests.
-pub const ALL: [ErrorCode; 22] = [
+pub const ALL: [ErrorCode; 23] = [
     ErrorCode::NotOwner,
     ErrorCode::Fenced,
     ErrorCode::Unavailable,
     ErrorCode::WalFull,
+    ErrorCode::StorageFull,
     ErrorCode::OutcomeUnknown,
     ErrorCode::OffsetOutOfRange,
     ErrorCode::NotFound,
@@ -130,6 +134,8 @@ impl ErrorCode {
             Fenced =>               r("fenced", 503, "unavailable", G::Unavailable, true, Kafka::NotLeaderOrFollower, Kafka::NotCoordinator, Kafka::NotLeaderOrFollower),
             Unavailable =>          r("unavailable", 503, "unavailable", G::Unavailable, true, Kafka::NotLeaderOrFollower, Kafka::CoordinatorNotAvailable, Kafka::NotLeaderOrFollower),
             WalFull =>              r("wal_full", 503, "unavailable", G::ResourceExhausted, true, Kafka::KafkaStorageError, Kafka::CoordinatorNotAvailable, Kafka::NotLeaderOrFollower),
+            // Issue 60: HTTP's Insufficient Storage; Kafka's retryable storage error.
+            StorageFull =>          r("storage_full", 507, "insufficient_storage", G::ResourceExhausted, true, Kafka::KafkaStorageError, Kafka::CoordinatorNotAvailable, Kafka::KafkaStorageError),
             // D-7, SD-INT-9: not 503, which says the request had no effect.
             OutcomeUnknown =>       r("outcome_unknown", 504, "interrupted", G::Unknown, false, Kafka::RequestTimedOut, Kafka::CoordinatorNotAvailable, Kafka::RequestTimedOut),
             OffsetOutOfRange =>     r("offset_out_of_range", 416, "invalid_argument", G::OutOfRange, false, Kafka::OffsetOutOfRange, Kafka::InvalidRequest, Kafka::InvalidRequest),
@@ -233,7 +239,7 @@ mod tests {
         assert_eq!(ErrorCode::of_status(&tonic::Status::unavailable("reset")), None);
     }
 
-    /// Retryable codes are exactly the 503s: a client told to retry gets `Retry-After`.
+    /// Retryable codes are exactly the 503s and 507s: a client told to retry gets `Retry-After`.
     #[test]
     fn an_unknown_outcome_is_504_interrupted_and_not_a_retryable_refusal() {
         // D-7, SD-INT-9: 503 would tell the client that nothing was applied.
@@ -246,7 +252,7 @@ mod tests {
     #[test]
     fn retryable_codes_are_the_service_unavailable_ones() {
         for code in ALL {
-            assert_eq!(code.is_retryable(), code.http_status() == 503, "{code:?}");
+            assert_eq!(code.is_retryable(), matches!(code.http_status(), 503 | 507), "{code:?}");
         }
     }
 

@@ -5,6 +5,7 @@ pub mod backoff;
 pub mod batch;
 pub mod cluster_tls;
 pub mod config;
+pub mod disk_space;
 pub mod durable_dir;
 pub mod error_code;
 pub mod failpoint;

@@ -126,7 +126,7 @@ async fn admit(node: Arc<Node>, request: AppendStreamRequest) -> Admission {
     };
     let bytes = append.batches.len();
     match node
-        .admit_append(
+        .admit_client_append(
             &append.stream,
             &append.batches,
             append.match_next_offset,

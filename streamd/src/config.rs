@@ -182,6 +182,9 @@ pub struct StreamdArgs {
     pub telemetry: TelemetryArgs,
 
     #[command(flatten)]
+    pub disk_space: weir_shared::disk_space::DiskSpaceArgs,
+
+    #[command(flatten)]
     pub shutdown: weir_shared::shutdown::ShutdownArgs,
 }
 
@@ -272,6 +275,20 @@ impl StreamdArgs {
 
     pub fn wal_root(&self) -> PathBuf {
         self.wal_dir.clone().unwrap_or_else(|| self.data_dir.join("wal"))
+    }
+
+    /// The volumes whose free space is watched (issue 60): named by what they hold, a
+    /// volume holding several things once, by its first.
+    pub fn watched_volumes(&self) -> Vec<(String, PathBuf)> {
+        let mut volumes = Vec::new();
+        if self.wal_backend == WalBackend::File {
+            volumes.push(("wal".to_owned(), self.wal_root()));
+        }
+        volumes.push(("data".to_owned(), self.data_dir.clone()));
+        if let Some(dir) = crate::object::store::local_dir(&self.object_store) {
+            volumes.push(("objects".to_owned(), dir));
+        }
+        weir_shared::disk_space::distinct_volumes(volumes)
     }
 }
 

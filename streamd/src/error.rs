@@ -16,6 +16,10 @@ pub enum StreamdError {
     /// The WAL is over `--wal-max-bytes` until uploads catch up; retry later (FO-MDO-7).
     #[error("write-ahead log is full ({0} bytes); retry later")]
     WalFull(u64),
+    /// A volume is under its refuse mark, or the WAL found its disk full (issue 60):
+    /// appends are refused until space returns; reads go on.
+    #[error("insufficient storage: {0}; retry once space is freed")]
+    StorageFull(String),
     #[error("offset {offset} is outside the stream's range {start}..{end}")]
     OffsetOutOfRange { offset: u64, start: u64, end: u64 },
     #[error("stream '{0}' does not exist")]
@@ -63,6 +67,7 @@ impl StreamdError {
             StreamdError::NotOwner { .. } => ErrorCode::NotOwner,
             StreamdError::Fenced => ErrorCode::Fenced,
             StreamdError::WalFull(_) => ErrorCode::WalFull,
+            StreamdError::StorageFull(_) => ErrorCode::StorageFull,
             StreamdError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
             StreamdError::NotFound(_) => ErrorCode::NotFound,
             StreamdError::InvalidArgument(_) => ErrorCode::InvalidArgument,

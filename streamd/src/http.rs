@@ -58,6 +58,10 @@ async fn ready(State(node): State<Arc<Node>>) -> Response {
         "wal_bytes": node.wal.bytes(),
         // Served streams whose damaged data waits for an operator (`weir streams damaged`).
         "damaged_streams": node.damaged_streams(),
+        // Issue 60: still ready under a mark (reads go on); `disk` says why writes are
+        // refused, and `appends_refused` whether they are.
+        "disk": node.disk.states(),
+        "appends_refused": node.disk.refusal().or_else(|| node.wal.check().err().map(|e| e.to_string())),
     });
     let status = if ready {
         StatusCode::OK

@@ -76,6 +76,8 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     let storage = TaskTracker::new();
     let storage_stop = CancellationToken::new();
     let wal = WalWriter::start(sink, args.wal_max_bytes, &storage, storage_stop.clone())?;
+    let disk = weir_shared::disk_space::DiskWatch::new(args.watched_volumes(), args.disk_space.clone());
+    tasks.spawn(disk.watch(stop.clone()));
     let tunables = Tunables {
         upload_interval: Duration::from_millis(args.upload_interval_ms),
         upload_bytes: args.upload_bytes,
@@ -95,6 +97,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     let node = Arc::new(Node::new(
         &registered,
         wal,
+        disk,
         store,
         tunables,
         match args.wal_backend {

@@ -44,7 +44,7 @@ impl Streamd for DataPlane {
         let started = std::time::Instant::now();
         let result = match self
             .node
-            .admit_append(
+            .admit_client_append(
                 &req.stream,
                 &req.batches,
                 req.match_next_offset,

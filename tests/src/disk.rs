@@ -52,3 +52,77 @@ pub fn sequential_bandwidth(dir: &std::path::Path) -> f64 {
     f.sync_data().expect("fdatasync");
     256.0 / started.elapsed().as_secs_f64()
 }
+
+/// A small ext4 volume loop-mounted at a directory (issue 60's full-disk tests), made
+/// from an image file; unmounted and removed when dropped. Needs root: a test that
+/// cannot mount it fails saying so, never passes unchecked.
+pub struct LoopDisk {
+    pub at: std::path::PathBuf,
+    image: std::path::PathBuf,
+}
+
+impl LoopDisk {
+    /// An ext4 volume of `mib` MiB with no root reserve, mounted at `at`.
+    pub fn mount(at: &std::path::Path, mib: u64) -> LoopDisk {
+        use std::process::Command;
+        let image = at.with_extension("img");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(mib << 20))
+            .expect("image file");
+        let made = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&image)
+            .status()
+            .expect("run mkfs.ext4 (e2fsprogs)");
+        assert!(made.success(), "mkfs.ext4 {} failed", image.display());
+        std::fs::create_dir_all(at).expect("mount point");
+        let mounted = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(at)
+            .status()
+            .expect("run mount");
+        assert!(
+            mounted.success(),
+            "this test needs root to loop-mount a {mib} MiB ext4 volume at {} (CI runs as root)",
+            at.display()
+        );
+        LoopDisk {
+            at: at.to_path_buf(),
+            image,
+        }
+    }
+
+    /// Free bytes an unprivileged writer can use.
+    pub fn free_bytes(&self) -> u64 {
+        let st = nix::sys::statvfs::statvfs(&self.at).expect("statvfs");
+        st.blocks_available() * st.fragment_size()
+    }
+
+    /// Fills the volume from outside, with a file of its own, until `leave` bytes are
+    /// free (another process filling the disk).
+    pub fn fill_leaving(&self, leave: u64) {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.at.join("filler"))
+            .expect("filler file");
+        let chunk = vec![0xa5u8; 256 << 10];
+        while self.free_bytes() > leave + chunk.len() as u64 {
+            f.write_all(&chunk).expect("filling the volume");
+            f.sync_data().expect("sync the filler");
+        }
+    }
+
+    /// Removes the filler of [`LoopDisk::fill_leaving`].
+    pub fn free_filler(&self) {
+        std::fs::remove_file(self.at.join("filler")).expect("remove the filler");
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.at).status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}

@@ -137,6 +137,27 @@ pub fn metadata_errors(s: &mut TcpStream, topics: Option<&[&str]>) -> Result<Vec
 /// A Produce v7 (acks=all) of one record `value` to `topic`'s partition 0 on `s`: the
 /// partition's error code and the response's `throttle_time_ms`.
 pub fn produce_answer(s: &mut TcpStream, topic: &str, value: &[u8]) -> Result<(i16, i32), NoAnswer> {
+    let (response, partition) = produce(s, topic, value)?;
+    Ok((partition.error_code, response.throttle_time_ms))
+}
+
+/// As [`produce_answer`]: the partition's error code and the offset the record got.
+pub fn produce_at(s: &mut TcpStream, topic: &str, value: &[u8]) -> Result<(i16, i64), NoAnswer> {
+    let (_, partition) = produce(s, topic, value)?;
+    Ok((partition.error_code, partition.base_offset))
+}
+
+fn produce(
+    s: &mut TcpStream,
+    topic: &str,
+    value: &[u8],
+) -> Result<
+    (
+        kafka_protocol::messages::ProduceResponse,
+        kafka_protocol::messages::produce_response::PartitionProduceResponse,
+    ),
+    NoAnswer,
+> {
     use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
     use kafka_protocol::messages::{ApiKey, ProduceRequest, ProduceResponse, TopicName};
     use kafka_protocol::protocol::StrBytes;
@@ -154,6 +175,7 @@ pub fn produce_answer(s: &mut TcpStream, topic: &str, value: &[u8]) -> Result<(i
         .responses
         .first()
         .and_then(|t| t.partition_responses.first())
+        .cloned()
         .ok_or(NoAnswer::Undecodable)?;
-    Ok((partition.error_code, response.throttle_time_ms))
+    Ok((response, partition))
 }

@@ -879,3 +879,81 @@ async fn obs_17_sd_td_6_a_full_disk_at_close_is_logged_at_error_and_loses_no_ent
     })
     .await;
 }
+
+// Issue 60: metad's volume fills: another file takes it below the refuse mark. The
+// leader refuses new topics with `storage_full`, naming the volume, and keeps taking
+// what keeps the cluster running and frees space (a delete here); `/ready` says why.
+// Once the file is removed, topics are created again with no restart, and every entry
+// applied before is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metad_volume_under_its_refuse_mark_refuses_new_topics_and_recovers_when_freed() {
+    with_timeout(async {
+        let marks = [
+            "--disk-refuse-free-bytes",
+            "25165824",
+            "--disk-refuse-free-percent",
+            "100",
+            "--disk-check-interval-ms",
+            "100",
+        ];
+        let mut cluster = Cluster::start(1, &marks).await;
+        let client = cluster.client();
+        propose_until_applied(&client, topic("before-full")).await;
+        propose_until_applied(&client, topic("kept")).await;
+        cluster.replicas[0].signal(nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(cluster.replicas[0].wait_exit(Duration::from_secs(20)).await, Some(0));
+        let disk = weir_tests::disk::LoopDisk::mount(&cluster.replicas[0].data_dir.with_file_name("small-volume"), 96);
+        let moved = disk.at.join("metad-1");
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&cluster.replicas[0].data_dir)
+            .arg(&moved)
+            .status()
+            .expect("run cp");
+        assert!(copied.success(), "copying the data directory onto the small volume");
+        cluster.replicas[0].data_dir = moved;
+        cluster.replicas[0].start();
+        cluster.wait_leader(&[]).await;
+
+        disk.fill_leaving(16 << 20);
+        let why = wait_for("/ready says new state is refused", Duration::from_secs(20), || async {
+            let ready = cluster.replicas[0].http_json("/ready").await?;
+            ready["proposals_refused"].as_str().map(str::to_owned)
+        })
+        .await;
+        assert!(why.contains("the metadata volume"), "{why}");
+        match client.propose(&operator(), topic("while-full")).await {
+            Err(e @ ClientError::StorageFull(_)) => {
+                assert!(
+                    e.to_string().contains("create_topic") && e.to_string().contains("under its refuse mark"),
+                    "{e}"
+                );
+                assert_eq!(e.code(), weir_shared::error_code::ErrorCode::StorageFull);
+            }
+            other => panic!("a new topic on a full volume: {other:?}"),
+        }
+        let delete = Command::DeleteTopic {
+            name: "before-full".into(),
+            topic_id: None,
+        };
+        propose_until_applied(&client, delete).await;
+
+        disk.free_filler();
+        wait_for(
+            "/ready says new state is taken again",
+            Duration::from_secs(20),
+            || async {
+                let ready = cluster.replicas[0].http_json("/ready").await?;
+                ready["proposals_refused"].is_null().then_some(())
+            },
+        )
+        .await;
+        propose_until_applied(&client, topic("after-full")).await;
+        let mut topics = topics_of(&cluster, 0).await.expect("topics");
+        topics.sort();
+        assert_eq!(topics, vec!["after-full".to_string(), "kept".to_string()]);
+        cluster.replicas[0].signal(nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(cluster.replicas[0].wait_exit(Duration::from_secs(20)).await, Some(0));
+    })
+    .await;
+}

@@ -119,7 +119,8 @@ impl From<ClientError> for ApiError {
             | ClientError::NotFound(m)
             | ClientError::Conflict(m)
             | ClientError::Malformed(m)
-            | ClientError::Denied(m) => ApiError::new(code, m),
+            | ClientError::Denied(m)
+            | ClientError::StorageFull(m) => ApiError::new(code, m),
         }
     }
 }

@@ -400,6 +400,19 @@ impl Command {
     }
 
     /// A short name for logs, metrics and the log dump.
+    /// Whether applying this adds lasting state (a topic, streams, a token): what a
+    /// replica under its disk's refuse mark refuses (issue 60). Heartbeats, failover,
+    /// deletes, trims and the data path's commits go on, and deletes free space.
+    pub fn adds_state(&self) -> bool {
+        matches!(
+            self,
+            Command::CreateTopic { .. }
+                | Command::CreatePartitions { .. }
+                | Command::CreateStream { .. }
+                | Command::IssueToken { .. }
+        )
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Command::InitCluster { .. } => "init_cluster",

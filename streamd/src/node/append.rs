@@ -105,6 +105,24 @@ impl Node {
         }
     }
 
+    /// Admits a client's append ([`Node::admit_append`]) unless a volume is under its
+    /// refuse mark (issue 60). Only clients' appends are refused there: the internal
+    /// streams of consumer groups and transactions go on, so reads, commits and the
+    /// ends of transactions work on a full node.
+    pub async fn admit_client_append(
+        &self,
+        stream: &str,
+        batches: &[u8],
+        match_next_offset: Option<u64>,
+        transactional_id: Option<&str>,
+    ) -> Result<Admitted, StreamdError> {
+        if let Some(why) = self.disk.refusal() {
+            return Err(StreamdError::StorageFull(why));
+        }
+        self.admit_append(stream, batches, match_next_offset, transactional_id)
+            .await
+    }
+
     /// Checks an append and assigns its offsets in order behind every earlier one to
     /// the stream; it is acknowledged only after [`Node::complete`].
     pub async fn admit_append(
@@ -339,6 +357,8 @@ impl Node {
     fn wal_failed(&self, e: WalError) -> StreamdError {
         match e {
             WalError::Full(n) => StreamdError::WalFull(n),
+            // Issue 60: not written, and known not to be; nothing to fence.
+            WalError::NoSpace(why) => StreamdError::StorageFull(why),
             WalError::Fenced => {
                 self.fence("write-ahead log was taken over");
                 StreamdError::Fenced
@@ -371,6 +391,7 @@ pub(super) fn sequence_error(e: SequenceError) -> StreamdError {
 pub(super) fn wal_error(e: WalError) -> StreamdError {
     match e {
         WalError::Full(n) => StreamdError::WalFull(n),
+        WalError::NoSpace(why) => StreamdError::StorageFull(why),
         WalError::Fenced => StreamdError::Fenced,
         other => StreamdError::Unavailable(other.to_string()),
     }

@@ -82,6 +82,8 @@ pub struct Node {
     pub metad: Arc<MetadClient>,
     pub view: Arc<View>,
     pub wal: WalWriter,
+    /// Free space on the WAL, data and local object volumes (issue 60).
+    pub disk: weir_shared::disk_space::DiskWatch,
     pub store: Arc<dyn ObjectStore>,
     pub cache: Arc<BlockCache>,
     /// Readers' GETs of committed ranges, shared and fetched ahead.
@@ -142,6 +144,7 @@ impl Node {
     pub fn new(
         registered: &Registered,
         wal: WalWriter,
+        disk: weir_shared::disk_space::DiskWatch,
         store: Arc<dyn ObjectStore>,
         tunables: Tunables,
         wal_source: WalSource,
@@ -153,6 +156,7 @@ impl Node {
             metad: registered.metad.clone(),
             view: registered.view.clone(),
             wal,
+            disk,
             range_reads: RangeReads::new(store.clone(), cache.clone(), tasks.clone()),
             compaction_pace: Pace::new(
                 tunables.compaction_max_bytes_per_sec,

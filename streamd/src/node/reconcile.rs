@@ -147,8 +147,18 @@ async fn reconcile(node: &Arc<Node>, changed: &Changed, retries: &mut OpenRetrie
         let mut need = need_of(node, id, handle.as_ref());
         if need == Need::StopServing {
             let served = handle.take().expect("served");
-            let end = served.inner.lock().await.committed_end;
-            tracing::info!(stream = %served.name, stream_epoch = %served.epoch, "ownership moved; no longer serving the stream");
+            // A deleted stream's records are nobody's to keep: all of its WAL records
+            // are given up, so a delete frees WAL space at once (issue 60). A stream
+            // that moved keeps what is not committed until its move settles it.
+            let deleted = node
+                .view
+                .with(|s| s.streams.get(&id).is_none_or(|r| r.state == StreamState::Deleted));
+            let end = if deleted {
+                u64::MAX
+            } else {
+                served.inner.lock().await.committed_end
+            };
+            tracing::info!(stream = %served.name, stream_epoch = %served.epoch, deleted, "ownership moved; no longer serving the stream");
             node.remove_stream(served.id, end);
             // Placed here again at a later epoch, or deleted: acted on in this pass.
             need = need_of(node, id, None);

@@ -13,6 +13,15 @@ use object_store::ObjectStore;
 use std::sync::Arc;
 use weir_shared::config::ConfigError;
 
+/// The local directory of a `file://` store, whose volume's free space is watched
+/// (issue 60); `None` for a remote store.
+pub fn local_dir(url: &str) -> Option<std::path::PathBuf> {
+    let parsed = url::Url::parse(url).ok()?;
+    (parsed.scheme() == "file")
+        .then(|| parsed.to_file_path().ok())
+        .flatten()
+}
+
 /// The store for `url`, with any path in the URL as a key prefix.
 pub fn open(url: &str) -> Result<Arc<dyn ObjectStore>, ConfigError> {
     let bad = |why: String| ConfigError::new(format!("--object-store '{url}': {why}"));

@@ -31,6 +31,21 @@ fn io(e: std::io::Error) -> WalError {
     WalError::Io(e.to_string())
 }
 
+/// Whether `e` says the volume (or the user's quota on it) is full.
+fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// A failed write: [`WalError::NoSpace`] for a full volume, whose write the writer
+/// retries; any other failure's outcome is unknown.
+fn write_failed(e: std::io::Error) -> WalError {
+    if is_no_space(&e) {
+        WalError::NoSpace(e.to_string())
+    } else {
+        io(e)
+    }
+}
+
 /// The directory of one incarnation's WAL.
 pub fn incarnation_dir(root: &Path, node: &NodeId, epoch: Epoch) -> PathBuf {
     root.join(node.as_str()).join(format!("{:020}", epoch.0))
@@ -207,12 +222,14 @@ impl Inner {
             self.roll()?;
         }
         let active = self.active.as_mut().expect("rolled above");
-        // Positioned: the file is longer than what is written (its zeroed tail).
+        // Positioned: the file is longer than what is written (its zeroed tail). A write
+        // that failed part way leaves bytes past `len`, which the retry overwrites and
+        // a replay reads as a torn tail.
         match &mut active.direct {
             Some(direct) => direct.write_at(&active.file, active.len, group),
             None => active.file.write_all_at(group, active.len),
         }
-        .map_err(io)?;
+        .map_err(write_failed)?;
         active.file.sync_data().map_err(io)?;
         active.len += group.len() as u64;
         let (at, filled) = ((active.id, group.len() as u64), active.len);
@@ -278,7 +295,16 @@ impl Inner {
             return Err(WalError::Fenced);
         }
         let fenced_or = |this: &Self, e: std::io::Error| if this.still_ours() { io(e) } else { WalError::Fenced };
-        let prepared = self.take_prepared().map_err(|e| fenced_or(self, e))?;
+        let prepared = match self.take_prepared() {
+            Ok(prepared) => prepared,
+            // Issue 60: no room for the next segment. What was prepared of it is given
+            // back, and the roll is tried again with the same write.
+            Err(e) if is_no_space(&e) && self.still_ours() => {
+                let _ = fs::remove_file(self.dir.join(PREPARED));
+                return Err(WalError::NoSpace(e.to_string()));
+            }
+            Err(e) => return Err(fenced_or(self, e)),
+        };
         // A finished segment ends where its records end, so only the last segment of a
         // WAL can end in zeros; synced before the next segment exists.
         if let Some(done) = &self.active {

@@ -47,6 +47,11 @@ pub enum WalError {
     /// Over `--wal-max-bytes`; retry once uploads reclaim space.
     #[error("write-ahead log holds {0} bytes, over its limit")]
     Full(u64),
+    /// The WAL's volume is full (issue 60): nothing of the write was acknowledged, the
+    /// writer retries it, and new appends are refused until it succeeds. Not a fence:
+    /// the outcome is known (not written).
+    #[error("write-ahead log volume is full: {0}")]
+    NoSpace(String),
     #[error("write-ahead log I/O failed: {0}")]
     Io(String),
     #[error("write-ahead log is corrupt: {0}")]

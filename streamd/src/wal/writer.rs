@@ -63,6 +63,8 @@ pub struct WalWriter {
     bytes: Arc<AtomicU64>,
     max_bytes: u64,
     fenced: Arc<AtomicBool>,
+    /// Why the WAL's volume is full, while a write waits for space (issue 60).
+    no_space: Arc<Mutex<Option<String>>>,
     /// Committed ends reported since the writer last looked: streams whose records up
     /// to there are in committed objects. Kept here, not in the queue, so a full queue
     /// loses none; only what changed is reported, never every stream's (D-23).
@@ -84,6 +86,7 @@ impl WalWriter {
             bytes: Arc::new(AtomicU64::new(0)),
             max_bytes,
             fenced: Arc::new(AtomicBool::new(false)),
+            no_space: Arc::default(),
             committed: Arc::default(),
         };
         let log = Log {
@@ -91,6 +94,7 @@ impl WalWriter {
             failed: None,
             bytes: writer.bytes.clone(),
             fenced: writer.fenced.clone(),
+            no_space: writer.no_space.clone(),
             reported: writer.committed.clone(),
             committed: HashMap::new(),
         };
@@ -140,10 +144,14 @@ impl WalWriter {
         self.submit(record, None).await?.await
     }
 
-    /// Refuses new appends once fenced or over `--wal-max-bytes` (FO-MDO-7).
+    /// Refuses new appends once fenced, over `--wal-max-bytes` (FO-MDO-7), or while a
+    /// write waits for space on a full volume (issue 60).
     pub fn check(&self) -> Result<(), WalError> {
         if self.fenced.load(Ordering::Acquire) {
             return Err(WalError::Fenced);
+        }
+        if let Some(why) = self.no_space.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(WalError::NoSpace(why));
         }
         let held = self.bytes.load(Ordering::Relaxed);
         if held >= self.max_bytes {
@@ -208,6 +216,7 @@ pub(super) struct Log {
     failed: Option<WalError>,
     bytes: Arc<AtomicU64>,
     fenced: Arc<AtomicBool>,
+    no_space: Arc<Mutex<Option<String>>>,
     /// Where the handle leaves reported committed ends (`WalWriter::reclaim`).
     reported: Arc<Mutex<HashMap<StreamId, u64>>>,
     /// The committed end of every stream with records in a live segment, as reported;
@@ -300,6 +309,22 @@ impl Log {
         }
     }
 
+    /// A write found the volume full: said once, and new appends refused until it is written.
+    fn out_of_space(&mut self, why: String) {
+        let mut no_space = self.no_space.lock().unwrap_or_else(|p| p.into_inner());
+        if no_space.is_none() {
+            tracing::error!(error = %why, "write-ahead log volume is full; refusing new appends and retrying the write until space returns");
+        }
+        *no_space = Some(why);
+    }
+
+    /// The write went through (or failed otherwise): appends are taken again.
+    fn space_returned(&mut self) {
+        if self.no_space.lock().unwrap_or_else(|p| p.into_inner()).take().is_some() {
+            tracing::info!("write-ahead log volume has space again; taking appends");
+        }
+    }
+
     /// The failure that ended this log's acknowledgements, if any.
     pub(super) fn failure(&self) -> Option<&WalError> {
         self.failed.as_ref()
@@ -385,26 +410,78 @@ fn run_file(mut file: FileSink, mut rx: mpsc::Receiver<Request>, mut log: Log, s
             if !weir_shared::failpoint::pause_blocking("wal_persist", stop) {
                 break;
             }
-            let result = match &log.failed {
-                Some(e) => Err(e.clone()),
-                None => file.persist(&group.data),
+            let Some(result) = persist_until_space(&mut file, &group, &mut log, stop) else {
+                break;
             };
             log.settle(group, result);
         }
         if reclaim {
-            log.take_reported();
-            for segment in log.reclaimable(file.active_segment()) {
-                if !log.deleted(segment, file.delete(segment)) {
-                    break;
-                }
-            }
-            log.forget_reclaimed();
+            reclaim_segments(&mut file, &mut log);
         }
     }
     // Appends still queued are answered "stopped" as their senders drop.
     drop(rx);
     file.close();
 }
+
+/// Deletes the segments whose records the reported committed ends now cover.
+fn reclaim_segments(file: &mut FileSink, log: &mut Log) {
+    log.take_reported();
+    for segment in log.reclaimable(file.active_segment()) {
+        if !log.deleted(segment, file.delete(segment)) {
+            break;
+        }
+    }
+    log.forget_reclaimed();
+}
+
+/// Writes `group`; on a full volume (issue 60) retries the same write, backing off,
+/// while reclaiming what uploads free, until it is written or fails otherwise. New
+/// appends are refused meanwhile ([`WalWriter::check`]), and the ones already queued
+/// wait behind this group, so every stream's order holds. `None` at the stop.
+fn persist_until_space(
+    file: &mut FileSink,
+    group: &Group,
+    log: &mut Log,
+    stop: &CancellationToken,
+) -> Option<Result<(SegmentId, u64), WalError>> {
+    let mut backoff = NO_SPACE_FIRST_RETRY;
+    loop {
+        let result = match &log.failed {
+            Some(e) => Err(e.clone()),
+            None => file.persist(&group.data),
+        };
+        let Err(WalError::NoSpace(why)) = result else {
+            log.space_returned();
+            return Some(result);
+        };
+        log.out_of_space(why);
+        reclaim_segments(file, log);
+        if !sleep_unless_stopped(backoff, stop) {
+            return None;
+        }
+        backoff = (backoff * 2).min(NO_SPACE_LAST_RETRY);
+    }
+}
+
+/// Blocks the writer thread for `wait`, looking at `stop` every few milliseconds (the
+/// thread cannot take the stop's wake-up from its queue without taking appends); false
+/// at the stop.
+fn sleep_unless_stopped(wait: std::time::Duration, stop: &CancellationToken) -> bool {
+    let until = std::time::Instant::now() + wait;
+    while !stop.is_cancelled() {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        std::thread::sleep(left.min(std::time::Duration::from_millis(20)));
+    }
+    false
+}
+
+/// How soon a write refused for want of space is tried again, at first and at most.
+const NO_SPACE_FIRST_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
+const NO_SPACE_LAST_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
@@ -514,6 +591,7 @@ mod tests {
             failed: None,
             bytes: Arc::default(),
             fenced: Arc::default(),
+            no_space: Arc::default(),
             reported: Arc::default(),
             committed: HashMap::new(),
         };

@@ -26,6 +26,7 @@ use weir_tests::wait_for;
 mod api_sweep;
 mod consumer_protocol;
 mod consumer_side;
+mod disk_full;
 mod leader_epochs;
 mod transactions;
 

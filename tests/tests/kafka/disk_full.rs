@@ -1,0 +1,285 @@
+//! Issue 60: a full disk degrades a node; it does not stop it. The WAL is on a real
+//! small volume, a loop-mounted ext4 image (which needs root: a test that cannot mount
+//! it fails saying so).
+
+use super::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use weir_tests::disk::LoopDisk;
+use weir_tests::kafka_wire::{connect, produce_at, NoAnswer};
+use weir_tests::proxy::{Mode, Proxy};
+
+const KAFKA_STORAGE_ERROR: i16 = 56;
+const MIB: u64 = 1 << 20;
+
+/// One streamd whose WAL is on `wal`, reaching S3 through a proxy the test can cut.
+async fn stack_on(wal: &Path, marks: &[&str]) -> (Stack, Proxy, Gatewayd) {
+    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    let s3 = Proxy::start(stack.s3.endpoint.trim_start_matches("http://")).await;
+    let endpoint = format!("http://{}", s3.addr);
+    let wal = wal.display().to_string();
+    let mut flags = vec!["--wal-dir", wal.as_str(), "--disk-check-interval-ms", "100"];
+    flags.extend_from_slice(marks);
+    stack.add_node_with_env("streamd-1", Backend::FileWal, &flags, &[("AWS_ENDPOINT", &endpoint)]);
+    stack.nodes[0].wait_ready().await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    (stack, s3, gw)
+}
+
+/// A distinct value for record `i` of a topic, `len` bytes long.
+fn value(topic: &str, i: usize, len: usize) -> Vec<u8> {
+    let mut v = format!("{topic}-{i}-").into_bytes();
+    v.resize(len, b'.');
+    v
+}
+
+/// Produces records to `topic` over one raw connection, one at a time, until one is
+/// refused with `KAFKA_STORAGE_ERROR` or `most` were sent. What was acknowledged, by
+/// offset. An answer that does not come, or `REQUEST_TIMED_OUT`, is an unknown outcome
+/// (a write waiting for space): not counted, and the next goes on a new connection.
+fn produce_until_refused(kafka: &str, topic: &str, len: usize, most: usize) -> (BTreeMap<i64, Vec<u8>>, bool) {
+    let mut s = connect(kafka);
+    let mut acked = BTreeMap::new();
+    for i in 0..most {
+        let v = value(topic, i, len);
+        match produce_at(&mut s, topic, &v) {
+            Ok((0, offset)) => {
+                assert!(acked.insert(offset, v).is_none(), "offset {offset} acknowledged twice");
+            }
+            Ok((KAFKA_STORAGE_ERROR, _)) => return (acked, true),
+            Ok((7, _)) | Err(NoAnswer::TimedOut) => s = connect(kafka),
+            Ok((code, _)) => panic!("produce {i} to {topic} answered error {code}"),
+            Err(e) => panic!("produce {i} to {topic}: {e:?}"),
+        }
+    }
+    (acked, false)
+}
+
+/// Reads `topic`'s partition 0 and checks every acknowledged record is there, at its
+/// offset, once; records not acknowledged (an unknown outcome) may be there too.
+async fn check_acked_read_back(gw: &Gatewayd, topic: &str, acked: &BTreeMap<i64, Vec<u8>>) {
+    let end = acked.keys().last().map_or(0, |o| o + 1) as usize;
+    let read = read_all(gw, topic, 1, end).await;
+    let mut seen = BTreeMap::new();
+    for m in &read {
+        assert!(
+            seen.insert(m.offset(), m.payload().unwrap_or_default().to_vec())
+                .is_none(),
+            "offset {} of {topic} read twice",
+            m.offset()
+        );
+    }
+    for (offset, v) in acked {
+        let got = seen
+            .get(offset)
+            .unwrap_or_else(|| panic!("acknowledged offset {offset} of {topic} not read back"));
+        assert!(got == v, "offset {offset} of {topic} reads back other bytes");
+    }
+}
+
+/// Produces one record to `topic` until it is acknowledged, for up to 60 s; on timeout
+/// fails with what the node said.
+async fn resumed_within(
+    stack: &Stack,
+    disk: &LoopDisk,
+    kafka: &str,
+    topic: &str,
+    when: &str,
+) -> BTreeMap<i64, Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (kafka, t) = (kafka.to_owned(), topic.to_owned());
+        let (acked, _) = tokio::task::spawn_blocking(move || produce_until_refused(&kafka, &t, 1024, 1))
+            .await
+            .expect("producer");
+        if !acked.is_empty() {
+            return acked;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "appends did not resume {when} within 60 s: {} bytes free, /ready {}\n{}",
+                disk.free_bytes(),
+                streamd_ready(stack).await,
+                stack.nodes[0]
+                    .log_text()
+                    .lines()
+                    .filter(|l| !l.contains("object_store::client::retry"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn streamd_ready(stack: &Stack) -> serde_json::Value {
+    let text = weir_tests::get_text(&format!("http://{}/ready", stack.nodes[0].http)).await;
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("/ready is not JSON ({e}): {text}"))
+}
+
+// Issue 60: the WAL's volume fills through Kafka while the object store is cut off (so
+// nothing is uploaded and no WAL segment can be reclaimed). Under the refuse mark,
+// produce is refused with KAFKA_STORAGE_ERROR and HTTP appends with 507
+// `insufficient_storage`, before the WAL ever meets a full disk; reads go on; streamd
+// says so in its log and `/ready` and stays ready. Deleting the topic that filled it
+// frees its WAL segments, and appends resume with no restart; once the store is back
+// every acknowledged record of the topic kept reads back, in order, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_wal_volume_refuses_appends_serves_reads_and_resumes_after_a_topic_delete() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let disk = LoopDisk::mount(&tmp.path().join("wal"), 160);
+    let marks = [
+        "--disk-refuse-free-bytes",
+        "50331648",
+        "--disk-refuse-free-percent",
+        "100",
+        "--disk-alert-free-bytes",
+        "100663296",
+        "--disk-alert-free-percent",
+        "100",
+    ];
+    let (stack, s3, gw) = stack_on(&disk.at, &marks).await;
+    create_topic(&gw, "keep", 1).await;
+    create_topic(&gw, "fill", 1).await;
+    gw.create_stream("h").await;
+    gw.wait_open("h").await;
+    let kafka = gw.kafka.clone();
+    let (mut kept, _) = {
+        let kafka = kafka.clone();
+        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "keep", 1024, 20))
+            .await
+            .expect("producer")
+    };
+    assert_eq!(kept.len(), 20);
+    stack.wait_committed(0, "keep/0", 20).await;
+
+    s3.set(Mode::Cut);
+    let (filled, refused) = {
+        let kafka = kafka.clone();
+        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "fill", 256 << 10, 4000))
+            .await
+            .expect("producer")
+    };
+    assert!(
+        refused,
+        "the volume never reached its refuse mark ({} records)",
+        filled.len()
+    );
+    assert!(filled.len() > 100, "refused early: {} records", filled.len());
+    assert!(
+        disk.free_bytes() > 16 * MIB,
+        "the mark acted before the volume was full: {} bytes free",
+        disk.free_bytes()
+    );
+    // Every client append is refused, on any stream of the node, in both APIs.
+    let (_, again) = {
+        let kafka = kafka.clone();
+        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "keep", 1024, 1))
+            .await
+            .expect("producer")
+    };
+    assert!(again, "a produce to another topic is refused too");
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/streams/h/records")
+                .json(&json!({"records": [{"body": "x"}]})),
+        )
+        .await;
+    assert_eq!(status.as_u16(), 507, "{body}");
+    assert_eq!(body["error"]["code"], "insufficient_storage", "{body}");
+    let ready = streamd_ready(&stack).await;
+    assert_eq!(ready["ready"], true, "still ready: reads go on: {ready}");
+    assert_eq!(ready["fenced"], false, "{ready}");
+    assert_eq!(ready["disk"][0]["name"], "wal", "{ready}");
+    assert_eq!(ready["disk"][0]["level"], "refuse", "{ready}");
+    assert!(
+        ready["appends_refused"]
+            .as_str()
+            .is_some_and(|w| w.contains("under its refuse mark")),
+        "{ready}"
+    );
+    let log = stack.nodes[0].log_text();
+    assert!(log.contains("volume is under its alert mark"), "the alert was logged");
+    assert!(
+        log.contains("volume is under its refuse mark"),
+        "the refusal was logged"
+    );
+
+    // Reads go on, from what the node holds.
+    check_acked_read_back(&gw, "fill", &filled).await;
+    check_acked_read_back(&gw, "keep", &kept).await;
+
+    // Deleting the topic that filled the volume gives its WAL segments back.
+    let deleted = admin(&gw)
+        .delete_topics(&["fill"], &AdminOptions::new().operation_timeout(Some(T)))
+        .await
+        .expect("delete");
+    assert_eq!(deleted, vec![Ok("fill".to_string())]);
+    let resumed = resumed_within(&stack, &disk, &kafka, "keep", "after the delete").await;
+    kept.extend(resumed);
+    s3.set(Mode::Pass);
+    let (more, refused) = {
+        let kafka = kafka.clone();
+        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "keep", 1024, 5))
+            .await
+            .expect("producer")
+    };
+    assert!(!refused && more.len() == 5, "appends go on once space returned");
+    kept.extend(more);
+    check_acked_read_back(&gw, "keep", &kept).await;
+    let ready = streamd_ready(&stack).await;
+    assert_eq!(ready["appends_refused"], serde_json::Value::Null, "{ready}");
+    assert!(
+        !stack.nodes[0].log_text().contains("write-ahead log failed"),
+        "the node never fenced itself"
+    );
+}
+
+// Issue 60: another process fills the WAL's volume (no refuse mark here, so the WAL
+// itself meets ENOSPC when it needs its next segment). The node does not fence: the
+// write waits for space, new appends are refused with KAFKA_STORAGE_ERROR, and once the
+// file is removed the waiting write goes through and appends resume. Every
+// acknowledged record reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enospc_from_another_process_does_not_fence_the_node() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let disk = LoopDisk::mount(&tmp.path().join("wal"), 96);
+    let marks = ["--disk-refuse-free-bytes", "0", "--disk-alert-free-bytes", "0"];
+    let (stack, _s3, gw) = stack_on(&disk.at, &marks).await;
+    create_topic(&gw, "out", 1).await;
+    let kafka = gw.kafka.clone();
+    // Room for what is written now, not for the next 4 MiB segment.
+    disk.fill_leaving(2 * MIB);
+    let (mut acked, refused) = {
+        let kafka = kafka.clone();
+        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "out", 128 << 10, 400))
+            .await
+            .expect("producer")
+    };
+    assert!(
+        refused,
+        "the full volume never refused an append ({} acknowledged)",
+        acked.len()
+    );
+    let ready = streamd_ready(&stack).await;
+    assert_eq!(ready["fenced"], false, "ENOSPC does not fence: {ready}");
+    assert_eq!(ready["ready"], true, "{ready}");
+    assert!(
+        ready["appends_refused"]
+            .as_str()
+            .is_some_and(|w| w.contains("volume is full")),
+        "{ready}"
+    );
+    assert!(stack.nodes[0].log_text().contains("write-ahead log volume is full"));
+    check_acked_read_back(&gw, "out", &acked).await;
+
+    disk.free_filler();
+    let resumed = resumed_within(&stack, &disk, &kafka, "out", "once the file is gone").await;
+    acked.extend(resumed);
+    check_acked_read_back(&gw, "out", &acked).await;
+    assert!(stack.nodes[0]
+        .log_text()
+        .contains("write-ahead log volume has space again"));
+    assert!(!stack.nodes[0].log_text().contains("write-ahead log failed"));
+}
