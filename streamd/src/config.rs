@@ -72,6 +72,12 @@ pub struct StreamdArgs {
     #[arg(long, env = "WEIR_WAL_OBJECT_LINGER_MS", default_value_t = 5)]
     pub wal_object_linger_ms: u64,
 
+    /// Object WAL: how long a WAL object whose PUT failed (after the client's own
+    /// retries) is tried again on the same key, refusing new appends meanwhile, before
+    /// the node stops acknowledging and fences itself.
+    #[arg(long, env = "WEIR_WAL_PUT_RETRY_SEC", default_value_t = 120)]
+    pub wal_put_retry_sec: u64,
+
     /// gRPC data-plane address.
     #[arg(long, env = "WEIR_LISTEN", default_value = "127.0.0.1:7500")]
     pub listen: SocketAddr,
@@ -270,6 +276,7 @@ impl StreamdArgs {
             max_inflight: self.wal_max_inflight_puts,
             max_bytes: self.wal_object_max_bytes,
             linger: Duration::from_millis(self.wal_object_linger_ms),
+            put_retry: Duration::from_secs(self.wal_put_retry_sec),
         }
     }
 

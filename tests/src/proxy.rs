@@ -1,7 +1,7 @@
 //! A fault-injecting TCP proxy for one link: it forwards connections to a target and
 //! can cut the link (drop every connection and refuse new ones), blackhole it (accept
 //! and forward nothing), delay it (every chunk, or each request once: an object store's
-//! latency), or heal it.
+//! latency), answer every HTTP request itself with S3's `503 SlowDown`, or heal it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -21,6 +21,9 @@ pub enum Mode {
     /// Requests reach the target, and its replies are dropped: a request that landed
     /// whose answer was lost.
     DropReplies = 3,
+    /// Existing connections are closed; every HTTP request on a new one is answered
+    /// by the proxy with S3's `503 SlowDown`, reaching nothing (issue 60).
+    SlowDown = 4,
 }
 
 struct Shared {
@@ -30,6 +33,8 @@ struct Shared {
     request_delay_ms: (AtomicU64, AtomicU64),
     /// Connections accepted so far.
     accepted: AtomicU64,
+    /// Requests answered `503 SlowDown`.
+    slowed_down: AtomicU64,
     /// Bumped on every cut, so live connections notice and close.
     generation: watch::Sender<u64>,
 }
@@ -52,6 +57,7 @@ impl Proxy {
             delay_ms: AtomicU64::new(0),
             request_delay_ms: (AtomicU64::new(0), AtomicU64::new(0)),
             accepted: AtomicU64::new(0),
+            slowed_down: AtomicU64::new(0),
             generation: watch::channel(0).0,
         });
         let target = target.to_string();
@@ -73,7 +79,7 @@ impl Proxy {
 
     pub fn set(&self, mode: Mode) {
         self.shared.mode.store(mode as u8, Ordering::SeqCst);
-        if mode == Mode::Cut {
+        if matches!(mode, Mode::Cut | Mode::SlowDown) {
             self.shared.generation.send_modify(|g| *g += 1);
         }
     }
@@ -98,6 +104,11 @@ impl Proxy {
             .store(max.as_millis() as u64, Ordering::SeqCst);
     }
 
+    /// Requests the proxy answered `503 SlowDown` so far.
+    pub fn slowed_down(&self) -> u64 {
+        self.shared.slowed_down.load(Ordering::SeqCst)
+    }
+
     /// Connections accepted so far: a client whose request timed out retries on a new one.
     pub fn connections(&self) -> u64 {
         self.shared.accepted.load(Ordering::SeqCst)
@@ -117,6 +128,9 @@ impl Drop for Proxy {
 async fn serve(client: TcpStream, target: &str, shared: Arc<Shared>) {
     if Proxy::mode(&shared) == Mode::Cut as u8 {
         return;
+    }
+    if Proxy::mode(&shared) == Mode::SlowDown as u8 {
+        return slow_down(client, &shared).await;
     }
     let Ok(server) = TcpStream::connect(target).await else {
         return;
@@ -176,6 +190,46 @@ async fn pipe(
             }
         }
         if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Answers the HTTP requests on `client` with S3's `503 SlowDown`, each read whole
+/// first (head and `Content-Length` body) so the client reads the answer.
+async fn slow_down(mut client: TcpStream, shared: &Shared) {
+    const BODY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(i) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => pending.extend_from_slice(&buf[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&pending[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while pending.len() < head_end + length {
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => pending.extend_from_slice(&buf[..n]),
+            }
+        }
+        pending.drain(..head_end + length);
+        shared.slowed_down.fetch_add(1, Ordering::SeqCst);
+        let answer = format!(
+            "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{BODY}",
+            BODY.len()
+        );
+        if client.write_all(answer.as_bytes()).await.is_err() {
             return;
         }
     }

@@ -358,7 +358,7 @@ impl Node {
         match e {
             WalError::Full(n) => StreamdError::WalFull(n),
             // Issue 60: not written, and known not to be; nothing to fence.
-            WalError::NoSpace(why) => StreamdError::StorageFull(why),
+            WalError::NoSpace(why) | WalError::Stalled(why) => StreamdError::StorageFull(why),
             WalError::Fenced => {
                 self.fence("write-ahead log was taken over");
                 StreamdError::Fenced
@@ -391,7 +391,7 @@ pub(super) fn sequence_error(e: SequenceError) -> StreamdError {
 pub(super) fn wal_error(e: WalError) -> StreamdError {
     match e {
         WalError::Full(n) => StreamdError::WalFull(n),
-        WalError::NoSpace(why) => StreamdError::StorageFull(why),
+        WalError::NoSpace(why) | WalError::Stalled(why) => StreamdError::StorageFull(why),
         WalError::Fenced => StreamdError::Fenced,
         other => StreamdError::Unavailable(other.to_string()),
     }

@@ -52,6 +52,10 @@ pub enum WalError {
     /// the outcome is known (not written).
     #[error("write-ahead log volume is full: {0}")]
     NoSpace(String),
+    /// A write waits for its store (a full volume, an object store refusing PUTs):
+    /// new appends are refused until it goes through (issue 60). The reason says which.
+    #[error("{0}")]
+    Stalled(String),
     #[error("write-ahead log I/O failed: {0}")]
     Io(String),
     #[error("write-ahead log is corrupt: {0}")]

@@ -31,6 +31,10 @@ const FENCE_MAGIC: &[u8] = b"WEIRFENCE";
 const OBJECT_MAGIC: &[u8; 8] = b"WEIRWOB1";
 const OBJECT_HEADER_LEN: usize = OBJECT_MAGIC.len() + 8;
 
+/// How soon a failed WAL PUT is tried again, at first and at most.
+const PUT_RETRY_FIRST: Duration = Duration::from_millis(100);
+const PUT_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// The key prefix of one incarnation's WAL.
 pub fn incarnation_prefix(node: &NodeId, epoch: Epoch) -> ObjectPath {
     ObjectPath::from(format!("wal/{}/{:020}", node.as_str(), epoch.0))
@@ -51,6 +55,9 @@ pub struct Pipelining {
     /// While another object is in flight, how long a group may wait for more appends
     /// before it is sent; with none in flight it is sent at once.
     pub linger: Duration,
+    /// How long a WAL PUT that failed is tried again on the same key, past the object
+    /// store client's own retries, before the log fails (`--wal-put-retry-sec`).
+    pub put_retry: Duration,
 }
 
 impl Default for Pipelining {
@@ -59,6 +66,7 @@ impl Default for Pipelining {
             max_inflight: 8,
             max_bytes: 8 << 20,
             linger: Duration::from_millis(5),
+            put_retry: Duration::from_secs(120),
         }
     }
 }
@@ -91,13 +99,20 @@ impl ObjectSink {
 
     /// Writes `group` (framed records) as the object at `seq`, carrying `floor`; runs
     /// beside the writes of other keys.
-    pub fn put(
+    ///
+    /// A PUT that fails is tried again on the same key for `put_retry` (issue 60: an
+    /// object store answering 503 SlowDown, 403 or 507 for a while), saying so in
+    /// `stall`, so new appends are refused meanwhile. Retrying the same key is safe
+    /// whatever the failed attempt did: put-if-absent finds an earlier attempt that
+    /// landed, or a takeover's fence, and either ends this writer (`Fenced`).
+    pub(super) fn put(
         &self,
         seq: SegmentId,
         floor: SegmentId,
         group: Bytes,
+        stall: super::writer::Stall,
     ) -> impl std::future::Future<Output = Result<(SegmentId, u64), WalError>> + Send + 'static {
-        let (store, path) = (self.store.clone(), key(&self.prefix, seq));
+        let (store, path, retry_for) = (self.store.clone(), key(&self.prefix, seq), self.pipelining.put_retry);
         async move {
             let mut header = Vec::with_capacity(OBJECT_HEADER_LEN + 8);
             header.extend_from_slice(OBJECT_MAGIC);
@@ -110,11 +125,26 @@ impl ObjectSink {
                 mode: PutMode::Create,
                 ..Default::default()
             };
-            match store.put_opts(&path, payload, opts).await {
-                Ok(_) => Ok((seq, len)),
-                // Someone else wrote this key: the fence marker of a takeover.
-                Err(object_store::Error::AlreadyExists { .. }) => Err(WalError::Fenced),
-                Err(e) => Err(WalError::Io(e.to_string())),
+            let started = tokio::time::Instant::now();
+            let mut backoff = weir_shared::backoff::Backoff::new(PUT_RETRY_FIRST, PUT_RETRY_MAX);
+            loop {
+                match store.put_opts(&path, payload.clone(), opts.clone()).await {
+                    Ok(_) => {
+                        if stall.clear() {
+                            tracing::info!(key = seq, "the object store takes write-ahead log objects again");
+                        }
+                        return Ok((seq, len));
+                    }
+                    // Someone else wrote this key: the fence marker of a takeover.
+                    Err(object_store::Error::AlreadyExists { .. }) => return Err(WalError::Fenced),
+                    Err(e) if started.elapsed() < retry_for => {
+                        if stall.set(format!("the object store refuses write-ahead log objects: {e}")) {
+                            tracing::warn!(key = seq, error = %e, "WAL object PUT failed; refusing new appends and trying the same key again");
+                        }
+                        tokio::time::sleep(backoff.next_wait()).await;
+                    }
+                    Err(e) => return Err(WalError::Io(e.to_string())),
+                }
             }
         }
     }
@@ -339,8 +369,17 @@ mod tests {
 
     /// The WAL writer of incarnation `streamd-9`/1 on `store`.
     fn writer(store: Arc<ScriptedStore>) -> (WalWriter, TaskTracker, CancellationToken) {
+        writer_retrying(store, Duration::ZERO)
+    }
+
+    /// A writer whose failed PUTs are tried again for `put_retry`.
+    fn writer_retrying(store: Arc<ScriptedStore>, put_retry: Duration) -> (WalWriter, TaskTracker, CancellationToken) {
         let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
-        let sink = ObjectSink::create(store, &NodeId::new(NODE), Epoch(1), Pipelining::default());
+        let pipelining = Pipelining {
+            put_retry,
+            ..Pipelining::default()
+        };
+        let sink = ObjectSink::create(store, &NodeId::new(NODE), Epoch(1), pipelining);
         let wal = WalWriter::start(Sink::Object(sink), u64::MAX, &tasks, stop.clone()).expect("writer");
         (wal, tasks, stop)
     }
@@ -485,6 +524,57 @@ mod tests {
         assert_eq!(keys(&store).await, vec![1, 2, 3], "the fence fills the gap");
     }
 
+    // Issue 60: an object store that refuses a WAL PUT for a while (503 SlowDown, 403,
+    // 507) does not end the log: the same key is tried again, new appends are refused
+    // with a reason meanwhile, the waiting append is acknowledged once the PUT goes
+    // through, and appends are taken again. Without the retry the append fails.
+    #[tokio::test]
+    async fn a_put_refused_for_a_while_is_retried_on_the_same_key_and_acknowledged() {
+        let store = Arc::new(ScriptedStore::default());
+        store.fail_times(1, 3);
+        let (wal, tasks, stop) = writer_retrying(store.clone(), Duration::from_secs(30));
+        let a = wal.submit(&record(0), None).await.expect("queued");
+        let refused = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Err(e) = wal.check() {
+                    return e;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("appends refused while the PUT is retried");
+        assert!(
+            matches!(&refused, WalError::Stalled(why) if why.contains("refuses write-ahead log objects")),
+            "{refused:?}"
+        );
+        a.await.expect("acknowledged once the PUT went through");
+        assert_eq!(wal.check(), Ok(()), "appends are taken again");
+        wal.append(&record(1)).await.expect("the log goes on");
+        assert_eq!(
+            store
+                .puts_started
+                .lock()
+                .expect("lock")
+                .iter()
+                .filter(|s| **s == 1)
+                .count(),
+            4,
+            "key 1 tried four times"
+        );
+        stopped(tasks, stop).await;
+        assert_eq!(take_over_as(&store, "agent").await, vec![0, 1]);
+
+        let store = Arc::new(ScriptedStore::default());
+        store.fail_times(1, 1);
+        let (wal, tasks, stop) = writer(store.clone());
+        assert!(
+            matches!(wal.append(&record(0)).await, Err(WalError::Io(_))),
+            "without retries the refused PUT fails the log"
+        );
+        stopped(tasks, stop).await;
+    }
+
     // Issue 58 (INV-7): a takeover fences the first key not written while the writer
     // still has PUTs in flight. The writer's PUT at the fence fails, the object it put
     // above the fence is never read, and it acknowledges nothing after the fence; a
@@ -544,7 +634,9 @@ mod tests {
         let mut stale = BytesMut::new();
         record(99).encode_into(&mut stale);
         let sink = ObjectSink::create(store.clone(), &NodeId::new(NODE), Epoch(1), Pipelining::default());
-        sink.put(3, 1, stale.freeze()).await.expect("a key below the floor");
+        sink.put(3, 1, stale.freeze(), Default::default())
+            .await
+            .expect("a key below the floor");
         assert_eq!(take_over_as(&store, "agent").await, vec![6, 7, 8, 9]);
     }
 }

@@ -140,7 +140,7 @@ impl Writer {
     /// Puts `group` at the next key, carrying the current floor.
     fn send(&mut self, mut group: Group) {
         let (seq, floor) = (self.sink.next_key(), self.floor);
-        let put = self.sink.put(seq, floor, group.data.split().freeze());
+        let put = self.sink.put(seq, floor, group.data.split().freeze(), self.log.stall());
         let inflight = &crate::metrics::metrics().wal_puts_inflight;
         inflight.inc();
         self.inflight.push_back(

@@ -38,6 +38,8 @@ struct ScriptEntry(ScriptKind);
 enum ScriptKind {
     Hold(watch::Receiver<bool>),
     Fail,
+    /// Fails this many more times, then writes.
+    FailTimes(usize),
 }
 
 /// Releases a held PUT.
@@ -73,12 +75,25 @@ impl ScriptedStore {
             .insert(seq, ScriptEntry(ScriptKind::Fail));
     }
 
+    /// The WAL PUT of key `seq` fails `times` times, then writes.
+    pub fn fail_times(&self, seq: u64, times: usize) {
+        self.scripts
+            .lock()
+            .expect("lock")
+            .insert(seq, ScriptEntry(ScriptKind::FailTimes(times)));
+    }
+
     fn script(&self, location: &Path) -> Option<Script> {
         let seq = seq(location)?;
-        let scripts = self.scripts.lock().expect("lock");
-        match &scripts.get(&seq)?.0 {
+        let mut scripts = self.scripts.lock().expect("lock");
+        match &mut scripts.get_mut(&seq)?.0 {
             ScriptKind::Hold(rx) => Some(Script::Hold(rx.clone())),
             ScriptKind::Fail => Some(Script::Fail),
+            ScriptKind::FailTimes(0) => None,
+            ScriptKind::FailTimes(left) => {
+                *left -= 1;
+                Some(Script::Fail)
+            }
         }
     }
 }

@@ -63,8 +63,8 @@ pub struct WalWriter {
     bytes: Arc<AtomicU64>,
     max_bytes: u64,
     fenced: Arc<AtomicBool>,
-    /// Why the WAL's volume is full, while a write waits for space (issue 60).
-    no_space: Arc<Mutex<Option<String>>>,
+    /// Why a write waits for its store, while one does (issue 60).
+    stalled: Stall,
     /// Committed ends reported since the writer last looked: streams whose records up
     /// to there are in committed objects. Kept here, not in the queue, so a full queue
     /// loses none; only what changed is reported, never every stream's (D-23).
@@ -86,7 +86,7 @@ impl WalWriter {
             bytes: Arc::new(AtomicU64::new(0)),
             max_bytes,
             fenced: Arc::new(AtomicBool::new(false)),
-            no_space: Arc::default(),
+            stalled: Stall::default(),
             committed: Arc::default(),
         };
         let log = Log {
@@ -94,7 +94,7 @@ impl WalWriter {
             failed: None,
             bytes: writer.bytes.clone(),
             fenced: writer.fenced.clone(),
-            no_space: writer.no_space.clone(),
+            stalled: writer.stalled.clone(),
             reported: writer.committed.clone(),
             committed: HashMap::new(),
         };
@@ -150,8 +150,8 @@ impl WalWriter {
         if self.fenced.load(Ordering::Acquire) {
             return Err(WalError::Fenced);
         }
-        if let Some(why) = self.no_space.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            return Err(WalError::NoSpace(why));
+        if let Some(why) = self.stalled.reason() {
+            return Err(WalError::Stalled(why));
         }
         let held = self.bytes.load(Ordering::Relaxed);
         if held >= self.max_bytes {
@@ -209,6 +209,43 @@ impl WalWriter {
     }
 }
 
+/// Why the WAL's writes wait for their store, shared by the writer and the handle.
+/// Every append asks, so the answer "not stalled" is one atomic load.
+#[derive(Clone, Default)]
+pub(super) struct Stall(Arc<StallState>);
+
+#[derive(Default)]
+struct StallState {
+    stalled: AtomicBool,
+    why: Mutex<Option<String>>,
+}
+
+impl Stall {
+    /// Records why; true if it was not stalled before.
+    pub(super) fn set(&self, why: String) -> bool {
+        let mut held = self.0.why.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.stalled.store(true, Ordering::Release);
+        held.replace(why).is_none()
+    }
+
+    /// Clears it; true if it was stalled.
+    pub(super) fn clear(&self) -> bool {
+        if !self.0.stalled.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut held = self.0.why.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.stalled.store(false, Ordering::Release);
+        held.take().is_some()
+    }
+
+    fn reason(&self) -> Option<String> {
+        if !self.0.stalled.load(Ordering::Acquire) {
+            return None;
+        }
+        self.0.why.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// The writer's account of its log: what each segment holds, and whether it failed.
 pub(super) struct Log {
     segments: BTreeMap<SegmentId, SegmentInfo>,
@@ -216,7 +253,7 @@ pub(super) struct Log {
     failed: Option<WalError>,
     bytes: Arc<AtomicU64>,
     fenced: Arc<AtomicBool>,
-    no_space: Arc<Mutex<Option<String>>>,
+    stalled: Stall,
     /// Where the handle leaves reported committed ends (`WalWriter::reclaim`).
     reported: Arc<Mutex<HashMap<StreamId, u64>>>,
     /// The committed end of every stream with records in a live segment, as reported;
@@ -311,18 +348,21 @@ impl Log {
 
     /// A write found the volume full: said once, and new appends refused until it is written.
     fn out_of_space(&mut self, why: String) {
-        let mut no_space = self.no_space.lock().unwrap_or_else(|p| p.into_inner());
-        if no_space.is_none() {
+        if self.stalled.set(format!("write-ahead log volume is full: {why}")) {
             tracing::error!(error = %why, "write-ahead log volume is full; refusing new appends and retrying the write until space returns");
         }
-        *no_space = Some(why);
     }
 
     /// The write went through (or failed otherwise): appends are taken again.
     fn space_returned(&mut self) {
-        if self.no_space.lock().unwrap_or_else(|p| p.into_inner()).take().is_some() {
+        if self.stalled.clear() {
             tracing::info!("write-ahead log volume has space again; taking appends");
         }
+    }
+
+    /// Where an object WAL's PUTs say they are retrying.
+    pub(super) fn stall(&self) -> Stall {
+        self.stalled.clone()
     }
 
     /// The failure that ended this log's acknowledgements, if any.
@@ -591,7 +631,7 @@ mod tests {
             failed: None,
             bytes: Arc::default(),
             fenced: Arc::default(),
-            no_space: Arc::default(),
+            stalled: Stall::default(),
             reported: Arc::default(),
             committed: HashMap::new(),
         };

@@ -5,6 +5,7 @@
 use super::*;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use weir_tests::disk::LoopDisk;
 use weir_tests::kafka_wire::{connect, produce_at, NoAnswer};
 use weir_tests::proxy::{Mode, Proxy};
@@ -14,13 +15,17 @@ const MIB: u64 = 1 << 20;
 
 /// One streamd whose WAL is on `wal`, reaching S3 through a proxy the test can cut.
 async fn stack_on(wal: &Path, marks: &[&str]) -> (Stack, Proxy, Gatewayd) {
-    let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
+    stack_with(Backend::FileWal, wal, marks).await
+}
+
+async fn stack_with(backend: Backend, wal: &Path, marks: &[&str]) -> (Stack, Proxy, Gatewayd) {
+    let mut stack = Stack::start_with(0, backend, &[], &[]).await;
     let s3 = Proxy::start(stack.s3.endpoint.trim_start_matches("http://")).await;
     let endpoint = format!("http://{}", s3.addr);
     let wal = wal.display().to_string();
     let mut flags = vec!["--wal-dir", wal.as_str(), "--disk-check-interval-ms", "100"];
     flags.extend_from_slice(marks);
-    stack.add_node_with_env("streamd-1", Backend::FileWal, &flags, &[("AWS_ENDPOINT", &endpoint)]);
+    stack.add_node_with_env("streamd-1", backend, &flags, &[("AWS_ENDPOINT", &endpoint)]);
     stack.nodes[0].wait_ready().await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
@@ -82,7 +87,7 @@ async fn check_acked_read_back(gw: &Gatewayd, topic: &str, acked: &BTreeMap<i64,
 /// fails with what the node said.
 async fn resumed_within(
     stack: &Stack,
-    disk: &LoopDisk,
+    disk: Option<&LoopDisk>,
     kafka: &str,
     topic: &str,
     when: &str,
@@ -98,8 +103,8 @@ async fn resumed_within(
         }
         if tokio::time::Instant::now() > deadline {
             panic!(
-                "appends did not resume {when} within 60 s: {} bytes free, /ready {}\n{}",
-                disk.free_bytes(),
+                "appends did not resume {when} within 60 s: {:?} bytes free, /ready {}\n{}",
+                disk.map(LoopDisk::free_bytes),
                 streamd_ready(stack).await,
                 stack.nodes[0]
                     .log_text()
@@ -216,7 +221,7 @@ async fn a_full_wal_volume_refuses_appends_serves_reads_and_resumes_after_a_topi
         .await
         .expect("delete");
     assert_eq!(deleted, vec![Ok("fill".to_string())]);
-    let resumed = resumed_within(&stack, &disk, &kafka, "keep", "after the delete").await;
+    let resumed = resumed_within(&stack, Some(&disk), &kafka, "keep", "after the delete").await;
     kept.extend(resumed);
     s3.set(Mode::Pass);
     let (more, refused) = {
@@ -275,11 +280,91 @@ async fn enospc_from_another_process_does_not_fence_the_node() {
     check_acked_read_back(&gw, "out", &acked).await;
 
     disk.free_filler();
-    let resumed = resumed_within(&stack, &disk, &kafka, "out", "once the file is gone").await;
+    let resumed = resumed_within(&stack, Some(&disk), &kafka, "out", "once the file is gone").await;
     acked.extend(resumed);
     check_acked_read_back(&gw, "out", &acked).await;
     assert!(stack.nodes[0]
         .log_text()
         .contains("write-ahead log volume has space again"));
     assert!(!stack.nodes[0].log_text().contains("write-ahead log failed"));
+}
+
+/// Produces distinct records to `topic` one at a time until `stop`: what was
+/// acknowledged, by offset, and how many were refused with `KAFKA_STORAGE_ERROR`. An
+/// answer that does not come, or `REQUEST_TIMED_OUT`, is an unknown outcome.
+fn produce_until_stopped(
+    kafka: &str,
+    topic: &str,
+    stop: &std::sync::atomic::AtomicBool,
+) -> (BTreeMap<i64, Vec<u8>>, usize) {
+    let mut s = connect(kafka);
+    let (mut acked, mut refused) = (BTreeMap::new(), 0);
+    for i in 0.. {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        let v = value(topic, i, 512);
+        match produce_at(&mut s, topic, &v) {
+            Ok((0, offset)) => {
+                assert!(acked.insert(offset, v).is_none(), "offset {offset} acknowledged twice");
+            }
+            Ok((KAFKA_STORAGE_ERROR, _)) => {
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok((7, _)) | Err(NoAnswer::TimedOut) => s = connect(kafka),
+            Ok((code, _)) => panic!("produce {i} to {topic} answered error {code}"),
+            Err(e) => panic!("produce {i} to {topic}: {e:?}"),
+        }
+    }
+    (acked, refused)
+}
+
+// Issue 60: the object store answers every request with 503 SlowDown for 30 s while a
+// producer writes to a diskless node (object WAL). The S3 client's retries give up
+// within that time; the WAL tries its object again on the same key, refuses new
+// appends with KAFKA_STORAGE_ERROR meanwhile, and the node never fences. Once the store
+// answers again, appends resume, and every acknowledged record reads back in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_store_answering_slow_down_for_30_s_loses_nothing_and_appends_resume() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (stack, s3, gw) = stack_with(Backend::ObjectWal, tmp.path(), &[]).await;
+    create_topic(&gw, "slow", 1).await;
+    let before = {
+        let kafka = gw.kafka.clone();
+        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "slow", 512, 20).0)
+            .await
+            .expect("producer")
+    };
+    assert_eq!(before.len(), 20);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = {
+        let (kafka, stop) = (gw.kafka.clone(), stop.clone());
+        tokio::task::spawn_blocking(move || produce_until_stopped(&kafka, "slow", &stop))
+    };
+    s3.set(Mode::SlowDown);
+    // The fault's length is what is tested: the S3 client's own retries end before it.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let refused_while_slow = streamd_ready(&stack).await;
+    s3.set(Mode::Pass);
+    let resumed = resumed_within(&stack, None, &gw.kafka, "slow", "after the store answered again").await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (mut acked, refused) = producer.await.expect("producer");
+    acked.extend(resumed);
+    acked.extend(before);
+    assert!(s3.slowed_down() > 0, "the proxy answered no request with SlowDown");
+    assert!(refused > 0, "no append was refused while the store refused PUTs");
+    assert!(
+        refused_while_slow["appends_refused"]
+            .as_str()
+            .is_some_and(|w| w.contains("refuses write-ahead log objects")),
+        "{refused_while_slow}"
+    );
+    check_acked_read_back(&gw, "slow", &acked).await;
+    let ready = streamd_ready(&stack).await;
+    assert_eq!(ready["fenced"], false, "{ready}");
+    assert_eq!(ready["appends_refused"], serde_json::Value::Null, "{ready}");
+    let log = stack.nodes[0].log_text();
+    assert!(log.contains("WAL object PUT failed; refusing new appends and trying the same key again"));
+    assert!(log.contains("the object store takes write-ahead log objects again"));
 }
