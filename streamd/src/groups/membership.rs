@@ -211,6 +211,14 @@ impl Group {
     }
 
     pub fn join(&mut self, args: JoinArgs, now: Instant) -> Answer<JoinOutcome> {
+        tracing::debug!(
+            group = %self.id,
+            member = %args.member_id,
+            instance = args.group_instance_id.as_deref(),
+            phase = ?self.phase,
+            members = self.members.len(),
+            "JoinGroup"
+        );
         if args.session_timeout < MIN_SESSION_TIMEOUT || args.session_timeout > MAX_SESSION_TIMEOUT {
             return Self::join_error(code::INVALID_SESSION_TIMEOUT, &args.member_id);
         }
@@ -689,6 +697,7 @@ impl Group {
             .map(|m| m.rebalance_timeout)
             .max()
             .unwrap_or_default();
+        tracing::debug!(group = %self.id, generation = self.generation, members = ?joined_ids, "join phase completed");
         self.awaiting_sync = Some((now + timeout, joined_ids));
         let ids: Vec<String> = self.members.keys().cloned().collect();
         for id in ids {
