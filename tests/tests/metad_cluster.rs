@@ -813,6 +813,20 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Restarts a stopped replica with its data directory copied into `volume`.
+fn restart_on(replica: &mut weir_tests::metad::Replica, volume: &std::path::Path) {
+    let moved = volume.join(format!("metad-{}", replica.id));
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&replica.data_dir)
+        .arg(&moved)
+        .status()
+        .expect("run cp");
+    assert!(copied.success(), "copying the data directory onto {}", volume.display());
+    replica.data_dir = moved;
+    replica.start();
+}
+
 // OBS-17, SD-TD-6: metad's data directory is on a small disk (48 MiB, 4,096 inodes)
 // that fills, bytes and inodes, while it runs. RocksDB's preallocated write-ahead log
 // keeps taking entries; the close, whose flush needs new files (a log and table files),
@@ -831,16 +845,7 @@ async fn obs_17_sd_td_6_a_full_disk_at_close_is_logged_at_error_and_loses_no_ent
 
         let small = cluster.replicas[0].data_dir.with_file_name("small-disk");
         let disk = Tmpfs::mount(&small, "48m", 4096);
-        let moved = small.join("metad-1");
-        let copied = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&cluster.replicas[0].data_dir)
-            .arg(&moved)
-            .status()
-            .expect("run cp");
-        assert!(copied.success(), "copying the data directory onto the small disk");
-        cluster.replicas[0].data_dir = moved;
-        cluster.replicas[0].start();
+        restart_on(&mut cluster.replicas[0], &small);
         cluster.wait_leader(&[]).await;
         disk.fill();
         propose_until_applied(&client, topic("while-full")).await;
@@ -903,16 +908,7 @@ async fn a_metad_volume_under_its_refuse_mark_refuses_new_topics_and_recovers_wh
         cluster.replicas[0].signal(nix::sys::signal::Signal::SIGTERM);
         assert_eq!(cluster.replicas[0].wait_exit(Duration::from_secs(20)).await, Some(0));
         let disk = weir_tests::disk::LoopDisk::mount(&cluster.replicas[0].data_dir.with_file_name("small-volume"), 96);
-        let moved = disk.at.join("metad-1");
-        let copied = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&cluster.replicas[0].data_dir)
-            .arg(&moved)
-            .status()
-            .expect("run cp");
-        assert!(copied.success(), "copying the data directory onto the small volume");
-        cluster.replicas[0].data_dir = moved;
-        cluster.replicas[0].start();
+        restart_on(&mut cluster.replicas[0], &disk.at);
         cluster.wait_leader(&[]).await;
 
         disk.fill_leaving(16 << 20);

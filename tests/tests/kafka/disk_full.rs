@@ -61,6 +61,14 @@ fn produce_until_refused(kafka: &str, topic: &str, len: usize, most: usize) -> (
     (acked, false)
 }
 
+/// [`produce_until_refused`] off the runtime's workers (it blocks on its socket).
+async fn produce(kafka: &str, topic: &str, len: usize, most: usize) -> (BTreeMap<i64, Vec<u8>>, bool) {
+    let (kafka, topic) = (kafka.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || produce_until_refused(&kafka, &topic, len, most))
+        .await
+        .expect("producer")
+}
+
 /// Reads `topic`'s partition 0 and checks every acknowledged record is there, at its
 /// offset, once; records not acknowledged (an unknown outcome) may be there too.
 async fn check_acked_read_back(gw: &Gatewayd, topic: &str, acked: &BTreeMap<i64, Vec<u8>>) {
@@ -94,10 +102,7 @@ async fn resumed_within(
 ) -> BTreeMap<i64, Vec<u8>> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let (kafka, t) = (kafka.to_owned(), topic.to_owned());
-        let (acked, _) = tokio::task::spawn_blocking(move || produce_until_refused(&kafka, &t, 1024, 1))
-            .await
-            .expect("producer");
+        let (acked, _) = produce(kafka, topic, 1024, 1).await;
         if !acked.is_empty() {
             return acked;
         }
@@ -150,22 +155,12 @@ async fn a_full_wal_volume_refuses_appends_serves_reads_and_resumes_after_a_topi
     gw.create_stream("h").await;
     gw.wait_open("h").await;
     let kafka = gw.kafka.clone();
-    let (mut kept, _) = {
-        let kafka = kafka.clone();
-        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "keep", 1024, 20))
-            .await
-            .expect("producer")
-    };
+    let (mut kept, _) = produce(&kafka, "keep", 1024, 20).await;
     assert_eq!(kept.len(), 20);
     stack.wait_committed(0, "keep/0", 20).await;
 
     s3.set(Mode::Cut);
-    let (filled, refused) = {
-        let kafka = kafka.clone();
-        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "fill", 256 << 10, 4000))
-            .await
-            .expect("producer")
-    };
+    let (filled, refused) = produce(&kafka, "fill", 256 << 10, 4000).await;
     assert!(
         refused,
         "the volume never reached its refuse mark ({} records)",
@@ -178,12 +173,7 @@ async fn a_full_wal_volume_refuses_appends_serves_reads_and_resumes_after_a_topi
         disk.free_bytes()
     );
     // Every client append is refused, on any stream of the node, in both APIs.
-    let (_, again) = {
-        let kafka = kafka.clone();
-        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "keep", 1024, 1))
-            .await
-            .expect("producer")
-    };
+    let (_, again) = produce(&kafka, "keep", 1024, 1).await;
     assert!(again, "a produce to another topic is refused too");
     let (status, body) = gw
         .send(
@@ -224,12 +214,7 @@ async fn a_full_wal_volume_refuses_appends_serves_reads_and_resumes_after_a_topi
     let resumed = resumed_within(&stack, Some(&disk), &kafka, "keep", "after the delete").await;
     kept.extend(resumed);
     s3.set(Mode::Pass);
-    let (more, refused) = {
-        let kafka = kafka.clone();
-        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "keep", 1024, 5))
-            .await
-            .expect("producer")
-    };
+    let (more, refused) = produce(&kafka, "keep", 1024, 5).await;
     assert!(!refused && more.len() == 5, "appends go on once space returned");
     kept.extend(more);
     check_acked_read_back(&gw, "keep", &kept).await;
@@ -256,12 +241,7 @@ async fn enospc_from_another_process_does_not_fence_the_node() {
     let kafka = gw.kafka.clone();
     // Room for what is written now, not for the next 4 MiB segment.
     disk.fill_leaving(2 * MIB);
-    let (mut acked, refused) = {
-        let kafka = kafka.clone();
-        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "out", 128 << 10, 400))
-            .await
-            .expect("producer")
-    };
+    let (mut acked, refused) = produce(&kafka, "out", 128 << 10, 400).await;
     assert!(
         refused,
         "the full volume never refused an append ({} acknowledged)",
@@ -330,12 +310,7 @@ async fn an_object_store_answering_slow_down_for_30_s_loses_nothing_and_appends_
     let tmp = tempfile::tempdir().expect("tmp");
     let (stack, s3, gw) = stack_with(Backend::ObjectWal, tmp.path(), &[]).await;
     create_topic(&gw, "slow", 1).await;
-    let before = {
-        let kafka = gw.kafka.clone();
-        tokio::task::spawn_blocking(move || produce_until_refused(&kafka, "slow", 512, 20).0)
-            .await
-            .expect("producer")
-    };
+    let before = produce(&gw.kafka, "slow", 512, 20).await.0;
     assert_eq!(before.len(), 20);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer = {
