@@ -114,9 +114,42 @@ impl LoopDisk {
         }
     }
 
+    /// Fills the volume from outside until a write fails for lack of space, then makes
+    /// directories until that fails too: not a block is left for anything.
+    pub fn fill_up(&self) {
+        self.fill_leaving(0);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.at.join("filler"))
+            .expect("filler file");
+        let block = vec![0xa5u8; 4096];
+        loop {
+            match f.write_all(&block).and_then(|()| f.sync_data()) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32) => break,
+                Err(e) => panic!("filling the volume: {e}"),
+            }
+        }
+        // ext4 keeps a reserve for metadata that new directories still draw on: use it
+        // up too, so not even a directory can be made.
+        for n in 0.. {
+            match std::fs::create_dir(self.at.join(format!("filler-dir-{n}"))) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32) => break,
+                Err(e) => panic!("filling the volume with directories: {e}"),
+            }
+        }
+    }
+
     /// Removes the filler of [`LoopDisk::fill_leaving`].
     pub fn free_filler(&self) {
         std::fs::remove_file(self.at.join("filler")).expect("remove the filler");
+        for entry in std::fs::read_dir(&self.at).expect("the volume").flatten() {
+            if entry.file_name().to_string_lossy().starts_with("filler-dir-") {
+                std::fs::remove_dir(entry.path()).expect("remove a filler directory");
+            }
+        }
     }
 }
 

@@ -116,6 +116,42 @@ fn zero_fill_direct(file: &File, size: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// An empty directory made ahead in a node's WAL directory, while there is room, that
+/// the next incarnation's directory is renamed from (issue 60): a rename takes no free
+/// block where a new directory takes one, so a node restarted on a full volume still
+/// gets its WAL, serves reads and refuses appends until space returns.
+const SPARE_DIR: &str = "spare";
+
+/// Creates `dir`, which must not exist (an incarnation writes one WAL): from the spare
+/// directory when there is one, else anew.
+fn make_incarnation_dir(dir: &Path) -> std::io::Result<()> {
+    match fs::symlink_metadata(dir) {
+        Ok(_) => return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "it exists")),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
+    }
+    let spare = dir.with_file_name(SPARE_DIR);
+    // Only an empty spare is used: anything in it would be replayed as this WAL.
+    let empty = fs::read_dir(&spare).is_ok_and(|mut entries| entries.next().is_none());
+    if empty && fs::rename(&spare, dir).is_ok() {
+        return Ok(());
+    }
+    fs::create_dir(dir)
+}
+
+/// Makes the next incarnation's spare directory. Best effort: without room for it,
+/// the next start creates its directory anew.
+fn make_spare_dir(parent: &Path) {
+    let spare = parent.join(SPARE_DIR);
+    match fs::create_dir(&spare).and_then(|()| sync_dir(parent)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            tracing::warn!(dir = %spare.display(), error = %e, "cannot make the next incarnation's spare WAL directory")
+        }
+    }
+}
+
 /// An open segment file.
 struct Active {
     id: SegmentId,
@@ -165,10 +201,11 @@ impl FileSink {
         // The root and the node's directory are synced into their parents too: a crash
         // right after the first registration must not lose the tree (issue 20).
         weir_shared::durable_dir::create_dir_all(parent).map_err(io)?;
-        fs::create_dir(&dir)
+        make_incarnation_dir(&dir)
             .map_err(|e| WalError::Io(format!("cannot create WAL directory {}: {e}", dir.display())))?;
         sync_dir(&dir).map_err(io)?;
         sync_dir(parent).map_err(io)?;
+        make_spare_dir(parent);
         let meta = fs::metadata(&dir).map_err(io)?;
         let mut inner = Inner {
             dir,
@@ -484,6 +521,36 @@ mod tests {
             .collect();
         out.sort();
         out
+    }
+
+    // Issue 60: each incarnation leaves an empty spare directory that the next one's WAL
+    // directory is renamed from (no free block needed), and makes the next spare; an
+    // incarnation's directory that exists already is refused, spare or not.
+    #[test]
+    fn the_next_incarnation_takes_the_spare_directory() {
+        let root = tempfile::tempdir().expect("tmp");
+        let node = NodeId::new("n");
+        let mut first = FileSink::create(root.path(), &node, Epoch(1), 64 << 10).expect("create");
+        first.close();
+        let spare = root.path().join("n").join(SPARE_DIR);
+        let spare_inode = fs::metadata(&spare).expect("a spare after the first start").ino();
+        let _second = FileSink::create(root.path(), &node, Epoch(2), 64 << 10).expect("create");
+        let second = incarnation_dir(root.path(), &node, Epoch(2));
+        assert_eq!(
+            fs::metadata(&second).expect("dir").ino(),
+            spare_inode,
+            "renamed from the spare"
+        );
+        assert!(fs::metadata(&spare).expect("the next spare").ino() != spare_inode);
+        assert!(
+            FileSink::create(root.path(), &node, Epoch(2), 64 << 10).is_err(),
+            "epoch 2 exists"
+        );
+        // A spare with something in it is not used: it would be replayed as the WAL.
+        fs::write(spare.join("stray"), b"x").expect("stray file");
+        let _third = FileSink::create(root.path(), &node, Epoch(3), 64 << 10).expect("create");
+        assert!(!incarnation_dir(root.path(), &node, Epoch(3)).join("stray").exists());
+        assert!(spare.join("stray").exists());
     }
 
     // Issue 17: a segment is zero-filled to its full size before it is written, and its

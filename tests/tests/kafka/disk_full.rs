@@ -343,3 +343,56 @@ async fn an_object_store_answering_slow_down_for_30_s_loses_nothing_and_appends_
     assert!(log.contains("WAL object PUT failed; refusing new appends and trying the same key again"));
     assert!(log.contains("the object store takes write-ahead log objects again"));
 }
+
+// Issue 60: a node restarted on a WAL volume with not one block free comes up: its new
+// incarnation's WAL directory is the spare its predecessor made (a rename, no block
+// needed). It takes over its own old WAL and serves every acknowledged record. Filled
+// again (the taken-over WAL's space comes back once uploaded), it refuses appends with
+// KAFKA_STORAGE_ERROR, and takes them again once space returns, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_on_a_full_wal_volume_serves_reads_and_resumes_when_space_returns() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let disk = LoopDisk::mount(&tmp.path().join("wal"), 64);
+    let marks = ["--disk-refuse-free-bytes", "0", "--disk-alert-free-bytes", "0"];
+    let (mut stack, _s3, gw) = stack_on(&disk.at, &marks).await;
+    create_topic(&gw, "full", 1).await;
+    let (mut acked, _) = produce(&gw.kafka, "full", 1024, 20).await;
+    assert_eq!(acked.len(), 20);
+    disk.fill_up();
+    stack.nodes[0].kill();
+    stack.nodes[0].start();
+    // Without the spare, the start ends with "cannot create WAL directory".
+    let url = format!("http://{}/readyz", stack.nodes[0].http);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(code) = stack.nodes[0].wait_exit_if_exited(Duration::from_millis(200)).await {
+            panic!(
+                "streamd exited {code} on a full volume: {}",
+                weir_tests::tail_of(&stack.nodes[0].run_log_text(), 3000)
+            );
+        }
+        let answer = weir_tests::http().get(&url).send().await;
+        if answer.is_ok_and(|a| a.status().is_success()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not ready within 60 s on a full volume"
+        );
+    }
+    check_acked_read_back(&gw, "full", &acked).await;
+    // The takeover of its old WAL gives that WAL's space back once uploaded; take it too.
+    disk.fill_up();
+    let (refused_acks, refused) = produce(&gw.kafka, "full", 1024, 50).await;
+    assert!(
+        refused,
+        "appends were not refused on a full volume ({} acknowledged)",
+        refused_acks.len()
+    );
+    acked.extend(refused_acks);
+    disk.free_filler();
+    let resumed = resumed_within(&stack, Some(&disk), &gw.kafka, "full", "once the filler is gone").await;
+    acked.extend(resumed);
+    check_acked_read_back(&gw, "full", &acked).await;
+    assert!(!stack.nodes[0].log_text().contains("write-ahead log failed"));
+}
