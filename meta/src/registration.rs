@@ -61,12 +61,19 @@ pub async fn register(
 }
 
 /// FO-FEN-3: a clean stop fences its own incarnation, so failover acts at once instead
-/// of after the node timeout. Logged either way; a failure leaves it to the timeout.
-pub async fn fence_self(metad: &MetadClient, me: &Incarnation) {
-    match metad.propose(&Proposer::Node(me.clone()), Command::FenceSelf).await {
-        Ok((index, Ok(_))) => tracing::info!(node_id = %me.node, epoch = %me.epoch, log_index = index, "fenced self"),
-        Ok((_, Err(r))) => tracing::warn!(rejection = %r, "self-fence refused"),
-        Err(e) => tracing::warn!(error = %e, "self-fence not landed; the node timeout will fence it"),
+/// of after the node timeout; bounded by `within`. Logged either way; a failure leaves
+/// it to the timeout.
+pub async fn fence_self(metad: &MetadClient, me: &Incarnation, within: Duration) {
+    match tokio::time::timeout(within, metad.propose(&Proposer::Node(me.clone()), Command::FenceSelf)).await {
+        Ok(Ok((index, Ok(_)))) => {
+            tracing::info!(node_id = %me.node, epoch = %me.epoch, log_index = index, "fenced self")
+        }
+        Ok(Ok((_, Err(r)))) => tracing::warn!(rejection = %r, "self-fence refused"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "self-fence not landed; the node timeout will fence it"),
+        Err(_) => tracing::warn!(
+            timeout = ?within,
+            "self-fence not landed within what the deadline leaves; the node timeout will fence it"
+        ),
     }
 }
 

@@ -312,6 +312,10 @@ impl Teardown {
     }
 }
 
+/// What terminal teardown keeps of the deadline for its own steps after the
+/// self-fence: the loops' grace and the single-stream tasks' grace.
+const TEARDOWN_RESERVE: Duration = Duration::from_secs(2 * TASK_GRACE.as_secs());
+
 /// A clean stop's steps (F steps 1–7, D-3).
 struct StreamdStop {
     node: Arc<Node>,
@@ -337,7 +341,10 @@ impl StopSteps for StreamdStop {
     /// a drain's transfer reroutes rather than seeing its owner fenced mid-request.
     async fn terminal_teardown(&mut self) -> PhaseOutcome {
         self.node.fencing_self();
-        registration::fence_self(&self.node.metad, &self.node.me).await;
+        // FO-MDO-6: with the metadata log out of reach the fence cannot land; it may not
+        // take the time teardown's own graces need, or the deadline would force the stop.
+        let within = self.teardown.shutdown.deadline_left().saturating_sub(TEARDOWN_RESERVE);
+        registration::fence_self(&self.node.metad, &self.node.me, within).await;
         self.node.fence("it fenced itself for the shutdown");
         self.teardown.run().await
     }
