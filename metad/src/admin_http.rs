@@ -12,7 +12,9 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
+use std::sync::Arc;
 use weir_meta::listing::{nodes_json, section_json};
+use weir_shared::shutdown::Shutdown;
 
 #[derive(Clone)]
 struct AdminState {
@@ -20,10 +22,17 @@ struct AdminState {
     sm: StateMachineStore,
     node_id: u64,
     disk: weir_shared::disk_space::DiskWatch,
+    stopping: Arc<Shutdown>,
 }
 
 /// The admin router for one replica.
-pub fn router(raft: Raft, sm: StateMachineStore, node_id: u64, disk: weir_shared::disk_space::DiskWatch) -> Router {
+pub fn router(
+    raft: Raft,
+    sm: StateMachineStore,
+    node_id: u64,
+    disk: weir_shared::disk_space::DiskWatch,
+    stopping: Arc<Shutdown>,
+) -> Router {
     Router::new()
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -39,6 +48,7 @@ pub fn router(raft: Raft, sm: StateMachineStore, node_id: u64, disk: weir_shared
             sm,
             node_id,
             disk,
+            stopping,
         })
 }
 
@@ -46,9 +56,20 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
     (status, Json(json!({ "error": code, "message": message.into() }))).into_response()
 }
 
-/// A replica is ready once it knows a leader (D-2: for metad, readiness means that).
+/// A replica is ready once it knows a leader (D-2: for metad, readiness means that),
+/// until it is stopping (SD-CS-2).
 fn is_ready(s: &AdminState) -> bool {
-    current_leader(&s.raft).is_some()
+    current_leader(&s.raft).is_some() && !s.stopping.is_requested()
+}
+
+/// This replica's incarnation as the log holds it (`metad-ID`, registered by its
+/// failover loop): the epoch, and whether a peer fenced it for going silent (it then
+/// registers again; it stays a Raft voter meanwhile, FO-LIV-11).
+fn own_row(s: &AdminState) -> (Option<u64>, bool) {
+    let id = weir_shared::ids::NodeId::new(format!("metad-{}", s.node_id));
+    s.sm.hub()
+        .with_state(|st| st.nodes.get(&id).map(|r| (Some(r.epoch.0), r.fenced)))
+        .unwrap_or((None, false))
 }
 
 async fn readyz(State(s): State<AdminState>) -> StatusCode {
@@ -61,14 +82,16 @@ async fn readyz(State(s): State<AdminState>) -> StatusCode {
 
 async fn ready(State(s): State<AdminState>) -> Response {
     let ready = is_ready(&s);
+    let (epoch, fenced) = own_row(&s);
     let body = json!({
         "ready": ready,
         "node_id": format!("metad-{}", s.node_id),
+        "epoch": epoch,
         "leader": current_leader(&s.raft).map(|(id, _)| id),
         "applied_index": s.sm.hub().applied_index(),
-        "fenced": false,
-        "terminating": false,
-        "caught_up": ready,
+        "fenced": fenced,
+        "terminating": s.stopping.is_requested(),
+        "caught_up": current_leader(&s.raft).is_some(),
         // Issue 60: the data directory's volume against its marks, and why new
         // topics, streams and tokens are refused, when they are.
         "disk": s.disk.states(),

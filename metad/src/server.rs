@@ -132,7 +132,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
 
     let http = weir_shared::http_server::serve(
         Listener::new(http_listener, "http", limits),
-        crate::admin_http::router(raft.clone(), sm.clone(), args.id, disk),
+        crate::admin_http::router(raft.clone(), sm.clone(), args.id, disk, stopping.clone()),
         None,
         shutdown.clone().cancelled_owned(),
     );
