@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """Generates docs/requirements.md: every requirement ID, its status and the tests naming it.
 
-The rule for what counts (issue 21): an ID is *tested* when it appears literally in a
-test function's name (`sd_int_9_...`) or in a comment on that test: the comment and
-attribute lines right above it, or a `//` comment inside its body. An ID reached only
-through a range (`FO-TKO-1…8`, `SD-REL-1..6`) does not count; string literals do not
-count. Every ID no test names needs a line in docs/requirements/status.txt saying why.
+The rule for what counts (issue 61): an ID is *tested* when a test marks an assertion
+with it. A mark is the ID written in a `//` comment inside the test's body, which marks
+the next assertion statement after it (across the setup lines between them), in the
+comment on an assertion's own lines, or in an assertion's message string. An
+assertion statement is an `assert*!`/`prop_assert*!`/`panic!`, a call of a function
+named `assert_*`, `expect_*`, `check_*` or `wait_*` (`wait_for` fails on its
+timeout; not `wait_exit`, which only reports), or an `.expect_err(` call; a call of an `assert_*`, `check_*` or `expect_*`
+function anywhere in a line counts too (`with_timeout(check_replay(..))`), so a test
+whose assertions live in one such function marks the call. Nothing else counts: not the test's name, not the
+comment above the test, not a helper's comments (a helper never spreads credit), not
+an ID reached only through a range (`FO-TKO-1…8`, `SD-REL-1..6`). Every ID no test
+marks needs a line in docs/requirements/status.txt saying why.
 
     scripts/requirements.py           rewrite docs/requirements.md
     scripts/requirements.py --check   fail when it is stale or an ID is unaccounted for
@@ -30,7 +37,6 @@ ID_IN_TEXT = re.compile(
 _ID = r"(?:FO|SD|RR|OBS|DEP|INV|NA)-(?:[A-Z]+-)?\d+"
 # `FO-TKO-1 to FO-TKO-3`, `SD-REL-1..6`, `FO-TKO-1…8`: neither end counts.
 RANGE = re.compile(_ID + r"\s*(?:…|\.\.|–|\s+to\s+|\s+through\s+)\s*(?:" + _ID + r"|\d+)\b")
-ID_IN_NAME = re.compile(r"(?:^|_)((?:fo|sd|rr|obs|dep|inv)_(?:[a-z]+_)?\d+)(?=_|$)")
 TEST_ATTR = re.compile(r"^\s*#\[(?:test|tokio::test|rstest|test_case)\b")
 FN = re.compile(r"^\s*(?:pub(?:\([a-z:]+\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?fn\s+([a-z0-9_]+)")
 STATUSES = {"implemented", "untested", "partial", "missing", "optional"}
@@ -47,11 +53,6 @@ def requirements():
             if len(summary) > 140:
                 summary = summary[:137].rstrip() + "…"
             yield m.group(2), kind, tags, summary
-
-
-def name_ids(name):
-    """IDs spelled in a test's snake_case name: `sd_int_9_x` names SD-INT-9."""
-    return {m.upper().replace("_", "-") for m in ID_IN_NAME.findall(name)}
 
 
 def comment_of(line):
@@ -118,31 +119,61 @@ def functions_in(lines):
         i = end + 1
 
 
+# The first code of a line that starts an assertion statement.
+ASSERTION = re.compile(
+    r"^\s*(?:let\s+[^=]*=\s*)?(?:[\w:]+::)?"
+    r"(?:assert\w*!|prop_assert\w*!|panic!|(?:[\w.()&]*\.)?(?:assert_\w+|expect_\w+|wait_(?!exit)\w+|check_\w+)\s*[(<])"
+)
+# Anywhere in a line: calls that fail the test by themselves.
+FAILING_CALL = re.compile(r"\.expect_err\(|(?<!\.)\bwait_for\(|(?<![\w.])(?:[\w:]+::)?(?:assert|check|expect)_\w+\s*[(<]")
+STRING = re.compile(r'"((?:\\.|[^"\\])*)"')
+
+
+def ids_in(text):
+    return set(ID_IN_TEXT.findall(RANGE.sub(" ", text)))
+
+
+def statement_end(lines, i, last):
+    """The last line of the statement starting at line `i` (its `;`, or where its
+    brackets close), within the function ending at `last`."""
+    depth = 0
+    for j in range(i, last + 1):
+        code = lines[j]
+        c = comment_of(code)
+        if c:
+            code = code[: len(code) - len(c)]
+        code = STRING.sub('""', code)
+        depth += sum(code.count(ch) for ch in "([{") - sum(code.count(ch) for ch in ")]}")
+        if depth <= 0 and (code.rstrip().endswith((";", "}", ")", ",")) or depth < 0):
+            return j
+    return last
+
+
 def tests_in(path):
-    """Yields (test name, IDs it names) for each test function in a Rust file.
-
-    A test that delegates to a helper of the same file (`file_wal_x()` calling
-    `x(Backend::File)`) also names what the helper's comments name."""
+    """Yields (test name, IDs its assertions are marked with) for each test function
+    in a Rust file."""
     lines = path.read_text().splitlines()
-    fns = list(functions_in(lines))
-    # Helpers are test code: a file under tests/, or what follows the test module (the
-    # test module is last in a file, clippy.toml's items_after_test_module).
-    in_tests = path.relative_to(ROOT).parts[0] == "tests"
-    test_module = next((i for i, l in enumerate(lines) if l.strip() == "#[cfg(test)]"), len(lines))
-    helpers = {name: (a, b) for name, is_test, a, b in fns if not is_test and (in_tests or a > test_module)}
-
-    def comments(a, b):
-        return "\n".join(comment_of(l) for l in lines[a : b + 1])
-
-    for name, is_test, a, b in fns:
+    for name, is_test, a, b in functions_in(lines):
         if not is_test:
             continue
-        text = comments(a, b)
-        code = "\n".join(lines[a : b + 1])
-        # Free calls only: `x.name(` and `Type::name(` are not this file's helpers.
-        for called in set(re.findall(r"(?<![.\w:])([a-z0-9_]+)\s*\(", code)) & set(helpers):
-            text += "\n" + comments(*helpers[called])
-        yield name, set(ID_IN_TEXT.findall(RANGE.sub(" ", text))) | name_ids(name)
+        body = next(i for i in range(a, b + 1) if FN.match(lines[i])) + 1
+        marked, pending = set(), set()
+        i = body
+        while i <= b:
+            line = lines[i]
+            c = comment_of(line)
+            code = line[: len(line) - len(c)] if c else line
+            if code.strip() and (ASSERTION.match(code) or FAILING_CALL.search(code)):
+                end = statement_end(lines, i, b)
+                stmt = lines[i : end + 1]
+                strings = " ".join(STRING.findall("\n".join(s[: len(s) - len(comment_of(s))] for s in stmt)))
+                marked |= pending | ids_in(strings) | ids_in("\n".join(comment_of(s) for s in stmt))
+                pending = set()
+                i = end + 1
+                continue
+            pending |= ids_in(c)
+            i += 1
+        yield name, marked
 
 
 def test_index():
@@ -156,7 +187,7 @@ def test_index():
                     named.setdefault(rid, []).append(f"{rel}::{name}")
     for script in SCRIPT_TESTS:
         comments = [l for l in (ROOT / script).read_text().splitlines() if l.lstrip().startswith("#")]
-        for rid in set(ID_IN_TEXT.findall(RANGE.sub(" ", "\n".join(comments)))):
+        for rid in ids_in("\n".join(comments)):
             named.setdefault(rid, []).append(script)
     return named
 
@@ -207,11 +238,12 @@ def render():
         "# Requirements and the tests that check them",
         "",
         "Generated by `scripts/requirements.py` from `docs/requirements/seed-requirements.md`,",
-        "the tests' names and comments, and `docs/requirements/status.txt`. Do not edit by hand;",
+        "the marks on the tests' assertions, and `docs/requirements/status.txt`. Do not edit by hand;",
         "CI (`scripts/test.sh`) fails when this file is stale.",
         "",
-        "An ID is **tested** when a test's name or a comment on that test names it literally, not",
-        "through a range. Other statuses: **implemented** (built, but not testable here, with why),",
+        "An ID is **tested** when a test marks an assertion with it: a comment right before or on",
+        "the assertion, or its message, names the ID literally, not through a range (the rule is",
+        "in `scripts/requirements.py`). Other statuses: **implemented** (built, but not testable here, with why),",
         "**untested** (built, with no test yet, and what one would do), **partial** and **missing**",
         "(with the gap), **optional** (an `OPT` requirement not taken up, or one whose condition does",
         "not hold), **n/a** (Nervix-only, seed §4).",

@@ -284,7 +284,9 @@ mod tests {
         let start = Instant::now();
         let budget = Budget::new(Duration::from_secs(30), start);
         let unit = budget.unit_bound_at(start).unwrap();
+        // SD-DRN-6: a unit's bound is the time left less 1/6 of the initial budget.
         assert_eq!(unit, Duration::from_secs(25));
+        // SD-DRN-6: preparation gets 4/5 of the unit's bound.
         assert_eq!(prepare_bound(unit), Duration::from_secs(20));
         assert_eq!(
             budget.unit_bound_at(start + Duration::from_secs(10)),
@@ -376,6 +378,7 @@ mod tests {
             match next_step(&log.state, &mut plan, &budget, start, 1) {
                 Step::Move { batch, unit } => {
                     assert_eq!(batch.len(), 1);
+                    // SD-DRN-1: each stream goes to another eligible node.
                     assert_eq!(batch[0].target, b.node);
                     assert_eq!(unit, Duration::from_secs(50));
                     moved.push(batch[0].name.clone());
@@ -384,6 +387,7 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+        // SD-DRN-1: every stream is moved, in canonical order (s2 was created first).
         assert_eq!(moved, ["s1", "s2"]);
     }
 
@@ -422,6 +426,7 @@ mod tests {
         let start = Instant::now();
         let budget = Budget::new(Duration::from_secs(60), start);
         let mut plan = DrainPlan::new(&log.state, a.clone());
+        // SD-DRN-6: 10 s left of 60 is no more than the 10 s reserve: no budget for a unit.
         assert_eq!(
             next_step(&log.state, &mut plan, &budget, start + Duration::from_secs(50), 1),
             Step::Stop(Stopped::BudgetSpent)
@@ -436,6 +441,7 @@ mod tests {
             Step::Stop(Stopped::NoDestination)
         );
         log.register("a");
+        // SD-TRM-8: the source's restart (a new epoch) invalidates the plan.
         assert_eq!(
             next_step(&log.state, &mut plan, &budget, start, 1),
             Step::Stop(Stopped::SourceChanged)

@@ -307,8 +307,10 @@ mod tests {
                 w.beat(&holder);
                 let fences = dead_nodes(&w.s, &holder, &mut clock);
                 if beat < threshold {
+                    // FO-LIV-4, FO-LIV-5: no fence before ceil(timeout / interval) holder heartbeats.
                     assert!(fences.is_empty(), "timeout {timeout}: no fence after {beat}");
                 } else {
+                    // FO-LIV-4, FO-LIV-5: the fence at exactly the threshold: 6 for 30 s, 7 for 31 s.
                     assert_eq!(
                         fences,
                         vec![Command::FenceNode {
@@ -322,7 +324,7 @@ mod tests {
         }
     }
 
-    /// FO-LIV-6, FO-LIV-12: a node that heartbeats is never judged dead.
+    /// FO-LIV-6: a node that heartbeats is never judged dead.
     #[test]
     fn a_heartbeating_node_stays_alive() {
         let mut w = World::new(30);
@@ -333,6 +335,8 @@ mod tests {
             w.beat(&holder);
             w.beat(&holder);
             w.beat(&node);
+            // FO-LIV-6: only a node that stops heartbeating is fenced: each of its heartbeats
+            // restarts its count, so 100 holder heartbeats (16 thresholds) fence nothing.
             assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         }
     }
@@ -345,9 +349,45 @@ mod tests {
         w.register("s1", NodeKind::Streamd);
         let mut clock = Clock::default();
         for _ in 0..100 {
-            // FO-LIV-8: a holder cut off from the log lands no heartbeats, so it plans no fence.
+            // FO-LIV-7, INV-10: a paused holder lands no heartbeats, so however many ticks it
+            // runs, its clock stands still and it plans no fence.
             assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         }
+    }
+
+    /// FO-LIV-12: a replica that becomes the holder starts its clock afresh: heartbeats
+    /// it counted before, while it was not judging, never count against a node. Only
+    /// `threshold` of its own heartbeats after the takeover fence a silent node.
+    #[test]
+    fn a_new_holder_judges_only_what_it_saw_after_taking_over() {
+        let mut w = World::new(30);
+        let holder = w.register("metad-2", NodeKind::Metad);
+        let node = w.register("s1", NodeKind::Streamd);
+        let threshold = w.s.settings.expect("init").missed_heartbeats_threshold();
+        let mut clock = Clock::default();
+        // Seen once while contending, then beats it did not judge by (another held the lease).
+        assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
+        for _ in 0..threshold {
+            w.beat(&holder);
+        }
+        // It takes the lease (the failover loop resets the clock here).
+        clock.reset();
+        for beat in 1..=threshold {
+            let fences = dead_nodes(&w.s, &holder, &mut clock);
+            // FO-LIV-12: the threshold heartbeats it landed before taking over count for nothing.
+            assert!(fences.is_empty(), "fenced after {beat} observed heartbeats: {fences:?}");
+            w.beat(&holder);
+        }
+        // FO-LIV-12: the fence comes only with threshold heartbeats it saw as the holder.
+        assert_eq!(
+            dead_nodes(&w.s, &holder, &mut clock),
+            vec![Command::FenceNode {
+                node: node.node.clone(),
+                epoch: node.epoch,
+                seen_heartbeats: 0
+            }],
+            "threshold observed heartbeats after the takeover"
+        );
     }
 
     /// FO-LIV-11, INV-8: a fenced holder judges nobody, though its own count says a
@@ -372,6 +412,7 @@ mod tests {
         w.apply(Proposer::Node(holder.clone()), Command::FenceSelf)
             .expect("fence");
         for _ in 0..10 {
+            // FO-LIV-11, INV-8: fenced, the holder plans no FenceNode for the node past its threshold.
             assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         }
     }
@@ -411,6 +452,7 @@ mod tests {
         );
         w.apply(Proposer::Node(holder.clone()), Command::FenceSelf)
             .expect("fence the holder");
+        // FO-LIV-11: fenced, the holder proposes no takeover step, leader or not.
         assert!(holder_commands(&w.s, &holder, &mut clock, true, u64::MAX).is_empty());
         assert!(holder_commands(&w.s, &holder, &mut clock, false, u64::MAX).is_empty());
     }
@@ -427,12 +469,15 @@ mod tests {
         dead_nodes(&w.s, &holder, &mut clock);
         let again = w.register("s1", NodeKind::Streamd);
         w.beat(&holder);
+        // FO-LIV-10: s1 is silent for the threshold (2 holder heartbeats), but one of them came
+        // before its re-registration and does not count.
         assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         // Two holder heartbeats (10 s / 5 s) after it was first seen at its new epoch.
         w.beat(&holder);
         assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         w.beat(&holder);
         let fences = dead_nodes(&w.s, &holder, &mut clock);
+        // FO-LIV-10: fenced a full timeout after the re-registration, at its new epoch.
         assert_eq!(fences.len(), 1);
         assert!(matches!(&fences[0], Command::FenceNode { epoch, .. } if *epoch == again.epoch));
     }
@@ -600,8 +645,10 @@ mod tests {
         w.apply(op(), begin).expect("a repeated begin is harmless");
         w.apply(Proposer::Node(b.clone()), complete)
             .expect("a repeated completion is harmless");
+        // RR-WAL-8: reapplied, the completed takeover keeps the new owner's commits and row.
         assert_eq!((w.s.streams[&stream].clone(), w.s.takeovers.clone()), before);
         let restored: State = crate::model::codec::decode(&crate::model::codec::encode(&w.s)).expect("round trip");
+        // RR-WAL-8: a restored snapshot knows the takeover is done and plans no second one.
         assert!(
             takeover_steps(&restored).is_empty(),
             "no second takeover after a restore"

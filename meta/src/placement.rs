@@ -178,6 +178,7 @@ mod tests {
             },
         )
         .unwrap();
+        // FO-LIV-11: once a peer has fenced its row, the replica places nothing.
         assert!(!may_place(&s, &me), "fenced by a peer");
         next(&mut s, register).unwrap();
         assert!(may_place(&s, &me), "live again once registered again");
@@ -278,11 +279,13 @@ mod tests {
         };
         let start = Instant::now();
         let mut grace = RestartGrace::new(start);
+        // RR-GRC-1: placement waits while a node registered before the restart is not seen back.
         assert!(
             grace.defer(&s, start),
             "the old node has not heartbeated since the restart"
         );
         next(&mut s, op(), register("new")).unwrap();
+        // RR-GRC-1: only nodes registered before the restart are waited for.
         assert!(
             grace.defer(&s, start),
             "a new node does not end the wait for the old one"
@@ -292,6 +295,7 @@ mod tests {
             epoch,
         };
         next(&mut s, Proposer::Node(old), Command::Heartbeat).unwrap();
+        // RR-GRC-1: its first heartbeat since the restart ends the wait before the 10 s are up.
         assert!(!grace.defer(&s, start), "every registered node is back");
         assert!(!grace.defer(&s, start), "the grace is over for good");
     }
@@ -415,6 +419,7 @@ mod tests {
             .unwrap();
         }
         let targets: Vec<String> = plan(&s, usize::MAX).into_iter().map(|(_, n)| n.to_string()).collect();
+        // FO-TKO-3: each to the least loaded node at that moment, ties broken by node id.
         assert_eq!(targets, ["b", "b", "b", "b", "c", "d", "b", "c", "d", "b"]);
     }
 

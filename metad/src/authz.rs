@@ -379,11 +379,14 @@ mod tests {
         let s1 = who(Role::Streamd, "s1");
         let tokens = tokens();
         let users = users(&tokens, false);
+        // SD-DRN-10: a streamd's certificate drains that node, with no user credential...
         assert!(drain(Some(&s1), "", Some(&me), "", &users).is_ok());
+        // SD-DRN-10: ...and no other node, whether as the requester or named with a user.
         assert!(drain(Some(&s1), "", Some(&other), "", &users).is_err());
         assert!(drain(Some(&s1), "s2", None, "ops", &users).is_err());
         let gw = who(Role::Gatewayd, "gw");
         assert!(drain(Some(&gw), "s2", None, "ops", &users).is_ok());
+        // SD-DRN-10: a gateway's certificate cannot make a stopping node's drain.
         assert!(drain(Some(&gw), "", Some(&me), "ops", &users).is_err());
     }
 

@@ -251,6 +251,7 @@ mod tests {
         }
         let held = streams[0].0;
         let found = orphans(&state, |s| s == held);
+        // RR-INT-4: the marks no running transfer holds are to be discarded, each by its op id.
         assert_eq!(
             found,
             vec![
@@ -274,6 +275,7 @@ mod tests {
         assert!(found
             .iter()
             .all(|o| o.reason == "its destination changed process incarnation"));
+        // RR-INT-4: a mark its running transfer still holds survives.
         assert!(orphans(&state, |_| true).is_empty(), "held marks are never orphans");
     }
 

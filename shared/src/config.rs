@@ -180,9 +180,11 @@ mod tests {
     fn heartbeat_timing_refuses_timeout_not_above_interval_and_names_both_flags() {
         for (interval, timeout) in [(5, 5), (5, 4)] {
             let err = check_heartbeat_timing(interval, timeout).unwrap_err().to_string();
+            // FO-LIV-13: a timeout not above the interval is refused, naming both flags.
             assert!(err.contains("--node-timeout-sec"), "{err}");
             assert!(err.contains("--heartbeat-interval-sec"), "{err}");
         }
+        // FO-LIV-13: a timeout above the interval is accepted.
         check_heartbeat_timing(5, 6).unwrap();
     }
 

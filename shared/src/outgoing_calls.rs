@@ -137,6 +137,7 @@ mod tests {
         let call = Call::start();
         assert_eq!(open(), 1);
         let early = tokio::time::timeout(Duration::from_millis(50), all_ended()).await;
+        // SD-DL-8: the transport drain does not end while a call to a peer is still open.
         assert!(early.is_err(), "still open");
         let started = std::time::Instant::now();
         let ends = async move {
@@ -145,6 +146,7 @@ mod tests {
         };
         tokio::join!(all_ended(), ends);
         assert_eq!(open(), 0);
+        // SD-DL-8: it runs until that call has its answer, and ends then.
         assert!(started.elapsed() >= Duration::from_millis(100), "ended by the call");
     }
 }

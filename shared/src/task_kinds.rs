@@ -133,8 +133,9 @@ mod tests {
         let started = std::time::Instant::now();
         assert_eq!(tasks.stop(grace).await, 2);
         let took = started.elapsed();
+        // SD-TD-4: the two stalled tasks of one kind share one grace, not one each.
         assert!(took >= grace && took < 2 * grace, "one grace for both: {took:?}");
-        // Aborted: the tasks dropped what they held.
+        // SD-TD-3, SD-TD-4: past the grace each stalled task is aborted: both dropped what they held.
         for _ in 0..100 {
             if Arc::strong_count(&stalled) == 1 {
                 break;

@@ -122,6 +122,11 @@ impl Gatewayd {
         self.proc.log_text()
     }
 
+    /// The log of the latest run only (a restarted process appends to one file).
+    pub fn run_log_text(&self) -> String {
+        self.proc.run_log_text()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}://{}{path}", self.scheme, self.http)
     }

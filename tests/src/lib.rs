@@ -249,6 +249,46 @@ pub fn shutdown_exit_code(log: &str) -> i32 {
     i32::from(forced)
 }
 
+/// SD-EX-1: a stop that ran all three phases within its deadline exits 0, whatever
+/// phase was `Abandoned`. Asserts the scenario's outcome outright (three phase records,
+/// none `Forced`, no expiry) as well as the status, so a process that exits 1, or exits
+/// 0 after a forced stop, fails.
+pub fn assert_graceful_exit(code: Option<i32>, log: &str) {
+    let phases: Vec<serde_json::Value> = log_records(log)
+        .filter(|r| {
+            r["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("shutdown ") && m.ends_with(" phase finished"))
+        })
+        .collect();
+    let names: Vec<&str> = phases.iter().filter_map(|r| r["phase"].as_str()).collect();
+    assert_eq!(
+        names,
+        ["stop-requested", "drain-support", "terminal-teardown"],
+        "SD-EX-1: every phase finished: {log}"
+    );
+    assert!(
+        phases.iter().all(|r| r["outcome"] != "Forced"),
+        "SD-EX-1: no phase forced: {phases:?}"
+    );
+    assert_eq!(
+        shutdown_exit_code(log),
+        0,
+        "SD-EX-1: the deadline did not expire: {log}"
+    );
+    assert_eq!(code, Some(0), "SD-EX-1: a graceful stop exits 0: {log}");
+}
+
+/// SD-EX-2: a stop the deadline cut short exits 1, and its log says so.
+pub fn assert_forced_exit(code: Option<i32>, log: &str) {
+    assert_eq!(
+        shutdown_exit_code(log),
+        1,
+        "SD-EX-2: the log shows a forced stop: {log}"
+    );
+    assert_eq!(code, Some(1), "SD-EX-2: a forced stop exits 1: {log}");
+}
+
 /// The entries of a metadata log dump (`admin("log", ..)`), each batch command
 /// (`place_streams`, `open_streams`, `close_streams`, `begin_transfers`, issue 57)
 /// split into its items, each shown as the single command it stands for with its own

@@ -90,6 +90,11 @@ impl Replica {
         self.proc.log_text()
     }
 
+    /// The log of the latest run only (a restarted process appends to one file).
+    pub fn run_log_text(&self) -> String {
+        self.proc.run_log_text()
+    }
+
     pub fn client(&self) -> MetadClient {
         MetadClient::new(std::slice::from_ref(&self.grpc), Duration::from_secs(5)).expect("client")
     }

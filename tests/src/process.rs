@@ -12,6 +12,8 @@ pub struct Proc {
     pub name: String,
     pub log_path: PathBuf,
     child: Option<Child>,
+    /// Where the current run's lines begin in the (appended) log.
+    run_start: u64,
 }
 
 impl Proc {
@@ -20,6 +22,7 @@ impl Proc {
             name: name.into(),
             log_path,
             child: None,
+            run_start: 0,
         }
     }
 
@@ -30,6 +33,7 @@ impl Proc {
             .append(true)
             .open(&self.log_path)
             .expect("open process log");
+        self.run_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let out = log.try_clone().expect("clone process log");
         let child = command
             .stdout(out)
@@ -99,6 +103,12 @@ impl Proc {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The log of the latest run only: what it wrote since it was last spawned.
+    pub fn run_log_text(&self) -> String {
+        let text = self.log_text();
+        text.get(self.run_start as usize..).unwrap_or_default().to_string()
     }
 }
 

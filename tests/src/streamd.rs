@@ -87,6 +87,11 @@ impl Streamd {
         self.proc.log_text()
     }
 
+    /// The log of the latest run only (a restarted process appends to one file).
+    pub fn run_log_text(&self) -> String {
+        self.proc.run_log_text()
+    }
+
     pub async fn client(&self) -> StreamdClient<Channel> {
         let tls = self.tls.as_ref().map(|t| t.client());
         let ch = weir_shared::grpc::channel_with(&self.grpc, tls).expect("channel");

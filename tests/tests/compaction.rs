@@ -145,6 +145,7 @@ async fn compaction_rewrites_small_uploads_into_per_stream_objects_and_reads_go_
                 .iter()
                 .map(|r| r["body"].as_str().expect("body").to_string())
                 .collect();
+            // INV-2: compaction lost no acknowledged record.
             assert_eq!(got, acked[s], "{stream} reads back every record, once, in order");
         }
         let metrics = weir_tests::get_text(&format!("http://{}/metrics", stack.nodes[0].http)).await;
@@ -313,6 +314,8 @@ async fn a_compactor_killed_midway_loses_nothing_and_leaks_nothing() {
         for t in tasks {
             t.await.expect("writer");
         }
+        // INV-2: after the compactor's death and the failover, every acknowledged record
+        // reads back once, in order.
         check_history(&gw, &streams, &history).await;
         bucket_holds_only_committed_objects(&stack, Duration::from_secs(60)).await;
     })
@@ -389,6 +392,7 @@ async fn a_takeover_during_compaction_wins_and_the_stale_compaction_changes_noth
         for t in tasks {
             t.await.expect("writer");
         }
+        // INV-2: the takeover and the refused stale compaction lost no acknowledged record.
         check_history(&gw, &streams, &history).await;
         bucket_holds_only_committed_objects(&stack, Duration::from_secs(60)).await;
     })
@@ -603,15 +607,69 @@ async fn a_background_task_past_its_grace_is_aborted_and_named_at_teardown() {
         for t in tasks {
             t.await.expect("writer");
         }
+        // OBS-4: the hung compactor holds teardown's first step for its 2 s grace, after
+        // the self-fence and before the HTTP listener stops, so `/ready` answers
+        // `fenced: true` meanwhile. A poller keeps every answer it gets, with what
+        // `/readyz` answered right after.
+        let base = format!("http://{}", stack.nodes[0].http);
+        let readyz = |base: String| async move {
+            let answer = weir_tests::http().get(format!("{base}/readyz")).send().await.ok()?;
+            Some(answer.status().as_u16())
+        };
+        // OBS-3: a running node's /readyz is 200.
+        assert_eq!(readyz(base.clone()).await, Some(200));
+        let polled = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut failures = 0;
+            while failures < 20 {
+                match weir_tests::http().get(format!("{base}/ready")).send().await {
+                    Ok(r) => {
+                        let ready = r.json::<serde_json::Value>().await.unwrap_or_default();
+                        seen.push((ready, readyz(base.clone()).await));
+                    }
+                    Err(_) => failures += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            seen
+        });
         stack.nodes[0].term();
         let code = stack.nodes[0].wait_exit(Duration::from_secs(60)).await;
         let log = stack.nodes[0].log_text();
-        assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+        weir_tests::assert_graceful_exit(code, &log);
+        let seen = polled.await.expect("poller");
+        let fenced = seen.iter().find(|(r, _)| r["fenced"] == true);
+        // OBS-4: a fenced node's /ready says so.
+        assert!(fenced.is_some(), "OBS-4: /ready never said fenced: {seen:?}");
+        let (fenced, readyz_then) = fenced.expect("fenced");
+        // OBS-4: with its readiness, its stop, its node id and epoch.
+        assert_eq!(
+            (&fenced["ready"], &fenced["terminating"]),
+            (&serde_json::json!(false), &serde_json::json!(true)),
+            "{fenced}"
+        );
+        assert!(
+            fenced["epoch"].as_u64().is_some() && fenced["node_id"].is_string(),
+            "{fenced}"
+        );
+        let while_fenced: Vec<Option<u16>> = seen
+            .iter()
+            .filter(|(r, _)| r["fenced"] == true)
+            .map(|(_, z)| *z)
+            .collect();
+        // OBS-3: and /readyz is 503 meanwhile (or the listener has just closed).
+        assert!(
+            while_fenced.contains(&Some(503)) && while_fenced.iter().all(|z| matches!(z, Some(503) | None)),
+            "/readyz while fenced: {while_fenced:?} (first {readyz_then:?})"
+        );
         let aborted = weir_tests::records(&log, "shutdown task exceeded grace period; aborting");
+        // SD-TD-3, OBS-12: the task still running when its 2 s grace ran out is aborted with
+        // one warn record in the seed's words, naming its kind, its name and the grace.
         assert_eq!(aborted.len(), 1, "only the hung task: {aborted:?}");
         assert_eq!(aborted[0]["task_kind"], "compaction", "{aborted:?}");
         assert_eq!(aborted[0]["task"], "compaction");
         assert_eq!(aborted[0]["grace_period"], "2s");
+        // SD-TD-3, OBS-12: at warn.
         assert_eq!(aborted[0]["level"], "WARN");
         let steps = weir_tests::records(&log, "shutdown teardown step started");
         let names: Vec<&str> = steps.iter().filter_map(|r| r["step"].as_str()).collect();
@@ -688,7 +746,7 @@ async fn sd_int_7_compaction_starts_no_object_write_after_the_stop_request() {
             t.await.expect("writer");
         }
         let log = stack.nodes[0].log_text();
-        assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+        weir_tests::assert_graceful_exit(code, &log);
         let requested = log.find("stop requested; shutting down").expect("the stop record");
         assert!(
             log[..requested].contains("writing compacted objects"),
@@ -698,6 +756,7 @@ async fn sd_int_7_compaction_starts_no_object_write_after_the_stop_request() {
             .lines()
             .filter(|l| l.contains("writing compacted objects"))
             .collect();
+        // SD-INT-7: compaction, writing before the stop (above), started no object write after it.
         assert!(after.is_empty(), "compaction wrote after the stop request: {after:?}");
         stack.add_node("streamd-2", Backend::FileWal, COMPACTING);
         stack.nodes[1].wait_ready().await;
@@ -990,13 +1049,17 @@ async fn rr_int_7_orphan_gc_stops_at_a_stop_and_resumes_after_a_restart() {
         let log = stack.nodes[0].log_text();
         assert_eq!(code, Some(0), "{log}");
         let aborted = weir_tests::records(&log, "shutdown task exceeded grace period; aborting");
+        // RR-INT-7: teardown cancelled the GC, which checks for it between batches, within
+        // its grace, though a pass takes longer than that grace.
         assert!(aborted.is_empty(), "GC stopped within its grace: {aborted:?}");
         let left = orphans(&stack).await;
+        // RR-INT-7: it stopped midway, with orphans left.
         assert!(left > 0 && left < ORPHANS, "the stop came midway: {left} orphans left");
         let batches: Vec<u64> = weir_tests::records(&log, "deleted a batch of unreferenced data objects")
             .iter()
             .map(|r| r["deleted"].as_u64().expect("deleted"))
             .collect();
+        // RR-INT-7: it deleted in bounded batches.
         assert!(
             !batches.is_empty() && batches.iter().all(|&n| n <= 1000),
             "batches of at most 1,000: {batches:?}"
@@ -1004,6 +1067,7 @@ async fn rr_int_7_orphan_gc_stops_at_a_stop_and_resumes_after_a_restart() {
 
         stack.nodes[0].start();
         stack.nodes[0].wait_ready().await;
+        // RR-INT-7: the next start resumes and deletes the rest.
         wait_for(
             "the restarted node deletes the rest",
             Duration::from_secs(120),

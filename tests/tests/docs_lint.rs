@@ -146,6 +146,8 @@ fn obs_19_every_shutdown_and_drain_record_has_a_troubleshooting_row() {
 fn dep_6_the_docs_warn_against_a_second_stop_signal() {
     let compose = read("docs/deploy/compose.md");
     for needed in ["second Ctrl-C", "docker-compose up", "double signal", "130", "143"] {
+        // DEP-6: the compose guide's warning names the second Ctrl-C, a double signal and
+        // the exit statuses it forces.
         assert!(
             compose.contains(needed),
             "docs/deploy/compose.md's stop warning lacks `{needed}`"

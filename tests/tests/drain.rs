@@ -201,6 +201,8 @@ async fn a_stopping_streamd_drains_itself_by_planned_transfer_and_releases_its_c
         1,
         "{log}"
     );
+    // SD-REL-12: having handed over every stream and released its cordon, the node reports
+    // drain-support Completed.
     for phase in ["stop-requested", "drain-support", "terminal-teardown"] {
         assert_eq!(phase_outcome(&log, phase), "Completed", "{phase}");
     }
@@ -260,6 +262,9 @@ async fn a_stopping_streamd_drains_itself_by_planned_transfer_and_releases_its_c
     for s in names {
         assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s} on the peer");
     }
+    // SD-INT-10, SD-DRN-2: each stream's intake closed before its final upload, and its ownership moved
+    // only after its admitted appends were committed: an append admitted later, or one left behind, would
+    // be acked yet missing here.
     // SD-ADM-14: appends raced the stop (503s retried); no acked or refused append is applied twice.
     assert_eq!(
         gw.bodies("pt-a").await,
@@ -303,6 +308,7 @@ async fn an_operator_cordon_survives_a_graceful_stop_and_a_restart() {
     stack.nodes[0].term();
     assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(30)).await, Some(0));
     let log = stack.nodes[0].log_text();
+    // SD-REL-2: the stop found the operator's cordon and says it keeps it; it clears none (below).
     assert_eq!(
         records(&log, "preserving operator cordon across graceful shutdown").len(),
         1,
@@ -358,6 +364,7 @@ async fn a_transfer_dry_run_names_the_first_failing_check_and_a_transfer_moves_t
         .await;
     let (status, body) = gw.send(transfer(&b, true)).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    // OBS-14: the exact client-facing string for a cordoned destination.
     assert_eq!(body["error"]["message"], format!("node '{b}' is cordoned"));
     gw.send(gw.request(Method::POST, &format!("/admin/nodes/{b}/uncordon")))
         .await;
@@ -391,6 +398,8 @@ async fn a_transfer_dry_run_names_the_first_failing_check_and_a_transfer_moves_t
         after["stream_epoch"].as_u64() > before["stream_epoch"].as_u64(),
         "INV-6: {before} → {after}"
     );
+    // SD-DRN-2: under appends, the source committed what it had admitted before the ownership moved:
+    // every acked record reads back, once, in order.
     assert_eq!(gw.bodies("tr-a").await, acked, "INV-2");
 }
 
@@ -451,8 +460,10 @@ async fn a_stopping_node_that_cannot_reach_the_leader_cordons_nothing() {
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
     stack.metad.replicas[0].resume();
-    // SD-TRM-2: with metad paused (no terminating mark published) the stop still completes.
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "SD-EX-1/2: {log}");
+    // SD-TRM-2, FO-MDO-6: with metad paused (no terminating mark, no self-fence) the stop
+    // still completes, exit 0: the self-fence that cannot land leaves teardown its time.
+    weir_tests::assert_graceful_exit(code, &log);
+    // SD-REL-3: it never observed a leader, so it requested no drain, and says so.
     assert_eq!(
         records(
             &log,
@@ -462,10 +473,15 @@ async fn a_stopping_node_that_cannot_reach_the_leader_cordons_nothing() {
         1,
         "{log}"
     );
+    // FO-MDO-6: stopped during the metadata outage, it completed what it could and reports
+    // drain-support Abandoned.
     assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
     assert!(records(&log, "cleared shutdown drain cordon before graceful shutdown").is_empty());
+    // FO-MDO-6: once metad is back the node counts as crashed: its stream reopens on the peer through
+    // failover, with its record.
     gw.wait_open("nl-a").await;
     assert_eq!(gw.bodies("nl-a").await, ["before"], "failover recovered the record");
+    // SD-REL-3: it cordoned nothing, so with metad back it is not cordoned.
     let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
     assert_eq!(node_row(&nodes, &a)["cordoned"], false);
 }
@@ -504,12 +520,13 @@ async fn an_unanswered_drain_request_still_releases_its_cordon() {
     .await;
 
     let log = stop_unanswered(&mut stack).await;
-    // SD-DL-9: the drain used its whole budget, yet the cordon's release landed in its 1 s grace.
+    // SD-DL-9, SD-REL-6: the drain used its whole budget, yet the cordon's release landed in its 1 s grace.
     assert_eq!(
         records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
         1,
         "{log}"
     );
+    // SD-DRN-9: a drain request that went unanswered is reported as drain-support Abandoned.
     // SD-DL-5: the drain timeout alone ended drain-support (Abandoned), leaving teardown its
     // time: the exit above is 0, inside the 10 s deadline.
     assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
@@ -541,6 +558,8 @@ async fn a_failed_drain_still_closes_what_it_left_in_place() {
         gw.append("left", &[body]).await;
     }
     let log = stop_unanswered(&mut stack).await;
+    // SD-ADM-1: part 1 failed (its move hung, its request went unanswered), and part 2 still closed
+    // the stream in place.
     let closed = records(&log, "closed stream for shutdown");
     assert_eq!(closed.len(), 1, "part 2 closed the stream: {log}");
     assert_eq!(closed[0]["stream"], "left");
@@ -593,11 +612,14 @@ async fn the_release_runs_alongside_the_closes_in_place() {
     }
     let log = stop_unanswered(&mut stack).await;
     assert_eq!(records(&log, "failpoint: slow close").len(), 1, "{log}");
+    // SD-REL-8: the 1 s release and the 1 s close both finish in the 2 s left to part 2, which they do
+    // only side by side: the release committed ...
     assert_eq!(
         records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
         1,
         "the slow release committed: {log}"
     );
+    // SD-REL-8: ... and the close, with every record, in the same time.
     let closed = records(&log, "closed stream for shutdown");
     assert_eq!(closed.len(), 1, "the slow close finished: {log}");
     assert_eq!(closed[0]["offset"], 10, "with every acknowledged record committed");
@@ -639,9 +661,10 @@ async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
     stack.nodes[0].term();
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "SD-EX-1/2: {log}");
+    weir_tests::assert_graceful_exit(code, &log);
     // SD-ADM-7: the drain that hit its timeout reports Abandoned and the stop goes on (acked records recovered below).
     assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
+    // SD-ADM-9: the uploader that could not finish held the drain to its timeout and is named.
     assert_eq!(
         records(
             &log,
@@ -655,6 +678,7 @@ async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
     assert_eq!(outstanding.len(), 1, "{log}");
     let streams: Value = serde_json::from_str(outstanding[0]["streams"].as_str().expect("streams")).expect("json");
     assert_eq!(streams[0]["stream"], "bh");
+    // SD-ADM-12: out of time with work outstanding: that record, with the stream's buffered count.
     assert_eq!(streams[0]["buffered_records"], 10, "{streams}");
     // SD-CS-8: the drain ran out, yet the node fenced itself (metad was reachable): its
     // row is fenced, and its still-open stream goes through WAL takeover below.
@@ -664,6 +688,8 @@ async fn an_unreachable_object_store_holds_the_drain_and_loses_nothing() {
     s3.set(Mode::Pass);
     stack.add_node("streamd-2", Backend::FileWal, &[]);
     gw.wait_open("bh").await;
+    // SD-ADM-8: the store's outage held the drain to its timeout (above) and lost nothing: the
+    // takeover uploaded every acknowledged record.
     assert_eq!(gw.bodies("bh").await, acked, "INV-2 after takeover");
 }
 
@@ -688,7 +714,7 @@ async fn a_confirming_pass_that_runs_out_of_time_is_told_apart_from_outstanding_
     stack.nodes[0].term();
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "SD-EX-1/2: {log}");
+    weir_tests::assert_graceful_exit(code, &log);
     assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned");
     // The premise: its one stream closed in place, every record committed.
     assert!(
@@ -697,6 +723,8 @@ async fn a_confirming_pass_that_runs_out_of_time_is_told_apart_from_outstanding_
             .any(|r| r["stream"] == "cp"),
         "{log}"
     );
+    // SD-ADM-12, OBS-11: the work finished but the confirming pass did not: the second record, exactly
+    // as quoted.
     let unconfirmed = records(
         &log,
         "local graph drain timed out before confirming that no admitted work is still moving",
@@ -745,10 +773,13 @@ async fn a_drain_longer_than_the_node_timeout_keeps_heartbeating_until_the_self_
         .iter()
         .filter(|(i, k, _, p)| k == "heartbeat" && by_node(p, &node) && (terminating..fenced).contains(i))
         .count();
+    // FO-LIV-15, SD-ADM-3: its heartbeats kept landing from the stop request to the self-fence,
+    // through a drain twice the node timeout.
     assert!(
         beats >= 3,
         "{beats} heartbeats between the stop request and the self-fence, 6 s or more apart"
     );
+    // FO-LIV-15: no holder fenced it while it drained; its only fence is its own.
     assert!(
         !entries
             .iter()
@@ -816,6 +847,7 @@ async fn a_drain_continues_with_the_next_leader_when_the_leader_dies() {
         1,
         "{log}"
     );
+    // SD-DRN-11: the leader's death mid-drain is logged, and the node asks the next leader.
     assert!(
         !records(
             &log,
@@ -833,6 +865,7 @@ async fn a_drain_continues_with_the_next_leader_when_the_leader_dies() {
     let mut unique = closes.clone();
     unique.sort_unstable();
     unique.dedup();
+    // SD-DRN-11: the next leader moved only what the node still owned: no stream closed twice.
     assert_eq!(unique.len(), closes.len(), "no stream closed twice: {closes:?}");
     assert_eq!(closes.len(), names.len(), "every stream handed over by its owner");
     for s in names {
@@ -876,12 +909,15 @@ async fn each_failed_release_of_the_drain_cordon_is_reported() {
         let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
         let log = stack.nodes[0].log_text();
         assert_eq!(code, Some(0), "{action}: {log}");
+        // SD-REL-10, OBS-9: each way the release fails is logged once, with its exact string.
         assert_eq!(records(&log, message).len(), 1, "{action}: {log}");
         assert_eq!(
             records(&log, "drained local node before graceful shutdown").len(),
             1,
             "{action}"
         );
+        // SD-REL-10, SD-REL-12: every stream was handed over (the drained record), yet the failed release
+        // makes drain-support Abandoned.
         assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned", "{action}");
         let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
         // INV-16: /admin/nodes shows the drain cordon exactly when its release never committed.
@@ -919,7 +955,10 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
     let report: Value = serde_json::from_slice(&out.stdout).expect("json report");
     let streams = report["streams"].as_array().expect("streams");
     let tried: Vec<&str> = streams.iter().map(|m| m["stream"].as_str().expect("name")).collect();
+    // SD-DRN-1: the operator's drain tried every stream of the node, in canonical (name) order.
     assert_eq!(tried, names, "every stream tried, in order: {report}");
+    // SD-DRN-7: the stream that could not be prepared is reported failed, with its reason; the others
+    // moved.
     for m in streams {
         let failed = m["stream"] == "df_b";
         assert_eq!(m["moved"], !failed, "{report}");
@@ -929,6 +968,7 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
         }
     }
     assert_eq!(report["finished"], false);
+    // SD-DRN-7: the failed stream stayed with its owner, whose intake reopened.
     assert_eq!(owner_of(&gw, "df_b").await.as_deref(), Some(a.as_str()));
     gw.append("df_b", &["after the failed move"]).await;
     assert_eq!(gw.bodies("df_b").await, ["after the failed move"]);
@@ -938,7 +978,7 @@ async fn a_drain_moves_what_it_can_and_reports_the_stream_that_failed() {
     stack.nodes[0].term();
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    weir_tests::assert_graceful_exit(code, &log);
     assert_eq!(
         records(&log, "failed to drain local node before graceful shutdown").len(),
         1,
@@ -977,7 +1017,8 @@ async fn a_stopping_nodes_drain_that_outlasts_its_budget_is_logged_as_timed_out(
     stack.nodes[0].term();
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    weir_tests::assert_graceful_exit(code, &log);
+    // OBS-8: the drain that outlasted its budget is logged with its exact string.
     assert_eq!(
         records(
             &log,
@@ -1019,12 +1060,15 @@ async fn a_drain_goes_on_after_its_requester_stops_waiting() {
     };
     let gave_up = stack.metad.client().drain(request, Duration::from_secs(1)).await;
     assert!(gave_up.is_err(), "the requester stopped waiting: {gave_up:?}");
+    // SD-DRN-12: the requester stopped waiting, yet the drain ran on in its own task and moved every
+    // stream ...
     for s in names {
         wait_for(&format!("{s} moved"), Duration::from_secs(20), || async {
             (owner_of(&gw, s).await.as_deref() == Some(b.as_str())).then_some(())
         })
         .await;
     }
+    // SD-DRN-12: ... and released what it held: no transfer mark is left.
     let streams = stack.metad.client().admin("streams", 0, 0).await.expect("streams");
     let marked: Vec<&Value> = streams["streams"]
         .as_object()
@@ -1081,6 +1125,8 @@ async fn a_destination_restarted_mid_transfer_invalidates_it() {
     );
     let response = transfer.await.expect("task").expect("answer");
     let body: Value = response.json().await.expect("json");
+    // RR-INT-5: the destination's restart invalidated the transfer, with the exact report, and the
+    // ownership is unchanged.
     assert_eq!(body["moved"], false, "{body}");
     assert_eq!(
         body["error"],
@@ -1132,6 +1178,8 @@ async fn rr_int_4_a_dead_coordinators_transfer_mark_is_discarded_by_the_next_lea
     assert_eq!(row["owner"]["node"], a.as_str(), "{row}");
     stack.metad.replicas[leader].kill();
     transfer.abort();
+    // RR-INT-4: with its coordinator gone, the next leader discards the uncommitted mark durably, by
+    // its exact operation id.
     let discard = wait_for("the mark discarded", Duration::from_secs(30), || async {
         let entries = log_entries(&stack).await;
         entries
@@ -1185,6 +1233,7 @@ async fn rr_int_4_a_deposed_coordinator_asks_no_owner_to_close() {
     })
     .await;
     stack.metad.replicas[leader].pause();
+    // RR-INT-4: the next leader discards the mark of the coordinator it replaced.
     wait_for(
         "the mark discarded by the next leader",
         Duration::from_secs(30),
@@ -1320,6 +1369,8 @@ async fn fo_tko_16_failover_does_not_wait_for_a_transfer_under_way() {
         assert_eq!(owner_of(&gw, s).await.as_deref(), Some(b.as_str()), "{s}");
     }
     let took = killed.elapsed();
+    // FO-TKO-16: the crash is no hand-off: A's other streams were placed long before the held
+    // transfer's 30 s could end.
     assert!(
         took < Duration::from_secs(20),
         "A's other streams were placed {took:?} after the crash: failover waited for the transfer"
@@ -1376,6 +1427,7 @@ async fn rr_wal_7_a_failed_open_is_retried_on_a_doubling_backoff() {
         .iter()
         .map(|r| r["retry_in"].as_str().unwrap_or(""))
         .collect();
+    // RR-WAL-7: a warn per failed open, retried after 0.25 s, doubling.
     assert_eq!(waits, ["250ms", "500ms", "1s", "2s", "4s"], "{attempts:?}");
     // The attempts are spaced by those waits, not by whatever else changes the view.
     let at: Vec<f64> = attempts[..5].iter().map(seconds_of_day).collect();
@@ -1388,6 +1440,7 @@ async fn rr_wal_7_a_failed_open_is_retried_on_a_doubling_backoff() {
             i + 1
         );
     }
+    // RR-WAL-7: until the open succeeds, the stream takes no appends.
     let (status, body) = gw
         .send(
             gw.request(Method::POST, "/v1/streams/ro/records")
@@ -1449,6 +1502,7 @@ async fn a_source_restarted_mid_drain_invalidates_the_plan() {
     stack.nodes[0].start();
     let report = drain.await.expect("task").expect("report");
     assert_eq!(report["finished"], false, "{report}");
+    // SD-TRM-8: the source's restart (a new epoch) invalidated the rest of the plan, and the drain says why.
     let why = report["error"].as_str().unwrap_or_default();
     assert!(why.contains("restarted or was fenced"), "{report}");
     // The unit in flight either failed or completed to its target through the old
@@ -1462,6 +1516,7 @@ async fn a_source_restarted_mid_drain_invalidates_the_plan() {
             *i > killed_at && k == "close_stream" && by_node(p, &a) && p["node"]["epoch"] == old_epoch
         })
         .count();
+    // SD-TRM-8: no move was committed against the old incarnation after its restart.
     assert_eq!(old_epoch_closes, 0, "no move committed at the old epoch");
     for s in names {
         gw.wait_open(s).await;
@@ -1557,6 +1612,7 @@ async fn an_append_admitted_before_the_stop_is_acknowledged_and_moves_with_its_s
         .expect("an HTTP answer");
     let status = response.status();
     let body: Value = response.json().await.unwrap_or(Value::Null);
+    // SD-INT-5: the append admitted before the stop was not cancelled: it is acknowledged.
     assert_eq!(status, StatusCode::OK, "acknowledged: {body}");
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
@@ -1564,6 +1620,7 @@ async fn an_append_admitted_before_the_stop_is_acknowledged_and_moves_with_its_s
     let node = stack.nodes[0].id.clone();
     let entries = log_entries(&stack).await;
     let (terminating, fenced) = stop_span(&entries, &node);
+    // SD-ADM-3: the uploader and metadata client stayed alive for it: its commit landed in the drain.
     assert!(
         entries
             .iter()
@@ -1572,6 +1629,7 @@ async fn an_append_admitted_before_the_stop_is_acknowledged_and_moves_with_its_s
     );
     gw.wait_open("adm").await;
     assert_eq!(owner_of(&gw, "adm").await.as_deref(), Some(stack.nodes[1].id.as_str()));
+    // SD-INT-5: it reached the WAL and the stream: stored once, it moved with its stream.
     assert_eq!(
         gw.bodies("adm").await,
         ["admitted"],
@@ -1641,6 +1699,7 @@ async fn a_commit_waiting_on_its_backoff_holds_the_close_until_it_lands() {
     };
     let (commits, closes) = (by_a("commit_objects"), by_a("close_stream"));
     assert!(!commits.is_empty() && !closes.is_empty(), "{entries:?}");
+    // SD-ADM-5: the commit waiting on its backoff was outstanding work: the close waited for it.
     assert!(
         commits.iter().max() < closes.iter().min(),
         "the close landed after the retried commit: {entries:?}"
@@ -1673,8 +1732,10 @@ async fn commits_failing_through_the_drain_leave_the_records_to_takeover() {
     stack.nodes[0].term();
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "SD-EX-1/2: {log}");
+    weir_tests::assert_graceful_exit(code, &log);
+    // SD-ADM-6: the drain budget cut the commit's retries short: drain-support Abandoned.
     assert_eq!(phase_outcome(&log, "drain-support"), "Abandoned", "{log}");
+    // SD-ADM-6: the failed commit was retried on its backoff and reported as a commit retry.
     assert!(
         records(&log, "metadata log unavailable; commit will be retried").len() >= 2,
         "retried on its backoff: {log}"
@@ -1690,6 +1751,7 @@ async fn commits_failing_through_the_drain_leave_the_records_to_takeover() {
     );
     gw.wait_open("cf").await;
     assert_eq!(owner_of(&gw, "cf").await.as_deref(), Some(stack.nodes[1].id.as_str()));
+    // SD-ADM-6: the records stayed in the WAL for the peer's takeover, which committed them.
     assert_eq!(gw.bodies("cf").await, acked, "INV-2: the takeover committed them");
     assert!(
         log_entries(&stack)
@@ -1726,6 +1788,8 @@ async fn an_append_unresolved_at_teardown_is_answered_504_interrupted() {
     // SD-ADM-7: the append still unacknowledged at teardown ends as unknown outcome (504).
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
     assert!(response.headers().get("retry-after").is_none(), "not a refusal");
+    // SD-INT-9: the forwarded append still unresolved at teardown ends as unknown outcome, cause
+    // `interrupted`.
     let body: Value = response.json().await.expect("json");
     assert_eq!(body["error"]["code"], "interrupted", "{body}");
     stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
@@ -1962,6 +2026,8 @@ async fn sd_rel_9_the_release_lands_through_the_next_leader_when_the_leader_dies
     let code = stack.nodes[0].wait_exit(Duration::from_secs(60)).await;
     let log = stack.nodes[0].log_text();
     assert_eq!(code, Some(0), "{log}");
+    // SD-REL-9: the leader died mid-release; the node asked the next one within the same bound, and the
+    // release landed.
     assert_eq!(
         records(&log, "cleared shutdown drain cordon before graceful shutdown").len(),
         1,
@@ -1976,6 +2042,7 @@ async fn sd_rel_9_the_release_lands_through_the_next_leader_when_the_leader_dies
         .iter()
         .filter(|(_, k, c, p)| k == "uncordon" && c["node"] == a.as_str() && c["by"] == "drain" && by_node(p, &a))
         .count();
+    // SD-REL-9: the uncordon is in the new leader's log (a second one would be harmless).
     assert!(released >= 1, "the release is in the log: {entries:?}");
     let nodes = stack.metad.replicas[next]
         .http_json("/admin/nodes")
@@ -2045,6 +2112,7 @@ async fn sd_int_6_a_draining_node_refuses_appends_and_reads_sent_straight_to_it(
         records(&log, "closed stream for shutdown").is_empty(),
         "refused while the stream's close still ran: {log}"
     );
+    // SD-INT-6: both were refused at once and retryably, as draining, so the sender re-routes.
     for (what, status) in [("append", &appended), ("read", &read)] {
         assert_eq!(status.code(), tonic::Code::Unavailable, "{what}: {status:?}");
         assert!(weir_shared::error_code::is_draining(status), "{what}: {status:?}");

@@ -587,6 +587,8 @@ async fn a_stream_without_a_live_owner_is_a_retryable_503() {
         .send()
         .await
         .expect("sent");
+    // FO-TKO-12: an append to a stream no node has opened (as between a close and the
+    // next placement) gets a retryable 503, never a 404.
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.headers()["retry-after"], "1");
     let body: Value = r.json().await.expect("json");
@@ -594,6 +596,7 @@ async fn a_stream_without_a_live_owner_is_a_retryable_503() {
     let (status, _) = gw
         .send(gw.request(Method::GET, "/v1/streams/unplaced/records?seq_num=0"))
         .await;
+    // FO-TKO-12: and so does a read.
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
 }
 
@@ -607,8 +610,10 @@ async fn during_a_metadata_outage_data_keeps_flowing_and_changes_are_refused() {
     gw.append("steady", &["before"]).await;
     stack.metad.replicas[0].kill();
 
+    // FO-MDO-1: with metad gone, an append is acknowledged through the last view,
     assert_eq!(gw.append("steady", &["during"]).await, (1, 2));
     let records = gw.read_all("steady").await;
+    // FO-MDO-1: and reads return it.
     assert_eq!(bodies(&records), ["before", "during"]);
     let (status, body) = gw
         .send(
@@ -616,6 +621,8 @@ async fn during_a_metadata_outage_data_keeps_flowing_and_changes_are_refused() {
                 .json(&json!({"stream": "new-one"})),
         )
         .await;
+    // FO-MDO-3: a stream create, a metadata change, is refused with a retryable 503
+    // `unavailable`.
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "unavailable");
 }
@@ -639,14 +646,17 @@ async fn a_gateway_registering_answers_probes_and_requests_at_once() {
         let req = http.get(late.url(path));
         async move { req.send().await.ok().map(|r| r.status()) }
     };
+    // OBS-2, RR-FEN-3: before it is admitted, the gateway is live: `/livez` 200.
     wait_for(
         "the registering gateway answers /livez",
         Duration::from_secs(30),
         || async { (status("/livez").await == Some(StatusCode::OK)).then_some(()) },
     )
     .await;
+    // RR-FEN-3: but not ready,
     assert_eq!(status("/readyz").await, Some(StatusCode::SERVICE_UNAVAILABLE));
     let (code, body) = late.send(late.request(Method::GET, "/v1/streams")).await;
+    // RR-FEN-3: and an API request gets a retryable 503.
     assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "unavailable", "{body}");
     let mut kafka = weir_tests::kafka_wire::connect(&late.kafka);
@@ -939,6 +949,8 @@ async fn health_readiness_and_metrics() {
     let (_stack, gw) = stack(1, &[]).await;
     let (status, ready) = gw.send(gw.request(Method::GET, "/ready")).await;
     assert_eq!(status, StatusCode::OK);
+    // OBS-4: `/ready` is JSON with `ready`, `fenced`, `terminating`, the node ID and its
+    // epoch (this assertion and the five below).
     assert_eq!(ready["ready"], true);
     assert_eq!(ready["caught_up"], true);
     assert_eq!(ready["fenced"], false);
@@ -946,6 +958,7 @@ async fn health_readiness_and_metrics() {
     assert_eq!(ready["node_id"], "gw-1");
     assert!(ready["epoch"].as_u64().is_some());
     let live = gw.request(Method::GET, "/livez").send().await.expect("livez");
+    // OBS-2: `/livez` answers 200 while the process is alive.
     assert_eq!(live.status(), StatusCode::OK);
     let (_, nodes) = gw.send(gw.request(Method::GET, "/admin/nodes")).await;
     assert!(nodes.to_string().contains("gw-1"), "{nodes}");

@@ -274,6 +274,8 @@ async fn proposal_without_a_quorum_fails_as_unavailable_within_its_bound() {
         let started = Instant::now();
         let result = client.propose(&operator(), topic("no-quorum")).await;
         let took = started.elapsed();
+        // FO-MDO-3 (metad side): without a quorum the change fails as `unavailable`, which
+        // its callers answer as retryable (HTTP 503, Kafka error 6), instead of hanging.
         assert!(matches!(result, Err(ClientError::Unavailable(_))), "{result:?}");
         // --propose-timeout-ms 3000, plus the client's own bound.
         assert!(took < Duration::from_secs(8), "took {took:?}");
@@ -302,6 +304,8 @@ fn metad_refuses_node_timeout_not_above_heartbeat_interval() {
             .expect("run metad");
         assert!(!out.status.success());
         assert!(started.elapsed() < Duration::from_secs(2));
+        // FO-LIV-13: startup refuses a node timeout not above the heartbeat interval, naming
+        // both flags.
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             stderr.contains("--node-timeout-sec") && stderr.contains("--heartbeat-interval-sec"),
@@ -326,6 +330,8 @@ async fn restarted_replica_rejoins_through_its_stored_membership() {
         // No --peers at all now: only the stored membership can lead it back.
         cluster.replicas[follower].set_peers("");
         cluster.replicas[follower].start();
+        // RR-FEN-9: configured with no peer at all, it rejoins through the peers of its stored
+        // membership and catches up.
         cluster
             .wait_or_dump("replica rejoined without --peers", Duration::from_secs(30), || async {
                 topics_of(&cluster, follower).await.filter(|t| t.len() == 5)
@@ -354,9 +360,26 @@ async fn sd_trm_5_a_stopped_metad_leader_stays_a_voter_and_is_replaced_by_electi
         let mut voters: Vec<u64> = serde_json::from_value(before["voters"].clone()).expect("voters");
         voters.sort_unstable();
         assert_eq!(voters.len(), 3, "{before}");
+        // OBS-4: a replica's `/ready` reports its readiness, fence and stop as they are,
+        // and the epoch of its incarnation once its failover loop registered it.
+        let ready = weir_tests::wait_for("the leader's incarnation", Duration::from_secs(20), || async {
+            let ready = cluster.replicas[leader].http_json("/ready").await?;
+            ready["epoch"].is_u64().then_some(ready)
+        })
+        .await;
+        assert_eq!(
+            (&ready["ready"], &ready["terminating"], &ready["fenced"]),
+            (
+                &serde_json::json!(true),
+                &serde_json::json!(false),
+                &serde_json::json!(false)
+            ),
+            "{ready}"
+        );
         cluster.replicas[leader].signal(nix::sys::signal::Signal::SIGTERM);
-        // While it stops it stays the leader until its Raft shuts down: a step-down or a
-        // hand-over would show it a follower while it still answers.
+        let mut seen_terminating = false;
+        // SD-TRM-5, SD-CS-10: while it stops it stays the leader until its Raft shuts down: a
+        // step-down or a hand-over would show it a follower while it still answers.
         let stopping_since = Instant::now();
         let code = loop {
             if let Some(status) = cluster.replicas[leader].http_json("/admin/status").await {
@@ -365,6 +388,14 @@ async fn sd_trm_5_a_stopped_metad_leader_stays_a_voter_and_is_replaced_by_electi
                     state == "Leader" || state == "Shutdown",
                     "the stopping leader became {state}: {status}"
                 );
+            }
+            // OBS-4, SD-CS-2: while it drains (5 s by default) it answers, terminating
+            // and not ready.
+            if let Some(ready) = cluster.replicas[leader].http_json("/ready").await {
+                if ready["terminating"] == true {
+                    seen_terminating = true;
+                    assert_eq!(ready["ready"], false, "{ready}");
+                }
             }
             if let Some(code) = cluster.replicas[leader].exited_within(Duration::from_millis(50)).await {
                 break code;
@@ -375,6 +406,7 @@ async fn sd_trm_5_a_stopped_metad_leader_stays_a_voter_and_is_replaced_by_electi
             );
         };
         assert_eq!(code, 0, "{}", cluster.replicas[leader].log_text());
+        assert!(seen_terminating, "/ready never said terminating during the stop");
         let next = cluster.wait_leader(&[leader]).await;
         let after = cluster.replicas[next].http_json("/admin/status").await.expect("status");
         assert!(
@@ -382,7 +414,9 @@ async fn sd_trm_5_a_stopped_metad_leader_stays_a_voter_and_is_replaced_by_electi
             "a new term's election: {before} then {after}"
         );
         propose_until_applied(&client, topic("after")).await;
-        // Read again after a commit in the new term: a membership change would show by now.
+        // SD-TRM-5, SD-CS-10: the membership after the new election still lists all three
+        // voters. Read again after a commit in the new term: a membership change would show
+        // by now.
         let after = cluster.replicas[next].http_json("/admin/status").await.expect("status");
         let mut still: Vec<u64> = serde_json::from_value(after["voters"].clone()).expect("voters");
         still.sort_unstable();
@@ -501,11 +535,47 @@ async fn admin_http_and_cli_report_nodes_streams_and_the_log() {
             })
             .await;
             let row = weir_tests::node_row(&nodes, "streamd-x");
+            // OBS-5: each replica's /admin/nodes lists the registered node with its ID, epoch,
+            // and fenced and cordoned flags, the same on all three.
             assert_eq!(row["node_id"], "streamd-x");
             assert_eq!(row["epoch"], 1);
             assert_eq!(row["fenced"], false);
             assert_eq!(row["cordoned"], false);
         }
+        // FO-LIV-2: a heartbeat is a log entry that increments the row's count, so every
+        // replica reports the same count: three landed heartbeats read 3 on all three.
+        let x = weir_meta::model::Proposer::Node(weir_shared::ids::Incarnation {
+            node: weir_shared::ids::NodeId::new("streamd-x"),
+            epoch: weir_shared::ids::Epoch(1),
+        });
+        let (mut landed, mut unknown) = (0, 0);
+        while landed < 3 {
+            match client.propose(&x, Command::Heartbeat).await {
+                Ok((_, outcome)) => {
+                    outcome.expect("heartbeat applied");
+                    landed += 1;
+                }
+                // An unknown outcome: that heartbeat may have landed as well.
+                Err(ClientError::Unavailable(_)) => {
+                    unknown += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("heartbeat: {e}"),
+            }
+        }
+        let counts = wait_for("the count on every replica", Duration::from_secs(10), || async {
+            let mut counts = Vec::new();
+            for r in &cluster.replicas {
+                let v = r.http_json("/admin/nodes").await?;
+                counts.push(weir_tests::node_row(&v, "streamd-x")["heartbeats"].as_u64()?);
+            }
+            counts.iter().all(|&c| c >= 3).then_some(counts)
+        })
+        .await;
+        assert!(
+            counts.iter().all(|&c| c == counts[0]) && (3..=3 + unknown).contains(&counts[0]),
+            "FO-LIV-2: one count, the same on every replica: {counts:?} ({unknown} unknown outcomes)"
+        );
         cluster.issue_token("audit", "weir_audit-secret", &["admin"]).await;
         let kinds_in = |log: &serde_json::Value| -> Vec<String> {
             log["entries"]
@@ -746,6 +816,8 @@ async fn sd_td_10_the_shutdown_phase_spans_reach_the_collector_by_a_graceful_exi
                 .into_iter()
                 .map(|p| (p.to_string(), "Completed".to_string()))
                 .collect();
+        // SD-TD-10: the exporter was flushed before the exit: every shutdown phase's span
+        // reached the collector, none left waiting for the batch schedule.
         assert_eq!(phases, expected, "every phase's span, exported by the exit");
     })
     .await;
@@ -856,16 +928,22 @@ async fn obs_17_sd_td_6_a_full_disk_at_close_is_logged_at_error_and_loses_no_ent
             .lines()
             .find(|l| l.contains("flushing the metadata store failed"))
             .unwrap_or_else(|| panic!("no close failure logged (exit {code:?}):\n{log}"));
+        // OBS-17, SD-TD-6: the close's storage failure is logged at error,
         assert!(failure.contains("\"ERROR\""), "logged at error: {failure}");
+        // OBS-17: with the engine's own message.
         assert!(
             failure.contains("No space left on device"),
             "RocksDB's own message: {failure}"
         );
+        // SD-TD-6: the failed flush does not hold the close open: the exit is graceful,
+        // within the 20 s deadline.
         assert_eq!(code, Some(0), "a graceful exit past the failure:\n{log}");
 
         disk.free();
         cluster.replicas[0].start();
         cluster.wait_leader(&[]).await;
+        // SD-TD-6: what the close discarded lost nothing: the journal replays every entry
+        // applied before and while the disk was full.
         let topics = wait_for("both topics after the restart", Duration::from_secs(20), || async {
             topics_of(&cluster, 0).await.filter(|t| t.len() == 2)
         })

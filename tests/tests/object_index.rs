@@ -432,6 +432,8 @@ async fn a_format1_weir_dev_directory_stuck_past_the_limit_comes_back_after_the_
         dev.spawn(command);
         ready_after(&format!("http://{http}/readyz"), Instant::now()).await;
         let log = dev.log_text();
+        // RR-WAL-6: metad read the directory's format identifier before decoding it, and
+        // so migrated the format 1 store rather than decoding it as its own.
         assert!(
             log.contains("migrated the metadata store from format 1 to format 2"),
             "{log}"

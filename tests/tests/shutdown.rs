@@ -105,7 +105,11 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
     }
     let code = stack.nodes[victim].wait_exit(Duration::from_secs(20)).await;
     let log = stack.nodes[victim].log_text();
+    // SD-TRG-1, SD-EX-1: the first SIGTERM started a clean shutdown that ran to its end
+    // with no phase Forced (all Completed, below), and the node exits 0.
     assert_eq!(code, Some(0), "{log}");
+    // SD-PH-1, SD-PH-3, OBS-6: exactly the three phase records, in order, each with the
+    // exact message and an `outcome`.
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
     assert_eq!(records(&log, "fenced self").len(), 1, "SD-TD-1: the self-fence");
     // The stop after its own self-fence is expected, so no part of streamd (the node,
@@ -118,6 +122,9 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
         !records(&log, "this incarnation fenced itself for the shutdown; stopping").is_empty(),
         "{log}"
     );
+    // SD-CS-1: the node handed its streams off itself: this record comes only when the
+    // leader's drain of it finished, every stream moved by a transfer before the
+    // self-fence, so none waited for the node timeout and a WAL takeover.
     assert_eq!(records(&log, "drained local node before graceful shutdown").len(), 1);
     assert!(records(
         &log,
@@ -159,9 +166,10 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
     let log = gw.log_text();
     assert_eq!(code, Some(0), "{log}");
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
+    // SD-CS-9: the gateway owns no streams and never fences itself.
     assert!(records(&log, "fenced self").is_empty());
 
-    // metad: consensus stays up through drain-support, then Raft stops (SD-CS-10).
+    // metad: consensus stays up through drain-support, then Raft stops.
     stack.metad.replicas[0].signal(Signal::SIGTERM);
     let code = stack.metad.replicas[0].wait_exit(Duration::from_secs(20)).await;
     let log = stack.metad.replicas[0].log_text();
@@ -204,6 +212,7 @@ async fn a_repeated_signal_exits_at_once_with_130_or_143() {
         let started = Instant::now();
         node.signal(second);
         // SD-EX-5: the second signal, well before the 60 s deadline, decides the exit: 130/143 at once.
+        // SD-EX-4: the status is the shell's for the repeated signal, whichever came first.
         assert_eq!(node.wait_exit(Duration::from_secs(10)).await, Some(code));
         assert!(started.elapsed() < Duration::from_secs(2), "exits at once");
         let log = node.log_text();
@@ -211,8 +220,10 @@ async fn a_repeated_signal_exits_at_once_with_130_or_143() {
             &log,
             "repeated termination signal received; abandoning graceful shutdown",
         );
+        // OBS-7, SD-EX-4: the exact repeated-signal string, once, with the phase reached.
         assert_eq!(repeated.len(), 1, "{log}");
         assert_eq!(repeated[0]["phase"], "drain-support");
+        // SD-PH-4, SD-EX-4: no remaining phase ran, so no terminal-teardown record.
         assert!(records(&log, PHASES[2]).is_empty(), "no terminal-teardown record");
         assert!(records(&log, "fenced self").is_empty(), "no self-fence");
     }
@@ -221,13 +232,14 @@ async fn a_repeated_signal_exits_at_once_with_130_or_143() {
 /// SIGTERMs `node`, whose stop cannot finish, and checks the deadline ends it: status 1
 /// (SD-EX-5: with no second signal before it, the deadline decides the exit) by the
 /// 3 s deadline + 1.5 s (INV-14: 1 s plus harness slack). Its log.
-async fn stopped_by_its_3_s_deadline(node: &mut weir_tests::streamd::Streamd) -> String {
+async fn check_stopped_by_its_3_s_deadline(node: &mut weir_tests::streamd::Streamd) -> String {
     let started = Instant::now();
     node.term();
     let code = node.wait_exit(Duration::from_secs(20)).await;
     let elapsed = started.elapsed();
     let log = node.log_text();
-    assert_eq!(code, Some(1), "{log}");
+    // SD-EX-2: exit status 1, and a log that says the deadline forced the stop.
+    weir_tests::assert_forced_exit(code, &log);
     assert!(
         elapsed >= Duration::from_millis(2500) && elapsed < Duration::from_millis(4500),
         "exit at the deadline, took {elapsed:?}"
@@ -244,13 +256,17 @@ async fn a_wedged_runtime_cannot_outlive_the_deadline() {
     let wedge = [("WEIR_FAILPOINT_BLOCK_ALL_RUNTIME_WORKERS", "1")];
     stack.add_node_with_env("streamd-1", Backend::FileWal, &["--shutdown-deadline-sec", "3"], &wedge);
     stack.nodes[0].wait_ready().await;
-    let log = stopped_by_its_3_s_deadline(&mut stack.nodes[0]).await;
+    // SD-EX-2, SD-EX-3, SD-EX-5, INV-14: the helper checks status 1 with a log that says
+    // the deadline forced the stop, by the 3 s deadline plus slack.
+    let log = check_stopped_by_its_3_s_deadline(&mut stack.nodes[0]).await;
     assert_eq!(
         records(&log, "failpoint: blocking every runtime worker").len(),
         1,
         "{log}"
     );
     let expired = records(&log, "shutdown deadline expired; abandoning graceful shutdown");
+    // SD-DL-3, OBS-7: with every runtime worker blocked for an hour (above), only a thread
+    // outside the runtime can have logged the expiry: the exact string, with the phase.
     assert_eq!(expired.len(), 1, "{log}");
     assert!(expired[0]["phase"].is_string(), "with the phase reached: {log}");
 }
@@ -273,12 +289,14 @@ async fn the_deadline_ends_a_stalled_shutdown_with_status_1() {
         &[],
     )
     .await;
-    let log = stopped_by_its_3_s_deadline(&mut stack.nodes[0]).await;
+    // SD-EX-2, SD-EX-3, SD-EX-5, INV-14: the helper checks status 1 with a log that says
+    // the deadline forced the stop, by the 3 s deadline plus slack.
+    let log = check_stopped_by_its_3_s_deadline(&mut stack.nodes[0]).await;
     let expired = records(&log, "shutdown deadline expired; abandoning graceful shutdown");
     // SD-DL-4: the expiry is logged with the phase reached; no teardown record, no self-fence.
+    // SD-DL-1: the --shutdown-deadline-sec 3 deadline, not the 30 s drain window or the
+    // 100 s drain timeout, ended drain-support.
     assert_eq!(expired.len(), 1, "{log}");
-    // The helper other stop tests assert against reads this log as a forced stop.
-    assert_eq!(weir_tests::shutdown_exit_code(&log), 1);
     assert_eq!(expired[0]["phase"], "drain-support");
     // SD-PH-2: the phase the deadline cut short is reported Forced (the other stop tests
     // assert Completed and Abandoned), and it has no phase record of its own.
@@ -292,7 +310,7 @@ async fn the_deadline_ends_a_stalled_shutdown_with_status_1() {
 // trickling HTTP upload (a byte every 100 ms, never complete), an SSE subscription and
 // a Kafka client that keeps sending Fetches and never reads its answers stay open
 // through the stop; with --shutdown-timeout-sec 30, well above the 3 s deadline, the
-// gateway still exits by the deadline + 1.5 s, with the status its log calls for.
+// gateway still exits by the deadline + 1.5 s, gracefully: it ends those clients itself.
 #[tokio::test(flavor = "multi_thread")]
 async fn no_client_holds_a_stopping_gateway_past_its_deadline() {
     use tokio::io::AsyncWriteExt;
@@ -338,9 +356,11 @@ async fn no_client_holds_a_stopping_gateway_past_its_deadline() {
     let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
     let elapsed = started.elapsed();
     let log = gw.log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
-    // Without an absolute deadline the 30 s in-flight bound would hold it; 3 s of slack
-    // over the deadline keeps a loaded machine from failing it.
+    // SD-EX-1: the gateway ends the clients it holds itself, in drain-support, so its stop
+    // finishes well inside the deadline and exits 0.
+    weir_tests::assert_graceful_exit(code, &log);
+    // SD-DL-2: without an absolute deadline the 30 s in-flight bound would hold it; 3 s of
+    // slack over the deadline keeps a loaded machine from failing it.
     assert!(
         elapsed < Duration::from_secs(6),
         "exited by the 3 s deadline (+3 s of harness slack), took {elapsed:?}: {log}"
@@ -359,6 +379,7 @@ async fn a_signal_during_startup_is_held_until_startup_completes() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     stack.nodes[late].term();
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // SD-TRG-7: the signal did not stop the registering process.
     assert_eq!(
         stack.nodes[late].wait_exit_if_exited(Duration::from_millis(100)).await,
         None,
@@ -367,7 +388,9 @@ async fn a_signal_during_startup_is_held_until_startup_completes() {
     stack.metad.replicas[0].resume();
     let code = stack.nodes[late].wait_exit(Duration::from_secs(20)).await;
     let log = stack.nodes[late].log_text();
+    // SD-TRG-7: nor was it lost: once startup completed, the held signal's shutdown ran.
     assert_eq!(code, Some(0), "{log}");
+    // SD-PH-1, SD-PH-3, OBS-6: the three phase records, in order, each with its outcome.
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
 }
 
@@ -382,7 +405,9 @@ async fn a_failed_signal_registration_exits_1_before_any_other_work() {
     stack.add_node_with_env("no-signals", Backend::FileWal, SHORT, &env);
     let code = stack.nodes[0].wait_exit(Duration::from_secs(20)).await;
     let log = stack.nodes[0].log_text();
+    // SD-TRG-6: a process whose handlers cannot be registered exits 1,
     assert_eq!(code, Some(1), "{log}");
+    // SD-TRG-6, OBS-7: and its only output is the exact seed string.
     assert_eq!(log.trim(), MESSAGE, "the message alone: no other work began");
     let mut gw = Gatewayd::start_with_env(
         "gw-no-signals",
@@ -420,6 +445,7 @@ async fn the_last_streamd_closes_its_streams_in_place() {
     stack.nodes[0].term();
     assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(20)).await, Some(0));
     let log = stack.nodes[0].log_text();
+    // SD-DRN-13: with no replacement the node says so in the seed's words.
     assert_eq!(
         records(
             &log,
@@ -429,6 +455,7 @@ async fn the_last_streamd_closes_its_streams_in_place() {
         1,
         "{log}"
     );
+    // SD-PH-1, SD-PH-3, OBS-6: the three phase records, in order, each with its outcome.
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
     // SD-CS-6: the buffered records were uploaded and committed at the close.
     let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/alone")).await;
@@ -442,6 +469,8 @@ async fn the_last_streamd_closes_its_streams_in_place() {
         .iter()
         .map(|r| r["body"].as_str().expect("body").to_string())
         .collect();
+    // SD-DRN-13: the stream, closed in place, is placed on the node that registers next
+    // and holds every acknowledged record.
     assert_eq!(bodies, acked);
 }
 
@@ -482,7 +511,8 @@ async fn an_operator_drain_moves_streams_and_stops_nothing() {
         assert_eq!(m["moved"], true, "{report}");
         assert_ne!(m["to"], node.as_str());
     }
-    // Nothing stopped the drained node.
+    // SD-TRG-5: the drain stopped nothing: the process still runs, `/livez` answers 200 and
+    // its log has no shutdown phase record.
     assert_eq!(
         stack.nodes[i].wait_exit_if_exited(Duration::from_millis(200)).await,
         None
@@ -547,11 +577,14 @@ async fn a_failed_listener_starts_a_clean_shutdown() {
     let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
     let log = gw.log_text();
     assert_eq!(code, Some(0), "{log}");
+    // SD-TRG-2: the failed Kafka listener, with no signal sent, started the shutdown,
     assert_eq!(
         records(&log, "a public listener failed; shutting down").len(),
         1,
         "{log}"
     );
+    // SD-TRG-2, SD-PH-1, SD-PH-3, OBS-6: and it ran the three phases, in order, each with
+    // its exact record and outcome.
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
 }
 
@@ -586,12 +619,7 @@ async fn a_whole_cluster_stop_and_start_loses_nothing() {
     for n in &mut stack.nodes {
         let code = n.wait_exit(Duration::from_secs(20)).await;
         let log = n.log_text();
-        assert_eq!(
-            code,
-            Some(weir_tests::shutdown_exit_code(&log)),
-            "SD-EX-1/2: {}\n{log}",
-            n.id
-        );
+        weir_tests::assert_graceful_exit(code, &log);
         // SD-REL-7: a release, if one was attempted, waited at most the 1 s grace.
         for r in records(&log, "timed out clearing shutdown drain cordon") {
             assert_eq!(r["timeout"], "1s", "{r}");
@@ -599,18 +627,10 @@ async fn a_whole_cluster_stop_and_start_loses_nothing() {
     }
     let code = stack.metad.replicas[0].wait_exit(Duration::from_secs(20)).await;
     let log = stack.metad.replicas[0].log_text();
-    assert_eq!(
-        code,
-        Some(weir_tests::shutdown_exit_code(&log)),
-        "SD-EX-1/2: metad\n{log}"
-    );
+    weir_tests::assert_graceful_exit(code, &log);
     let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
     let log = gw.proc().log_text();
-    assert_eq!(
-        code,
-        Some(weir_tests::shutdown_exit_code(&log)),
-        "SD-EX-1/2: gatewayd\n{log}"
-    );
+    weir_tests::assert_graceful_exit(code, &log);
 
     stack.metad.replicas[0].start();
     for n in &mut stack.nodes {
@@ -626,6 +646,8 @@ async fn a_whole_cluster_stop_and_start_loses_nothing() {
             .iter()
             .map(|r| r["body"].as_str().expect("body").to_string())
             .collect();
+        // SD-ADM-13, INV-2: after the whole-cluster stop and start, every record acknowledged
+        // before it is read back, once, in order.
         assert_eq!(&read, bodies, "{s}: every acknowledged record, once, in order");
     }
 }
@@ -734,9 +756,11 @@ async fn the_acceptance_window_lasts_the_drain_window_within_the_drain_budget() 
     assert_eq!(during["stream_epoch"], before["stream_epoch"]);
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    weir_tests::assert_graceful_exit(code, &log);
     // The window itself starts after the stop-requested phase (marking terminating).
     let window = acceptance_window(&log, PHASES[0]);
+    // SD-CS-3: intake stayed open for --shutdown-drain-sec (3 s), the append 1 s in served
+    // by the same owner (above).
     assert!((2.7..3.5).contains(&window), "--shutdown-drain-sec 3: {window} s");
     gw.wait_open("window").await;
     assert_eq!(gw.bodies("window").await, ["before", "in the window"]);
@@ -744,8 +768,9 @@ async fn the_acceptance_window_lasts_the_drain_window_within_the_drain_budget() 
     stack.nodes[1].term();
     let code = stack.nodes[1].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[1].log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
-    // The drain budget counts from the stop request.
+    weir_tests::assert_graceful_exit(code, &log);
+    // SD-DL-7, SD-CS-3: the window is min(--shutdown-drain-sec 40, drain budget 2 s); the
+    // drain budget counts from the stop request.
     let window = acceptance_window(&log, "stop requested; shutting down");
     assert!(
         (1.7..2.5).contains(&window),
@@ -847,7 +872,7 @@ async fn sd_int_8_an_owners_shutdown_refusal_reaches_http_and_kafka_clients_with
         .expect("json");
     assert_eq!(ready["terminating"], true, "OBS-1: {ready}");
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&stack.nodes[0].log_text())));
+    weir_tests::assert_graceful_exit(code, &stack.nodes[0].log_text());
     gw.wait_open("dr/0").await;
     gw.append("dr%2F0", &["after"]).await;
     assert_eq!(
@@ -898,10 +923,13 @@ async fn a_call_to_a_peer_still_open_at_teardown_gets_the_transport_drain() {
         .expect("answered within the shutdown deadline")
         .expect("task")
         .expect("an HTTP answer, not a dropped connection");
+    // SD-DL-8: acknowledged, though the 1 s in-flight bound ran out before the owner
+    // answered (below): teardown kept the call to the owner open for its transport drain.
     assert_eq!(response.status(), reqwest::StatusCode::OK, "acknowledged");
     let code = gw.proc().wait_exit(Duration::from_secs(30)).await;
     let log = gw.log_text();
     assert_eq!(code, Some(0), "{log}");
+    // SD-PH-1, SD-PH-3, OBS-6: the three phase records, in order, each with its outcome.
     assert_phases(&log, ["Completed", "Abandoned", "Completed"]);
     assert_eq!(
         records(&log, "in-flight requests did not finish; stopping anyway").len(),
@@ -950,11 +978,13 @@ async fn a_stopping_gateway_refuses_new_connections_and_lets_admitted_requests_f
     let appending = gw.append_held_at(&stack.nodes[0], "admitted", "admitted").await;
     gw.signal(Signal::SIGTERM);
     let (http, kafka) = (gw.http.clone(), gw.kafka.clone());
+    // SD-CS-5: at step 4 both listeners stop accepting,
     wait_for("both listeners refuse connections", Duration::from_secs(3), || async {
         let refused = |addr: &str| std::net::TcpStream::connect(addr).is_err();
         (refused(&http) && refused(&kafka)).then_some(())
     })
     .await;
+    // SD-CS-5: while the request admitted before still runs,
     assert!(
         !appending.is_finished(),
         "the admitted append still runs after the listeners stopped"
@@ -964,10 +994,12 @@ async fn a_stopping_gateway_refuses_new_connections_and_lets_admitted_requests_f
         .expect("answered within the in-flight bound")
         .expect("task")
         .expect("an HTTP answer, not a dropped connection");
+    // SD-CS-5: and finishes, acknowledged, within --shutdown-timeout-sec.
     assert_eq!(response.status(), reqwest::StatusCode::OK, "acknowledged");
     let code = gw.proc().wait_exit(Duration::from_secs(30)).await;
     let log = gw.log_text();
     assert_eq!(code, Some(0), "{log}");
+    // SD-PH-1, SD-PH-3, OBS-6: the three phase records, in order, each with its outcome.
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
     let mut gw = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
     gw.wait_ready().await;
@@ -1012,7 +1044,7 @@ async fn a_stopping_gateway_drops_what_it_never_admitted_and_logs_the_clients_it
     gw.signal(Signal::SIGTERM);
     let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
     let log = gw.log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    weir_tests::assert_graceful_exit(code, &log);
     let ended = records(&log, "ended the clients of a listener");
     let of = |listener: &str| {
         ended
@@ -1022,22 +1054,26 @@ async fn a_stopping_gateway_drops_what_it_never_admitted_and_logs_the_clients_it
             .clone()
     };
     let kafka = of("kafka");
+    // OBS-16: the Kafka listener ended both its clients; SD-INT-12: the half-received frame
+    // is counted as the one dropped request.
     assert_eq!(
         (kafka["count"].as_i64(), kafka["dropped_requests"].as_u64()),
         (Some(2), Some(1)),
         "{kafka}"
     );
+    // OBS-16: with reason `shutting down`.
     assert_eq!(kafka["reason"], "shutting down");
     let http = of("http");
     // The test's own pooled keep-alive connections are attached too.
     assert!(http["count"].as_i64() >= Some(1), "{http}");
+    // SD-INT-12: the HTTP body still arriving is counted as dropped.
     assert_eq!(http["dropped_requests"].as_u64(), Some(1), "{http}");
     assert_eq!(http["reason"], "shutting down");
     assert_eq!(ended.len(), 2, "one record per listener: {ended:?}");
-    // Never acknowledged, never stored.
     drop(gw);
     let mut gw = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), SHORT);
     gw.wait_ready().await;
+    // SD-INT-12: what was dropped was never acknowledged, and nothing of it is stored.
     assert!(gw.bodies("half").await.is_empty());
     gw.signal(Signal::SIGTERM);
     gw.proc().wait_exit(Duration::from_secs(20)).await;
@@ -1166,7 +1202,7 @@ async fn sd_cs_7_a_stream_left_at_the_self_fence_is_placed_on_a_live_node_about_
     stack.nodes[0].term();
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
-    assert_eq!(code, Some(weir_tests::shutdown_exit_code(&log)), "{log}");
+    weir_tests::assert_graceful_exit(code, &log);
     assert!(
         records(&log, "closed stream for shutdown").is_empty() && records(&log, "closed stream").is_empty(),
         "the stream never closed: {log}"
@@ -1225,9 +1261,12 @@ async fn sd_int_11_stops_at_random_moments_of_bursts_miss_no_notification() {
         stack.nodes[victim].term();
         let code = stack.nodes[victim].wait_exit(Duration::from_secs(30)).await;
         let log = stack.nodes[victim].log_text();
+        // SD-INT-11: no loop missed its notification: the stop did not run into its
+        // deadline (status 1),
         assert_eq!(code, Some(0), "round {round} (seed {seed}): {log}");
         for phase in PHASES {
             let last = records(&log, phase).pop().expect(phase);
+            // SD-INT-11: and no step waited out its bound (Abandoned or Forced).
             assert_eq!(last["outcome"], "Completed", "round {round} (seed {seed}): {phase}");
         }
         stop.store(true, Ordering::Relaxed);
@@ -1391,12 +1430,14 @@ async fn sd_int_2_a_closed_connection_cancels_its_requests_not_yet_admitted() {
     );
     link.set(weir_tests::proxy::Mode::Pass);
     gw.append("held", &["y"]).await;
+    // SD-INT-2: the cut connection cancelled `x` before admission: it took no offset.
     assert_eq!(
         gw.bodies("held").await,
         ["y"],
         "x, cancelled before admission, is nowhere"
     );
     gw.append("held", &["x"]).await;
+    // SD-INT-2: so the client can resend it, and it lands once.
     assert_eq!(gw.bodies("held").await, ["y", "x"], "resent, x lands once");
 }
 
@@ -1410,6 +1451,7 @@ async fn dep_4_a_drain_timeout_past_the_deadline_is_warned_at_startup() {
     let raised =
         weir_tests::metad::Cluster::start(1, &["--drain-timeout-sec", "60", "--shutdown-deadline-sec", "50"]).await;
     let warned = records(&raised.replicas[0].log_text(), WARNING);
+    // DEP-4: the optional startup warning for a drain timeout at or past the deadline.
     assert_eq!(warned.len(), 1, "{}", raised.logs());
     assert_eq!(warned[0]["level"], "WARN");
     assert_eq!(warned[0]["drain_timeout_sec"], 60);
@@ -1478,6 +1520,8 @@ async fn sd_int_4_a_request_body_still_arriving_is_cancelled_at_stop_admission()
     let ended = started.elapsed();
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 503"), "a shutdown refusal: {answer}");
+    // SD-INT-4: the request still waiting on its client was cancelled at stop admission,
+    // not after the 10 s --shutdown-timeout-sec.
     assert!(
         ended >= Duration::from_millis(900) && ended < Duration::from_secs(5),
         "ended at stop admission, after the 1 s readiness drain: {ended:?}"
@@ -1485,6 +1529,7 @@ async fn sd_int_4_a_request_body_still_arriving_is_cancelled_at_stop_admission()
     let code = gw.proc().wait_exit(Duration::from_secs(20)).await;
     let log = gw.log_text();
     assert_eq!(code, Some(0), "{log}");
+    // SD-PH-1, SD-PH-3, OBS-6: the three phase records, in order, each with its outcome.
     assert_phases(&log, ["Completed", "Completed", "Completed"]);
     let ended = records(&log, "ended the clients of a listener");
     let http = ended
@@ -1494,6 +1539,7 @@ async fn sd_int_4_a_request_body_still_arriving_is_cancelled_at_stop_admission()
     assert_eq!(http["dropped_requests"], 1, "SD-INT-12: {log}");
     let reader = Gatewayd::start("gw-2", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     reader.wait_ready().await;
+    // SD-INT-4: the cancelled request had no effect.
     assert!(reader.bodies("trickled").await.is_empty(), "nothing of it is stored");
 }
 
@@ -1524,6 +1570,7 @@ async fn sd_dl_7_the_readiness_drain_ends_with_the_drain_budget() {
             .then(|| started.elapsed())
     })
     .await;
+    // SD-DL-7: the gateway's readiness drain is min(--shutdown-drain-sec 40, drain budget 4 s).
     assert!(
         refused >= Duration::from_millis(3700) && refused <= Duration::from_millis(4800),
         "the gateway accepted for {refused:?}, not 4 s"
@@ -1533,6 +1580,7 @@ async fn sd_dl_7_the_readiness_drain_ends_with_the_drain_budget() {
     let log = stack.nodes[0].log_text();
     let at = |message: &str| seconds_of_day(&records(&log, message)[0]);
     let window = (at("live reads ended and intake stopped") - at("stop requested; shutting down")).rem_euclid(86_400.0);
+    // SD-DL-7: and so is the streamd's.
     assert!(
         (3.7..=4.3).contains(&window),
         "streamd's window was {window:.3} s: {log}"
@@ -1570,11 +1618,13 @@ async fn sd_adm_11_a_hung_close_in_place_leaves_the_other_streams_theirs() {
     let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
     let log = stack.nodes[0].log_text();
     assert_eq!(code, Some(0), "{log}");
+    // SD-PH-1, SD-PH-3, OBS-6: the three phase records, in order, each with its outcome.
     assert_phases(&log, ["Completed", "Abandoned", "Completed"]);
     let closed: Vec<String> = records(&log, "closed stream for shutdown")
         .iter()
         .filter_map(|r| r["stream"].as_str().map(str::to_string))
         .collect();
+    // SD-ADM-11: the hung close blocked none of the others.
     assert_eq!(closed.len(), 5, "every stream but the stuck one closed: {log}");
     assert!(!closed.iter().any(|s| s == "stuck"), "{closed:?}");
     let spent = records(&log, "drain budget spent; failover will recover the rest");
@@ -1583,6 +1633,8 @@ async fn sd_adm_11_a_hung_close_in_place_leaves_the_other_streams_theirs() {
     for name in &names[1..] {
         let (_, d) = gw.send(gw.request(Method::GET, &format!("/v1/streams/{name}"))).await;
         assert_eq!(d["state"], "closed", "{name}: {d}");
+        // SD-ADM-2, SD-ADM-11: each closed stream committed every record it held only in its
+        // buffer (WAL_ONLY: no upload before a close).
         assert_eq!(d["committed_seq_num"], 3, "{name}: {d}");
     }
     stack.add_node("next", Backend::FileWal, &[]);

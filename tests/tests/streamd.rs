@@ -239,7 +239,7 @@ async fn read_waits_for_new_data_and_refuses_offsets_past_the_end() {
 
 /// RR-WAL-2: SIGKILL right after acknowledgements: replaying the WAL yields every
 /// acknowledged record, in order, exactly once (both backends).
-async fn sigkill_then_replay(backend: Backend) {
+async fn check_replay_after_sigkill(backend: Backend) {
     // A long upload interval keeps records in the WAL only.
     let mut stack = secure_stack(
         1,
@@ -305,7 +305,7 @@ async fn sigkill_then_replay(backend: Backend) {
     let nodes = stack.metad.client().admin("nodes", 0, 0).await.expect("nodes");
     // SD-TRM-1: the restart is a new incarnation, epoch 1 → 2, under the same node ID.
     assert_eq!(weir_tests::node_row(&nodes, "streamd-1")["epoch"], 2);
-    // FO-LIV-1, FO-LIV-2: the new incarnation heartbeats every second.
+    // FO-LIV-1: the new incarnation heartbeats every second.
     let first = weir_tests::node_row(&nodes, "streamd-1")["heartbeats"]
         .as_u64()
         .expect("count");
@@ -383,6 +383,8 @@ async fn the_catch_up_boundary_is_logged_once_each_way() {
         let admitted = weir_tests::records(&log, "runtime execution admitted after linearizable consensus catch-up");
         assert_eq!(admitted.len(), 1, "{admitted:?}");
         assert_eq!(admitted[0]["level"], "INFO");
+        // RR-FEN-5: the wait was warned once however many reads failed, and the admission
+        // logged once with a committed_log_index at or past the node's own registration.
         let at = admitted[0]["committed_log_index"].as_u64().expect("index");
         let registered_at = registered["log_index"].as_u64().expect("registration index");
         assert!(at >= registered_at, "admitted at {at}, registered at {registered_at}");
@@ -392,19 +394,25 @@ async fn the_catch_up_boundary_is_logged_once_each_way() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_wal_replay_after_sigkill_returns_every_acknowledged_record_once() {
-    with_timeout(sigkill_then_replay(Backend::FileWal)).await;
+    // RR-FEN-5, RR-FEN-6, INV-12, SD-TRM-1, FO-LIV-1: the helper checks the replay holds
+    // every acknowledged record once, the admission log line, and that the restarted
+    // node is epoch 2, owns nothing from before and heartbeats.
+    with_timeout(check_replay_after_sigkill(Backend::FileWal)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_wal_replay_after_sigkill_returns_every_acknowledged_record_once() {
-    with_timeout(sigkill_then_replay(Backend::ObjectWal)).await;
+    // RR-FEN-5, RR-FEN-6, INV-12, SD-TRM-1, FO-LIV-1: the helper checks the replay holds
+    // every acknowledged record once, the admission log line, and that the restarted
+    // node is epoch 2, owns nothing from before and heartbeats.
+    with_timeout(check_replay_after_sigkill(Backend::ObjectWal)).await;
 }
 
 /// INV-7, FO-FEN-8: a takeover (racing the writer's appends where the store's
 /// conditional put is atomic) fences the writer: it acknowledges nothing afterwards,
 /// exits 75, and every record it acknowledged is in the replay. s3s-fs's put-if-absent
 /// is check-then-write, so against it the object WAL is fenced between appends.
-async fn takeover_races_appends(backend: Backend) {
+async fn check_takeover_fences_racing_appends(backend: Backend) {
     let racing = backend == Backend::FileWal;
     let mut stack = secure_stack(
         1,
@@ -485,12 +493,16 @@ async fn takeover_races_appends(backend: Backend) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_wal_takeover_racing_appends_fences_the_writer_and_loses_no_ack() {
-    with_timeout(takeover_races_appends(Backend::FileWal)).await;
+    // INV-7: the helper checks the taken-over writer exits 75 and that every record it
+    // acknowledged is in the takeover's replay.
+    with_timeout(check_takeover_fences_racing_appends(Backend::FileWal)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_wal_takeover_fences_the_writer_and_loses_no_ack() {
-    with_timeout(takeover_races_appends(Backend::ObjectWal)).await;
+    // INV-7: the helper checks the taken-over writer exits 75 and that every record it
+    // acknowledged is in the takeover's replay.
+    with_timeout(check_takeover_fences_racing_appends(Backend::ObjectWal)).await;
 }
 
 /// INV-7 (issue 20, defect 1; issue 58): reclaim keeps the object carrying the highest
@@ -499,7 +511,7 @@ async fn object_wal_takeover_fences_the_writer_and_loses_no_ack() {
 /// next append is refused. With every object deleted the takeover would list nothing,
 /// fence key 1, and the writer's next put would succeed: acknowledged, and replayed by
 /// no one.
-async fn reclaimed_object_wal_still_fences_the_writer(store: std::sync::Arc<dyn object_store::ObjectStore>) {
+async fn check_reclaimed_object_wal_still_fences_the_writer(store: std::sync::Arc<dyn object_store::ObjectStore>) {
     use futures::TryStreamExt;
     use weir_shared::ids::{StreamEpoch, StreamId};
     use weir_streamd::wal::object::{incarnation_prefix, take_over, ObjectSink, Pipelining};
@@ -553,7 +565,8 @@ async fn reclaimed_object_wal_still_fences_the_writer(store: std::sync::Arc<dyn 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reclaimed_object_wal_still_fences_the_writer_in_memory() {
-    with_timeout(reclaimed_object_wal_still_fences_the_writer(std::sync::Arc::new(
+    // INV-7: the helper checks the old writer's next append is refused as fenced.
+    with_timeout(check_reclaimed_object_wal_still_fences_the_writer(std::sync::Arc::new(
         object_store::memory::InMemory::new(),
     )))
     .await;
@@ -563,7 +576,8 @@ async fn reclaimed_object_wal_still_fences_the_writer_in_memory() {
 async fn reclaimed_object_wal_still_fences_the_writer_on_s3() {
     with_timeout(async {
         let s3 = weir_tests::s3::S3Server::start().await;
-        reclaimed_object_wal_still_fences_the_writer(std::sync::Arc::new(s3.store())).await;
+        // INV-7: as above, on an S3 server's conditional puts.
+        check_reclaimed_object_wal_still_fences_the_writer(std::sync::Arc::new(s3.store())).await;
     })
     .await;
 }
@@ -654,11 +668,14 @@ async fn object_wal_sigkill_with_puts_in_flight_at_s3_latency_loses_no_ack() {
                 (0..replayed.len() as u64).collect::<Vec<_>>(),
                 "stream lat-{s}: a hole or a repeat"
             );
+            // RR-WAL-2: an append was acknowledged only once its WAL object landed, so each
+            // acknowledged record survives the SIGKILL with PUTs still in flight.
             assert!(
                 replayed.len() >= acked[s].len(),
                 "stream lat-{s}: acknowledged records missing"
             );
             for (offset, value) in &acked[s] {
+                // RR-WAL-2: at the offset it was acknowledged with.
                 assert_eq!(
                     replayed[*offset as usize].1,
                     value.as_bytes(),
@@ -823,6 +840,9 @@ async fn mid_segment_wal_damage_marks_only_the_stream_it_cut() {
         stack.place_once_closed(whole, 1).await;
         stack.wait_serving("whole", 1).await;
         let got = read_all(&stack, 1, "whole", 0, 20).await;
+        // INV-2: every acknowledged record of the stream the damage missed is read back.
+        // FO-TKO-6: metad refused the placement until the takeover had recovered and closed
+        // "whole"; placed before, streamd-2 would serve it from committed_end 0 without these.
         expect_sequence(&got, 20, "whole");
         assert_eq!(
             std::fs::metadata(
@@ -913,6 +933,7 @@ async fn fenced_or_replaced_node_exits_75() {
             client.propose(&op, cmd).await.ok()?.1.ok().map(|_| ())
         })
         .await;
+        // FO-FEN-8, SD-TRG-3: the fenced node sees its fence in its view, stops, and exits 75.
         assert_eq!(stack.nodes[0].wait_exit(Duration::from_secs(10)).await, Some(75));
         // Replace streamd-2 by registering the same id again.
         let register = Command::RegisterNode {
@@ -928,6 +949,7 @@ async fn fenced_or_replaced_node_exits_75() {
             .expect("register")
             .1
             .expect("registered");
+        // SD-TRG-3: a node replaced by a newer registration stops and exits 75 too.
         assert_eq!(stack.nodes[1].wait_exit(Duration::from_secs(10)).await, Some(75));
         assert!(
             stack.nodes[1].log_text().contains("newer registration"),
@@ -948,8 +970,10 @@ async fn streamd_with_another_heartbeat_timing_is_refused() {
             &["--heartbeat-interval-sec", "2", "--node-timeout-sec", "10"],
         );
         let code = stack.nodes[0].wait_exit(Duration::from_secs(20)).await;
+        // FO-LIV-14: the registration is refused and the node exits non-zero.
         assert_eq!(code, Some(1));
         let log = stack.nodes[0].log_text();
+        // FO-LIV-14: its error names both its own interval and the cluster's.
         assert!(
             log.contains("--heartbeat-interval-sec 2") && log.contains("--heartbeat-interval-sec 1"),
             "{log}"
@@ -1002,6 +1026,7 @@ async fn wal_growth_is_bounded_and_reclaimed_after_commits() {
             }
             assert!(acked < 1000, "the WAL never filled up");
         };
+        // FO-MDO-7: at the limit an append is refused with the retryable wal_full, not acknowledged.
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         assert_eq!(
             weir_shared::error_code::ErrorCode::of_status(&err).map(|c| c.as_str()),
@@ -1057,14 +1082,18 @@ async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() 
             .await
             .expect("status")
             .into_inner();
+        // FO-MDO-1: the owner acknowledged all 50 appends with metad down.
         assert_eq!(s.end_offset, 50);
         assert!(s.committed_end < 50, "a commit landed without metad");
         let readyz = weir_tests::http_get(format!("http://{}/readyz", stack.nodes[0].http))
             .await
             .expect("readyz");
+        // FO-MDO-5: readiness does not fail because metad is unreachable.
         assert_eq!(readyz.status().as_u16(), 200, "readiness failed because metad is down");
+        // FO-MDO-1: reads serve the new records during the outage too.
         expect_sequence(&read_all(&stack, 0, "outage", 0, 50).await, 50, "o");
         stack.metad.replicas[0].start();
+        // FO-MDO-2: the commits that failed meanwhile are retried and land once metad is back.
         stack.wait_committed(0, "outage", 50).await;
     })
     .await;
@@ -1083,7 +1112,7 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
                 "--upload-interval-ms",
                 "100",
                 "--gc-delay-sec",
-                "2",
+                "6",
                 "--gc-grace-sec",
                 "1",
             ],
@@ -1101,6 +1130,7 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
         .expect("append");
         let store = s3_store(&stack);
         let orphan = object_store::path::Path::from("data/streamd-9/00000000000000000001/orphan.wdo");
+        let put_at = std::time::Instant::now();
         store
             .put(&orphan, PutPayload::from_static(b"never committed"))
             .await
@@ -1111,6 +1141,13 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
             async move { store.head(&orphan).await.is_err().then_some(()) }
         })
         .await;
+        // RR-WAL-4: not before the safety delay (6 s; GC passes run every second, so
+        // without the delay it would go within about 2 s, after the 1 s grace).
+        assert!(
+            put_at.elapsed() >= Duration::from_secs(6),
+            "the orphan was collected {:?} after its upload, before the 6 s delay",
+            put_at.elapsed()
+        );
         // The committed object outlives GC passes run after it became older than the delay.
         stack.wait_committed(0, "gc", 1).await;
         let metrics_url = format!("http://{}/metrics", stack.nodes[0].http);
@@ -1162,6 +1199,8 @@ async fn sigterm_closes_streams_with_every_record_committed_then_fences_itself()
         assert_eq!(row["state"], "closed");
         assert_eq!(row["committed_end"], 25);
         let nodes = client.admin("nodes", 0, 0).await.expect("nodes");
+        // FO-FEN-3: the node fenced itself on its way out (checked right after its exit, before
+        // the 3 s node timeout would let the failover loop fence it instead).
         assert_eq!(weir_tests::node_row(&nodes, "streamd-1")["fenced"], true);
     })
     .await;

@@ -82,6 +82,8 @@ mod tests {
             stream: "t/0".into(),
             why: "moving".into(),
         };
+        // FO-TKO-11, FO-TKO-12: no live owner (fenced and being recovered, or closed and not
+        // yet placed) answers the retryable NOT_LEADER_OR_FOLLOWER, not UNKNOWN_TOPIC_OR_PARTITION.
         assert_eq!(route(&no_owner), NOT_LEADER_OR_FOLLOWER);
         assert_eq!(route(&RouteError::CatchingUp), NOT_LEADER_OR_FOLLOWER);
         for code in ["not_owner", "fenced", "unavailable"] {

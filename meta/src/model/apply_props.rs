@@ -581,7 +581,7 @@ fn is_live_proposer(state: &State, p: &Proposer) -> bool {
 
 /// Runs `ops` from an initialized state, checking every invariant after each entry;
 /// returns the kinds of command that applied.
-fn run_checked(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, TestCaseError> {
+fn check_invariants(ops: Vec<((usize, i64), Op)>) -> Result<BTreeSet<&'static str>, TestCaseError> {
     let mut meta = initialized();
     let mut applied = BTreeSet::new();
     let mut fenced: BTreeMap<(NodeId, Epoch), ()> = BTreeMap::new();
@@ -999,7 +999,10 @@ proptest! {
     /// never goes back, and a stale compaction changes nothing.
     #[test]
     fn apply_preserves_its_invariants_over_every_command_kind(ops in arb_ops()) {
-        run_checked(ops)?;
+        // FO-LIV-10, FO-FEN-1, FO-FEN-2, FO-FEN-5, INV-4, INV-5, INV-6: check_invariants
+        // asserts each after every entry (epochs only grow, a fence is for good, stale
+        // fences and dead proposers change nothing, ranges contiguous and matching).
+        check_invariants(ops)?;
     }
 }
 
@@ -1012,7 +1015,7 @@ fn every_command_kind_applies_somewhere_in_the_generated_runs() {
     let mut applied = BTreeSet::new();
     for _ in 0..400 {
         let ops = arb_ops().new_tree(&mut runner).expect("a run").current();
-        applied.extend(run_checked(ops).expect("invariants hold"));
+        applied.extend(check_invariants(ops).expect("invariants hold"));
     }
     let all = [
         "init_cluster",
@@ -1091,7 +1094,9 @@ fn self_fence_is_unconditional_but_not_for_a_replaced_epoch() {
             command: Command::FenceSelf,
         },
     );
+    // FO-FEN-4: the replaced incarnation's late self-fence is rejected as superseded...
     assert_eq!(outcome.unwrap_err().code, super::command::RejectCode::Superseded);
+    // FO-FEN-4: ...and leaves the current incarnation unfenced.
     assert!(!state.state.nodes[&node(0)].fenced);
     let hb = Proposal {
         proposer: current.clone(),
@@ -1105,6 +1110,8 @@ fn self_fence_is_unconditional_but_not_for_a_replaced_epoch() {
             command: Command::FenceSelf,
         },
     );
+    // FO-FEN-3: the current incarnation's self-fence applies though its heartbeat count has
+    // moved since anyone read it: it names no count to match.
     assert!(outcome.is_ok());
     assert!(state.state.nodes[&node(0)].fenced);
     // FO-FEN-5: a fenced node's commands are rejected.
@@ -1127,6 +1134,7 @@ fn registration_with_another_heartbeat_timing_is_refused() {
         },
     };
     let err = state.apply(2, &p).0.unwrap_err();
+    // FO-LIV-14: the registration is refused with an error naming the node's interval and the cluster's.
     assert!(err.message.contains("--heartbeat-interval-sec 10"), "{}", err.message);
     assert!(err.message.contains("--heartbeat-interval-sec 1"), "{}", err.message);
     assert!(state.state.nodes.is_empty());

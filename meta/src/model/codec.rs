@@ -64,7 +64,9 @@ mod tests {
         let mut newer = good.clone();
         newer[1] = FORMAT_VERSION + 1;
         let err = decode::<Vec<u64>>(&newer).unwrap_err().to_string();
+        // RR-WAL-6: an unknown format version is refused with the instruction to recreate the state.
         assert!(err.contains("recreate the data directory"), "{err}");
+        // RR-WAL-6: bytes without the format identifier are refused before decoding.
         assert!(matches!(
             decode::<Vec<u64>>(b"[1,2]"),
             Err(CodecError::UnknownFormat(_))

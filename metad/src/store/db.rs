@@ -139,9 +139,11 @@ mod tests {
         assert!(wal_bytes(dir.path()) > 0, "the writes are in the log first");
         prepare_close(&db).expect("close");
         drop(db);
+        // SD-TD-6: the close wrote the journal's entries out, so nothing is left to replay...
         assert_eq!(wal_bytes(dir.path()), 0, "nothing left to replay");
         let db = open_db(dir.path()).expect("reopen");
         let handle = db.cf_handle(CF_SM).expect("family");
+        // SD-TD-6: ...and what was written is still there after the reopen.
         assert_eq!(db.get_cf(handle, b"row").expect("read").as_deref(), Some(&b"value"[..]));
     }
 }

@@ -516,12 +516,14 @@ mod tests {
             grace: Duration::from_millis(50),
         };
         let (mut gc, cancel) = (Gc::default(), CancellationToken::new());
+        // RR-WAL-4: an uncommitted object is not collected before its safety grace is over.
         assert_eq!(
             gc.pass(&store, &index, limits, &cancel).await.expect("pass"),
             0,
             "first seen"
         );
         tokio::time::sleep(Duration::from_millis(60)).await;
+        // RR-WAL-4: after it, the orphan is collected and the committed object is kept.
         assert_eq!(gc.pass(&store, &index, limits, &cancel).await.expect("pass"), 1);
         let left: Vec<String> = store
             .inner

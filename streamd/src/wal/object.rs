@@ -591,6 +591,8 @@ mod tests {
         landed(&store, 3).await;
         assert_eq!(take_over_as(&store, "agent-a").await, vec![0]);
         second.release();
+        // INV-7: the taken-over WAL rejects its writer: its PUT at the fence fails as fenced,
+        // nothing above the fence is acknowledged, and the writer stays fenced.
         assert_eq!(b.await, Err(WalError::Fenced));
         assert!(c.await.is_err(), "key 3 is above the fence");
         assert!(wal.is_fenced());

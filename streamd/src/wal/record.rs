@@ -489,10 +489,12 @@ mod tests {
     // RR-WAL-6: the format is checked before decoding.
     #[test]
     fn foreign_and_future_segments_are_refused() {
+        // RR-WAL-6: a segment without the WAL's format identifier is refused before decoding.
         assert!(matches!(decode_segment(b"garbage!"), Err(DecodeError::UnknownFormat)));
         let mut data = segment(&[record(1, b"x")]);
         data[7] = WAL_VERSION + 1;
         let err = decode_segment(&data).unwrap_err().to_string();
+        // RR-WAL-6: an unknown version fails with the instruction to recreate the state.
         assert!(err.contains("must be recreated"), "{err}");
     }
 

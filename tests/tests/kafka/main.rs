@@ -18,6 +18,8 @@ use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use weir_tests::gateway::Gatewayd;
 use weir_tests::streamd::{Backend, Stack};
@@ -236,6 +238,7 @@ async fn headers_nulls_large_messages_idempotence_and_http_interop() {
         .iter()
         .map(|m| String::from_utf8_lossy(m.payload().expect("payload")).into_owned())
         .collect();
+    // INV-2: all 1,000 acknowledged idempotent records read back, none twice.
     assert_eq!(idem.iter().collect::<BTreeSet<_>>().len(), 1000, "no duplicates");
     assert_eq!(read[1003].payload(), Some(&b"from http"[..]));
     assert_eq!(read[1003].key(), Some(&b"hk"[..]));
@@ -513,12 +516,14 @@ async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_vie
         &[],
         &[("WEIR_FAILPOINT_CATCH_UP_START", "sleep(10000)")],
     );
+    // RR-FEN-3: before admission the gateway is live: `/livez` 200,
     wait_for("gw-2 listening", T, || async {
         let r = late.request(Method::GET, "/livez").send().await.ok()?;
         r.status().is_success().then_some(())
     })
     .await;
     let ready = late.request(Method::GET, "/readyz").send().await.expect("readyz");
+    // RR-FEN-3: but not ready,
     assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
     for (method, path) in [
         (Method::GET, "/v1/streams"),
@@ -527,6 +532,8 @@ async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_vie
     ] {
         let request = late.request(method, path).json(&json!({"records": [{"body": "x"}]}));
         let (status, body) = late.send(request).await;
+        // RR-FEN-2, RR-FEN-3: and the stream list, a stream's description and an append
+        // get a retryable 503, not an empty list or a 404 from its view.
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
         assert_eq!(body["error"]["code"], "unavailable", "{path}: {body}");
     }
@@ -568,6 +575,8 @@ async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_vie
         "admitted too soon for the test"
     );
     let (second, took) = twice_before.expect("task");
+    // RR-FEN-2: Kafka Metadata for an existing topic answers LEADER_NOT_AVAILABLE (5),
+    // not UNKNOWN_TOPIC_OR_PARTITION (3).
     assert_eq!(second, Ok(vec![("caught".to_string(), 5)]));
     assert!(
         took < Duration::from_secs(1),
@@ -579,6 +588,7 @@ async fn rr_fen_2_a_gateway_catching_up_answers_retryable_errors_not_a_stale_vie
         ("every-topic Metadata", all_before.expect("task")),
         ("Produce", produce_before.expect("task")),
     ] {
+        // RR-FEN-2: neither is answered from the view before the catch-up.
         assert_eq!(answer, Err(NoAnswer::Closed), "{what} before the catch-up");
         assert!(took < Duration::from_secs(5), "{what}: closed after {took:?}");
     }
@@ -677,6 +687,9 @@ async fn rr_int_2_an_interrupted_create_topics_answers_success_only_for_a_usable
     for (name, _, _) in &answers {
         for p in 0..PARTITIONS {
             let stored = gw.bodies(&format!("{name}%2F{p}")).await;
+            // RR-INT-2: every topic answered as created took a record on each partition
+            // right after the answer (in the task), and holds it: no success was for a
+            // topic that was not usable, or later rolled back.
             assert_eq!(stored, [format!("{name}-{p}")], "{name}/{p}");
         }
     }
@@ -1259,6 +1272,16 @@ fn read_produce_answer(s: &mut std::net::TcpStream) -> (i32, i16, i64) {
 /// Sends `frames` on `s` from one thread while another reads their answers, so they
 /// are pipelined; the answers in the order they came.
 async fn pipeline(s: std::net::TcpStream, frames: Vec<Vec<u8>>) -> Vec<(i32, i16, i64)> {
+    pipeline_counting(s, frames, Arc::default()).await
+}
+
+/// `pipeline`, counting the answers read so far in `answered`, so a test can act
+/// once the client itself holds some acknowledgements.
+async fn pipeline_counting(
+    s: std::net::TcpStream,
+    frames: Vec<Vec<u8>>,
+    answered: Arc<AtomicUsize>,
+) -> Vec<(i32, i16, i64)> {
     let count = frames.len();
     let mut writer = s.try_clone().expect("clone socket");
     let sending = std::thread::spawn(move || {
@@ -1268,9 +1291,17 @@ async fn pipeline(s: std::net::TcpStream, frames: Vec<Vec<u8>>) -> Vec<(i32, i16
         }
     });
     let mut reader = s;
-    let answers = tokio::task::spawn_blocking(move || (0..count).map(|_| read_produce_answer(&mut reader)).collect())
-        .await
-        .expect("reader");
+    let answers = tokio::task::spawn_blocking(move || {
+        (0..count)
+            .map(|_| {
+                let answer = read_produce_answer(&mut reader);
+                answered.fetch_add(1, Ordering::Relaxed);
+                answer
+            })
+            .collect()
+    })
+    .await
+    .expect("reader");
     sending.join().expect("writer");
     answers
 }
@@ -1378,11 +1409,12 @@ async fn a_pipelined_connection_that_loses_its_owner_answers_in_order_and_loses_
         .map(|i| produce_v3("lose", &weir_tests::batches::batch(format!("l-{i}").as_bytes()), i))
         .collect();
     let s = std::net::TcpStream::connect(&gw.kafka).expect("connect");
-    let sent = tokio::spawn(pipeline(s, frames));
-    // Kill the owner once some of the pipeline is acknowledged.
-    wait_for("some records acknowledged", T, || async {
-        let (_, d) = gw.send(gw.request(Method::GET, "/v1/streams/lose%2F0")).await;
-        (d["tail"].as_u64() >= Some(300)).then_some(())
+    let answered = Arc::new(AtomicUsize::new(0));
+    let sent = tokio::spawn(pipeline_counting(s, frames, answered.clone()));
+    // Kill the owner once the client holds 300 answers. (Waiting on the stream's tail
+    // raced: records durable on the owner are not yet answered to the client.)
+    wait_for("300 answers read", T, || async {
+        (answered.load(Ordering::Relaxed) >= 300).then_some(())
     })
     .await;
     stack.nodes[victim].kill();
@@ -1474,6 +1506,7 @@ async fn pipelined_connections_contending_for_one_partition_never_stall() {
     let total = (CONNECTIONS * N) as usize;
     assert_eq!(acked.len(), total);
     let stored = stored_by_offset(&gw, "busy", total).await;
+    // INV-2: every acknowledged record is readable at its acknowledged offset.
     assert_eq!(stored, acked, "every record stored once, at its acknowledged offset");
 }
 
@@ -1601,6 +1634,7 @@ async fn a_killed_owner_loses_no_acknowledged_message_and_the_group_resumes() {
         .collect();
     let distinct: BTreeSet<String> = values.iter().cloned().collect();
     assert_eq!(distinct.len(), values.len(), "no message twice");
+    // INV-2: every message acknowledged before or through the SIGKILL is in the log.
     assert_eq!(distinct, acked, "every acknowledged message");
     // A restarted member resumes at the committed offsets (which survived the move).
     let again = consumer(&gw, "fo-group");
@@ -1641,6 +1675,8 @@ async fn during_a_metadata_outage_data_flows_and_topic_admin_is_refused() {
             .expect("produce while metad is down");
     }
     let read = read_all(&gw, "steady", 1, 20).await;
+    // FO-MDO-1: with metad paused, the gateway routed by its last view: the 20 records
+    // were acknowledged (above) and read back while the outage lasts.
     assert_eq!(read.len(), 20);
     let created = admin(&gw)
         .create_topics(
@@ -1649,6 +1685,7 @@ async fn during_a_metadata_outage_data_flows_and_topic_admin_is_refused() {
         )
         .await
         .expect("an answer");
+    // FO-MDO-3: a topic create is refused with the retryable NOT_LEADER_OR_FOLLOWER.
     assert_eq!(
         created[0],
         Err(("later".to_string(), RDKafkaErrorCode::NotLeaderForPartition))

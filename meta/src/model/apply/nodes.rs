@@ -310,6 +310,8 @@ mod tests {
         assert_eq!(row(&log).cordon, None);
         assert!(row(&log).drain_released);
         assert_eq!(log.apply(node(), cordon(CordonBy::Drain)), Err(RejectCode::Conflict));
+        // SD-REL-4: the release sent for an unanswered drain request still holds: the request,
+        // arriving after it, leaves no cordon behind.
         assert_eq!(row(&log).cordon, None, "the late drain cordoned nothing");
         // An operator's cordon is another matter.
         log.apply(op(), cordon(CordonBy::Operator)).expect("operator cordon");

@@ -237,11 +237,15 @@ mod tests {
             })
             .unwrap();
         }
+        // SD-TRM-6: an unknown node, a metad and a fenced node each get their own check's error.
         assert_eq!(log.first_failure("ghost"), "node 'ghost' is not registered");
         assert_eq!(log.first_failure("metad-1"), "node 'metad-1' is not a streamd");
         assert_eq!(log.first_failure("fenced"), "node 'fenced' is not live");
+        // OBS-14: the exact client-facing strings for a terminating and a cordoned node.
         assert_eq!(log.first_failure("terminating"), "node 'terminating' is terminating");
+        // SD-TRM-6: terminating is checked before cordoned, so a node in both is terminating.
         assert_eq!(log.first_failure("both"), "node 'both' is terminating");
+        // OBS-14, SD-TRM-6: cordoned, the last check.
         assert_eq!(log.first_failure("cordoned"), "node 'cordoned' is cordoned");
     }
 
@@ -260,6 +264,8 @@ mod tests {
         log.close(Proposer::Node(a.clone()), x, epoch).unwrap();
         let row = &log.state.streams[&x];
         assert_eq!(row.state, StreamState::Closed);
+        // SD-DRN-2 (step 4): the new ownership commits in the entry of the source's close, its
+        // drain done, and not before: the source still owned the stream to close it.
         assert_eq!(row.owner, Some(b.clone()), "handed to the target in the close's entry");
         assert_eq!(row.transfer_target, None);
         let Ok(Applied::StreamOpened { stream_epoch, .. }) = log.run(Proposer::Node(b), Command::open(x)) else {
@@ -310,12 +316,14 @@ mod tests {
         log.begin(x, epoch, "b").unwrap();
         let b2 = log.register("b", NodeKind::Streamd);
         log.close(Proposer::Node(a.clone()), x, epoch).unwrap();
+        // RR-INT-5: the restart invalidated the transfer: the new incarnation does not get it.
         assert_eq!(log.state.streams[&x].owner, None, "not handed to {b2}");
         assert_eq!(log.state.streams[&x].transfer_target_epoch, None);
 
         let (y, epoch) = log.open_stream("y", &a);
         log.begin(y, epoch, "b").unwrap();
         log.close(Proposer::Node(a), y, epoch).unwrap();
+        // RR-INT-5: a later transfer onto the restarted node succeeds normally.
         assert_eq!(log.state.streams[&y].owner, Some(b2));
     }
 
@@ -362,6 +370,7 @@ mod tests {
         )
         .unwrap();
         log.op(close).unwrap();
+        // FO-TKO-4: the transfer pending on the fenced source completes to its target.
         assert_eq!(log.state.streams[&x].owner, Some(b), "the target gets it");
     }
 
@@ -390,11 +399,13 @@ mod tests {
         assert!(second > first);
         log.op(discard(first)).expect("a stale discard is harmless");
         let row = &log.state.streams[&x];
+        // RR-INT-4: a discard is exact per operation id: the stale one left the newer mark.
         assert_eq!(row.transfer_target, Some(NodeId::new("c")), "another op's mark stays");
         assert_eq!(row.transfer_op, Some(second));
         log.op(discard(second)).unwrap();
         log.op(discard(second)).expect("a repeated discard is harmless");
         let row = &log.state.streams[&x];
+        // RR-INT-4: its own discard clears it, and repeating that discard is harmless.
         assert_eq!(
             (row.transfer_target.as_ref(), row.transfer_target_epoch, row.transfer_op),
             (None, None, None)
