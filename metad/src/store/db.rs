@@ -28,6 +28,8 @@ const MAX_TOTAL_WAL_BYTES: u64 = 16 << 20;
 const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// All memtables together, before RocksDB flushes the largest.
 const MEMTABLE_BYTES: usize = 32 << 20;
+/// Finished write-ahead log files kept to be written over by the next ones.
+const WAL_FILES_RECYCLED: usize = 4;
 
 /// Opens (creating if needed) the metadata database under `dir`, migrating one written
 /// in format 1 and refusing any other format (RR-WAL-6).
@@ -41,6 +43,11 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
     // and make a restart replay all of them. Past this size RocksDB flushes the
     // families holding the oldest file, which bounds the replay (design 0002).
     opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
+    // Every acknowledged write waits on a WAL fdatasync (RR-WAL-3). Into a recycled
+    // file, whose blocks exist already, that sync changes no inode, so it is one device
+    // flush instead of a journal commit as well: 1,224 → 2,049 stream creations a second
+    // in `weir dev` (issue 57). RocksDB keeps point-in-time recovery with it.
+    opts.set_recycle_log_file_num(WAL_FILES_RECYCLED);
     // Memory stays bounded as the index grows: without this each family has its own
     // cache and memtables, and every table file's index and filter blocks stay in
     // memory outside any cache (metad's RSS grew with the index in the soak).
@@ -116,13 +123,22 @@ pub fn sync_write() -> rocksdb::WriteOptions {
 mod tests {
     use super::*;
 
-    /// Bytes in the database's write-ahead log files: what the next open replays.
-    fn wal_bytes(dir: &Path) -> u64 {
+    /// Bytes in the database's live write-ahead log files, what the next open replays:
+    /// those numbered at or above `db`'s oldest log still needed (the files below it
+    /// are kept only to be written over, WAL_FILES_RECYCLED).
+    fn wal_bytes(db: &DB, dir: &Path) -> u64 {
+        let keep = db
+            .property_int_value("rocksdb.min-log-number-to-keep")
+            .expect("property")
+            .expect("a number");
         std::fs::read_dir(dir)
             .expect("data dir")
             .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
-            .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let number: u64 = name.strip_suffix(".log")?.parse().ok()?;
+                (number >= keep).then(|| e.metadata().map(|m| m.len()).unwrap_or(0))
+            })
             .sum()
     }
 
@@ -136,11 +152,11 @@ mod tests {
             let handle = db.cf_handle(cf).expect("family");
             db.put_cf_opt(handle, key, b"value", &sync_write()).expect("write");
         }
-        assert!(wal_bytes(dir.path()) > 0, "the writes are in the log first");
+        assert!(wal_bytes(&db, dir.path()) > 0, "the writes are in the log first");
         prepare_close(&db).expect("close");
-        drop(db);
         // SD-TD-6: the close wrote the journal's entries out, so nothing is left to replay...
-        assert_eq!(wal_bytes(dir.path()), 0, "nothing left to replay");
+        assert_eq!(wal_bytes(&db, dir.path()), 0, "nothing left to replay");
+        drop(db);
         let db = open_db(dir.path()).expect("reopen");
         let handle = db.cf_handle(CF_SM).expect("family");
         // SD-TD-6: ...and what was written is still there after the reopen.
