@@ -14,6 +14,11 @@ command -v cargo-mutants >/dev/null 2>&1 || cargo install --locked cargo-mutants
 budget="${WEIR_MUTANTS_BUDGET_SEC:-1200}"
 only="${1:-}"
 out_root="${CARGO_TARGET_DIR:-target}/mutants"
+# Mutants build in a target directory of their own. Cargo names a workspace's
+# artifacts by paths relative to it, so mutated copies built into the shared one would
+# replace its artifacts with mutants that a later build there, seeing older sources,
+# keeps using (and a build there meanwhile would test mutants against the original).
+export CARGO_TARGET_DIR="$out_root/target"
 # name | package | files (space-separated globs); each runs the package's unit tests (--lib)
 modules=(
   "failover_plan|weir-meta|meta/src/failover_plan.rs"
@@ -36,7 +41,12 @@ for m in "${modules[@]}"; do
   for f in $files; do file_args+=(--file "$f"); done
   # cargo-mutants exits non-zero when mutants survive; the counts say how it went.
   timeout "$budget" cargo mutants "${file_args[@]}" "${args[@]}" >"$out/log.txt" 2>&1 || true
-  count() { [ -f "$out/mutants.out/$1.txt" ] && grep -c . "$out/mutants.out/$1.txt" || echo 0; }
+  # grep -c prints 0 and fails on an empty list: one number either way.
+  count() {
+    local n=0
+    [ -f "$out/mutants.out/$1.txt" ] && n=$(grep -c . "$out/mutants.out/$1.txt" || true)
+    echo "${n:-0}"
+  }
   caught=$(count caught) missed=$(count missed) timeouts=$(count timeout) unviable=$(count unviable)
   total=$((caught + missed))
   score="–"

@@ -457,6 +457,117 @@ mod tests {
         assert!(holder_commands(&w.s, &holder, &mut clock, false, u64::MAX).is_empty());
     }
 
+    /// FO-TKO-3: the recovery agent of a dead incarnation is its own node's newer
+    /// incarnation when that is back (a row at the same epoch is not newer), else the
+    /// live streamd with the fewest streams, schedulable ones first; never a gateway, a
+    /// metad or a fenced streamd (issue 61: mutants of these decisions survived).
+    #[test]
+    fn the_agent_is_the_nodes_newer_incarnation_else_a_live_schedulable_streamd() {
+        let mut w = World::new(30);
+        w.register("a-gateway", NodeKind::Gatewayd);
+        w.register("a-metad", NodeKind::Metad);
+        let dead = w.register("dead", NodeKind::Streamd);
+        let cordoned = w.register("b-cordoned", NodeKind::Streamd);
+        let fenced = w.register("a-fenced", NodeKind::Streamd);
+        let free = w.register("c-free", NodeKind::Streamd);
+        let fence = |node: &Incarnation| Command::FenceNode {
+            node: node.node.clone(),
+            epoch: node.epoch,
+            seen_heartbeats: 0,
+        };
+        w.apply(op(), fence(&fenced)).expect("fenced");
+        w.apply(
+            op(),
+            Command::Cordon {
+                node: cordoned.node.clone(),
+                by: crate::model::rows::CordonBy::Operator,
+            },
+        )
+        .expect("cordoned");
+        // FO-TKO-3: the node's row at the same epoch is not a newer incarnation.
+        assert_eq!(choose_agent(&w.s, &dead), Some(free.node.clone()), "not itself");
+        w.apply(op(), fence(&dead)).expect("fenced");
+        // FO-TKO-3: neither gateway, metad, fenced nor cordoned: the live schedulable streamd.
+        assert_eq!(choose_agent(&w.s, &dead), Some(free.node.clone()));
+        // Once the node is back as a newer incarnation, that incarnation recovers it.
+        let back = w.register("dead", NodeKind::Streamd);
+        assert!(back.epoch > dead.epoch);
+        // FO-TKO-3: its own newer incarnation.
+        assert_eq!(
+            choose_agent(&w.s, &dead),
+            Some(dead.node.clone()),
+            "its own new incarnation"
+        );
+        // With the schedulable one gone, a cordoned streamd still recovers other WALs.
+        w.apply(op(), fence(&free)).expect("fenced");
+        w.apply(op(), fence(&back)).expect("fenced");
+        assert_eq!(choose_agent(&w.s, &free), Some(cordoned.node.clone()));
+    }
+
+    /// The clock forgets incarnations that are fenced or replaced, so what it holds
+    /// stays as large as the live nodes (issue 61: with the forgetting removed every
+    /// decision was the same, so no test saw it).
+    #[test]
+    fn the_clock_forgets_fenced_and_replaced_incarnations() {
+        let mut w = World::new(30);
+        let holder = w.register("metad-1", NodeKind::Metad);
+        let fenced = w.register("s1", NodeKind::Streamd);
+        let replaced = w.register("s2", NodeKind::Streamd);
+        let mut clock = Clock::default();
+        assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
+        assert!(clock.seen.contains_key(&fenced) && clock.seen.contains_key(&replaced));
+        let fence = Command::FenceNode {
+            node: fenced.node.clone(),
+            epoch: fenced.epoch,
+            seen_heartbeats: 0,
+        };
+        w.apply(op(), fence).expect("fenced");
+        let again = w.register("s2", NodeKind::Streamd);
+        assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
+        assert!(!clock.seen.contains_key(&fenced), "a fenced incarnation is forgotten");
+        assert!(
+            !clock.seen.contains_key(&replaced),
+            "a replaced incarnation is forgotten"
+        );
+        assert!(clock.seen.contains_key(&again));
+    }
+
+    /// Only fenced streamd and gateway rows are reaped: not a live row holding nothing,
+    /// not a fenced metad's; and a fenced holder reaps nothing (issue 61: mutants of
+    /// these conditions survived).
+    #[test]
+    fn only_fenced_data_rows_are_reaped_and_only_by_a_live_holder() {
+        let mut w = World::new(30);
+        let holder = w.register("metad-1", NodeKind::Metad);
+        let peer = w.register("metad-2", NodeKind::Metad);
+        w.register("idle", NodeKind::Streamd);
+        let gone = w.register("gone", NodeKind::Streamd);
+        for dead in [&peer, &gone] {
+            let fence = Command::FenceNode {
+                node: dead.node.clone(),
+                epoch: dead.epoch,
+                seen_heartbeats: 0,
+            };
+            w.apply(op(), fence).expect("fenced");
+        }
+        let mut clock = Clock::default();
+        for _ in 0..3 {
+            rows_to_reap(&w.s, &holder, &mut clock, 3);
+            w.beat(&holder);
+        }
+        let reap_gone = vec![Command::ReapNode {
+            node: gone.node.clone(),
+            epoch: gone.epoch,
+        }];
+        assert_eq!(rows_to_reap(&w.s, &holder, &mut clock, 3), reap_gone);
+        w.apply(Proposer::Node(holder.clone()), Command::FenceSelf)
+            .expect("fence the holder");
+        assert!(
+            rows_to_reap(&w.s, &holder, &mut clock, 3).is_empty(),
+            "a fenced holder reaps nothing"
+        );
+    }
+
     /// FO-LIV-10: a re-registered node's clock restarts.
     #[test]
     fn re_registration_restarts_the_clock() {
