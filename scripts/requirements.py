@@ -6,13 +6,14 @@ with it. A mark is the ID written in a `//` comment inside the test's body, whic
 the next assertion statement after it (across the setup lines between them), in the
 comment on an assertion's own lines, or in an assertion's message string. An
 assertion statement is an `assert*!`/`prop_assert*!`/`panic!`, a call of a function
-named `assert_*`, `expect_*`, `check_*` or `wait_*` (`wait_for` fails on its
-timeout; not `wait_exit`, which only reports), or an `.expect_err(` call; a call of an `assert_*`, `check_*` or `expect_*`
-function anywhere in a line counts too (`with_timeout(check_replay(..))`), so a test
-whose assertions live in one such function marks the call. Nothing else counts: not the test's name, not the
-comment above the test, not a helper's comments (a helper never spreads credit), not
-an ID reached only through a range (`FO-TKO-1…8`, `SD-REL-1..6`). Every ID no test
-marks needs a line in docs/requirements/status.txt saying why.
+named `assert_*`, `expect_*`, `check_*` or `wait_*` (`wait_for` fails on its timeout;
+not `wait_exit`, which only reports), or an `.expect_err(` call. A call of an
+`assert_*`, `check_*` or `expect_*` function anywhere in a line counts too
+(`with_timeout(check_replay(..))`), so a test whose assertions live in one such
+function marks the call. Nothing else counts: not the test's name, not the comment
+above the test, not a helper's comments (a helper never spreads credit), not an ID
+reached only through a range (`FO-TKO-1…8`, `SD-REL-1..6`). Every ID no test marks
+needs a line in docs/requirements/status.txt saying why.
 
     scripts/requirements.py           rewrite docs/requirements.md
     scripts/requirements.py --check   fail when it is stale or an ID is unaccounted for

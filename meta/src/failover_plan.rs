@@ -292,6 +292,16 @@ mod tests {
             self.apply(Proposer::Node(who.clone()), Command::Heartbeat)
                 .expect("heartbeat");
         }
+
+        /// The operator fences `who`, as the holder does a silent node.
+        fn fence(&mut self, who: &Incarnation) {
+            let fence = Command::FenceNode {
+                node: who.node.clone(),
+                epoch: who.epoch,
+                seen_heartbeats: 0,
+            };
+            self.apply(op(), fence).expect("fenced");
+        }
     }
 
     /// FO-LIV-4, FO-LIV-5: dead after exactly ceil(timeout / interval) holder heartbeats.
@@ -470,12 +480,7 @@ mod tests {
         let cordoned = w.register("b-cordoned", NodeKind::Streamd);
         let fenced = w.register("a-fenced", NodeKind::Streamd);
         let free = w.register("c-free", NodeKind::Streamd);
-        let fence = |node: &Incarnation| Command::FenceNode {
-            node: node.node.clone(),
-            epoch: node.epoch,
-            seen_heartbeats: 0,
-        };
-        w.apply(op(), fence(&fenced)).expect("fenced");
+        w.fence(&fenced);
         w.apply(
             op(),
             Command::Cordon {
@@ -486,7 +491,7 @@ mod tests {
         .expect("cordoned");
         // FO-TKO-3: the node's row at the same epoch is not a newer incarnation.
         assert_eq!(choose_agent(&w.s, &dead), Some(free.node.clone()), "not itself");
-        w.apply(op(), fence(&dead)).expect("fenced");
+        w.fence(&dead);
         // FO-TKO-3: neither gateway, metad, fenced nor cordoned: the live schedulable streamd.
         assert_eq!(choose_agent(&w.s, &dead), Some(free.node.clone()));
         // Once the node is back as a newer incarnation, that incarnation recovers it.
@@ -499,8 +504,8 @@ mod tests {
             "its own new incarnation"
         );
         // With the schedulable one gone, a cordoned streamd still recovers other WALs.
-        w.apply(op(), fence(&free)).expect("fenced");
-        w.apply(op(), fence(&back)).expect("fenced");
+        w.fence(&free);
+        w.fence(&back);
         assert_eq!(choose_agent(&w.s, &free), Some(cordoned.node.clone()));
     }
 
@@ -516,12 +521,7 @@ mod tests {
         let mut clock = Clock::default();
         assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         assert!(clock.seen.contains_key(&fenced) && clock.seen.contains_key(&replaced));
-        let fence = Command::FenceNode {
-            node: fenced.node.clone(),
-            epoch: fenced.epoch,
-            seen_heartbeats: 0,
-        };
-        w.apply(op(), fence).expect("fenced");
+        w.fence(&fenced);
         let again = w.register("s2", NodeKind::Streamd);
         assert!(dead_nodes(&w.s, &holder, &mut clock).is_empty());
         assert!(!clock.seen.contains_key(&fenced), "a fenced incarnation is forgotten");
@@ -542,14 +542,8 @@ mod tests {
         let peer = w.register("metad-2", NodeKind::Metad);
         w.register("idle", NodeKind::Streamd);
         let gone = w.register("gone", NodeKind::Streamd);
-        for dead in [&peer, &gone] {
-            let fence = Command::FenceNode {
-                node: dead.node.clone(),
-                epoch: dead.epoch,
-                seen_heartbeats: 0,
-            };
-            w.apply(op(), fence).expect("fenced");
-        }
+        w.fence(&peer);
+        w.fence(&gone);
         let mut clock = Clock::default();
         for _ in 0..3 {
             rows_to_reap(&w.s, &holder, &mut clock, 3);
@@ -1062,17 +1056,8 @@ mod tests {
             },
         )
         .expect("placed");
-        for dead in [&gone, &keeps] {
-            w.apply(
-                op(),
-                Command::FenceNode {
-                    node: dead.node.clone(),
-                    epoch: dead.epoch,
-                    seen_heartbeats: 0,
-                },
-            )
-            .expect("fenced");
-        }
+        w.fence(&gone);
+        w.fence(&keeps);
         let mut clock = Clock::default();
         for beat in 0..3 {
             let steps = rows_to_reap(&w.s, &holder, &mut clock, 3);
