@@ -3,19 +3,18 @@
 
 pub mod append_stream;
 pub mod config;
+pub mod coordinators;
 pub mod error;
-pub mod groups;
 pub mod http;
 pub mod keyed_records;
 pub mod metrics;
 pub mod node;
 pub mod object;
+pub mod partition;
 pub mod server;
 pub mod service;
 pub mod shutdown_drain;
-pub mod state_stream;
 pub mod stream;
-pub mod txn;
 pub mod wal;
 
 pub use config::StreamdArgs;

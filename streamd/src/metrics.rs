@@ -62,11 +62,7 @@ pub struct StreamdMetrics {
 }
 
 /// Counts one answered append (unary or in an append stream).
-pub fn observe_append(
-    result: &Result<crate::node::Appended, crate::error::StreamdError>,
-    bytes: usize,
-    started: std::time::Instant,
-) {
+pub fn observe_append<T>(result: &Result<T, crate::error::StreamdError>, bytes: usize, started: std::time::Instant) {
     let m = metrics();
     match result {
         Ok(_) => {

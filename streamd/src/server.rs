@@ -150,14 +150,15 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
             object_work_stop.clone(),
         ),
     );
-    let txns = crate::txn::coordinator::Txns::new(
+    let txns = crate::coordinators::txn::coordinator::Txns::new(
         node.clone(),
-        crate::txn::coordinator::TxnLimits {
+        crate::coordinators::txn::coordinator::TxnLimits {
             max_timeout_ms: args.transaction_max_timeout_ms,
             id_expiration_ms: args.transactional_id_expiration_ms,
         },
     );
-    let _ = node.txns.set(Arc::downgrade(&txns));
+    let verifier: std::sync::Weak<crate::coordinators::txn::coordinator::Txns> = Arc::downgrade(&txns);
+    node.coordination.register_txns(verifier);
     loops.spawn(
         "txn",
         "transaction coordinators",

@@ -1,8 +1,8 @@
 //! The data-plane gRPC service gatewayd calls.
 
-use crate::groups::{Client, Groups};
+use crate::coordinators::groups::{Client, Groups};
+use crate::coordinators::txn::coordinator::Txns;
 use crate::node::{Isolation, Node};
-use crate::txn::coordinator::Txns;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
@@ -22,7 +22,8 @@ pub struct DataPlane {
 impl DataPlane {
     pub fn new(node: Arc<Node>, txns: Arc<Txns>) -> Self {
         let groups = Groups::new(node.clone());
-        let _ = node.groups.set(Arc::downgrade(&groups));
+        let markers: std::sync::Weak<Groups> = Arc::downgrade(&groups);
+        node.coordination.register_markers(markers);
         Self { node, groups, txns }
     }
 }
@@ -314,7 +315,7 @@ impl Streamd for DataPlane {
         if req.producer_id < 0 {
             return Err(crate::error::StreamdError::InvalidArgument("producer_id must be at least 0".into()).into());
         }
-        let marker = crate::txn::marker::Marker {
+        let marker = crate::partition::marker::Marker {
             producer_id: req.producer_id,
             epoch,
             commit: req.commit,

@@ -4,6 +4,7 @@ pub mod append;
 pub mod auth;
 mod catching_up;
 pub mod error;
+pub mod get_records;
 pub mod health;
 mod in_flight;
 pub mod live_reads;
@@ -126,7 +127,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/streams/{name}", get(streams::describe).delete(streams::delete))
         .route(
             "/v1/streams/{name}/records",
-            get(read::read_or_subscribe).post(append::append),
+            get(get_records::read_or_subscribe).post(append::append),
         )
         .route("/v1/streams/{name}/records/tail", get(read::tail))
         .route("/v1/streams/{name}/trim", post(trim::trim))

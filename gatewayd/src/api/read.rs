@@ -1,16 +1,14 @@
-//! `GET /v1/streams/{name}/records`: records from `seq_num`, at most `count` records and
-//! about `bytes` bytes, waiting up to `wait` seconds for new ones at the tail (long
-//! poll); with `Accept: text/event-stream` it subscribes instead (see `sse`).
+//! Reading a page of records: from `seq_num`, at most `count` records and about
+//! `bytes` bytes, waiting up to `wait` seconds for new ones at the tail (long poll).
+//! Both the GET route (`get_records`) and a subscription (`sse`) read through it.
 //! `GET .../records/tail` gives the next sequence number.
 
 use super::append::{request_format, FormatQuery};
 use super::error::ApiError;
 use super::Gateway;
 use crate::records::{decode_batches, Format, ReadRecord};
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap};
-use axum::response::{IntoResponse, Response};
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
 use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
@@ -166,50 +164,6 @@ async fn range(gw: &Gateway, name: &str) -> Result<(u64, u64), ApiError> {
         })
         .await?;
     Ok((status.start_offset, status.end_offset))
-}
-
-fn wants_events(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("text/event-stream"))
-}
-
-pub async fn read_or_subscribe(
-    State(gw): State<Arc<Gateway>>,
-    Extension(who): Extension<super::Principal>,
-    Path(name): Path<String>,
-    query: Result<Query<ReadQuery>, QueryRejection>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    who.require(Access::Read, &name)?;
-    let Query(query) = query?;
-    let limits = query.limits(&headers)?;
-    if wants_events(&headers) {
-        return super::sse::subscribe(gw, name, query, limits, &headers);
-    }
-    if gw.routes.stream(&name).is_none() {
-        return Err(ApiError::not_found(format!("stream '{name}' does not exist")));
-    }
-    let from = query.seq_num.unwrap_or(0);
-    let page = if limits.wait_ms > 0 {
-        let _slot = gw.live_reads.long_poll()?;
-        // SD-CS-4: a long poll never holds a stop; it ends with the drain window.
-        tokio::select! {
-            page = read_page(&gw, &name, from, limits) => page?,
-            _ = gw.stopping.cancelled() => {
-                return Err(ApiError::stopping("the gateway is stopping; poll again through another gateway"))
-            }
-        }
-    } else {
-        read_page(&gw, &name, from, limits).await?
-    };
-    Ok(Json(json!({
-        "records": page.records,
-        "next_seq_num": page.next_seq_num,
-        "tail": page.tail,
-    }))
-    .into_response())
 }
 
 pub async fn tail(

@@ -3,7 +3,7 @@
 //! themselves are `configs`' business.
 
 use super::brokers::topic_id;
-use super::conn::Session;
+use super::caller::Caller;
 use super::errors;
 use super::Kafka;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
@@ -24,8 +24,8 @@ fn s(v: &str) -> StrBytes {
 }
 
 /// Proposes `cmd`; the applied result, or a Kafka error code and message.
-pub(super) async fn propose(kafka: &Kafka, session: &Session, cmd: Command) -> Result<Applied, (i16, String)> {
-    match kafka.gw.metad.propose(&errors::proposer(session), cmd).await {
+pub(super) async fn propose(kafka: &Kafka, caller: &Caller, cmd: Command) -> Result<Applied, (i16, String)> {
+    match kafka.gw.metad.propose(&caller.proposer(), cmd).await {
         Ok((index, Ok(applied))) => {
             kafka.gw.settle(index).await;
             Ok(applied)
@@ -35,7 +35,7 @@ pub(super) async fn propose(kafka: &Kafka, session: &Session, cmd: Command) -> R
     }
 }
 
-pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequest) -> CreateTopicsResponse {
+pub async fn create_topics(kafka: &Kafka, caller: &Caller, r: CreateTopicsRequest) -> CreateTopicsResponse {
     let mut results = vec![];
     for t in r.topics {
         let name = t.name.0.to_string();
@@ -55,7 +55,7 @@ pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequ
             .with_name(t.name.clone())
             .with_num_partitions(partitions)
             .with_replication_factor(1);
-        let checked = if !session.grants.allows(Access::Manage, &name) {
+        let checked = if !caller.grants.allows(Access::Manage, &name) {
             Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", &name)))
         } else if let Err(e) = weir_meta::model::validate_name("topic", &name) {
             Err((errors::INVALID_TOPIC_EXCEPTION, e.message))
@@ -90,7 +90,7 @@ pub async fn create_topics(kafka: &Kafka, session: &Session, r: CreateTopicsRequ
             }
             Ok(config) => propose(
                 kafka,
-                session,
+                caller,
                 Command::CreateTopic {
                     name: name.clone(),
                     partitions: partitions as u32,
@@ -196,7 +196,7 @@ fn check_broker_lists(kafka: &Kafka, lists: &[(i32, &[BrokerId])]) -> Result<(),
     Ok(())
 }
 
-pub async fn delete_topics(kafka: &Kafka, session: &Session, r: DeleteTopicsRequest) -> DeleteTopicsResponse {
+pub async fn delete_topics(kafka: &Kafka, caller: &Caller, r: DeleteTopicsRequest) -> DeleteTopicsResponse {
     // v6 names topics by state (name or id); older versions by name.
     let mut wanted: Vec<(Option<String>, uuid::Uuid)> = r
         .topic_names
@@ -219,7 +219,7 @@ pub async fn delete_topics(kafka: &Kafka, session: &Session, r: DeleteTopicsRequ
         let result = DeletableTopicResult::default()
             .with_name(name.as_ref().map(|n| TopicName(s(n))))
             .with_topic_id(requested);
-        let outcome = delete_one(kafka, session, &current, name.as_deref(), requested).await;
+        let outcome = delete_one(kafka, caller, &current, name.as_deref(), requested).await;
         results.push(match outcome {
             Ok((name, id)) => result.with_name(Some(TopicName(s(&name)))).with_topic_id(id),
             Err((code, message)) => result.with_error_code(code).with_error_message(Some(s(&message))),
@@ -233,7 +233,7 @@ pub async fn delete_topics(kafka: &Kafka, session: &Session, r: DeleteTopicsRequ
 /// authorization, then existence. The deleted topic's name and id.
 async fn delete_one(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     current: &Result<(), (i16, String)>,
     name: Option<&str>,
     requested: uuid::Uuid,
@@ -259,7 +259,7 @@ async fn delete_one(
         current.clone()?;
         return Err((errors::UNKNOWN_TOPIC_ID, "no topic has this id".into()));
     };
-    if !session.grants.allows(Access::Manage, &name) {
+    if !caller.grants.allows(Access::Manage, &name) {
         let message = if by_id {
             "the token has no 'manage' scope for the topic of this id".to_string()
         } else {
@@ -284,15 +284,11 @@ async fn delete_one(
         name: name.clone(),
         topic_id: Some(*id.as_bytes()),
     };
-    propose(kafka, session, command).await?;
+    propose(kafka, caller, command).await?;
     Ok((name, id))
 }
 
-pub async fn create_partitions(
-    kafka: &Kafka,
-    session: &Session,
-    r: CreatePartitionsRequest,
-) -> CreatePartitionsResponse {
+pub async fn create_partitions(kafka: &Kafka, caller: &Caller, r: CreatePartitionsRequest) -> CreatePartitionsResponse {
     let mut results = vec![];
     for t in r.topics {
         let name = t.name.0.to_string();
@@ -307,7 +303,7 @@ pub async fn create_partitions(
             _ => Ok(()),
         };
         let outcome = match current {
-            _ if !session.grants.allows(Access::Manage, &name) => {
+            _ if !caller.grants.allows(Access::Manage, &name) => {
                 Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", &name)))
             }
             None => Err((
@@ -325,7 +321,7 @@ pub async fn create_partitions(
             Some(_) if r.validate_only => Ok(()),
             Some(_) => propose(
                 kafka,
-                session,
+                caller,
                 Command::CreatePartitions {
                     name: name.clone(),
                     partitions: t.count as u32,
@@ -361,7 +357,7 @@ fn config_entry(name: &str, value: Option<String>, source: i8, read_only: bool) 
         .with_read_only(read_only)
 }
 
-pub fn describe_configs(kafka: &Kafka, session: &Session, r: DescribeConfigsRequest) -> DescribeConfigsResponse {
+pub fn describe_configs(kafka: &Kafka, caller: &Caller, r: DescribeConfigsRequest) -> DescribeConfigsResponse {
     let mut results = vec![];
     for res in r.resources {
         let name = res.resource_name.to_string();
@@ -369,7 +365,7 @@ pub fn describe_configs(kafka: &Kafka, session: &Session, r: DescribeConfigsRequ
             .with_resource_type(res.resource_type)
             .with_resource_name(res.resource_name.clone());
         let entries = match res.resource_type {
-            TOPIC if !session.grants.allows(Access::Read, &name) => {
+            TOPIC if !caller.grants.allows(Access::Read, &name) => {
                 results.push(
                     result
                         .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
@@ -453,9 +449,9 @@ pub fn describe_configs(kafka: &Kafka, session: &Session, r: DescribeConfigsRequ
 
 /// InitProducerId for an idempotent producer (one with a transactional id goes to its
 /// coordinator, `transactions.rs`).
-pub async fn init_producer_id(kafka: &Kafka, session: &Session, _: InitProducerIdRequest) -> InitProducerIdResponse {
+pub async fn init_producer_id(kafka: &Kafka, caller: &Caller, _: InitProducerIdRequest) -> InitProducerIdResponse {
     // An idempotent producer id is for writing: some `write` scope is needed.
-    if !session.grants.allows_some(Access::Write) {
+    if !caller.grants.allows_some(Access::Write) {
         return InitProducerIdResponse::default()
             .with_error_code(errors::CLUSTER_AUTHORIZATION_FAILED)
             .with_producer_id((-1).into())
@@ -463,7 +459,7 @@ pub async fn init_producer_id(kafka: &Kafka, session: &Session, _: InitProducerI
     }
     // A new id each time: the owner keeps sequence state per id, so a fresh id starts
     // clean, as a bumped epoch would.
-    match propose(kafka, session, Command::AllocateProducerIds { count: 1 }).await {
+    match propose(kafka, caller, Command::AllocateProducerIds { count: 1 }).await {
         Ok(Applied::ProducerIds { first, .. }) => InitProducerIdResponse::default()
             .with_producer_id(first.into())
             .with_producer_epoch(0),

@@ -6,7 +6,7 @@
 //! over the gateways; its leader epoch grows with every move of the stream and every
 //! change of the live gateways (`leader_epochs`).
 
-use super::conn::Session;
+use super::caller::Caller;
 use super::errors;
 use super::Kafka;
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
@@ -119,11 +119,11 @@ fn topic_metadata(t: &TopicRow, brokers: &[Broker], state: &State, gateways: u64
         .with_partitions(partitions)
 }
 
-pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, version: i16) -> MetadataResponse {
+pub async fn metadata(kafka: &Kafka, caller: &Caller, r: MetadataRequest, version: i16) -> MetadataResponse {
     let admitted = kafka.gw.routes.is_admitted();
     if admitted && r.topics.is_none() {
         // A token sees the topics it has any scope on.
-        let (brokers, topics) = every_topic(kafka, session);
+        let (brokers, topics) = every_topic(kafka, caller);
         return response(&brokers, kafka, topics);
     }
     // The brokers and every topic found, from one read of the view.
@@ -167,20 +167,20 @@ pub async fn metadata(kafka: &Kafka, session: &Session, r: MetadataRequest, vers
             let mut out = vec![];
             for (w, found) in wanted.into_iter().zip(described) {
                 out.push(match (found, w.name) {
-                    (Some((t, _)), _) if !visible(session, &t) => MetadataResponseTopic::default()
+                    (Some((t, _)), _) if !visible(caller, &t) => MetadataResponseTopic::default()
                         .with_name(Some(TopicName(StrBytes::from_string(t))))
                         .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED),
                     (Some((_, described)), _) => described,
-                    (None, Some(name)) if !visible(session, name.0.as_str()) => MetadataResponseTopic::default()
+                    (None, Some(name)) if !visible(caller, name.0.as_str()) => MetadataResponseTopic::default()
                         .with_name(Some(name))
                         .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED),
                     (None, Some(name)) => {
                         // Before v4 the request cannot say; Kafka then creates when enabled.
                         // Creating needs the `manage` scope.
                         let allowed = (version < 4 || r.allow_auto_topic_creation)
-                            && session.grants.allows(Access::Manage, name.0.as_str());
+                            && caller.grants.allows(Access::Manage, name.0.as_str());
                         let code = if kafka.auto_create_topics && allowed {
-                            auto_create(kafka, session, name.0.as_str()).await
+                            auto_create(kafka, caller, name.0.as_str()).await
                         } else {
                             errors::UNKNOWN_TOPIC_OR_PARTITION
                         };
@@ -207,7 +207,7 @@ pub(super) const TOPICS_PER_READ: usize = 1_000;
 /// name order. Each topic's leader and epoch come from one state; if the live gateways
 /// change between chunks, leaders and epochs of earlier chunks would not match later
 /// ones, so the listing starts over.
-fn every_topic(kafka: &Kafka, session: &Session) -> (Vec<Broker>, Vec<MetadataResponseTopic>) {
+fn every_topic(kafka: &Kafka, caller: &Caller) -> (Vec<Broker>, Vec<MetadataResponseTopic>) {
     use std::ops::Bound::{Excluded, Unbounded};
     'listing: loop {
         let mut first: Option<(Vec<Broker>, u64)> = None;
@@ -231,7 +231,7 @@ fn every_topic(kafka: &Kafka, session: &Session) -> (Vec<Broker>, Vec<MetadataRe
                 };
                 let (mut read, mut last) = (0, None);
                 for t in chunk.map(|(_, t)| t).take(TOPICS_PER_READ) {
-                    if visible(session, &t.name) {
+                    if visible(caller, &t.name) {
                         topics.push(topic_metadata(t, brokers, s, gateways));
                     }
                     (read, last) = (read + 1, Some(t));
@@ -270,7 +270,7 @@ fn response(brokers: &[Broker], kafka: &Kafka, topics: Vec<MetadataResponseTopic
 }
 
 /// Creates a topic a client asked for; the client retries on LEADER_NOT_AVAILABLE.
-async fn auto_create(kafka: &Kafka, session: &Session, name: &str) -> i16 {
+async fn auto_create(kafka: &Kafka, caller: &Caller, name: &str) -> i16 {
     if weir_meta::model::validate_name("topic", name).is_err() || is_internal_topic(name) {
         return errors::INVALID_TOPIC_EXCEPTION;
     }
@@ -279,7 +279,7 @@ async fn auto_create(kafka: &Kafka, session: &Session, name: &str) -> i16 {
         partitions: kafka.default_partitions,
         config: StreamConfig::default(),
     };
-    match kafka.gw.metad.propose(&errors::proposer(session), cmd).await {
+    match kafka.gw.metad.propose(&caller.proposer(), cmd).await {
         Ok((index, _)) => {
             tracing::info!(
                 topic = name,
@@ -312,12 +312,12 @@ pub fn describe_cluster(kafka: &Kafka) -> DescribeClusterResponse {
         )
 }
 
-/// Whether the session's token may see `name` (a topic in Metadata, a transactional
+/// Whether the caller's token may see `name` (a topic in Metadata, a transactional
 /// id in the transaction APIs): any scope on it.
-pub(super) fn visible(session: &Session, name: &str) -> bool {
+pub(super) fn visible(caller: &Caller, name: &str) -> bool {
     [Access::Read, Access::Write, Access::Manage]
         .into_iter()
-        .any(|a| session.grants.allows(a, name))
+        .any(|a| caller.grants.allows(a, name))
 }
 
 #[cfg(test)]

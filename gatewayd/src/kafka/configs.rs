@@ -2,7 +2,7 @@
 //! AlterConfigs and IncrementalAlterConfigs, and shown by DescribeConfigs. Configs Weir
 //! does not act on are refused, so nobody believes them applied.
 
-use super::conn::Session;
+use super::caller::Caller;
 use super::errors;
 use super::Kafka;
 use kafka_protocol::messages::describe_configs_response::DescribeConfigsResourceResult;
@@ -203,14 +203,14 @@ pub fn max_message_bytes(kafka: &Kafka, topic: &str) -> usize {
 /// keep both.
 async fn alter_one(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     resource_type: i8,
     name: &str,
     validate_only: bool,
     change: impl Fn(&mut StreamConfig) -> Result<(), String>,
 ) -> Result<(), (i16, String)> {
     match resource_type {
-        TOPIC if !session.grants.allows(Access::Manage, name) => {
+        TOPIC if !caller.grants.allows(Access::Manage, name) => {
             return Err((
                 errors::TOPIC_AUTHORIZATION_FAILED,
                 format!("the token has no 'manage' scope for topic '{name}'"),
@@ -255,7 +255,7 @@ async fn alter_one(
             expected: Some(read),
             topic_id: Some(topic_id),
         };
-        match kafka.gw.metad.propose(&errors::proposer(session), command).await {
+        match kafka.gw.metad.propose(&caller.proposer(), command).await {
             Ok((index, Ok(_))) => {
                 kafka.gw.settle(index).await;
                 return Ok(());
@@ -277,7 +277,7 @@ async fn alter_one(
     }
 }
 
-pub async fn alter_configs(kafka: &Kafka, session: &Session, r: AlterConfigsRequest) -> AlterConfigsResponse {
+pub async fn alter_configs(kafka: &Kafka, caller: &Caller, r: AlterConfigsRequest) -> AlterConfigsResponse {
     let mut responses = vec![];
     for res in r.resources {
         let name = res.resource_name.to_string();
@@ -287,7 +287,7 @@ pub async fn alter_configs(kafka: &Kafka, session: &Session, r: AlterConfigsRequ
             .map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string())))
             .collect();
         // AlterConfigs replaces the whole set: what it does not name returns to its default.
-        let outcome = alter_one(kafka, session, res.resource_type, &name, r.validate_only, |config| {
+        let outcome = alter_one(kafka, caller, res.resource_type, &name, r.validate_only, |config| {
             *config = StreamConfig::default();
             configs
                 .iter()
@@ -307,7 +307,7 @@ pub async fn alter_configs(kafka: &Kafka, session: &Session, r: AlterConfigsRequ
 
 pub async fn incremental_alter_configs(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     r: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
     let mut responses = vec![];
@@ -324,7 +324,7 @@ pub async fn incremental_alter_configs(
                 )
             })
             .collect();
-        let outcome = alter_one(kafka, session, res.resource_type, &name, r.validate_only, |config| {
+        let outcome = alter_one(kafka, caller, res.resource_type, &name, r.validate_only, |config| {
             ops.iter().try_for_each(|(n, op, v)| match *op {
                 SET => set(kafka, config, n, v.as_deref()),
                 DELETE => set(kafka, config, n, None),

@@ -3,6 +3,7 @@
 //! through the connection's ordered appends, so a producer's batches to a partition
 //! are stored in the order it sent them.
 
+use super::caller::Caller;
 use super::frame::{self, DecodeError, FrameError};
 use super::response_frame::SharedFrame;
 use super::{admin, brokers, groups, introspection, produce, sasl, transactions, versions, Kafka};
@@ -27,10 +28,8 @@ const UNSUPPORTED_VERSION: i16 = KafkaError::UnsupportedVersion.code();
 
 /// Per-connection state.
 pub struct Session {
-    pub peer: SocketAddr,
-    pub client_id: String,
-    /// The token name once SASL/PLAIN succeeded; `anonymous` without `--auth`.
-    pub principal: Option<String>,
+    /// Who sends the requests: what a handler is given.
+    pub caller: Caller,
     /// The mechanism agreed by SaslHandshake.
     pub mechanism: Option<String>,
     /// The authenticated principal's connection slot, held while the connection lives.
@@ -39,16 +38,14 @@ pub struct Session {
     pub token_issued: Option<u64>,
     /// The connection runs under TLS (`SSL` or `SASL_SSL`).
     pub tls: bool,
-    /// What the authenticated token's scopes grant (everything without `--auth`).
-    pub grants: Grants,
     /// A SCRAM exchange between its two round trips.
     pub scram: Option<super::scram::Started>,
 }
 
 impl Session {
     fn authenticated(&mut self, who: sasl::Authenticated) {
-        self.principal = Some(who.name);
-        self.grants = who.grants;
+        self.caller.principal = Some(who.name);
+        self.caller.grants = who.grants;
         self.token_issued = Some(who.issued_index);
         self.principal_slot = Some(who.slot);
     }
@@ -126,19 +123,21 @@ pub async fn run(
     let tls = socket.is_tls();
     let (rd, mut wr) = tokio::io::split(socket);
     let mut session = Session {
-        peer,
-        client_id: String::new(),
-        principal: (!kafka.gw.auth).then(|| weir_meta::model::names::ANONYMOUS.to_string()),
+        caller: Caller {
+            peer,
+            client_id: String::new(),
+            principal: (!kafka.gw.auth).then(|| weir_meta::model::names::ANONYMOUS.to_string()),
+            grants: if kafka.gw.auth {
+                Grants::nothing()
+            } else {
+                Grants::everything()
+            },
+        },
         mechanism: None,
         principal_slot: None,
         token_issued: None,
         tls,
         scram: None,
-        grants: if kafka.gw.auth {
-            Grants::nothing()
-        } else {
-            Grants::everything()
-        },
     };
     let refused = |reason: &str| {
         crate::metrics::metrics()
@@ -151,7 +150,7 @@ pub async fn run(
     // authenticates is over before the limit is chosen again.
     let partial = Arc::new(AtomicBool::new(false));
     let next_frame = |rd: Reader, session: &Session| {
-        let max = if session.principal.is_some() {
+        let max = if session.caller.principal.is_some() {
             kafka.max_frame_bytes
         } else {
             kafka.max_unauthenticated_frame_bytes
@@ -189,7 +188,7 @@ pub async fn run(
                 return Ok(());
             }
             _ = recheck.tick(), if session.token_issued.is_some() => {
-                let principal = session.principal.as_deref().unwrap_or_default();
+                let principal = session.caller.principal.as_deref().unwrap_or_default();
                 let issued = session.token_issued.unwrap_or_default();
                 if let Err(why) = sasl::still_valid(&kafka, principal, issued) {
                     // Admitted requests were authorized when read; nothing more is.
@@ -208,7 +207,7 @@ pub async fn run(
                 return Ok(());
             }
             Err(e @ FrameError::TooLarge(..)) => {
-                refused(if session.principal.is_some() {
+                refused(if session.caller.principal.is_some() {
                     "too_large"
                 } else {
                     "too_large_unauthenticated"
@@ -249,12 +248,12 @@ pub async fn run(
             }
         };
         if let Some(id) = &req.header.client_id {
-            if session.client_id != id.as_str() {
-                session.client_id = id.to_string();
+            if session.caller.client_id != id.as_str() {
+                session.caller.client_id = id.to_string();
             }
         }
         let (key, version, correlation_id) = (req.key, req.header.request_api_version, req.header.correlation_id);
-        if session.principal.is_none()
+        if session.caller.principal.is_none()
             && !matches!(
                 key,
                 ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate
@@ -302,7 +301,7 @@ pub async fn run(
         match req.kind {
             RequestKind::Produce(r) => {
                 bytes_in_flight = if in_flight.is_empty() { 0 } else { bytes_in_flight } + frame_bytes;
-                let produced = produce::start(&kafka, &appends, &session.grants, r);
+                let produced = produce::start(&kafka, &appends, &session.caller.grants, r);
                 in_flight.push_back(Box::pin(async move {
                     done(match produced.await {
                         Some(resp) => Answer::Respond(ResponseKind::Produce(resp)),
@@ -314,8 +313,8 @@ pub async fn run(
             }
             RequestKind::Fetch(r) => {
                 bytes_in_flight = if in_flight.is_empty() { 0 } else { bytes_in_flight } + frame_bytes;
-                let (kafka, grants) = (&kafka, session.grants.clone());
-                let owner = session.principal.clone().unwrap_or_default();
+                let (kafka, grants) = (&kafka, session.caller.grants.clone());
+                let owner = session.caller.principal.clone().unwrap_or_default();
                 in_flight.push_back(Box::pin(async move {
                     done(Answer::Respond(ResponseKind::Fetch(
                         super::fetch_sessions::fetch(kafka, &owner, &grants, r, version).await,
@@ -425,84 +424,90 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
     match kind {
         RequestKind::ApiVersions(_) => Respond(ResponseKind::ApiVersions(versions::api_versions(0))),
         RequestKind::Metadata(r) => Respond(ResponseKind::Metadata(
-            brokers::metadata(kafka, session, r, version).await,
+            brokers::metadata(kafka, &session.caller, r, version).await,
         )),
         RequestKind::DescribeCluster(_) => Respond(ResponseKind::DescribeCluster(brokers::describe_cluster(kafka))),
         RequestKind::Produce(_) | RequestKind::Fetch(_) => {
             Answer::Close("a pipelined request reached the barrier path".into())
         }
         RequestKind::ListOffsets(r) => Respond(ResponseKind::ListOffsets(
-            super::scopes::list_offsets(kafka, &session.grants, r, version).await,
+            super::scopes::list_offsets(kafka, &session.caller.grants, r, version).await,
         )),
         RequestKind::CreateTopics(r) => Respond(ResponseKind::CreateTopics(
-            admin::create_topics(kafka, session, r).await,
+            admin::create_topics(kafka, &session.caller, r).await,
         )),
         RequestKind::DeleteTopics(r) => Respond(ResponseKind::DeleteTopics(
-            admin::delete_topics(kafka, session, r).await,
+            admin::delete_topics(kafka, &session.caller, r).await,
         )),
         RequestKind::CreatePartitions(r) => Respond(ResponseKind::CreatePartitions(
-            admin::create_partitions(kafka, session, r).await,
+            admin::create_partitions(kafka, &session.caller, r).await,
         )),
         RequestKind::DescribeConfigs(r) => Respond(ResponseKind::DescribeConfigs(admin::describe_configs(
-            kafka, session, r,
+            kafka,
+            &session.caller,
+            r,
         ))),
         RequestKind::AlterConfigs(r) => Respond(ResponseKind::AlterConfigs(
-            super::configs::alter_configs(kafka, session, r).await,
+            super::configs::alter_configs(kafka, &session.caller, r).await,
         )),
         RequestKind::IncrementalAlterConfigs(r) => Respond(ResponseKind::IncrementalAlterConfigs(
-            super::configs::incremental_alter_configs(kafka, session, r).await,
+            super::configs::incremental_alter_configs(kafka, &session.caller, r).await,
         )),
         RequestKind::DeleteRecords(r) => Respond(ResponseKind::DeleteRecords(
-            super::scopes::delete_records(kafka, &session.grants, r).await,
+            super::scopes::delete_records(kafka, &session.caller.grants, r).await,
         )),
         RequestKind::OffsetForLeaderEpoch(r) => Respond(ResponseKind::OffsetForLeaderEpoch(
-            super::leader_epochs::offset_for_leader_epoch(kafka, &session.grants, r).await,
+            super::leader_epochs::offset_for_leader_epoch(kafka, &session.caller.grants, r).await,
         )),
         RequestKind::DescribeLogDirs(r) => Respond(ResponseKind::DescribeLogDirs(introspection::describe_log_dirs(
-            kafka, session, r,
+            kafka,
+            &session.caller,
+            r,
         ))),
         RequestKind::DescribeTopicPartitions(r) => Respond(ResponseKind::DescribeTopicPartitions(
-            introspection::describe_topic_partitions(kafka, session, r),
+            introspection::describe_topic_partitions(kafka, &session.caller, r),
         )),
         RequestKind::ListPartitionReassignments(r) => Respond(ResponseKind::ListPartitionReassignments(
-            introspection::list_partition_reassignments(kafka, session, r),
+            introspection::list_partition_reassignments(kafka, &session.caller, r),
         )),
         RequestKind::ElectLeaders(r) => Respond(ResponseKind::ElectLeaders(introspection::elect_leaders(
-            kafka, session, r,
+            kafka,
+            &session.caller,
+            r,
         ))),
         RequestKind::DescribeProducers(r) => Respond(ResponseKind::DescribeProducers(
-            introspection::describe_producers(kafka, session, r).await,
+            introspection::describe_producers(kafka, &session.caller, r).await,
         )),
         RequestKind::ListTransactions(r) => Respond(ResponseKind::ListTransactions(
-            transactions::list_transactions(kafka, session, r, version).await,
+            transactions::list_transactions(kafka, &session.caller, r, version).await,
         )),
         RequestKind::DescribeTransactions(r) => Respond(ResponseKind::DescribeTransactions(
-            transactions::describe_transactions(kafka, session, r, version).await,
+            transactions::describe_transactions(kafka, &session.caller, r, version).await,
         )),
         RequestKind::InitProducerId(r) if r.transactional_id.as_ref().is_some_and(|t| !t.0.is_empty()) => Respond(
-            ResponseKind::InitProducerId(transactions::init_producer_id(kafka, session, r, version).await),
+            ResponseKind::InitProducerId(transactions::init_producer_id(kafka, &session.caller, r, version).await),
         ),
         RequestKind::InitProducerId(r) => Respond(ResponseKind::InitProducerId(
-            admin::init_producer_id(kafka, session, r).await,
+            admin::init_producer_id(kafka, &session.caller, r).await,
         )),
         RequestKind::AddPartitionsToTxn(r) => Respond(ResponseKind::AddPartitionsToTxn(
-            transactions::add_partitions(kafka, session, r, version).await,
+            transactions::add_partitions(kafka, &session.caller, r, version).await,
         )),
         RequestKind::AddOffsetsToTxn(r) => Respond(ResponseKind::AddOffsetsToTxn(
-            transactions::add_offsets(kafka, session, r, version).await,
+            transactions::add_offsets(kafka, &session.caller, r, version).await,
         )),
         RequestKind::EndTxn(r) => Respond(ResponseKind::EndTxn(
-            transactions::end(kafka, session, r, version).await,
+            transactions::end(kafka, &session.caller, r, version).await,
         )),
         RequestKind::FindCoordinator(r) => Respond(ResponseKind::FindCoordinator(
-            groups::find_coordinator(kafka, session, r, version).await,
+            groups::find_coordinator(kafka, &session.caller, r, version).await,
         )),
         RequestKind::SaslHandshake(r) => {
             let plain_allowed = session.tls || kafka.allow_plaintext_sasl;
             let asked = r.mechanism.to_string();
             let (resp, agreed) = sasl::handshake(r, plain_allowed, version);
             if agreed.is_none() && asked == "PLAIN" && !plain_allowed {
-                tracing::debug!(peer = %session.peer, "SASL/PLAIN refused on a plaintext connection (--kafka-allow-plaintext-sasl)");
+                tracing::debug!(peer = %session.caller.peer, "SASL/PLAIN refused on a plaintext connection (--kafka-allow-plaintext-sasl)");
             }
             let ok = agreed.is_some();
             session.mechanism = agreed;
@@ -538,7 +543,7 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             }
         }
         // Group requests; anything else was refused by the version check already.
-        kind => match groups::forward(kafka, session, kind, body, version).await {
+        kind => match groups::forward(kafka, &session.caller, kind, body, version).await {
             Some(resp) => Respond(resp),
             None => Answer::Close("not implemented".into()),
         },

@@ -2,11 +2,10 @@
 //! the system's one error-code table (`weir_shared::error_code`), and the codes of
 //! request checks made here, all from `kafka_protocol`'s own table.
 
-use super::conn::Session;
 use crate::route::RouteError;
 use kafka_protocol::ResponseError as KafkaError;
 use weir_meta::client::ClientError;
-use weir_meta::model::{Proposer, Rejection};
+use weir_meta::model::Rejection;
 use weir_shared::error_code::{ErrorCode, KafkaApi};
 
 pub const NONE: i16 = 0;
@@ -54,16 +53,6 @@ pub fn admin(e: &Result<Rejection, ClientError>) -> (i16, String) {
         Err(e) => (e.code(), e.to_string()),
     };
     (code.kafka(KafkaApi::Admin).code(), message)
-}
-
-/// Metadata changes are proposed in the authenticated principal's name.
-pub fn proposer(session: &Session) -> Proposer {
-    Proposer::Operator {
-        principal: session
-            .principal
-            .clone()
-            .unwrap_or_else(|| weir_meta::model::names::ANONYMOUS.into()),
-    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! `max_wait_ms` when nothing is there) and ListOffsets (earliest, latest, by timestamp).
 
 use super::errors;
+use super::owner::owner_status;
 use super::Kafka;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -9,7 +10,7 @@ use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopi
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse};
 use std::time::Duration;
-use weir_proto::streamd::{ReadRequest, StatusReply, StatusRequest};
+use weir_proto::streamd::ReadRequest;
 
 /// Longest long poll a Fetch may ask for.
 const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -125,21 +126,6 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration, limit: Limit) -> Got {
         },
         Err(e) => Got::failed(errors::route(&e)),
     }
-}
-
-/// The owner's word on `stream`: its offsets and leader epoch, or the Kafka error.
-pub(super) async fn owner_status(kafka: &Kafka, stream: &str) -> Result<StatusReply, i16> {
-    kafka
-        .gw
-        .routes
-        .call(stream, true, |mut c| {
-            let req = StatusRequest {
-                stream: stream.to_string(),
-            };
-            async move { c.status(req).await }
-        })
-        .await
-        .map_err(|e| errors::route(&e))
 }
 
 /// A partition past the request's byte budget: its offsets, and no records read.

@@ -10,7 +10,7 @@
 //! leader election never has anything to do.
 
 use super::brokers;
-use super::conn::Session;
+use super::caller::Caller;
 use super::errors;
 use super::Kafka;
 use kafka_protocol::messages::describe_log_dirs_response::{
@@ -66,7 +66,7 @@ fn partitions<'s>(state: &'s State, topic: &str) -> Vec<(i32, &'s StreamRow)> {
 /// The names of the topics the token sees, in name order from `from` (inclusive), at
 /// most `most` of them, read [`brokers::TOPICS_PER_READ`] topics per hold of the view's
 /// lock: one hold over a million topics would stall the view's writer (issue 57).
-fn visible_topics(kafka: &Kafka, session: &Session, from: &str, most: usize) -> Vec<String> {
+fn visible_topics(kafka: &Kafka, caller: &Caller, from: &str, most: usize) -> Vec<String> {
     use std::ops::Bound::{Excluded, Included, Unbounded};
     let mut out: Vec<String> = vec![];
     let mut after: Option<String> = None;
@@ -85,7 +85,7 @@ fn visible_topics(kafka: &Kafka, session: &Session, from: &str, most: usize) -> 
             {
                 read += 1;
                 after = Some(name.clone());
-                if out.len() < most && brokers::visible(session, name) {
+                if out.len() < most && brokers::visible(caller, name) {
                     out.push(name.clone());
                 }
             }
@@ -101,9 +101,9 @@ fn visible_topics(kafka: &Kafka, session: &Session, from: &str, most: usize) -> 
 /// exactly one broker, so a console summing over brokers counts it once), grouped by
 /// the streamd that owns them, each with the bytes its committed ranges hold. The
 /// object store's capacity is not known, so v4's totals are −1.
-pub fn describe_log_dirs(kafka: &Kafka, session: &Session, r: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
+pub fn describe_log_dirs(kafka: &Kafka, caller: &Caller, r: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
     let wanted: Vec<(String, Option<Vec<i32>>)> = match &r.topics {
-        None => visible_topics(kafka, session, "", usize::MAX)
+        None => visible_topics(kafka, caller, "", usize::MAX)
             .into_iter()
             .map(|t| (t, None))
             .collect(),
@@ -118,7 +118,7 @@ pub fn describe_log_dirs(kafka: &Kafka, session: &Session, r: DescribeLogDirsReq
         kafka.gw.routes.view().with(|state| {
             let brokers = brokers::brokers_in(kafka, state);
             for (topic, only) in chunk {
-                if !brokers::visible(session, topic) {
+                if !brokers::visible(caller, topic) {
                     continue;
                 }
                 for (index, row) in partitions(state, topic) {
@@ -165,7 +165,7 @@ pub fn describe_log_dirs(kafka: &Kafka, session: &Session, r: DescribeLogDirsReq
 /// topic the token sees.
 pub fn describe_topic_partitions(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     r: DescribeTopicPartitionsRequest,
 ) -> DescribeTopicPartitionsResponse {
     let limit = usize::try_from(r.response_partition_limit.clamp(1, 2000)).unwrap_or(2000);
@@ -173,7 +173,7 @@ pub fn describe_topic_partitions(
     // list reads that many names from the cursor on, never every topic.
     let asked: Vec<String> = if r.topics.is_empty() {
         let from = r.cursor.as_ref().map_or(String::new(), |c| c.topic_name.0.to_string());
-        visible_topics(kafka, session, &from, limit + 1)
+        visible_topics(kafka, caller, &from, limit + 1)
     } else {
         r.topics.iter().map(|t| t.name.0.to_string()).collect()
     };
@@ -195,8 +195,8 @@ pub fn describe_topic_partitions(
             let answer = DescribeTopicPartitionsResponseTopic::default()
                 .with_name(Some(name(&topic)))
                 .with_topic_authorized_operations(OPERATIONS_NOT_ASKED);
-            let Some(row) = row.filter(|_| brokers::visible(session, &topic)) else {
-                let code = if brokers::visible(session, &topic) {
+            let Some(row) = row.filter(|_| brokers::visible(caller, &topic)) else {
+                let code = if brokers::visible(caller, &topic) {
                     errors::UNKNOWN_TOPIC_OR_PARTITION
                 } else {
                     errors::TOPIC_AUTHORIZATION_FAILED
@@ -257,7 +257,7 @@ pub fn describe_topic_partitions(
 /// transfer (its one replica is its leader gateway), so nothing is adding or removing.
 pub fn list_partition_reassignments(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     r: ListPartitionReassignmentsRequest,
 ) -> ListPartitionReassignmentsResponse {
     let moving = kafka.gw.routes.view().with(|state| {
@@ -272,7 +272,7 @@ pub fn list_partition_reassignments(
                 ts.iter()
                     .any(|t| t.name.0.as_str() == topic && t.partition_indexes.contains(&(index as i32)))
             });
-            if !asked || !brokers::visible(session, topic) {
+            if !asked || !brokers::visible(caller, topic) {
                 continue;
             }
             let leader = BrokerId(brokers::leader_for(&brokers, &row.name));
@@ -299,27 +299,27 @@ pub fn list_partition_reassignments(
 /// ElectLeaders: each partition's leader is already its one replica, so there is no
 /// election to hold (ELECTION_NOT_NEEDED), unless no streamd owns it right now
 /// (ELIGIBLE_LEADERS_NOT_AVAILABLE, until failover places it). Asking needs `manage`.
-pub fn elect_leaders(kafka: &Kafka, session: &Session, r: ElectLeadersRequest) -> ElectLeadersResponse {
+pub fn elect_leaders(kafka: &Kafka, caller: &Caller, r: ElectLeadersRequest) -> ElectLeadersResponse {
     // (topic, its partitions asked for; None: all of them)
     let wanted: Vec<(String, Option<Vec<i32>>)> = match &r.topic_partitions {
         Some(tps) => tps
             .iter()
             .map(|t| (t.topic.0.to_string(), Some(t.partitions.clone())))
             .collect(),
-        None => visible_topics(kafka, session, "", usize::MAX)
+        None => visible_topics(kafka, caller, "", usize::MAX)
             .into_iter()
             .map(|t| (t, None))
             .collect(),
     };
     let mut results = vec![];
     for chunk in wanted.chunks(brokers::TOPICS_PER_READ) {
-        results.extend(kafka.gw.routes.view().with(|state| elect_in(state, session, chunk)));
+        results.extend(kafka.gw.routes.view().with(|state| elect_in(state, caller, chunk)));
     }
     ElectLeadersResponse::default().with_replica_election_results(results)
 }
 
 /// ElectLeaders' answers for `wanted` topics, from one state.
-fn elect_in(state: &State, session: &Session, wanted: &[(String, Option<Vec<i32>>)]) -> Vec<ReplicaElectionResult> {
+fn elect_in(state: &State, caller: &Caller, wanted: &[(String, Option<Vec<i32>>)]) -> Vec<ReplicaElectionResult> {
     wanted
         .iter()
         .map(|(topic, asked)| {
@@ -328,7 +328,7 @@ fn elect_in(state: &State, session: &Session, wanted: &[(String, Option<Vec<i32>
             let results = indexes
                 .into_iter()
                 .map(|index| {
-                    let (code, message) = if !session.grants.allows(Access::Manage, topic) {
+                    let (code, message) = if !caller.grants.allows(Access::Manage, topic) {
                         (
                             errors::TOPIC_AUTHORIZATION_FAILED,
                             format!("the token has no 'manage' scope for topic '{topic}'"),
@@ -367,7 +367,7 @@ fn elect_in(state: &State, session: &Session, wanted: &[(String, Option<Vec<i32>
 /// Weir keeps no per-producer timestamp or coordinator epoch: both are −1.
 pub async fn describe_producers(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     r: DescribeProducersRequest,
 ) -> DescribeProducersResponse {
     use describe_producers_response::{PartitionResponse, ProducerState, TopicResponse};
@@ -384,7 +384,7 @@ pub async fn describe_producers(
             let answer = PartitionResponse::default().with_partition_index(index);
             let failed =
                 |code: i16, why: String| answer.clone().with_error_code(code).with_error_message(Some(s(&why)));
-            if !session.grants.allows(Access::Read, &topic) {
+            if !caller.grants.allows(Access::Read, &topic) {
                 partitions.push(failed(
                     errors::TOPIC_AUTHORIZATION_FAILED,
                     format!("the token has no 'read' scope for topic '{topic}'"),

@@ -118,7 +118,7 @@ async fn end_offset(kafka: &Kafka, stream: &str, current: i32, requested: i32) -
         EpochEnd::Undefined => (errors::NONE, -1, -1),
         EpochEnd::At { epoch, offset } => (errors::NONE, epoch, offset.0 as i64),
         // The log end, which only the owner knows.
-        EpochEnd::LogEnd { epoch } => match super::fetch::owner_status(kafka, stream).await {
+        EpochEnd::LogEnd { epoch } => match super::owner::owner_status(kafka, stream).await {
             Ok(s) => (errors::NONE, epoch, s.end_offset as i64),
             Err(code) => (code, -1, -1),
         },

@@ -1,11 +1,12 @@
 //! The Kafka wire protocol: gateways are the cluster's brokers. Every request is decoded
 //! and encoded by the `kafka-protocol` crate; partitions are streams named
 //! `topic/partition`, routed to their owners like HTTP requests; consumer groups are run
-//! by the owner of the group's offsets stream (`groups.rs`), and transactions by the
+//! by the owner of the group's offsets stream (`groups/`), and transactions by the
 //! owner of the transactional id's state stream (`transactions.rs`).
 
 pub mod admin;
 pub mod brokers;
+pub mod caller;
 pub mod configs;
 pub mod conn;
 pub mod delete_records;
@@ -16,6 +17,7 @@ pub mod frame;
 pub mod groups;
 pub mod introspection;
 pub mod leader_epochs;
+mod owner;
 pub mod principals;
 pub mod produce;
 pub mod recompress;

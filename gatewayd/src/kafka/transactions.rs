@@ -8,7 +8,7 @@
 //! group's coordinator instead (`groups.rs`).
 
 use super::admin;
-use super::conn::Session;
+use super::caller::Caller;
 use super::errors;
 use super::groups::ensure_internal_topic;
 use super::Kafka;
@@ -89,7 +89,7 @@ fn encode<T: Encodable>(m: &T, version: i16) -> Bytes {
 /// which the coordinator takes when the id is new or its epoch is exhausted.
 pub async fn init_producer_id(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     r: InitProducerIdRequest,
     version: i16,
 ) -> InitProducerIdResponse {
@@ -100,10 +100,10 @@ pub async fn init_producer_id(
             .with_producer_epoch(-1)
     };
     let id = r.transactional_id.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
-    if !session.grants.allows(Access::Write, &id) {
+    if !caller.grants.allows(Access::Write, &id) {
         return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
-    let fresh = match admin::propose(kafka, session, Command::AllocateProducerIds { count: 1 }).await {
+    let fresh = match admin::propose(kafka, caller, Command::AllocateProducerIds { count: 1 }).await {
         Ok(Applied::ProducerIds { first, .. }) => first,
         Err((code, _)) if code == errors::TOPIC_AUTHORIZATION_FAILED => {
             return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
@@ -122,7 +122,7 @@ pub async fn init_producer_id(
 /// refused none is added and the others are OPERATION_NOT_ATTEMPTED.
 pub async fn add_partitions(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     r: AddPartitionsToTxnRequest,
     version: i16,
 ) -> AddPartitionsToTxnResponse {
@@ -149,12 +149,12 @@ pub async fn add_partitions(
         )
     };
     let id = r.v3_and_below_transactional_id.to_string();
-    if !session.grants.allows(Access::Write, &id) {
+    if !caller.grants.allows(Access::Write, &id) {
         return answer(&|_, _| errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
     let refusal = |t: &AddPartitionsToTxnTopic, p: i32| -> Option<i16> {
         let name = t.name.0.as_str();
-        if !session.grants.allows(Access::Write, name) {
+        if !caller.grants.allows(Access::Write, name) {
             return Some(errors::TOPIC_AUTHORIZATION_FAILED);
         }
         if super::brokers::is_internal_topic(name) || kafka.gw.routes.stream(&format!("{name}/{p}")).is_none() {
@@ -178,16 +178,16 @@ pub async fn add_partitions(
 /// AddOffsetsToTxn: `write` on the id and `read` on the group.
 pub async fn add_offsets(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     r: AddOffsetsToTxnRequest,
     version: i16,
 ) -> AddOffsetsToTxnResponse {
     let failed = |code: i16| AddOffsetsToTxnResponse::default().with_error_code(code);
     let id = r.transactional_id.to_string();
-    if !session.grants.allows(Access::Write, &id) {
+    if !caller.grants.allows(Access::Write, &id) {
         return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
-    if !session.grants.allows(Access::Read, r.group_id.0.as_str()) {
+    if !caller.grants.allows(Access::Read, r.group_id.0.as_str()) {
         return failed(errors::GROUP_AUTHORIZATION_FAILED);
     }
     // The group's offsets stream joins the transaction: it must exist for its marker.
@@ -205,7 +205,7 @@ pub async fn add_offsets(
 }
 
 /// EndTxn: `write` on the id.
-pub async fn end(kafka: &Kafka, session: &Session, r: EndTxnRequest, version: i16) -> EndTxnResponse {
+pub async fn end(kafka: &Kafka, caller: &Caller, r: EndTxnRequest, version: i16) -> EndTxnResponse {
     let failed = |code: i16| {
         EndTxnResponse::default()
             .with_error_code(code)
@@ -213,7 +213,7 @@ pub async fn end(kafka: &Kafka, session: &Session, r: EndTxnRequest, version: i1
             .with_producer_epoch(r.producer_epoch)
     };
     let id = r.transactional_id.to_string();
-    if !session.grants.allows(Access::Write, &id) {
+    if !caller.grants.allows(Access::Write, &id) {
         return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
     let body = encode(&r, version);
@@ -228,7 +228,7 @@ pub async fn end(kafka: &Kafka, session: &Session, r: EndTxnRequest, version: i1
 /// code, with the others' ids still listed.
 pub async fn list_transactions(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     r: ListTransactionsRequest,
     version: i16,
 ) -> ListTransactionsResponse {
@@ -252,7 +252,7 @@ pub async fn list_transactions(
                     answer
                         .transaction_states
                         .into_iter()
-                        .filter(|t| super::brokers::visible(session, &t.transactional_id.0)),
+                        .filter(|t| super::brokers::visible(caller, &t.transactional_id.0)),
                 );
             }
             Err(code) => out.error_code = code,
@@ -265,7 +265,7 @@ pub async fn list_transactions(
 /// TRANSACTIONAL_ID_AUTHORIZATION_FAILED for one the token may not see.
 pub async fn describe_transactions(
     kafka: &Kafka,
-    session: &Session,
+    caller: &Caller,
     r: DescribeTransactionsRequest,
     version: i16,
 ) -> DescribeTransactionsResponse {
@@ -280,7 +280,7 @@ pub async fn describe_transactions(
     let mut states = vec![];
     for id in &r.transactional_ids {
         // Any scope on the id, as Kafka's DESCRIBE on it.
-        if !super::brokers::visible(session, &id.0) {
+        if !super::brokers::visible(caller, &id.0) {
             states.push(failed(id, errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED));
             continue;
         }

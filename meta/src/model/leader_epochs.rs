@@ -23,21 +23,14 @@
 //! is never told of a truncation that did not happen, nor answered UNDEFINED, which it
 //! would take for one. The history is pruned below the log start and capped.
 
+// The row type lives with the rows; its rules live here.
+pub use super::rows::EpochStart;
 use super::rows::{NodeKind, NodeRow, StreamRow};
 use super::state::State;
-use serde::{Deserialize, Serialize};
 use weir_shared::ids::{Offset, StreamEpoch};
 
 /// Opens kept per stream, besides those pruned below the log start.
 pub const MAX_KEPT: usize = 16;
-
-/// Where one open's leader epoch starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EpochStart {
-    pub leader_epoch: i32,
-    pub stream_epoch: StreamEpoch,
-    pub start: Offset,
-}
 
 /// How many times a gateway joined or left the live set (the Kafka brokers): each
 /// incarnation joins once (its registration epoch counts them) and leaves once, when

@@ -277,7 +277,15 @@ pub struct StreamRow {
     /// [`super::leader_epochs`]); pruned below the start offset and capped. Absent in
     /// rows written before it existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub leader_epochs: Vec<super::leader_epochs::EpochStart>,
+    pub leader_epochs: Vec<EpochStart>,
+}
+
+/// Where one open's Kafka leader epoch starts ([`super::leader_epochs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochStart {
+    pub leader_epoch: i32,
+    pub stream_epoch: StreamEpoch,
+    pub start: Offset,
 }
 
 impl StreamRow {

@@ -1,9 +1,8 @@
-//! Opens the RocksDB database and checks its format marker before anything is read.
+//! The RocksDB database's layout (column families, keys) and how it is opened.
 
 use rocksdb::{BlockBasedOptions, Cache, ColumnFamilyDescriptor, Options, WriteBufferManager, DB};
 use std::path::Path;
-use std::sync::Arc;
-use weir_meta::model::codec::FORMAT_VERSION;
+use weir_meta::model::state::RowKey;
 
 /// Column families; names are stored format and must be kept stable.
 pub const CF_META: &str = "meta";
@@ -31,9 +30,9 @@ const MEMTABLE_BYTES: usize = 32 << 20;
 /// Finished write-ahead log files kept to be written over by the next ones.
 const WAL_FILES_RECYCLED: usize = 4;
 
-/// Opens (creating if needed) the metadata database under `dir`, migrating one written
-/// in format 1 and refusing any other format (RR-WAL-6).
-pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
+/// Opens (creating if needed) the RocksDB database under `dir`, with every column
+/// family; its format is checked by the caller ([`super::open::open_db`]).
+pub fn open_rocks(dir: &Path) -> anyhow::Result<DB> {
     weir_shared::durable_dir::create_dir_all(dir)?;
     let mut opts = Options::default();
     opts.create_if_missing(true);
@@ -71,25 +70,7 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<DB>> {
         .map(|name| ColumnFamilyDescriptor::new(name, cf_opts()));
     let db = DB::open_cf_descriptors(&opts, dir, cfs)
         .map_err(|e| anyhow::anyhow!("cannot open metadata store at {}: {e}", dir.display()))?;
-    let meta = db.cf_handle(CF_META).expect("created above");
-    match db.get_cf(meta, KEY_FORMAT)? {
-        None => {
-            let mut wo = rocksdb::WriteOptions::default();
-            wo.set_sync(true);
-            db.put_cf_opt(meta, KEY_FORMAT, [FORMAT_VERSION], &wo)?;
-        }
-        Some(v) if v.as_slice() == [FORMAT_VERSION] => {}
-        Some(v) if v.as_slice() == [weir_meta::model::format1::FORMAT] => {
-            super::migrate::from_format1(&db)
-                .map_err(|e| anyhow::anyhow!("cannot migrate the metadata store at {} from format 1: {e:#}", dir.display()))?;
-        }
-        Some(v) => anyhow::bail!(
-            "metadata store at {} has format {:?}, this build reads format {FORMAT_VERSION}; recreate the data directory or run a matching version",
-            dir.display(),
-            v
-        ),
-    }
-    Ok(Arc::new(db))
+    Ok(db)
 }
 
 /// Readies the store for its close: syncs the write-ahead log, writes every family's
@@ -119,9 +100,46 @@ pub fn sync_write() -> rocksdb::WriteOptions {
     wo
 }
 
+/// Stable storage key of a view row: a kind byte (must be kept stable) then the key.
+/// 0x13 held format 1's object rows; it is never reused.
+pub fn row_key_bytes(key: &RowKey) -> Vec<u8> {
+    let mut out = Vec::new();
+    match key {
+        RowKey::Settings => out.push(0x01),
+        RowKey::Counters => out.push(0x02),
+        RowKey::Node(id) => {
+            out.push(0x10);
+            out.extend_from_slice(id.as_str().as_bytes());
+        }
+        RowKey::Stream(id) => {
+            out.push(0x11);
+            out.extend_from_slice(&id.0.to_be_bytes());
+        }
+        RowKey::Topic(name) => {
+            out.push(0x12);
+            out.extend_from_slice(name.as_bytes());
+        }
+        RowKey::Lease(name) => {
+            out.push(0x14);
+            out.extend_from_slice(name.as_bytes());
+        }
+        RowKey::Takeover(node, epoch) => {
+            out.push(0x15);
+            out.extend_from_slice(&epoch.0.to_be_bytes());
+            out.extend_from_slice(node.as_str().as_bytes());
+        }
+        RowKey::Token(name) => {
+            out.push(0x16);
+            out.extend_from_slice(name.as_bytes());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::open_db;
 
     /// Bytes in the database's live write-ahead log files, what the next open replays:
     /// those numbered at or above `db`'s oldest log still needed (the files below it

@@ -4,8 +4,7 @@
 //! format-2 snapshot file, which `StateMachineStore::open` writes. One synced batch: a
 //! crash midway leaves format 1, and the migration runs again at the next open.
 
-use super::db::{sync_write, CF_META, CF_SM, CF_SNAPSHOT, KEY_APPLIED, KEY_FORMAT, KEY_MEMBERSHIP};
-use super::state_machine::row_key_bytes;
+use super::db::{row_key_bytes, sync_write, CF_META, CF_SM, CF_SNAPSHOT, KEY_APPLIED, KEY_FORMAT, KEY_MEMBERSHIP};
 use rocksdb::{IteratorMode, WriteBatch, DB};
 use serde_json::Value;
 use weir_meta::model::codec::{self, FORMAT_VERSION};

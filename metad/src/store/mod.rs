@@ -7,11 +7,12 @@ pub mod history;
 pub mod index;
 pub mod log_store;
 mod migrate;
+mod open;
 pub mod snapshot_file;
 pub mod state_machine;
 
-pub use db::open_db;
 pub use log_store::LogStore;
+pub use open::open_db;
 pub use state_machine::{StateMachineStore, ViewHub, WatchItem};
 
 #[cfg(test)]

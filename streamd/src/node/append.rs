@@ -3,9 +3,9 @@
 
 use super::Node;
 use crate::error::StreamdError;
-use crate::stream::producers::{Decision, SequenceError};
+use crate::partition::producers::{Decision, SequenceError};
+use crate::partition::txns::{is_transactional_data, TxnError};
 use crate::stream::{Buffered, StreamHandle, StreamInner};
-use crate::txn::partition::{is_transactional_data, TxnError};
 use crate::wal::{WalError, WalRecord};
 use bytes::BytesMut;
 use futures::future::BoxFuture;
@@ -220,12 +220,11 @@ impl Node {
             StreamdError::InvalidTxnState("transactional records need the producer's transactional id".into())
         })?;
         let txns = self
-            .txns
-            .get()
-            .and_then(std::sync::Weak::upgrade)
+            .coordination
+            .txns()
             .ok_or_else(|| StreamdError::Unavailable("the node is stopping".into()))?;
         for (pid, epoch) in &wanted {
-            txns.verify_partition(id, &handle.name, *pid, *epoch).await?;
+            txns.clone().verify_write(id, &handle.name, *pid, *epoch).await?;
         }
         Ok(Some(wanted))
     }

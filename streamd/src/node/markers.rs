@@ -11,7 +11,7 @@
 use super::append::{sequence_error, wal_error, Admitted};
 use super::Node;
 use crate::error::StreamdError;
-use crate::txn::marker::{self, Marker};
+use crate::partition::marker::{self, Marker};
 use weir_shared::batch::split_batches;
 
 /// Where a marker went.
@@ -47,7 +47,7 @@ impl Node {
             drop(inner);
             let done = self.answer_duplicate(&handle, &[(end, end)]).await?;
             // The first attempt may have failed after the marker was stored.
-            self.tell_groups(stream, m, end).await;
+            self.tell_coordinators(stream, m, end).await;
             return Ok(MarkerWritten {
                 offset: None,
                 end_offset: done.end_offset,
@@ -61,7 +61,7 @@ impl Node {
         inner.txns.record_marker(m, base);
         drop(inner);
         let done = self.complete(Admitted::queued(handle, queued)).await?;
-        self.tell_groups(stream, m, base).await;
+        self.tell_coordinators(stream, m, base).await;
         Ok(MarkerWritten {
             offset: Some(base),
             end_offset: done.end_offset,
@@ -76,18 +76,12 @@ fn now_ms() -> i64 {
 }
 
 impl Node {
-    /// A group's coordinator applies or drops a transaction's offsets before the marker
-    /// ending it counts as written (the transaction completes only after that).
+    /// The coordinators settle what the marker ends (a transaction's offsets) before
+    /// it counts as written (the transaction completes only after that).
     /// `before`: the marker's offset, or any offset past it.
-    async fn tell_groups(&self, stream: &str, m: &Marker, before: u64) {
-        let offsets_stream = stream
-            .split_once('/')
-            .is_some_and(|(topic, _)| topic == weir_meta::model::names::OFFSETS_TOPIC);
-        if !offsets_stream {
-            return;
-        }
-        if let Some(groups) = self.groups.get().and_then(std::sync::Weak::upgrade) {
-            groups.marker_written(stream, m.producer_id, m.commit, before).await;
+    async fn tell_coordinators(&self, stream: &str, m: &Marker, before: u64) {
+        if let Some(listener) = self.coordination.markers() {
+            listener.marker_written(stream, m.producer_id, m.commit, before).await;
         }
     }
 }

@@ -5,6 +5,7 @@ mod aborts;
 mod append;
 pub(crate) mod close;
 pub mod compaction;
+pub mod coordination;
 mod damage;
 mod handles;
 mod markers;
@@ -132,12 +133,10 @@ pub struct Node {
     /// The tasks serving append streams: they end with their calls, and are never
     /// aborted, since an aborted one would end its call as if every append were answered.
     pub calls: tokio_util::task::TaskTracker,
-    /// The transaction coordinators, which admission asks to verify a transactional
-    /// write (KIP-890); set once they exist (they hold the node).
-    pub txns: std::sync::OnceLock<std::sync::Weak<crate::txn::coordinator::Txns>>,
-    /// The group coordinators, told of each marker written into an offsets stream
-    /// (a transaction's offsets); set once they exist (they hold the node).
-    pub groups: std::sync::OnceLock<std::sync::Weak<crate::groups::Groups>>,
+    /// The coordinators above the core: admission asks them to verify a transactional
+    /// write (KIP-890), and tells them of each marker written; registered once they
+    /// exist (they hold the node).
+    pub coordination: coordination::Coordination,
 }
 
 impl Node {
@@ -183,8 +182,7 @@ impl Node {
             damage_reporting: Default::default(),
             tasks,
             calls: tokio_util::task::TaskTracker::new(),
-            txns: std::sync::OnceLock::new(),
-            groups: std::sync::OnceLock::new(),
+            coordination: Default::default(),
         }
     }
 

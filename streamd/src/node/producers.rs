@@ -9,8 +9,8 @@
 
 use super::Node;
 use crate::error::StreamdError;
+use crate::partition::txns::StreamTxns;
 use crate::stream::{StreamHandle, TailState};
-use crate::txn::partition::StreamTxns;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

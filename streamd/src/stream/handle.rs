@@ -1,8 +1,8 @@
 //! One served stream at one stream epoch.
 
-use super::producers::ProducerTable;
 use super::tail::TailState;
-use crate::txn::partition::StreamTxns;
+use crate::partition::producers::ProducerTable;
+use crate::partition::txns::StreamTxns;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -2,7 +2,6 @@
 //! durable records not yet in committed objects, and readers waiting for new data.
 
 pub mod handle;
-pub mod producers;
 pub mod tail;
 
 pub use handle::{Buffered, ReadHint, StreamHandle, StreamInner};

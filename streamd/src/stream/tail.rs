@@ -4,9 +4,9 @@
 //! (issue 23). Both are fed the same batches in offset order; a marker (a control
 //! batch) ends its producer's transaction and fences that producer's older epochs.
 
-use super::producers::ProducerTable;
-use crate::txn::marker::{self, Marker};
-use crate::txn::partition::StreamTxns;
+use crate::partition::marker::{self, Marker};
+use crate::partition::producers::ProducerTable;
+use crate::partition::txns::StreamTxns;
 use weir_shared::batch::BatchHeader;
 
 /// A stream's state rebuilt from its tail.
@@ -51,7 +51,7 @@ impl TailState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::txn::partition::AbortedTxn;
+    use crate::partition::txns::AbortedTxn;
     use bytes::Bytes;
     use kafka_protocol::indexmap::IndexMap;
     use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
@@ -141,7 +141,7 @@ mod tests {
         let h = split_batches(&data(1, 0, 1, true, 0)).unwrap()[0].0;
         assert_eq!(
             tail.producers.check(&[h]),
-            Ok(crate::stream::producers::Decision::Duplicate(vec![(4, 5)]))
+            Ok(crate::partition::producers::Decision::Duplicate(vec![(4, 5)]))
         );
     }
 

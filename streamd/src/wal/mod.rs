@@ -5,9 +5,12 @@
 
 mod direct;
 pub mod file;
+mod file_writer;
+mod group_commit;
 pub mod object;
 mod object_writer;
 pub mod record;
+mod stall;
 #[cfg(test)]
 mod test_store;
 pub mod writer;

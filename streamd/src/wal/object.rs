@@ -110,7 +110,7 @@ impl ObjectSink {
         seq: SegmentId,
         floor: SegmentId,
         group: Bytes,
-        stall: super::writer::Stall,
+        stall: super::stall::Stall,
     ) -> impl std::future::Future<Output = Result<(SegmentId, u64), WalError>> + Send + 'static {
         let (store, path, retry_for) = (self.store.clone(), key(&self.prefix, seq), self.pipelining.put_retry);
         async move {

@@ -14,8 +14,8 @@
 //! written, one object with no records does, so a node that goes idle reclaims its WAL
 //! with one PUT and then makes none.
 
+use super::group_commit::{Group, Log, Request};
 use super::object::ObjectSink;
-use super::writer::{Group, Log, Request};
 use super::{SegmentId, WalError};
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;

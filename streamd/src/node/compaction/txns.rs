@@ -6,7 +6,7 @@
 //! saw open, since a transaction open at the cut was either open at the range's start
 //! or began after it.
 
-use crate::txn::partition::StreamTxns;
+use crate::partition::txns::StreamTxns;
 use weir_meta::model::{AbortedTxn, ObjectRange, RangeTxns};
 use weir_shared::batch::BatchHeader;
 

@@ -198,7 +198,7 @@ impl OffsetTable {
     pub fn replay(&mut self, batches: Bytes) -> Result<(), String> {
         crate::keyed_records::replay(batches, OFFSETS_BATCH_INFLATED_BYTES, "offsets", |r| {
             let offset = u64::try_from(r.offset).unwrap_or(0);
-            if let Some(m) = crate::txn::marker::from_record(r) {
+            if let Some(m) = crate::partition::marker::from_record(r) {
                 self.end_txn(m.producer_id, m.commit, offset);
             } else if let Some(change) = decode(r) {
                 if r.transactional {
@@ -321,7 +321,7 @@ mod tests {
     /// abort marker, and hold back trimming while pending.
     #[test]
     fn transactional_offsets_wait_for_their_marker() {
-        use crate::txn::marker::{self, Marker};
+        use crate::partition::marker::{self, Marker};
         let with_base = |batch: Bytes, base: i64| {
             let mut b = batch.to_vec();
             b[..8].copy_from_slice(&base.to_be_bytes());

@@ -1,6 +1,6 @@
 //! ConsumerGroupHeartbeat and ConsumerGroupDescribe on the wire: request checks as
 //! Kafka makes them per version, and the conversions between the protocol's messages and
-//! the state machine of `consumer_group.rs`.
+//! the state machine of `consumer_group/`.
 
 use super::assignor::Assignment;
 use super::consumer_group::{self as cg, code, ConsumerGroup, Heartbeat, Settings};

@@ -2,14 +2,11 @@
 //!
 //! The coordinator of a transactional id is the owner of the id's transaction-state
 //! stream (`__transaction_state/N`), as a group's is the owner of its offsets stream.
-//! This module holds the coordinator's rules and log, the markers it writes, and what
-//! a partition's owner keeps of the transactions in it; the services that serve the
-//! requests and write the markers build on them.
+//! This module holds the coordinator's rules and log; what a partition's owner keeps
+//! of the transactions in it, and the markers, are in `crate::partition`.
 
 pub mod coordinator;
 mod introspection;
 pub mod log;
-pub mod marker;
-pub mod partition;
 pub mod peer_calls;
 pub mod state;

@@ -119,7 +119,7 @@ pub fn encode(changes: &[Change]) -> Result<Bytes, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::txn::state::{init_with_new_id, InitRequest, TxnState};
+    use crate::coordinators::txn::state::{init_with_new_id, InitRequest, TxnState};
     use bytes::BytesMut;
 
     fn entry(pid: i64) -> TxnEntry {

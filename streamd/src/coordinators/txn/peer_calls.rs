@@ -6,9 +6,9 @@
 //! node owns is written directly. The gateway is not on this path, so a gateway that
 //! dies mid-commit cannot leave a transaction half written.
 
-use super::marker::Marker;
 use crate::error::StreamdError;
 use crate::node::Node;
+use crate::partition::marker::Marker;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! a marker or transactional batch with an epoch older than the open transaction's is
 //! refused, so a fenced producer cannot write into, or end, its successor's transaction.
 
-use super::marker::Marker;
+use crate::partition::marker::Marker;
 use std::collections::{BTreeSet, HashMap};
 use weir_shared::batch::BatchHeader;
 

@@ -5,7 +5,10 @@
 //! applied entry; the index is read from the store. Snapshots are files
 //! (`snapshot_file`), sent and installed in bounded chunks.
 
-use super::db::{sync_write, CF_HISTORY, CF_META, CF_SM, CF_SNAPSHOT, KEY_APPLIED, KEY_MEMBERSHIP};
+mod snapshots;
+mod view_hub;
+
+use super::db::{row_key_bytes, sync_write, CF_HISTORY, CF_META, CF_SM, CF_SNAPSHOT, KEY_APPLIED, KEY_MEMBERSHIP};
 use super::history::HistoryEntry;
 use super::index::StoreIndex;
 use super::snapshot_file;
@@ -13,212 +16,18 @@ use crate::raft_types::{Entry, LogId, NodeId, Snapshot, SnapshotMeta, StorageErr
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder, StorageIOError};
 use rocksdb::{IteratorMode, WriteBatch, DB};
-use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use snapshots::{file_name, finish_install, SnapshotRecord, INCOMING, KEY_INSTALL_MARKER};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{broadcast, watch};
 use weir_meta::model::command::Applied;
-use weir_meta::model::state::{Delta, Row, RowKey, State};
+use weir_meta::model::state::{Delta, Row, State};
 use weir_meta::model::{codec, Outcome, Overlay};
 
-/// Keys in `snapshot`; stable. (`staged`, a whole format-1 snapshot, is no longer written.)
-const KEY_CURRENT: &[u8] = b"current";
-const KEY_INSTALL_MARKER: &[u8] = b"install_marker";
-
-/// The file a snapshot being received is written to, in the snapshot directory.
-const INCOMING: &str = "incoming.snap";
-
-/// How many recent deltas a watcher can resume from without a new snapshot, and about
-/// how many bytes of them: a commit's delta carries a row per stream it touched, so a
-/// count alone let the kept deltas grow to gigabytes on a busy cluster (the soak's
-/// metad grew 85 MiB a minute with 1,000 partitions).
-const RECENT_DELTAS: usize = 16_384;
-const RECENT_BYTES: usize = 32 << 20;
-/// Deltas a watcher may fall behind the live ones before it resumes from the kept
-/// deltas (or a snapshot); the channel keeps each until every watcher has read it.
-const LIVE_DELTAS: usize = 1_024;
-/// A change's rough size in memory, for [`RECENT_BYTES`] (a stream row is ~300 bytes).
-const CHANGE_BYTES: usize = 320;
+pub use view_hub::{ViewHub, WatchItem};
 
 fn io_err(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
     StorageIOError::new(subject, verb, openraft::AnyError::error(e.to_string())).into()
-}
-
-/// The current snapshot, or one being installed: its metadata and its file's name in
-/// the snapshot directory.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct SnapshotRecord {
-    meta: SnapshotMeta,
-    file: String,
-}
-
-/// Stable storage key of a view row: a kind byte (must be kept stable) then the key.
-/// 0x13 held format 1's object rows; it is never reused.
-pub fn row_key_bytes(key: &RowKey) -> Vec<u8> {
-    let mut out = Vec::new();
-    match key {
-        RowKey::Settings => out.push(0x01),
-        RowKey::Counters => out.push(0x02),
-        RowKey::Node(id) => {
-            out.push(0x10);
-            out.extend_from_slice(id.as_str().as_bytes());
-        }
-        RowKey::Stream(id) => {
-            out.push(0x11);
-            out.extend_from_slice(&id.0.to_be_bytes());
-        }
-        RowKey::Topic(name) => {
-            out.push(0x12);
-            out.extend_from_slice(name.as_bytes());
-        }
-        RowKey::Lease(name) => {
-            out.push(0x14);
-            out.extend_from_slice(name.as_bytes());
-        }
-        RowKey::Takeover(node, epoch) => {
-            out.push(0x15);
-            out.extend_from_slice(&epoch.0.to_be_bytes());
-            out.extend_from_slice(node.as_str().as_bytes());
-        }
-        RowKey::Token(name) => {
-            out.push(0x16);
-            out.extend_from_slice(name.as_bytes());
-        }
-    }
-    out
-}
-
-/// What a watcher receives.
-#[derive(Clone, Debug)]
-pub enum WatchItem {
-    /// The changes of one applied entry, in index order.
-    Delta(Arc<Delta>),
-    /// The state was replaced by a snapshot install: start again from a snapshot.
-    Reset,
-}
-
-struct ViewInner {
-    state: State,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-    recent: VecDeque<Arc<Delta>>,
-    /// About how many bytes `recent` holds.
-    recent_bytes: usize,
-}
-
-/// The applied view in memory, shared by the state machine (writer) and the client,
-/// admin and watch services (readers), and the index of the last batch written.
-pub struct ViewHub {
-    inner: RwLock<ViewInner>,
-    tx: broadcast::Sender<WatchItem>,
-    /// The applied index whose batch (view and index rows) is in the store.
-    durable: watch::Sender<u64>,
-    /// Snapshot installs begun and ended; odd while one replaces the store, whose rows
-    /// a watch snapshot then must not read.
-    installs: std::sync::atomic::AtomicU64,
-}
-
-/// How a new watcher starts: from a backlog of deltas after its index, or, when
-/// `snapshot`, from a snapshot of the store ([`StateMachineStore::watch_snapshot`])
-/// followed by the deltas of `backlog` after it (every delta kept in memory) and `rx`.
-pub struct WatchStart {
-    pub snapshot: bool,
-    pub backlog: Vec<Arc<Delta>>,
-    pub rx: broadcast::Receiver<WatchItem>,
-}
-
-impl ViewHub {
-    fn new(state: State, last_applied: Option<LogId>, membership: StoredMembership) -> Self {
-        let (tx, _) = broadcast::channel(LIVE_DELTAS);
-        let durable = watch::channel(state.applied_index).0;
-        Self {
-            inner: RwLock::new(ViewInner {
-                state,
-                last_applied,
-                membership,
-                recent: VecDeque::new(),
-                recent_bytes: 0,
-            }),
-            tx,
-            durable,
-            installs: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, ViewInner> {
-        self.inner.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, ViewInner> {
-        self.inner.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Runs `f` over the applied view.
-    pub fn with_state<R>(&self, f: impl FnOnce(&State) -> R) -> R {
-        f(&self.read().state)
-    }
-
-    pub fn applied_index(&self) -> u64 {
-        self.read().state.applied_index
-    }
-
-    /// The applied index whose rows, view and index alike, are in the store.
-    pub fn durable_index(&self) -> u64 {
-        *self.durable.borrow()
-    }
-
-    /// Changes each time a batch of entries is applied and stored: the loops that plan
-    /// from the view wake on it.
-    pub fn applied_changes(&self) -> watch::Receiver<u64> {
-        self.durable.subscribe()
-    }
-
-    /// Waits until the store holds what was applied through `index`.
-    pub async fn wait_durable(&self, index: u64) {
-        let _ = self.durable.subscribe().wait_for(|i| *i >= index).await;
-    }
-
-    /// Subscribes a watcher that has applied through `after` (or nothing).
-    pub fn subscribe(&self, after: Option<u64>) -> WatchStart {
-        let inner = self.read();
-        let rx = self.tx.subscribe();
-        let applied = inner.state.applied_index;
-        let resumable = after
-            .filter(|a| *a <= applied && (*a == applied || inner.recent.front().is_some_and(|d| d.index <= a + 1)));
-        match resumable {
-            Some(a) => WatchStart {
-                snapshot: false,
-                backlog: inner.recent.iter().filter(|d| d.index > a).cloned().collect(),
-                rx,
-            },
-            // Not a copy of the view: the snapshot is read from the store, outside any
-            // lock (a million rows took the view's lock for the length of a copy).
-            None => WatchStart {
-                snapshot: true,
-                backlog: inner.recent.iter().cloned().collect(),
-                rx,
-            },
-        }
-    }
-
-    fn publish(inner: &mut ViewInner, tx: &broadcast::Sender<WatchItem>, delta: Delta) {
-        let delta = Arc::new(delta);
-        inner.recent_bytes += delta_bytes(&delta);
-        inner.recent.push_back(delta.clone());
-        while inner.recent.len() > RECENT_DELTAS || (inner.recent_bytes > RECENT_BYTES && inner.recent.len() > 1) {
-            if let Some(old) = inner.recent.pop_front() {
-                inner.recent_bytes -= delta_bytes(&old);
-            }
-        }
-        // No receivers is fine: nobody watches yet.
-        let _ = tx.send(WatchItem::Delta(delta));
-    }
-}
-
-fn delta_bytes(delta: &Delta) -> usize {
-    (delta.changes.len() + 1) * CHANGE_BYTES
 }
 
 /// The RocksDB state machine; its clones share the database, the hub and the
@@ -355,109 +164,6 @@ impl StateMachineStore {
         }
         Ok(out)
     }
-
-    fn current_record(&self) -> anyhow::Result<Option<SnapshotRecord>> {
-        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
-        Ok(self
-            .db
-            .get_cf(cf, KEY_CURRENT)?
-            .map(|b| codec::decode(&b))
-            .transpose()?)
-    }
-
-    /// Writes a snapshot of the store as it stands, makes it the current one and drops
-    /// older files; the new file is returned open, so a build that another replaces at
-    /// once still has the file it built.
-    fn write_snapshot(&self) -> anyhow::Result<(SnapshotRecord, std::fs::File)> {
-        let building = self
-            .snapshots
-            .join(format!("building-{:08x}.tmp", rand::random::<u32>()));
-        let header = snapshot_file::write(&self.db, &building)?;
-        let snapshot_id = match header.last_applied {
-            Some(l) => format!("{}-{}-{:08x}", l.leader_id.term, l.index, rand::random::<u32>()),
-            None => format!("0-0-{:08x}", rand::random::<u32>()),
-        };
-        let path = snapshot_file::path_of(&self.snapshots, &snapshot_id);
-        std::fs::rename(&building, &path)?;
-        snapshot_file::sync_dir(&self.snapshots)?;
-        let record = SnapshotRecord {
-            meta: SnapshotMeta {
-                last_log_id: header.last_applied,
-                last_membership: header.membership,
-                snapshot_id,
-            },
-            file: file_name(&path),
-        };
-        let cf = self.db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
-        self.db
-            .put_cf_opt(cf, KEY_CURRENT, codec::encode(&record), &sync_write())?;
-        let file = std::fs::File::open(&path)?;
-        remove_other_snapshots(&self.snapshots, &record.file);
-        let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-        tracing::info!(snapshot_id = %record.meta.snapshot_id, bytes, "built metadata snapshot");
-        Ok((record, file))
-    }
-
-    /// The current snapshot, opened. A build running in the background may make a new
-    /// snapshot current and delete this one's file between reading the record and
-    /// opening it; the record then names the newer file, which is opened instead.
-    fn open_current(&self) -> anyhow::Result<Option<(SnapshotRecord, std::fs::File)>> {
-        open_current_of(&self.snapshots, || self.current_record())
-    }
-}
-
-fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-/// Opens the file of the snapshot `current` names, reading the record again when a
-/// newer snapshot replaced the file in between (a background build). Gives up after a
-/// few replacements in a row, which a build taking seconds makes impossible in practice.
-fn open_current_of(
-    snapshots: &Path,
-    mut current: impl FnMut() -> anyhow::Result<Option<SnapshotRecord>>,
-) -> anyhow::Result<Option<(SnapshotRecord, std::fs::File)>> {
-    let mut attempts = 0;
-    loop {
-        let Some(record) = current()? else { return Ok(None) };
-        match std::fs::File::open(snapshots.join(&record.file)) {
-            Ok(file) => return Ok(Some((record, file))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => attempts += 1,
-            Err(e) => {
-                return Err(anyhow::anyhow!(
-                    "snapshot {} ({}): {e}",
-                    record.meta.snapshot_id,
-                    record.file
-                ))
-            }
-        }
-    }
-}
-
-/// Deletes snapshot files other than `keep` and the one being received.
-fn remove_other_snapshots(dir: &Path, keep: &str) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name != keep && name != INCOMING && (name.ends_with(".snap") || name.ends_with(".tmp")) {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
-/// Replaces the store with the staged snapshot `record` names, clearing the install
-/// marker and making it current in the last (synced) batch.
-fn finish_install(db: &DB, snapshots: &Path, record: &SnapshotRecord) -> anyhow::Result<()> {
-    let path = snapshots.join(&record.file);
-    let cf = db.cf_handle(CF_SNAPSHOT).expect("opened with this column family");
-    snapshot_file::install(db, &path, |batch| {
-        batch.put_cf(cf, KEY_CURRENT, codec::encode(record));
-        batch.delete_cf(cf, KEY_INSTALL_MARKER);
-    })?;
-    remove_other_snapshots(snapshots, &record.file);
-    Ok(())
 }
 
 /// Reads every view row and the applied position from storage.
@@ -687,82 +393,5 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             meta: record.meta,
             snapshot: Box::new(tokio::fs::File::from_std(file)),
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use weir_meta::model::{Change, RowKey};
-    use weir_shared::ids::StreamId;
-
-    fn record(file: &str) -> SnapshotRecord {
-        SnapshotRecord {
-            meta: SnapshotMeta {
-                last_log_id: None,
-                last_membership: Default::default(),
-                snapshot_id: file.into(),
-            },
-            file: file.into(),
-        }
-    }
-
-    // A snapshot a background build replaced between reading its record and opening
-    // its file is served from the newer file. It used to be a storage error, which
-    // stops Raft (a CI run's leader lost its metadata log this way).
-    #[test]
-    fn a_snapshot_replaced_while_it_is_opened_is_read_from_the_newer_file() {
-        use std::io::Read;
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("new.snap"), b"new").expect("write");
-        let mut reads = vec![record("new.snap"), record("old.snap")];
-        let (got, mut file) = open_current_of(dir.path(), || Ok(reads.pop()))
-            .expect("opened")
-            .expect("a snapshot");
-        assert_eq!(got.file, "new.snap");
-        let mut text = String::new();
-        file.read_to_string(&mut text).expect("read");
-        assert_eq!(text, "new");
-        // A file missing for good is still an error, naming it.
-        let err = open_current_of(dir.path(), || Ok(Some(record("gone.snap")))).unwrap_err();
-        assert!(err.to_string().contains("gone.snap"), "{err}");
-        assert!(open_current_of(dir.path(), || Ok(None)).expect("no snapshot").is_none());
-    }
-
-    fn delta(index: u64, changes: usize) -> Delta {
-        Delta {
-            index,
-            changes: (0..changes as u64)
-                .map(|s| Change {
-                    key: RowKey::Stream(StreamId(s)),
-                    row: None,
-                })
-                .collect(),
-        }
-    }
-
-    /// The deltas kept for resuming watchers stay within their byte budget however
-    /// large each is, and a watcher just behind still resumes without a snapshot.
-    #[test]
-    fn recent_deltas_are_bounded_by_bytes_and_the_latest_stay_resumable() {
-        let hub = ViewHub::new(State::default(), None, StoredMembership::default());
-        for index in 1..=2_000 {
-            let mut inner = hub.write();
-            inner.state.applied_index = index;
-            ViewHub::publish(&mut inner, &hub.tx, delta(index, 1_000));
-        }
-        let inner = hub.read();
-        assert!(inner.recent_bytes <= RECENT_BYTES, "{} bytes kept", inner.recent_bytes);
-        assert!(
-            inner.recent.len() < 2_000 && inner.recent.len() > 10,
-            "{} deltas kept",
-            inner.recent.len()
-        );
-        assert_eq!(inner.recent.back().map(|d| d.index), Some(2_000));
-        drop(inner);
-        let start = hub.subscribe(Some(1_990));
-        assert!(!start.snapshot);
-        assert_eq!(start.backlog.len(), 10);
-        assert!(hub.subscribe(Some(5)).snapshot, "too far behind: a snapshot");
     }
 }

@@ -1,5 +1,5 @@
 //! KIP-848's consumer group protocol (ConsumerGroupHeartbeat) as a state machine over
-//! one group, beside the classic one in `membership.rs`. Time and the topics are passed
+//! one group, beside the classic one in `membership/`. Time and the topics are passed
 //! in, so the rules are testable alone.
 //!
 //! The coordinator owns the assignment. Every change of the members, their subscriptions
@@ -14,9 +14,13 @@
 //! moves, members heartbeat to a coordinator that does not know them, are answered
 //! UNKNOWN_MEMBER_ID, and join again (committed offsets move with the stream).
 
-use super::assignor::{self, Assignment, Subscriber};
-use std::collections::{BTreeMap, BTreeSet};
+mod reconcile;
+mod subscriptions;
+
+use super::assignor::{self, Assignment};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use subscriptions::compile;
 use uuid::Uuid;
 
 /// Kafka error codes this protocol answers with.
@@ -163,23 +167,9 @@ fn error(error: i16, member_id: &str, message: impl Into<String>) -> Answer {
     }
 }
 
-fn count(a: &Assignment) -> usize {
-    a.values().map(BTreeSet::len).sum()
-}
-
-/// Whether any partition of `a` is in `b`.
-fn overlaps(a: &Assignment, b: &Assignment) -> bool {
-    a.iter()
-        .any(|(t, ps)| b.get(t).is_some_and(|other| !ps.is_disjoint(other)))
-}
-
 fn is_subset(a: &Assignment, b: &Assignment) -> bool {
     a.iter()
         .all(|(t, ps)| ps.is_empty() || b.get(t).is_some_and(|other| ps.is_subset(other)))
-}
-
-fn insert(a: &mut Assignment, t: Uuid, p: i32) {
-    a.entry(t).or_default().insert(p);
 }
 
 impl ConsumerGroup {
@@ -198,15 +188,6 @@ impl ConsumerGroup {
 
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
-    }
-
-    /// Whether some member subscribes to `topic`, by name or by regex (OffsetDelete
-    /// refuses such a topic's offsets).
-    pub fn subscribes_to(&self, topic: &str) -> bool {
-        self.members.values().any(|m| {
-            m.subscribed_names.iter().any(|n| n == topic)
-                || (!topic.starts_with("__") && m.matcher.as_ref().is_some_and(|re| re.is_match(topic)))
-        })
     }
 
     /// The state name ListGroups and ConsumerGroupDescribe report.
@@ -514,180 +495,6 @@ impl ConsumerGroup {
         }
         code::NONE
     }
-
-    /// The user topics the members subscribe to, by name or by regex.
-    fn resolve(&self, topics: &dyn Topics) -> BTreeMap<String, (Uuid, u32)> {
-        let mut names: BTreeSet<String> = BTreeSet::new();
-        for m in self.members.values() {
-            names.extend(m.subscribed_names.iter().cloned());
-            if let Some(re) = &m.matcher {
-                names.extend(topics.matching(re));
-            }
-        }
-        names
-            .into_iter()
-            .filter_map(|n| topics.get(&n).map(|t| (n, t)))
-            .collect()
-    }
-
-    /// The topic ids one member subscribes to, among the resolved topics.
-    fn subscribed_ids(&self, m: &Member) -> BTreeSet<Uuid> {
-        // A regex never matches an internal topic (`__…`), even one another member
-        // subscribes to by name.
-        let by_regex = |name: &str| !name.starts_with("__") && m.matcher.as_ref().is_some_and(|re| re.is_match(name));
-        self.resolved
-            .iter()
-            .filter(|(name, _)| m.subscribed_names.contains(name) || by_regex(name))
-            .map(|(_, (id, _))| *id)
-            .collect()
-    }
-
-    /// The group's assignor: the one most members name (the earlier in
-    /// [`assignor::ASSIGNORS`] on a tie), or the default.
-    pub fn assignor_name(&self) -> String {
-        let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
-        for m in self.members.values() {
-            if let Some(a) = m.assignor.as_deref() {
-                *votes.entry(a).or_default() += 1;
-            }
-        }
-        votes
-            .iter()
-            .max_by_key(|(name, n)| {
-                (
-                    **n,
-                    std::cmp::Reverse(assignor::ASSIGNORS.iter().position(|a| a == *name)),
-                )
-            })
-            .map_or(assignor::ASSIGNORS[0], |(name, _)| *name)
-            .to_string()
-    }
-
-    /// Runs the group's assignor for the current epoch.
-    fn compute_target(&mut self) {
-        let name = self.assignor_name();
-        let sizes: BTreeMap<Uuid, u32> = self.resolved.values().copied().collect();
-        let empty = Assignment::new();
-        let subscribers: Vec<Subscriber<'_>> = self
-            .members
-            .values()
-            .map(|m| Subscriber {
-                id: &m.id,
-                topics: self.subscribed_ids(m),
-                current: self.target.get(&m.id).unwrap_or(&empty),
-            })
-            .collect();
-        self.target = assignor::assign(&name, &subscribers, &sizes);
-        self.assignment_epoch = self.epoch;
-        tracing::debug!(group = %self.id, epoch = self.epoch, assignor = %name, members = self.members.len(), "computed the target assignment");
-    }
-
-    /// Moves one member toward its target (Kafka's `CurrentAssignmentBuilder`).
-    fn reconcile(&mut self, member_id: &str, owned: Option<&Assignment>, now: Instant) {
-        let target = self.target.get(member_id).cloned().unwrap_or_default();
-        let target_epoch = self.assignment_epoch;
-        // Partitions other members still hold (assigned or not yet revoked).
-        let mut held = Assignment::new();
-        for (id, m) in &self.members {
-            if id != member_id {
-                for (t, ps) in m.assigned.iter().chain(&m.pending_revocation) {
-                    held.entry(*t).or_default().extend(ps);
-                }
-            }
-        }
-        let m = self.members.get_mut(member_id).expect("reconciled members exist");
-        let owns = |revoking: &Assignment| owned.is_none_or(|o| overlaps(o, revoking));
-        let start_epoch = match m.state {
-            MemberState::Stable if m.epoch == target_epoch => return,
-            MemberState::UnrevokedPartitions if owns(&m.pending_revocation) => return,
-            _ => m.epoch,
-        };
-        let (mut keep, mut revoke, mut add) = (Assignment::new(), Assignment::new(), Assignment::new());
-        let mut unreleased = false;
-        for (t, ps) in &m.assigned {
-            for &p in ps {
-                if target.get(t).is_some_and(|s| s.contains(&p)) {
-                    insert(&mut keep, *t, p);
-                } else {
-                    insert(&mut revoke, *t, p);
-                }
-            }
-        }
-        for (t, ps) in &target {
-            for &p in ps {
-                if keep.get(t).is_some_and(|s| s.contains(&p)) {
-                    continue;
-                }
-                if held.get(t).is_some_and(|s| s.contains(&p)) {
-                    unreleased = true;
-                } else {
-                    insert(&mut add, *t, p);
-                }
-            }
-        }
-        let epoch_before = m.epoch;
-        if count(&revoke) > 0 && owns(&revoke) {
-            // Revoke first, at the current epoch; the rest follows once it is done.
-            m.assigned = keep;
-            m.pending_revocation = revoke;
-            m.state = MemberState::UnrevokedPartitions;
-            m.previous_epoch = start_epoch;
-            m.epoch = start_epoch;
-            m.revoke_by = Some(now + m.rebalance_timeout);
-            return;
-        }
-        for (t, ps) in add {
-            keep.entry(t).or_default().extend(ps);
-        }
-        m.assigned = keep;
-        m.pending_revocation.clear();
-        m.revoke_by = None;
-        m.state = if unreleased {
-            MemberState::UnreleasedPartitions
-        } else {
-            MemberState::Stable
-        };
-        if m.epoch != target_epoch {
-            m.previous_epoch = epoch_before;
-            m.epoch = target_epoch;
-        }
-    }
-}
-
-impl Member {
-    /// Applies a heartbeat's changed fields: whether its subscription changed.
-    fn update(&mut self, hb: &Heartbeat) -> bool {
-        let mut changed = false;
-        if let Some(t) = hb.rebalance_timeout {
-            self.rebalance_timeout = t;
-        }
-        if let Some(r) = &hb.rack_id {
-            self.rack_id = Some(r.clone()).filter(|r| !r.is_empty());
-        }
-        if let Some(names) = &hb.subscribed_names {
-            let mut names = names.clone();
-            names.sort();
-            names.dedup();
-            changed |= names != self.subscribed_names;
-            self.subscribed_names = names;
-        }
-        if let Some(re) = &hb.subscribed_regex {
-            let re = Some(re.clone()).filter(|r| !r.is_empty());
-            changed |= re != self.subscribed_regex;
-            if changed || self.matcher.is_none() {
-                self.matcher = re.as_deref().and_then(|r| compile(r).ok());
-            }
-            self.subscribed_regex = re;
-        }
-        if let Some(a) = &hb.assignor {
-            let a = Some(a.clone()).filter(|a| !a.is_empty());
-            changed |= a != self.assignor;
-            self.assignor = a;
-        }
-        self.client_id.clone_from(&hb.client_id);
-        self.client_host.clone_from(&hb.client_host);
-        changed
-    }
 }
 
 /// A heartbeat's epoch against the member's: a newer one is fenced, and an older one is
@@ -706,11 +513,6 @@ fn epoch_error(m: &Member, epoch: i32, owned: Option<&Assignment>) -> Option<Ans
             m.epoch
         ),
     ))
-}
-
-/// A subscription regex, matched against whole topic names (Kafka's RE2/J semantics).
-pub fn compile(re: &str) -> Result<regex::Regex, String> {
-    regex::Regex::new(&format!("^(?:{re})$")).map_err(|e| format!("invalid SubscribedTopicRegex '{re}': {e}"))
 }
 
 #[cfg(test)]
