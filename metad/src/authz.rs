@@ -65,6 +65,11 @@ impl Users<'_> {
             Command::RevokeToken { name } if self.tokens.get(name).is_some_and(|t| admin(&t.scopes)) => {
                 Some("an admin token is revoked by an operator (weir tokens revoke), not through a gateway".into())
             }
+            // Setting an admin token's password through a gateway would log its setter
+            // in as that admin (issue 59).
+            Command::SetScramCredential { name, .. } if self.tokens.get(name).is_some_and(|t| admin(&t.scopes)) => {
+                Some("an admin token's SCRAM credentials are set by an operator, not through a gateway".into())
+            }
             _ => None,
         }
     }
@@ -459,6 +464,18 @@ mod tests {
         assert!(err.message().contains("issued by an operator"), "{}", err.message());
         let err = may("ops", Command::RevokeToken { name: "ops".into() }).unwrap_err();
         assert!(err.message().contains("revoked by an operator"), "{}", err.message());
+        // Issue 59: an admin user sets other users' SCRAM credentials through a gateway,
+        // never an admin token's (that would log its setter in as that admin); a user
+        // without the admin scope sets none.
+        let set_scram = |name: &str| Command::SetScramCredential {
+            name: name.into(),
+            mechanism: "SCRAM-SHA-256".into(),
+            scram: None,
+        };
+        assert!(may("ops", set_scram("orders")).is_ok());
+        let err = may("ops", set_scram("ops")).unwrap_err();
+        assert!(err.message().contains("set by an operator"), "{}", err.message());
+        assert!(may("orders", set_scram("reader")).is_err());
         let ops = who(Role::Operator, "alice");
         assert!(proposal(Some(&ops), &as_operator(issue(&["admin"])), &strict).is_ok());
         // An operator acts as itself, never as a node.

@@ -475,6 +475,12 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             &session.caller,
             r,
         ))),
+        RequestKind::DescribeUserScramCredentials(r) => Respond(ResponseKind::DescribeUserScramCredentials(
+            super::scram_users::describe(kafka, &session.caller, r),
+        )),
+        RequestKind::AlterUserScramCredentials(r) => Respond(ResponseKind::AlterUserScramCredentials(
+            super::scram_users::alter(kafka, &session.caller, r).await,
+        )),
         RequestKind::DescribeProducers(r) => Respond(ResponseKind::DescribeProducers(
             introspection::describe_producers(kafka, &session.caller, r).await,
         )),

@@ -25,6 +25,7 @@ pub mod response_frame;
 pub mod sasl;
 pub mod scopes;
 pub mod scram;
+pub mod scram_users;
 pub mod transactions;
 pub mod versions;
 

@@ -59,10 +59,15 @@ pub fn start(
         }
         t.scram.is_some()
     });
-    let credential = match token.as_ref().and_then(|t| t.scram.as_ref()) {
-        Some(c) => c.get(mechanism).clone(),
-        None => decoy(mechanism, &user),
-    };
+    // A mechanism whose credential was removed (AlterUserScramCredentials) fails as
+    // an unknown user does, indistinguishably.
+    let found = token
+        .as_ref()
+        .and_then(|t| t.scram.as_ref())
+        .and_then(|c| c.get(mechanism))
+        .cloned();
+    let token = token.filter(|_| found.is_some());
+    let credential = found.unwrap_or_else(|| decoy(mechanism, &user));
     let mut server_nonce = [0u8; 18];
     rand::RngCore::fill_bytes(&mut rand::rng(), &mut server_nonce);
     let nonce = format!("{client_nonce}{}", B64.encode(server_nonce));

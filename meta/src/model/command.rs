@@ -339,6 +339,15 @@ pub enum Command {
     RevokeToken {
         name: String,
     },
+    /// Sets (or, with `scram` absent, removes) the SCRAM credential of one mechanism
+    /// (`SCRAM-SHA-256`, `SCRAM-SHA-512`) of token `name`: Kafka's
+    /// AlterUserScramCredentials, where a token is a user (issue 59).
+    SetScramCredential {
+        name: String,
+        mechanism: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scram: Option<crate::scram::ScramCredential>,
+    },
     /// Allocates `count` Kafka producer ids.
     AllocateProducerIds {
         count: u32,
@@ -448,6 +457,7 @@ impl Command {
             Command::RenewLease { .. } => "renew_lease",
             Command::IssueToken { .. } => "issue_token",
             Command::RevokeToken { .. } => "revoke_token",
+            Command::SetScramCredential { .. } => "set_scram_credential",
             Command::AllocateProducerIds { .. } => "allocate_producer_ids",
             Command::DestroyStream { .. } => "destroy_stream",
             Command::ForgetReleased { .. } => "forget_released",

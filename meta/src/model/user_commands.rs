@@ -56,6 +56,7 @@ pub fn needed(command: &Command) -> Option<Need<'_>> {
         Command::AllocateProducerIds { .. } => any(Access::Write),
         Command::IssueToken { .. }
         | Command::RevokeToken { .. }
+        | Command::SetScramCredential { .. }
         | Command::Cordon {
             by: CordonBy::Operator, ..
         }

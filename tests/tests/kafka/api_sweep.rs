@@ -898,6 +898,36 @@ fn sweep_admin(c: &mut Conn, adv: &[(i16, i16, i16)]) {
             r.with_topic_names(vec![name])
         })
     });
+    // Issue 59: SCRAM users need the admin scope, which the sweep's token lacks; both
+    // answer, refusing it as Kafka refuses a user without the cluster's DESCRIBE/ALTER.
+    for (v, answer) in each_version(c, adv, ApiKey::DescribeUserScramCredentials, false, |_| {
+        RequestKind::DescribeUserScramCredentials(DescribeUserScramCredentialsRequest::default())
+    }) {
+        let ResponseKind::DescribeUserScramCredentials(r) = answer else {
+            unreachable!()
+        };
+        if r.error_code != 31 {
+            c.failures.push(format!("DescribeUserScramCredentials v{v}: {r:?}"));
+        }
+    }
+    for (v, answer) in each_version(c, adv, ApiKey::AlterUserScramCredentials, false, |_| {
+        use alter_user_scram_credentials_request::ScramCredentialUpsertion;
+        RequestKind::AlterUserScramCredentials(AlterUserScramCredentialsRequest::default().with_upsertions(vec![
+            ScramCredentialUpsertion::default()
+                .with_name(s("sweep"))
+                .with_mechanism(1)
+                .with_iterations(4096)
+                .with_salt(bytes::Bytes::from_static(b"sweep-salt"))
+                .with_salted_password(bytes::Bytes::from_static(&[7; 32])),
+        ]))
+    }) {
+        let ResponseKind::AlterUserScramCredentials(r) = answer else {
+            unreachable!()
+        };
+        if r.results.len() != 1 || r.results[0].error_code != 31 {
+            c.failures.push(format!("AlterUserScramCredentials v{v}: {r:?}"));
+        }
+    }
 }
 
 /// SaslHandshake and SaslAuthenticate at every version, each on a new connection

@@ -922,6 +922,38 @@ async fn python_clients_produce_consume_and_administer() {
     );
 }
 
+// Issue 59: SCRAM users are managed with confluent-kafka's AdminClient
+// (`tests/clients/scram_users.py`): describe_user_scram_credentials lists a token's
+// mechanisms and iterations; alter_user_scram_credentials sets a new SCRAM-SHA-256
+// password, which then logs in while the old one is refused and SCRAM-SHA-512 is
+// untouched, and removes SCRAM-SHA-512, whose login is then refused; an unknown user
+// is RESOURCE_NOT_FOUND, too few iterations UNACCEPTABLE_CREDENTIAL, and a user without
+// the admin scope changes nothing (CLUSTER_AUTHORIZATION_FAILED).
+#[tokio::test(flavor = "multi_thread")]
+async fn confluent_admin_client_manages_scram_users() {
+    let (stack, gw) = kafka_stack(1, &["--auth", "--kafka-allow-plaintext-sasl"]).await;
+    let (ops, alice) = ("weir_ops-secret", "weir_alice-secret");
+    stack.metad.issue_token("ops", ops, &["admin"]).await;
+    stack.metad.issue_token("alice", alice, &["read", "write"]).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/scram_users.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(240),
+        tokio::process::Command::new("python3")
+            .args([script, &gw.kafka, ops, alice])
+            .output(),
+    )
+    .await
+    .expect("the script finishes in time")
+    .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "stdout:\n{}\nstderr:\n{}\ngateway log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        gw.log_text()
+    );
+}
+
 // Issue 5: SASL/PLAIN over the HTTP issue's tokens when auth is enabled.
 #[tokio::test(flavor = "multi_thread")]
 async fn sasl_plain_authenticates_with_tokens() {

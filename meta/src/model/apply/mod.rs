@@ -211,6 +211,9 @@ impl Txn<'_> {
                 scram,
             } => self.issue_token(proposer, name, secret_sha256, scopes, *expires_at_ms, scram.as_ref()),
             Command::RevokeToken { name } => self.revoke_token(proposer, name),
+            Command::SetScramCredential { name, mechanism, scram } => {
+                self.set_scram_credential(proposer, name, mechanism, scram.as_ref())
+            }
             Command::AllocateProducerIds { count } => self.allocate_producer_ids(proposer, *count),
             Command::BeginTakeover { node, epoch, agent } => self.begin_takeover(proposer, node, *epoch, agent),
             Command::CompleteTakeover { node, epoch } => self.complete_takeover(proposer, node, *epoch),
