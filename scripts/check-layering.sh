@@ -3,8 +3,10 @@
 # - the services that follow the metadata log (streamd, gatewayd) depend on weir-meta,
 #   never on metad, so they link neither Raft (openraft) nor its storage (RocksDB); and
 #   weir-meta itself links neither;
-# - streamd's layers (issue 63): the storage core never names a coordinator, and
-#   Kafka's state on a partition (`partition/`) names nothing of the node above it;
+# - streamd's layers (issue 63): the storage core never names a coordinator, the
+#   coordinators reach the node only through `node/core_api.rs` (and implement
+#   `node/coordination.rs`), and Kafka's state on a partition (`partition/`) names
+#   nothing of the node above it;
 # - gatewayd's Kafka handlers take a `Caller`, never the connection (`conn.rs`), so
 #   the request dispatch there is the one place that knows every handler;
 # - and no files of a crate import each other in a circle (check-import-cycles.py).
@@ -30,11 +32,11 @@ else
   cd "$WEIR_LAYERING_SOURCES"
 fi
 
-# Prints the lines of the given files that match $1 outside comments.
+# Prints the lines of the given files that match $1 (a Perl regex) outside comments.
 code_matching() {
   local pattern=$1
   shift
-  grep -nE "$pattern" "$@" /dev/null | grep -vE '^[^:]+:[0-9]+:[[:space:]]*//' || true
+  grep -nP "$pattern" "$@" /dev/null | grep -vE '^[^:]+:[0-9]+:[[:space:]]*//' || true
 }
 
 # Fails the check, saying why, when $2 (what was found) is not empty.
@@ -53,6 +55,9 @@ core=$(find streamd/src -name '*.rs' -not -path 'streamd/src/coordinators/*' -no
 # shellcheck disable=SC2086
 refuse "streamd's storage core names a coordinator; ask through node/coordination.rs's traits instead" \
   "$(code_matching '\bcoordinators::' $core)"
+# shellcheck disable=SC2046
+refuse "a streamd coordinator reaches into the node; use node/core_api.rs's CoreApi (or implement node/coordination.rs)" \
+  "$(code_matching 'crate::node::(?!core_api\b|coordination\b)' $(find streamd/src/coordinators -name '*.rs'))"
 # shellcheck disable=SC2046
 refuse "streamd's partition state names the node above it; it must stay pure state the core feeds" \
   "$(code_matching 'crate::(node|stream|wal|object|coordinators|service|server|metrics)\b' $(find streamd/src/partition -name '*.rs'))"

@@ -589,7 +589,7 @@ mod tests {
 
     /// FO-TKO-1 to FO-TKO-3: a dead owner's open streams get a takeover by its own new
     /// incarnation when back, else by the least loaded live streamd; once recovered,
-    /// they are closed.
+    /// they are closed (FO-TKO-9).
     #[test]
     fn takeover_steps_follow_the_takeover_row() {
         let mut w = World::new(30);
@@ -640,6 +640,24 @@ mod tests {
         // A state with takeover rows survives the stored format (snapshots, watches).
         let back: State = crate::model::codec::decode(&crate::model::codec::encode(&w.s)).expect("round trip");
         assert_eq!(back.takeovers, w.s.takeovers);
+        // The agent commits the 5 records `a` acknowledged (offsets 0 to 4) from its WAL.
+        let recovered = crate::model::command::CommitRange {
+            stream,
+            stream_epoch: w.s.streams.get(&stream).expect("row").epoch,
+            start: weir_shared::ids::Offset(0),
+            end: weir_shared::ids::Offset(5),
+            pos: 0,
+            len: 100,
+            crc: 0,
+            max_timestamp: 1,
+            txns: Default::default(),
+        };
+        let commit = Command::CommitObjects {
+            key: weir_shared::ids::ObjectKey("recovered".into()),
+            size: 100,
+            ranges: vec![recovered],
+        };
+        w.apply(Proposer::Node(a2.clone()), commit).expect("the agent commits");
         w.apply(
             Proposer::Node(a2.clone()),
             Command::CompleteTakeover {
@@ -653,6 +671,12 @@ mod tests {
             matches!(&steps[..], [Command::CloseStreams { streams }] if streams[0].stream == stream && streams.len() == 1)
         );
         w.apply(Proposer::Node(b.clone()), steps[0].clone()).expect("close");
+        // FO-TKO-9: step 3 leaves the stream closed, owned by no one, its committed end
+        // one past the highest acknowledged offset, for placement to open elsewhere.
+        let row = w.s.streams.get(&stream).expect("row");
+        assert_eq!(row.state, crate::model::rows::StreamState::Closed);
+        assert_eq!(row.committed_end, weir_shared::ids::Offset(5));
+        assert!(row.owner.is_none(), "{:?}", row.owner);
         assert!(takeover_steps(&w.s).is_empty());
         // A deleted stream whose owner is dead is destroyed.
         w.apply(

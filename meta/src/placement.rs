@@ -423,6 +423,99 @@ mod tests {
         assert_eq!(targets, ["b", "b", "b", "b", "c", "d", "b", "c", "d", "b"]);
     }
 
+    // SD-TRM-4: a terminating streamd gets no new placement and is no transfer
+    // destination, and that is all it changes: it stays live and keeps serving the
+    // streams it has open (nothing moves them off it for being terminating).
+    #[test]
+    fn sd_trm_4_terminating_only_removes_a_node_from_placements_and_transfers() {
+        let mut s = State::default();
+        let mut i = 0;
+        let mut next = |s: &mut State, p: Proposer, c: Command| {
+            i += 1;
+            s.apply(
+                i,
+                &Proposal {
+                    proposer: p,
+                    command: c,
+                },
+                &crate::model::MemIndex::default(),
+            )
+            .outcome
+        };
+        let settings = ClusterSettings {
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        next(&mut s, op(), Command::InitCluster { settings }).unwrap();
+        let mut me = BTreeMap::new();
+        for node in ["a", "b", "c"] {
+            let register = Command::RegisterNode {
+                node: NodeId::new(node),
+                kind: NodeKind::Streamd,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            };
+            let Ok(Applied::Registered { epoch }) = next(&mut s, op(), register) else {
+                panic!("registered")
+            };
+            me.insert(
+                node,
+                weir_shared::ids::Incarnation {
+                    node: NodeId::new(node),
+                    epoch,
+                },
+            );
+        }
+        // `a` owns two open streams and is terminating; six orphans would reach it too.
+        let mut owned = Vec::new();
+        for k in 0..2 {
+            let create = Command::CreateStream {
+                name: format!("kept{k}"),
+                config: Default::default(),
+            };
+            let Ok(Applied::StreamCreated { stream }) = next(&mut s, op(), create) else {
+                panic!("created")
+            };
+            next(
+                &mut s,
+                op(),
+                Command::PlaceStream {
+                    stream,
+                    node: NodeId::new("a"),
+                },
+            )
+            .unwrap();
+            next(&mut s, Proposer::Node(me["a"].clone()), Command::open(stream)).unwrap();
+            owned.push(stream);
+        }
+        next(&mut s, Proposer::Node(me["a"].clone()), Command::MarkTerminating).unwrap();
+        for k in 0..6 {
+            let create = Command::CreateStream {
+                name: format!("orphan{k}"),
+                config: Default::default(),
+            };
+            next(&mut s, op(), create).unwrap();
+        }
+        let decisions = plan(&s, usize::MAX);
+        let targets: Vec<&str> = decisions.iter().map(|(_, n)| n.as_str()).collect();
+        // SD-TRM-4: every orphan is placed, none on the terminating node.
+        assert_eq!(targets.len(), 6, "{targets:?}");
+        assert!(targets.iter().all(|n| *n != "a"), "{targets:?}");
+        // SD-TRM-4: nor is it a destination of a drain of `b`.
+        let destinations = crate::drain_plan::choose_destinations(&s, &NodeId::new("b"), 3).expect("c may receive");
+        assert!(destinations.iter().all(|n| n.as_str() == "c"), "{destinations:?}");
+        // SD-TRM-4: and only that: it is live, and its open streams stay its own and open.
+        let a = &s.nodes[&NodeId::new("a")];
+        assert!(a.terminating && a.is_live());
+        for stream in owned {
+            let row = s.streams.get(&stream).expect("row");
+            assert_eq!(row.state, crate::model::rows::StreamState::Open);
+            assert_eq!(row.owner.as_ref(), Some(&me["a"]));
+            assert!(decisions.iter().all(|(d, _)| *d != stream), "placement leaves it alone");
+        }
+    }
+
     /// D-23: among 100,000 streams open on a live node, the plan visits no row to find
     /// the one orphan and place it: its cost follows the orphans, not the streams.
     #[test]

@@ -151,7 +151,7 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
         ),
     );
     let txns = crate::coordinators::txn::coordinator::Txns::new(
-        node.clone(),
+        crate::node::core_api::CoreApi::new(node.clone()),
         crate::coordinators::txn::coordinator::TxnLimits {
             max_timeout_ms: args.transaction_max_timeout_ms,
             id_expiration_ms: args.transactional_id_expiration_ms,

@@ -21,7 +21,7 @@ pub struct DataPlane {
 
 impl DataPlane {
     pub fn new(node: Arc<Node>, txns: Arc<Txns>) -> Self {
-        let groups = Groups::new(node.clone());
+        let groups = Groups::new(crate::node::core_api::CoreApi::new(node.clone()));
         let markers: std::sync::Weak<Groups> = Arc::downgrade(&groups);
         node.coordination.register_markers(markers);
         Self { node, groups, txns }

@@ -75,6 +75,15 @@ fn the_layering_check_refuses_a_core_file_naming_a_coordinator() {
 }
 
 #[test]
+fn the_layering_check_refuses_a_coordinator_reaching_into_the_node() {
+    assert_refused(
+        "streamd/src/coordinators/state_stream.rs",
+        "\n#[allow(unused_imports)]\nuse crate::node::Node;\n",
+        "coordinator reaches into the node",
+    );
+}
+
+#[test]
 fn the_layering_check_refuses_partition_state_naming_the_node() {
     assert_refused(
         "streamd/src/partition/txns.rs",

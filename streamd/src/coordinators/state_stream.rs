@@ -6,13 +6,12 @@
 //! it, so a load replays the table and a short tail, not every change ever made.
 
 use crate::error::StreamdError;
-use crate::node::{Isolation, Node};
+use crate::node::core_api::CoreApi;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use weir_shared::ids::StreamEpoch;
 
 /// A snapshot is due once this many changes, and at least twice the table's size,
@@ -101,23 +100,14 @@ impl<C: Loaded> Registry<C> {
 /// Replays every stored batch of `stream`, from its start to the durable end it had
 /// when the load began, into `replay`.
 pub async fn load(
-    node: &Node,
+    core: &CoreApi,
     stream: &str,
     mut replay: impl FnMut(Bytes) -> Result<(), String>,
 ) -> Result<(), StreamdError> {
     let mut offset = 0;
     let mut end = None;
     loop {
-        let read = node
-            .read(
-                stream,
-                offset,
-                1 << 20,
-                true,
-                Duration::ZERO,
-                Isolation::ReadUncommitted,
-            )
-            .await;
+        let read = core.read(stream, offset, 1 << 20).await;
         let r = match read {
             Ok(r) => r,
             Err(StreamdError::OffsetOutOfRange { start, end, .. }) if offset < start && start <= end => {
@@ -156,14 +146,14 @@ impl StateLog {
     /// batch is durable.
     pub async fn store<T>(
         &self,
-        node: &Node,
+        core: &CoreApi,
         stream: &str,
         batch: Result<Bytes, String>,
         apply: impl FnOnce() -> T,
     ) -> Result<T, StreamdError> {
         let _shared = self.lock.read().await;
         let batch = batch.map_err(StreamdError::Internal)?;
-        node.append(stream, &batch, None).await?;
+        core.append(stream, &batch, None).await?;
         Ok(apply())
     }
 
@@ -172,7 +162,7 @@ impl StateLog {
     /// batch's first offset.
     pub async fn store_as<T>(
         &self,
-        node: &Node,
+        core: &CoreApi,
         stream: &str,
         batch: Result<Bytes, String>,
         transactional_id: Option<&str>,
@@ -180,8 +170,7 @@ impl StateLog {
     ) -> Result<T, StreamdError> {
         let _shared = self.lock.read().await;
         let batch = batch.map_err(StreamdError::Internal)?;
-        let admitted = node.admit_append(stream, &batch, None, transactional_id).await?;
-        let appended = node.complete(admitted).await?;
+        let appended = core.append(stream, &batch, transactional_id).await?;
         Ok(apply(appended.base_offset))
     }
 
@@ -201,7 +190,7 @@ impl StateLog {
     /// earlier; the offset trimmed to.
     pub async fn snapshot<C>(
         &self,
-        node: &Node,
+        core: &CoreApi,
         stream: &str,
         take: impl FnOnce() -> (Vec<C>, u64, Option<u64>),
         encode: impl Fn(&[C]) -> Result<Bytes, String>,
@@ -213,10 +202,10 @@ impl StateLog {
             // Under the exclusive lock: nothing pending is missing from the stream.
             let (changes, replaced, keep_from) = take();
             // An empty table is a snapshot too: everything before now can go.
-            let mut start = node.stream(stream)?.durable_end();
+            let mut start = core.durable_end(stream)?;
             for (i, chunk) in changes.chunks(SNAPSHOT_BATCH).enumerate() {
                 let batch = encode(chunk).map_err(StreamdError::Internal)?;
-                let appended = node.append(stream, &batch, None).await?;
+                let appended = core.append(stream, &batch, None).await?;
                 if i == 0 {
                     start = appended.base_offset;
                 }
@@ -232,7 +221,7 @@ impl StateLog {
             );
             start
         };
-        node.trim(stream, start).await?;
+        core.trim(stream, start).await?;
         Ok(start)
     }
 }

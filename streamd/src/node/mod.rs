@@ -6,6 +6,7 @@ mod append;
 pub(crate) mod close;
 pub mod compaction;
 pub mod coordination;
+pub mod core_api;
 mod damage;
 mod handles;
 mod markers;

@@ -38,8 +38,8 @@ impl Groups {
                 .map(|p| (p.name.to_string(), p.metadata.clone()))
                 .collect(),
             require_known_member_id: version >= 4,
-            max_size: self.node.tunables.max_group_members,
-            initial_delay: self.node.tunables.group_initial_rebalance_delay,
+            max_size: self.core.tunables().max_group_members,
+            initial_delay: self.core.tunables().group_initial_rebalance_delay,
         };
         let group = r.group_id.0.to_string();
         let answer = c.with(|st| {

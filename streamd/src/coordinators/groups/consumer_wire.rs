@@ -5,7 +5,7 @@
 use super::assignor::Assignment;
 use super::consumer_group::{self as cg, code, ConsumerGroup, Heartbeat, Settings};
 use super::{s, Client, GroupCoordinator};
-use crate::node::Node;
+use crate::node::core_api::CoreApi;
 use kafka_protocol::messages::consumer_group_describe_response as describe_response;
 use kafka_protocol::messages::consumer_group_heartbeat_response as heartbeat_response;
 use kafka_protocol::messages::*;
@@ -41,11 +41,11 @@ impl cg::Topics for ViewTopics<'_> {
     }
 }
 
-pub fn settings(node: &Node) -> Settings {
+pub fn settings(core: &CoreApi) -> Settings {
     Settings {
-        heartbeat_interval: node.tunables.consumer_heartbeat_interval,
-        session_timeout: node.tunables.consumer_session_timeout,
-        max_size: node.tunables.max_group_members,
+        heartbeat_interval: core.tunables().consumer_heartbeat_interval,
+        session_timeout: core.tunables().consumer_session_timeout,
+        max_size: core.tunables().max_group_members,
     }
 }
 
@@ -86,13 +86,13 @@ fn owned(r: &ConsumerGroupHeartbeatRequest) -> Option<Assignment> {
 }
 
 pub fn heartbeat(
-    node: &Node,
+    core: &CoreApi,
     c: &GroupCoordinator,
     r: ConsumerGroupHeartbeatRequest,
     version: i16,
     client: Client,
 ) -> ConsumerGroupHeartbeatResponse {
-    let settings = settings(node);
+    let settings = settings(core);
     let fail = |error: i16, message: String| {
         ConsumerGroupHeartbeatResponse::default()
             .with_error_code(error)
@@ -122,7 +122,7 @@ pub fn heartbeat(
     };
     // The coordinator's lock, then the view's, held only while this group resolves.
     let answer = c.with(|st| {
-        node.view.with(|view| {
+        core.view().with(|view| {
             // A classic group with members is not a consumer group; an empty one (only
             // committed offsets) becomes one.
             if st.groups.get(&group).is_some_and(|g| !g.is_empty()) {
@@ -170,8 +170,12 @@ pub fn heartbeat(
         }))
 }
 
-pub fn describe(node: &Node, c: &GroupCoordinator, r: ConsumerGroupDescribeRequest) -> ConsumerGroupDescribeResponse {
-    let names: BTreeMap<Uuid, String> = node.view.with(|v| {
+pub fn describe(
+    core: &CoreApi,
+    c: &GroupCoordinator,
+    r: ConsumerGroupDescribeRequest,
+) -> ConsumerGroupDescribeResponse {
+    let names: BTreeMap<Uuid, String> = core.view().with(|v| {
         v.topics
             .values()
             .map(|t| (Uuid::from_bytes(t.topic_id), t.name.clone()))

@@ -22,7 +22,7 @@ pub mod offsets;
 
 use crate::coordinators::state_stream::{self, Loaded, Registry, StateLog};
 use crate::error::StreamdError;
-use crate::node::Node;
+use crate::node::core_api::CoreApi;
 use admin::{describe, list};
 use bytes::{Bytes, BytesMut};
 use classic_wire::{leave, sync};
@@ -46,7 +46,7 @@ const TICK: Duration = Duration::from_millis(250);
 
 /// The coordinators of the offsets streams this node owns.
 pub struct Groups {
-    node: Arc<Node>,
+    core: CoreApi,
     coordinators: Registry<GroupCoordinator>,
 }
 
@@ -95,9 +95,9 @@ impl GroupCoordinator {
 }
 
 impl Groups {
-    pub fn new(node: Arc<Node>) -> Arc<Self> {
+    pub fn new(core: CoreApi) -> Arc<Self> {
         Arc::new(Self {
-            node,
+            core,
             coordinators: Registry::default(),
         })
     }
@@ -141,10 +141,10 @@ impl Groups {
             RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(self.delete(&c, r).await),
             RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(self.delete_offsets(&c, r).await),
             RequestKind::ConsumerGroupHeartbeat(r) => {
-                ResponseKind::ConsumerGroupHeartbeat(consumer_wire::heartbeat(&self.node, &c, r, version, client))
+                ResponseKind::ConsumerGroupHeartbeat(consumer_wire::heartbeat(&self.core, &c, r, version, client))
             }
             RequestKind::ConsumerGroupDescribe(r) => {
-                ResponseKind::ConsumerGroupDescribe(consumer_wire::describe(&self.node, &c, r))
+                ResponseKind::ConsumerGroupDescribe(consumer_wire::describe(&self.core, &c, r))
             }
             _ => return Err(bad(format!("{key:?} is not a group request"))),
         };
@@ -164,7 +164,7 @@ impl Groups {
     /// The coordinator for the offsets stream this node owns, rebuilt from the stream
     /// when the stream was (re)opened since.
     async fn coordinator(self: &Arc<Self>, stream: &str) -> Result<Arc<GroupCoordinator>, StreamdError> {
-        let epoch = self.node.stream(stream)?.epoch;
+        let epoch = self.core.epoch(stream)?;
         let load = || async {
             let loading = Instant::now();
             let offsets = self.replay(stream).await?;
@@ -190,7 +190,7 @@ impl Groups {
         let (c, new) = self.coordinators.get_or_load(stream, epoch, load, |_| {}).await?;
         if new {
             let about = Some(c.stream.to_string());
-            self.node.tasks.spawn(
+            self.core.tasks().spawn(
                 "group",
                 "group coordinator tick",
                 about,
@@ -206,13 +206,13 @@ impl Groups {
     fn maybe_snapshot(self: &Arc<Self>, c: &Arc<GroupCoordinator>) {
         let due = c.with(|st| state_stream::snapshot_due(st.offsets.changes_since_snapshot(), st.offsets.entries()));
         if due && c.log.begin_snapshot() {
-            let (node, c) = (self.node.clone(), c.clone());
+            let (core, c) = (self.core.clone(), c.clone());
             let about = Some(c.stream.to_string());
-            self.node.tasks.spawn("group", "offsets snapshot", about, async move {
+            self.core.tasks().spawn("group", "offsets snapshot", about, async move {
                 let stored = c
                     .log
                     .snapshot(
-                        &node,
+                        &core,
                         &c.stream,
                         || {
                             c.with(|st| {
@@ -236,7 +236,7 @@ impl Groups {
 
     async fn replay(&self, stream: &str) -> Result<OffsetTable, StreamdError> {
         let mut table = OffsetTable::default();
-        state_stream::load(&self.node, stream, |batches| table.replay(batches)).await?;
+        state_stream::load(&self.core, stream, |batches| table.replay(batches)).await?;
         Ok(table)
     }
 
@@ -244,7 +244,7 @@ impl Groups {
     async fn store(&self, c: &GroupCoordinator, changes: Vec<Change>) -> Result<(), StreamdError> {
         let batch = offsets::encode(&changes);
         c.log
-            .store(&self.node, &c.stream, batch, || {
+            .store(&self.core, &c.stream, batch, || {
                 c.with(|st| changes.into_iter().for_each(|ch| st.offsets.apply(ch)))
             })
             .await
@@ -274,7 +274,7 @@ async fn tick(groups: Weak<Groups>, c: Arc<GroupCoordinator>) {
     loop {
         tokio::time::sleep(TICK).await;
         let Some(groups) = groups.upgrade() else { return };
-        let owned = groups.node.stream(&c.stream).is_ok_and(|h| h.epoch == c.epoch);
+        let owned = groups.core.epoch(&c.stream).is_ok_and(|e| e == c.epoch);
         if !owned {
             groups.coordinators.remove(&c.stream, &c).await;
             c.with(|st| {
@@ -285,7 +285,7 @@ async fn tick(groups: Weak<Groups>, c: Arc<GroupCoordinator>) {
             return;
         }
         let now = Instant::now();
-        let session = groups.node.tunables.consumer_session_timeout;
+        let session = groups.core.tunables().consumer_session_timeout;
         c.with(|st| {
             st.groups.values_mut().for_each(|g| g.tick(now));
             st.consumer_groups.values_mut().for_each(|g| g.tick(session, now));

@@ -157,7 +157,7 @@ impl Groups {
             let batch = offsets::encode_as(&changes, Some(producer));
             let stored = c
                 .log
-                .store_as(&self.node, &c.stream, batch, Some(&r.transactional_id), |base| {
+                .store_as(&self.core, &c.stream, batch, Some(&r.transactional_id), |base| {
                     c.with(|st| st.offsets.add_pending(producer.0, base, changes))
                 })
                 .await;

@@ -7,10 +7,10 @@
 //! dies mid-commit cannot leave a transaction half written.
 
 use crate::error::StreamdError;
-use crate::node::Node;
+use crate::node::core_api::CoreApi;
 use crate::partition::marker::Marker;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use weir_proto::streamd::streamd_client::StreamdClient;
@@ -46,7 +46,7 @@ impl PeerCalls {
     /// Writes `marker` into `stream`, retrying until it is written, obsolete, or
     /// `stop` is cancelled (the coordinator lost its state stream: its successor
     /// resumes the markers); `None` then.
-    pub async fn send(&self, node: &Arc<Node>, stream: &str, marker: Marker, stop: &CancellationToken) -> Option<Sent> {
+    pub async fn send(&self, core: &CoreApi, stream: &str, marker: Marker, stop: &CancellationToken) -> Option<Sent> {
         let mut backoff = Duration::from_millis(20);
         let started = tokio::time::Instant::now();
         let mut warned = started;
@@ -55,7 +55,7 @@ impl PeerCalls {
             attempts += 1;
             // Bounded: a hung owner must not hold the marker up until it is fenced.
             let attempt = tokio::select! {
-                r = tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(node, stream, marker)) => r.unwrap_or_else(|_| {
+                r = tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(core, stream, marker)) => r.unwrap_or_else(|_| {
                     Err(Failure::Local(StreamdError::Unavailable(format!("no answer from the owner of '{stream}' within {ATTEMPT_TIMEOUT:?}"))))
                 }),
                 _ = stop.cancelled() => return None,
@@ -89,8 +89,8 @@ impl PeerCalls {
         }
     }
 
-    async fn attempt(&self, node: &Arc<Node>, stream: &str, marker: Marker) -> Result<(), Failure> {
-        let owner = node.view.with(|s| {
+    async fn attempt(&self, core: &CoreApi, stream: &str, marker: Marker) -> Result<(), Failure> {
+        let owner = core.view().with(|s| {
             let row = s.stream_by_name(stream)?;
             let owner = row.owner.as_ref()?;
             let n = s
@@ -99,7 +99,7 @@ impl PeerCalls {
                 .filter(|n| n.epoch == owner.epoch && !n.fenced)?;
             Some((owner.clone(), n.addrs.grpc.clone()))
         });
-        let exists = node.view.with(|s| s.stream_by_name(stream).is_some());
+        let exists = core.view().with(|s| s.stream_by_name(stream).is_some());
         let Some((owner, addr)) = owner else {
             return Err(if exists {
                 Failure::Local(StreamdError::Unavailable(format!(
@@ -109,8 +109,8 @@ impl PeerCalls {
                 Failure::Local(StreamdError::NotFound(format!("stream '{stream}'")))
             });
         };
-        if owner == node.me {
-            return node
+        if owner == *core.me() {
+            return core
                 .write_marker(stream, &marker)
                 .await
                 .map(|_| ())
@@ -135,15 +135,15 @@ impl PeerCalls {
     /// `partition` is in the ongoing transaction of `id`'s producer; its Kafka answer.
     pub async fn verify_remote(
         &self,
-        node: &Node,
+        core: &CoreApi,
         state: &str,
         id: &str,
         partition: &str,
         pid: i64,
         epoch: i16,
     ) -> Result<i16, StreamdError> {
-        let addr = node
-            .view
+        let addr = core
+            .view()
             .with(|s| {
                 let owner = s.stream_by_name(state)?.owner.clone()?;
                 let n = s

@@ -24,10 +24,12 @@ impl Txns {
         }
         let (txns, c, id) = (self.clone(), c.clone(), id.to_string());
         let about = Some(format!("{} {id}", c.stream));
-        self.node.tasks.spawn("txn", "transaction markers", about, async move {
-            txns.complete(&c, &id).await;
-            c.completing.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-        });
+        self.core
+            .tasks()
+            .spawn("txn", "transaction markers", about, async move {
+                txns.complete(&c, &id).await;
+                c.completing.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            });
     }
 
     async fn complete(&self, c: &Arc<TxnCoordinator>, id: &str) {
@@ -43,7 +45,7 @@ impl Txns {
         let writes = decided
             .partitions
             .iter()
-            .map(|stream| async move { (stream, self.peers.send(&self.node, stream, marker, &c.stop).await) });
+            .map(|stream| async move { (stream, self.peers.send(&self.core, stream, marker, &c.stop).await) });
         for (stream, sent) in futures::future::join_all(writes).await {
             match sent {
                 Some(Sent::Written) => {}

@@ -19,7 +19,7 @@ use super::peer_calls::PeerCalls;
 use super::state::TxnEntry;
 use crate::coordinators::state_stream::{self, Loaded, Registry, StateLog};
 use crate::error::StreamdError;
-use crate::node::Node;
+use crate::node::core_api::CoreApi;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,7 +50,7 @@ pub struct TxnLimits {
 
 /// The coordinators of the transaction-state streams this node owns.
 pub struct Txns {
-    node: Arc<Node>,
+    core: CoreApi,
     limits: TxnLimits,
     coordinators: Registry<TxnCoordinator>,
     peers: PeerCalls,
@@ -115,9 +115,9 @@ fn store_error(e: &StreamdError) -> i16 {
 }
 
 impl Txns {
-    pub fn new(node: Arc<Node>, limits: TxnLimits) -> Arc<Self> {
+    pub fn new(core: CoreApi, limits: TxnLimits) -> Arc<Self> {
         Arc::new(Self {
-            node,
+            core,
             limits,
             coordinators: Registry::default(),
             peers: PeerCalls::default(),
@@ -136,17 +136,17 @@ impl Txns {
             }
             // The topic's partitions, not every served stream (D-23).
             let partitions: Vec<_> = self
-                .node
-                .view
+                .core
+                .view()
                 .with(|s| s.topics.get(TXN_STATE_TOPIC).map(|t| t.partitions.clone()))
                 .unwrap_or_default();
-            for handle in partitions.into_iter().filter_map(|id| self.node.handle(id)) {
-                if !handle.name.starts_with(&prefix) || !handle.is_serving() {
+            for (name, epoch) in partitions.into_iter().filter_map(|id| self.core.serving(id)) {
+                if !name.starts_with(&prefix) {
                     continue;
                 }
-                if self.coordinators.get(&handle.name, handle.epoch).await.is_none() {
-                    if let Err(e) = self.coordinator(&handle.name).await {
-                        tracing::warn!(stream = %handle.name, error = %e, "transaction coordinator not loaded yet; will retry");
+                if self.coordinators.get(&name, epoch).await.is_none() {
+                    if let Err(e) = self.coordinator(&name).await {
+                        tracing::warn!(stream = %name, error = %e, "transaction coordinator not loaded yet; will retry");
                     }
                 }
             }
@@ -165,7 +165,7 @@ impl Txns {
     async fn store_changes(&self, c: &TxnCoordinator, changes: Vec<Change>) -> Result<(), StreamdError> {
         let batch = log::encode(&changes);
         c.log
-            .store(&self.node, &c.stream, batch, || {
+            .store(&self.core, &c.stream, batch, || {
                 let mut table = c.table.lock().unwrap_or_else(|p| p.into_inner());
                 changes.into_iter().for_each(|ch| table.apply(ch));
             })
@@ -186,11 +186,11 @@ impl Txns {
     /// The coordinator of the state stream this node owns, loaded from the stream when
     /// the stream was (re)opened since.
     async fn coordinator(self: &Arc<Self>, stream: &str) -> Result<Arc<TxnCoordinator>, StreamdError> {
-        let epoch = self.node.stream(stream)?.epoch;
+        let epoch = self.core.epoch(stream)?;
         let load = || async {
             let started = std::time::Instant::now();
             let mut table = TxnTable::default();
-            state_stream::load(&self.node, stream, |batches| table.replay(batches)).await?;
+            state_stream::load(&self.core, stream, |batches| table.replay(batches)).await?;
             tracing::info!(
                 stream,
                 epoch = %epoch,
@@ -227,7 +227,7 @@ impl Txns {
             for id in &prepared {
                 self.complete_later(&c, id);
             }
-            self.node.tasks.spawn(
+            self.core.tasks().spawn(
                 "txn",
                 "transaction coordinator tick",
                 Some(stream.to_string()),

@@ -274,7 +274,7 @@ impl Txns {
     ) -> futures::future::BoxFuture<'a, Result<(), StreamdError>> {
         Box::pin(async move {
             let state = txn_state_stream(id);
-            let served = self.node.stream(&state).is_ok_and(|h| h.is_serving());
+            let served = self.core.serving_epoch(&state).is_some();
             let answer = if served {
                 self.verify(&state, id, pid, epoch, &[partition.to_string()])
                     .await
@@ -282,7 +282,7 @@ impl Txns {
                     .unwrap_or(code::NONE)
             } else {
                 self.peers
-                    .verify_remote(&self.node, &state, id, partition, pid, epoch)
+                    .verify_remote(&self.core, &state, id, partition, pid, epoch)
                     .await?
             };
             match answer {

@@ -75,16 +75,16 @@ impl Txns {
             state_stream::snapshot_due(table.changes_since_snapshot(), table.len() as u64)
         };
         if due && c.log.begin_snapshot() {
-            let (node, c) = (self.node.clone(), c.clone());
+            let (core, c) = (self.core.clone(), c.clone());
             let about = Some(c.stream.clone());
-            self.node
-                .tasks
+            self.core
+                .tasks()
                 .spawn("txn", "transaction state snapshot", about, async move {
                     let table = || c.table.lock().unwrap_or_else(|p| p.into_inner());
                     let stored = c
                         .log
                         .snapshot(
-                            &node,
+                            &core,
                             &c.stream,
                             || {
                                 let t = table();
@@ -113,10 +113,7 @@ pub(super) async fn tick(txns: Weak<Txns>, c: Arc<TxnCoordinator>) {
             _ = c.stop.cancelled() => return,
         }
         let Some(txns) = txns.upgrade() else { return };
-        let served = txns
-            .node
-            .stream(&c.stream)
-            .is_ok_and(|h| h.epoch == c.epoch && h.is_serving());
+        let served = txns.core.serving_epoch(&c.stream) == Some(c.epoch);
         if !served {
             c.stop.cancel();
             txns.coordinators.remove(&c.stream, &c).await;
