@@ -195,42 +195,41 @@ async fn pipe(
     }
 }
 
-/// Answers the HTTP requests on `client` with S3's `503 SlowDown`, each read whole
-/// first (head and `Content-Length` body) so the client reads the answer.
+/// Answers the HTTP request on `client` with S3's `503 SlowDown`, read whole first
+/// (head and `Content-Length` body) so the client reads the answer, and closes it.
 async fn slow_down(mut client: TcpStream, shared: &Shared) {
     const BODY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
     let mut buf = vec![0u8; 64 * 1024];
     let mut pending: Vec<u8> = Vec::new();
-    loop {
-        let head_end = loop {
-            if let Some(i) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            match client.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => pending.extend_from_slice(&buf[..n]),
-            }
-        };
-        let head = String::from_utf8_lossy(&pending[..head_end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while pending.len() < head_end + length {
-            match client.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => pending.extend_from_slice(&buf[..n]),
-            }
+    let head_end = loop {
+        if let Some(i) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
         }
-        pending.drain(..head_end + length);
-        shared.slowed_down.fetch_add(1, Ordering::SeqCst);
-        let answer = format!(
-            "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{BODY}",
-            BODY.len()
-        );
-        if client.write_all(answer.as_bytes()).await.is_err() {
-            return;
+        match client.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => pending.extend_from_slice(&buf[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&pending[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while pending.len() < head_end + length {
+        match client.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => pending.extend_from_slice(&buf[..n]),
         }
     }
+    shared.slowed_down.fetch_add(1, Ordering::SeqCst);
+    // The answer closes its connection: the mode is chosen when a connection is
+    // accepted, so a kept-alive connection would answer SlowDown after the store
+    // healed, for as long as the client's pool reused it.
+    let answer = format!(
+        "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = client.write_all(answer.as_bytes()).await;
+    let _ = client.shutdown().await;
 }
