@@ -126,5 +126,10 @@ check(
     error_code(done["alice"]) == KafkaError.CLUSTER_AUTHORIZATION_FAILED,
     "a user without the admin scope changes no credential",
 )
+done = as_alice.alter_user_scram_credentials([UserScramCredentialUpsertion("alice", low, b"mine", b"salt-alice")])
+check(
+    error_code(done["alice"]) == KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    "authorization is checked before the credential, as Kafka does",
+)
 check(produces("SCRAM-SHA-256", "alice", NEW_PASSWORD.decode()), "and her password is unchanged")
 print("scram users: all checks passed")

@@ -162,14 +162,16 @@ pub async fn alter(
             .unwrap_or(Ok(None));
         add(&u.name, u.mechanism, credential);
     }
+    // As Kafka does, authorization comes first: without it every user is refused so.
+    let authorized = caller.grants.allows_some(Access::Admin);
     let mut results = Vec::with_capacity(users.len());
     for (name, changes) in users {
         let outcome = match changes {
-            Err(e) => Err(e),
-            Ok(_) if !caller.grants.allows_some(Access::Admin) => Err((
+            _ if !authorized => Err((
                 CLUSTER_AUTHORIZATION_FAILED,
                 "changing SCRAM users needs the 'admin' scope".to_string(),
             )),
+            Err(e) => Err(e),
             Ok(changes) => apply(kafka, caller, &name, changes).await,
         };
         let result = AlterUserScramCredentialsResult::default().with_user(s(&name));
