@@ -128,6 +128,57 @@ mod tests {
         Proposer::Operator { principal: "t".into() }
     }
 
+    /// A state to apply commands to, one log index each, as a replica would.
+    struct Log {
+        s: State,
+        i: u64,
+    }
+
+    impl Log {
+        /// An initialised cluster.
+        fn new() -> Self {
+            let mut log = Log {
+                s: State::default(),
+                i: 0,
+            };
+            let settings = ClusterSettings {
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            };
+            log.apply(op(), Command::InitCluster { settings }).unwrap();
+            log
+        }
+
+        fn apply(&mut self, p: Proposer, c: Command) -> Result<Applied, crate::model::Rejection> {
+            self.i += 1;
+            let proposal = Proposal {
+                proposer: p,
+                command: c,
+            };
+            self.s
+                .apply(self.i, &proposal, &crate::model::MemIndex::default())
+                .outcome
+        }
+
+        /// Registers streamd `node`; its new incarnation.
+        fn register(&mut self, node: &str) -> weir_shared::ids::Incarnation {
+            let register = Command::RegisterNode {
+                node: NodeId::new(node),
+                kind: NodeKind::Streamd,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            };
+            let Ok(Applied::Registered { epoch }) = self.apply(op(), register) else {
+                panic!("registered")
+            };
+            weir_shared::ids::Incarnation {
+                node: NodeId::new(node),
+                epoch,
+            }
+        }
+    }
+
     // FO-LIV-11: a metad replica places streams only while its own row is live: not
     // before it registers, and not once a peer has fenced it, until it registers again.
     #[test]
@@ -345,48 +396,13 @@ mod tests {
     /// B, B, B (to 5 each), then round the three in id order.
     #[test]
     fn orphans_go_to_the_least_loaded_node_ties_by_id() {
-        let mut s = State::default();
-        let mut i = 0;
-        let mut next = |s: &mut State, p: Proposer, c: Command| {
-            i += 1;
-            s.apply(
-                i,
-                &Proposal {
-                    proposer: p,
-                    command: c,
-                },
-                &crate::model::MemIndex::default(),
-            )
-            .outcome
-        };
-        let settings = ClusterSettings {
-            heartbeat_interval_sec: 1,
-            node_timeout_sec: 3,
-        };
-        next(&mut s, op(), Command::InitCluster { settings }).unwrap();
+        let mut log = Log::new();
         let mut created = 0;
         for (node, owned) in [("b", 2), ("c", 5), ("d", 5)] {
-            let Ok(Applied::Registered { epoch }) = next(
-                &mut s,
-                op(),
-                Command::RegisterNode {
-                    node: NodeId::new(node),
-                    kind: NodeKind::Streamd,
-                    addrs: NodeAddrs::default(),
-                    heartbeat_interval_sec: 1,
-                    node_timeout_sec: 3,
-                },
-            ) else {
-                panic!("registered")
-            };
-            let me = weir_shared::ids::Incarnation {
-                node: NodeId::new(node),
-                epoch,
-            };
+            let me = log.register(node);
             for _ in 0..owned {
                 created += 1;
-                let Ok(Applied::StreamCreated { stream }) = next(
-                    &mut s,
+                let Ok(Applied::StreamCreated { stream }) = log.apply(
                     op(),
                     Command::CreateStream {
                         name: format!("s{created}"),
@@ -395,8 +411,7 @@ mod tests {
                 ) else {
                     panic!("created")
                 };
-                next(
-                    &mut s,
+                log.apply(
                     op(),
                     Command::PlaceStream {
                         stream,
@@ -404,12 +419,11 @@ mod tests {
                     },
                 )
                 .unwrap();
-                next(&mut s, Proposer::Node(me.clone()), Command::open(stream)).unwrap();
+                log.apply(Proposer::Node(me.clone()), Command::open(stream)).unwrap();
             }
         }
         for k in 0..10 {
-            next(
-                &mut s,
+            log.apply(
                 op(),
                 Command::CreateStream {
                     name: format!("orphan{k}"),
@@ -418,7 +432,10 @@ mod tests {
             )
             .unwrap();
         }
-        let targets: Vec<String> = plan(&s, usize::MAX).into_iter().map(|(_, n)| n.to_string()).collect();
+        let targets: Vec<String> = plan(&log.s, usize::MAX)
+            .into_iter()
+            .map(|(_, n)| n.to_string())
+            .collect();
         // FO-TKO-3: each to the least loaded node at that moment, ties broken by node id.
         assert_eq!(targets, ["b", "b", "b", "b", "c", "d", "b", "c", "d", "b"]);
     }
@@ -428,45 +445,8 @@ mod tests {
     // streams it has open (nothing moves them off it for being terminating).
     #[test]
     fn sd_trm_4_terminating_only_removes_a_node_from_placements_and_transfers() {
-        let mut s = State::default();
-        let mut i = 0;
-        let mut next = |s: &mut State, p: Proposer, c: Command| {
-            i += 1;
-            s.apply(
-                i,
-                &Proposal {
-                    proposer: p,
-                    command: c,
-                },
-                &crate::model::MemIndex::default(),
-            )
-            .outcome
-        };
-        let settings = ClusterSettings {
-            heartbeat_interval_sec: 1,
-            node_timeout_sec: 3,
-        };
-        next(&mut s, op(), Command::InitCluster { settings }).unwrap();
-        let mut me = BTreeMap::new();
-        for node in ["a", "b", "c"] {
-            let register = Command::RegisterNode {
-                node: NodeId::new(node),
-                kind: NodeKind::Streamd,
-                addrs: NodeAddrs::default(),
-                heartbeat_interval_sec: 1,
-                node_timeout_sec: 3,
-            };
-            let Ok(Applied::Registered { epoch }) = next(&mut s, op(), register) else {
-                panic!("registered")
-            };
-            me.insert(
-                node,
-                weir_shared::ids::Incarnation {
-                    node: NodeId::new(node),
-                    epoch,
-                },
-            );
-        }
+        let mut log = Log::new();
+        let me: BTreeMap<&str, _> = ["a", "b", "c"].into_iter().map(|n| (n, log.register(n))).collect();
         // `a` owns two open streams and is terminating; six orphans would reach it too.
         let mut owned = Vec::new();
         for k in 0..2 {
@@ -474,11 +454,10 @@ mod tests {
                 name: format!("kept{k}"),
                 config: Default::default(),
             };
-            let Ok(Applied::StreamCreated { stream }) = next(&mut s, op(), create) else {
+            let Ok(Applied::StreamCreated { stream }) = log.apply(op(), create) else {
                 panic!("created")
             };
-            next(
-                &mut s,
+            log.apply(
                 op(),
                 Command::PlaceStream {
                     stream,
@@ -486,30 +465,32 @@ mod tests {
                 },
             )
             .unwrap();
-            next(&mut s, Proposer::Node(me["a"].clone()), Command::open(stream)).unwrap();
+            log.apply(Proposer::Node(me["a"].clone()), Command::open(stream))
+                .unwrap();
             owned.push(stream);
         }
-        next(&mut s, Proposer::Node(me["a"].clone()), Command::MarkTerminating).unwrap();
+        log.apply(Proposer::Node(me["a"].clone()), Command::MarkTerminating)
+            .unwrap();
         for k in 0..6 {
             let create = Command::CreateStream {
                 name: format!("orphan{k}"),
                 config: Default::default(),
             };
-            next(&mut s, op(), create).unwrap();
+            log.apply(op(), create).unwrap();
         }
-        let decisions = plan(&s, usize::MAX);
+        let decisions = plan(&log.s, usize::MAX);
         let targets: Vec<&str> = decisions.iter().map(|(_, n)| n.as_str()).collect();
         // SD-TRM-4: every orphan is placed, none on the terminating node.
         assert_eq!(targets.len(), 6, "{targets:?}");
         assert!(targets.iter().all(|n| *n != "a"), "{targets:?}");
         // SD-TRM-4: nor is it a destination of a drain of `b`.
-        let destinations = crate::drain_plan::choose_destinations(&s, &NodeId::new("b"), 3).expect("c may receive");
+        let destinations = crate::drain_plan::choose_destinations(&log.s, &NodeId::new("b"), 3).expect("c may receive");
         assert!(destinations.iter().all(|n| n.as_str() == "c"), "{destinations:?}");
         // SD-TRM-4: and only that: it is live, and its open streams stay its own and open.
-        let a = &s.nodes[&NodeId::new("a")];
+        let a = &log.s.nodes[&NodeId::new("a")];
         assert!(a.terminating && a.is_live());
         for stream in owned {
-            let row = s.streams.get(&stream).expect("row");
+            let row = log.s.streams.get(&stream).expect("row");
             assert_eq!(row.state, crate::model::rows::StreamState::Open);
             assert_eq!(row.owner.as_ref(), Some(&me["a"]));
             assert!(decisions.iter().all(|(d, _)| *d != stream), "placement leaves it alone");

@@ -903,19 +903,27 @@ async fn kcat_lists_produces_and_consumes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn python_clients_produce_consume_and_administer() {
     let (_stack, gw) = kafka_stack(1, &[]).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/kafka_clients.py");
+    check_python_client(&gw, "kafka_clients.py", &[]).await;
+}
+
+/// Runs `tests/clients/SCRIPT` with the gateway's Kafka address and `args`; it must
+/// exit 0 within 240 s, else the test fails with its output and the gateway's log.
+async fn check_python_client(gw: &Gatewayd, script: &str, args: &[&str]) {
+    let script = format!("{}/clients/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = tokio::time::timeout(
         Duration::from_secs(240),
         tokio::process::Command::new("python3")
-            .args([script, &gw.kafka])
+            .arg(&script)
+            .arg(&gw.kafka)
+            .args(args)
             .output(),
     )
     .await
-    .expect("python clients finish in time")
+    .expect("the python client finishes in time")
     .expect("python3 runs");
     assert!(
         out.status.success(),
-        "stdout:\n{}\nstderr:\n{}\ngateway log:\n{}",
+        "{script}\nstdout:\n{}\nstderr:\n{}\ngateway log:\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
         gw.log_text()
@@ -935,23 +943,7 @@ async fn confluent_admin_client_manages_scram_users() {
     let (ops, alice) = ("weir_ops-secret", "weir_alice-secret");
     stack.metad.issue_token("ops", ops, &["admin"]).await;
     stack.metad.issue_token("alice", alice, &["read", "write"]).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/scram_users.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(240),
-        tokio::process::Command::new("python3")
-            .args([script, &gw.kafka, ops, alice])
-            .output(),
-    )
-    .await
-    .expect("the script finishes in time")
-    .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "stdout:\n{}\nstderr:\n{}\ngateway log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        gw.log_text()
-    );
+    check_python_client(&gw, "scram_users.py", &[ops, alice]).await;
 }
 
 // Issue 5: SASL/PLAIN over the HTTP issue's tokens when auth is enabled.
