@@ -383,7 +383,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     if admin {
                         scopes.push("admin".into());
                     }
-                    weir_meta::model::scopes::Grants::parse(&scopes).map_err(|e| anyhow::anyhow!("--scope: {e}"))?;
+                    weir_meta::model::scopes::Scopes::parse(&scopes).map_err(|e| anyhow::anyhow!("--scope: {e}"))?;
                     scopes
                 },
                 expires_at_ms,

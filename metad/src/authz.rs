@@ -12,10 +12,12 @@ use crate::store::ViewHub;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tonic::Status;
+use weir_meta::model::acls::Acls;
 use weir_meta::model::command::{Command, Proposal, Proposer};
+use weir_meta::model::grants::Grants;
 use weir_meta::model::names::{ANONYMOUS, OFFSETS_TOPIC, TXN_STATE_TOPIC};
 use weir_meta::model::rows::{CordonBy, NodeKind, TokenRow};
-use weir_meta::model::scopes::{Access, Grants};
+use weir_meta::model::scopes::Scopes;
 use weir_meta::model::user_commands::{needed, Need};
 use weir_shared::ids::Incarnation;
 use weir_shared::peer::{Identity, Role};
@@ -24,6 +26,8 @@ use weir_shared::peer::{Identity, Role};
 /// expiry is judged at, and whether gateways without `--auth` may change metadata.
 pub struct Users<'a> {
     pub tokens: &'a BTreeMap<String, TokenRow>,
+    /// The cluster's ACLs, which a user's request is judged against with its scopes.
+    pub acls: &'a Acls,
     pub now_ms: u64,
     pub allow_anonymous: bool,
 }
@@ -46,7 +50,7 @@ impl Users<'_> {
         if let Some(why) = token.refusal(self.now_ms) {
             return Err(why);
         }
-        match need.met_by(&token.grants()) {
+        match need.met_by(&Grants::for_token(token, self.acls.clone())) {
             true => Ok(()),
             false => Err(need.refusal(principal)),
         }
@@ -57,7 +61,7 @@ impl Users<'_> {
     /// one. A gateway that could would turn the name of an admin user it knows into
     /// operator rights.
     fn operators_only(&self, c: &Command) -> Option<String> {
-        let admin = |scopes: &[String]| Grants::parse(scopes).is_ok_and(|g| g.allows_some(Access::Admin));
+        let admin = |scopes: &[String]| Scopes::parse(scopes).is_ok_and(|s| s.is_admin());
         match c {
             Command::IssueToken { scopes, .. } if admin(scopes) => {
                 Some("an admin token is issued by an operator (weir tokens issue), not through a gateway".into())
@@ -93,6 +97,7 @@ impl Directory {
         self.hub.with_state(|s| {
             f(&Users {
                 tokens: &s.tokens,
+                acls: &s.acls,
                 now_ms,
                 allow_anonymous: self.allow_anonymous,
             })
@@ -226,12 +231,8 @@ pub fn transfer(caller: Option<&Identity>, stream: &str, principal: &str, users:
 
 /// A gateway's admin action for user `principal`, who needs the `admin` scope.
 fn admin_user(who: &Identity, principal: &str, users: &Users<'_>, what: &str) -> Result<(), Status> {
-    let need = Need {
-        access: Access::Admin,
-        name: None,
-    };
     users
-        .may(principal, &need)
+        .may(principal, &Need::Admin)
         .map_err(|why| denied(format!("{who} may not {what} for user '{principal}': {why}")))
 }
 
@@ -309,6 +310,7 @@ mod tests {
     fn users(tokens: &BTreeMap<String, TokenRow>, allow_anonymous: bool) -> Users<'_> {
         Users {
             tokens,
+            acls: Box::leak(Box::default()),
             now_ms: 2_000,
             allow_anonymous,
         }
@@ -416,8 +418,30 @@ mod tests {
         assert_eq!(
             err.message(),
             "gatewayd 'gw' may not propose create_topic for user 'orders': \
-             token 'orders' has no 'manage' scope for 'payments'"
+             user 'orders' may not create topic 'payments'"
         );
+        // Issue 59: the cluster's ACLs are judged with the scopes: a deny takes away
+        // what a scope grants, an allow grants what none does.
+        let mut acls = weir_meta::model::acls::Acls::default();
+        let binding = |name: &str, permission| weir_meta::model::acls::AclBinding {
+            resource_type: weir_meta::model::acls::ResourceType::Topic,
+            pattern_type: weir_meta::model::acls::PatternType::Literal,
+            resource_name: name.into(),
+            principal: "User:orders".into(),
+            host: "*".into(),
+            operation: weir_meta::model::acls::Operation::Create,
+            permission,
+        };
+        acls.insert(binding("orders-eu", weir_meta::model::acls::Permission::Deny));
+        acls.insert(binding("payments", weir_meta::model::acls::Permission::Allow));
+        let judged = Users {
+            acls: &acls,
+            ..users(&tokens, false)
+        };
+        let may_now = |principal: &str, c: Command| proposal(Some(&gw), &as_user(principal, c), &judged);
+        assert!(may_now("orders", create("orders-eu")).is_err());
+        assert!(may_now("orders", create("orders-us")).is_ok());
+        assert!(may_now("orders", create("payments")).is_ok());
         assert!(may("reader", create("orders-eu")).is_err());
         assert!(may("orders", Command::RevokeToken { name: "ops".into() }).is_err());
         assert!(may("ops", Command::RevokeToken { name: "orders".into() }).is_ok());

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::{Request, Status};
 use weir_meta::model::rows::now_ms;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::scopes::Scopes;
 use weir_shared::peer::{Identity, Role};
 
 #[derive(Clone)]
@@ -45,7 +45,7 @@ impl TokenCallers {
         if let Some(why) = token.refusal(now_ms()) {
             return Err(Status::unauthenticated(why));
         }
-        if !token.grants().allows(Access::Admin, "") {
+        if !Scopes::parse(&token.scopes).is_ok_and(|s| s.is_admin()) {
             return Err(Status::permission_denied(format!(
                 "token '{}' lacks the 'admin' scope metad's API needs",
                 token.name

@@ -11,6 +11,8 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::task::{Context, Poll};
 
 /// Most concurrent requests on one HTTP/2 connection.
 const MAX_CONCURRENT_STREAMS: u32 = 256;
@@ -48,7 +50,10 @@ pub async fn serve(
             _ = &mut stop => break,
         };
         let (service, builder, tls, watcher) = (
-            TowerToHyperService::new(router.clone()),
+            TowerToHyperService::new(WithPeer {
+                router: router.clone(),
+                peer,
+            }),
             builder.clone(),
             tls.clone(),
             graceful.watcher(),
@@ -161,4 +166,30 @@ fn log_closed(e: Box<dyn std::error::Error + Send + Sync>) {
         crate::listener::count_header_timeout("http");
     }
     tracing::debug!(error = %e, "http connection closed");
+}
+
+/// The router, with each request carrying its connection's peer address as axum's
+/// `ConnectInfo` (ACLs name hosts, issue 59).
+#[derive(Clone)]
+struct WithPeer {
+    router: Router,
+    peer: SocketAddr,
+}
+
+impl<B> tower_service::Service<axum::http::Request<B>> for WithPeer
+where
+    Router: tower_service::Service<axum::http::Request<B>>,
+{
+    type Response = <Router as tower_service::Service<axum::http::Request<B>>>::Response;
+    type Error = <Router as tower_service::Service<axum::http::Request<B>>>::Error;
+    type Future = <Router as tower_service::Service<axum::http::Request<B>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower_service::Service::<axum::http::Request<B>>::poll_ready(&mut self.router, cx)
+    }
+
+    fn call(&mut self, mut req: axum::http::Request<B>) -> Self::Future {
+        req.extensions_mut().insert(axum::extract::ConnectInfo(self.peer));
+        self.router.call(req)
+    }
 }

@@ -1222,13 +1222,9 @@ async fn a_tokens_scopes_and_prefixes_limit_what_it_may_do() {
     let (status, body) = gw
         .send(as_token(&reader, Method::GET, "/v1/streams/payments/records?seq_num=0"))
         .await;
-    forbidden(
-        status,
-        &body,
-        "token 'reader' has no 'read' scope for stream 'payments'",
-    );
+    forbidden(status, &body, "user 'reader' may not read stream 'payments'");
     let (status, body) = gw.send(as_token(&reader, Method::GET, "/v1/streams/payments")).await;
-    forbidden(status, &body, "'read' scope");
+    forbidden(status, &body, "may not describe stream 'payments'");
     let (_, listed) = gw.send(as_token(&reader, Method::GET, "/v1/streams")).await;
     let names: Vec<&str> = listed["streams"]
         .as_array()
@@ -1243,24 +1239,24 @@ async fn a_tokens_scopes_and_prefixes_limit_what_it_may_do() {
             .json(&json!({"records": [{"body": "x"}]}))
     };
     let (status, body) = gw.send(append(&reader, "orders-eu")).await;
-    forbidden(status, &body, "no 'write' scope for stream 'orders-eu'");
+    forbidden(status, &body, "may not write stream 'orders-eu'");
     let (status, body) = gw.send(append(&writer, "orders-eu")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, body) = gw.send(append(&writer, "payments")).await;
-    forbidden(status, &body, "no 'write' scope for stream 'payments'");
+    forbidden(status, &body, "may not write stream 'payments'");
     // Creating, trimming and deleting need `manage`; admin endpoints need `admin`.
     let (status, body) = gw
         .send(as_token(&writer, Method::POST, "/v1/streams").json(&json!({"stream": "orders-new"})))
         .await;
-    forbidden(status, &body, "no 'manage' scope for stream 'orders-new'");
+    forbidden(status, &body, "may not create stream 'orders-new'");
     let (status, body) = gw
         .send(as_token(&writer, Method::POST, "/v1/streams/orders-eu/trim").json(&json!({"seq_num": 1})))
         .await;
-    forbidden(status, &body, "no 'manage' scope");
+    forbidden(status, &body, "may not delete stream 'orders-eu'");
     let (status, body) = gw
         .send(as_token(&writer, Method::DELETE, "/v1/streams/orders-eu"))
         .await;
-    forbidden(status, &body, "no 'manage' scope");
+    forbidden(status, &body, "may not delete stream 'orders-eu'");
     let (status, _) = gw.send(as_token(&legacy, Method::GET, "/v1/admin/tokens")).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     // A token without scopes reads, writes and manages everything, as before scopes.

@@ -91,7 +91,7 @@ pub async fn append(
     headers: HeaderMap,
     body: Result<Json<AppendBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    who.require(weir_meta::model::scopes::Access::Write, &name)?;
+    who.require(weir_meta::model::acls::Operation::Write, &name)?;
     let Query(query) = query?;
     let format = request_format(&query, &headers)?;
     let Json(body) = body?;

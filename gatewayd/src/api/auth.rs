@@ -3,12 +3,12 @@
 
 use super::error::ApiError;
 use super::{Gateway, Principal};
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::grants::Grants;
 use weir_shared::error_code::ErrorCode;
 
 /// Hex SHA-256 of a token secret, as stored in the token row; and the clock token
@@ -42,9 +42,14 @@ pub async fn require_token(State(gw): State<Arc<Gateway>>, mut req: Request, nex
     if let Some(why) = token.refusal(now_ms()) {
         return unauthorized(why);
     }
-    let grants = token.grants();
+    // Judged against the ACLs as they are at this request, from the caller's address.
+    let acls = gw.routes.view().with(|s| s.acls.clone());
+    let mut grants = Grants::for_token(&token, acls);
+    if let Some(ConnectInfo(peer)) = req.extensions().get::<ConnectInfo<std::net::SocketAddr>>() {
+        grants = grants.at(peer.ip());
+    }
     let path = req.uri().path();
-    if (path.starts_with("/v1/admin/") || path.starts_with("/admin/")) && !grants.allows(Access::Admin, "") {
+    if (path.starts_with("/v1/admin/") || path.starts_with("/admin/")) && !grants.is_super() {
         return ApiError::new(
             ErrorCode::Forbidden,
             format!("token '{}' lacks the 'admin' scope this endpoint needs", token.name),

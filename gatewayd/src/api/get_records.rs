@@ -12,7 +12,7 @@ use axum::Extension;
 use axum::Json;
 use serde_json::json;
 use std::sync::Arc;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::acls::Operation;
 
 fn wants_events(headers: &HeaderMap) -> bool {
     headers
@@ -28,7 +28,7 @@ pub async fn read_or_subscribe(
     query: Result<Query<ReadQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    who.require(Access::Read, &name)?;
+    who.require(Operation::Read, &name)?;
     let Query(query) = query?;
     let limits = query.limits(&headers)?;
     if wants_events(&headers) {

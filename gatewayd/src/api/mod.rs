@@ -25,7 +25,8 @@ use error::ApiError;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use weir_meta::client::MetadClient;
-use weir_meta::model::scopes::{Access, Grants};
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::{Grants, Resource};
 use weir_meta::model::Proposer;
 use weir_shared::error_code::ErrorCode;
 use weir_shared::ids::Incarnation;
@@ -106,14 +107,18 @@ impl Principal {
         }
     }
 
-    /// 403 unless the token's scopes grant `access` to stream `name`.
-    pub fn require(&self, access: Access, name: &str) -> Result<(), ApiError> {
-        if self.grants.allows(access, name) {
+    /// 403 unless the caller's scopes and the cluster's ACLs allow `op` on stream
+    /// `name` (a stream is a topic to an ACL, as it is to a Kafka client).
+    pub fn require(&self, op: Operation, name: &str) -> Result<(), ApiError> {
+        if self.grants.allows(op, Resource::Topic(name)) {
             return Ok(());
         }
         Err(ApiError::new(
             weir_shared::error_code::ErrorCode::Forbidden,
-            format!("token '{}' has no '{access}' scope for stream '{name}'", self.name),
+            format!(
+                "user '{}' may not {op} stream '{name}': no scope of its token or ACL allows it, or an ACL denies it",
+                self.name
+            ),
         ))
     }
 }

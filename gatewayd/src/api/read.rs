@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::acls::Operation;
 use weir_proto::streamd::{ReadRequest, StatusRequest};
 use weir_shared::error_code::ErrorCode;
 use weir_shared::inflate::InflateError;
@@ -171,7 +171,7 @@ pub async fn tail(
     Extension(who): Extension<super::Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    who.require(Access::Read, &name)?;
+    who.require(Operation::Read, &name)?;
     if gw.routes.stream(&name).is_none() {
         return Err(ApiError::not_found(format!("stream '{name}' does not exist")));
     }

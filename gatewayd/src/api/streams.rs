@@ -11,7 +11,8 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 use weir_meta::model::{Applied, Command, StreamConfig, StreamRow, StreamState};
 use weir_proto::streamd::StatusRequest;
 
@@ -66,7 +67,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
     weir_meta::model::validate_name("stream", &body.stream).map_err(ApiError::from)?;
-    who.require(Access::Manage, &body.stream)?;
+    who.require(Operation::Create, &body.stream)?;
     let config = body.config.map_or_else(StreamConfig::default, |c| StreamConfig {
         retention_ms: c.retention_ms,
         retention_bytes: c.retention_bytes,
@@ -137,7 +138,7 @@ pub async fn list(
             .range((start, Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(&q.prefix))
             // A token sees the streams it may read.
-            .filter(|(name, _)| who.grants.allows(Access::Read, name))
+            .filter(|(name, _)| who.grants.allows(Operation::Describe, Resource::Topic(name)))
             .filter_map(|(_, id)| s.streams.get(id));
         let page: Vec<Value> = names.by_ref().take(limit).map(stream_json).collect();
         (page, names.next().is_some())
@@ -150,7 +151,7 @@ pub async fn describe(
     Extension(who): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    who.require(Access::Read, &name)?;
+    who.require(Operation::Describe, &name)?;
     let row = gw
         .routes
         .stream(&name)
@@ -177,7 +178,7 @@ pub async fn delete(
     Extension(who): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    who.require(Access::Manage, &name)?;
+    who.require(Operation::Delete, &name)?;
     // By id, so a proposal that lands after its caller gave up (delayed in a paused
     // replica or on a slow link) cannot delete a stream of that name created since.
     gw.catch_up().await?;

@@ -52,7 +52,7 @@ pub async fn issue(
     body: Result<Json<IssueBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(body) = body?;
-    weir_meta::model::scopes::Grants::parse(&body.scopes).map_err(ApiError::invalid)?;
+    weir_meta::model::scopes::Scopes::parse(&body.scopes).map_err(ApiError::invalid)?;
     let expires_at_ms = expiry(body.ttl_sec).map_err(ApiError::invalid)?;
     let secret = new_secret();
     let (index, outcome) = gw

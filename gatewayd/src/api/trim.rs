@@ -26,7 +26,7 @@ pub async fn trim(
     Path(name): Path<String>,
     body: Result<Json<TrimBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    who.require(weir_meta::model::scopes::Access::Manage, &name)?;
+    who.require(weir_meta::model::acls::Operation::Delete, &name)?;
     let Json(body) = body?;
     if gw.routes.stream(&name).is_none() {
         return Err(ApiError::not_found(format!("stream '{name}' does not exist")));

@@ -12,7 +12,8 @@ use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 use weir_meta::model::{Applied, Command};
 
 use super::configs::{BROKER, TOPIC};
@@ -55,8 +56,8 @@ pub async fn create_topics(kafka: &Kafka, caller: &Caller, r: CreateTopicsReques
             .with_name(t.name.clone())
             .with_num_partitions(partitions)
             .with_replication_factor(1);
-        let checked = if !caller.grants.allows(Access::Manage, &name) {
-            Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", &name)))
+        let checked = if !caller.grants.allows(Operation::Create, Resource::Topic(&name)) {
+            Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("create", &name)))
         } else if let Err(e) = weir_meta::model::validate_name("topic", &name) {
             Err((errors::INVALID_TOPIC_EXCEPTION, e.message))
         } else if super::brokers::is_internal_topic(&name) {
@@ -259,11 +260,11 @@ async fn delete_one(
         current.clone()?;
         return Err((errors::UNKNOWN_TOPIC_ID, "no topic has this id".into()));
     };
-    if !caller.grants.allows(Access::Manage, &name) {
+    if !caller.grants.allows(Operation::Delete, Resource::Topic(&name)) {
         let message = if by_id {
             "the token has no 'manage' scope for the topic of this id".to_string()
         } else {
-            no_scope("manage", &name)
+            no_scope("delete", &name)
         };
         return Err((errors::TOPIC_AUTHORIZATION_FAILED, message));
     }
@@ -303,8 +304,8 @@ pub async fn create_partitions(kafka: &Kafka, caller: &Caller, r: CreatePartitio
             _ => Ok(()),
         };
         let outcome = match current {
-            _ if !caller.grants.allows(Access::Manage, &name) => {
-                Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("manage", &name)))
+            _ if !caller.grants.allows(Operation::Alter, Resource::Topic(&name)) => {
+                Err((errors::TOPIC_AUTHORIZATION_FAILED, no_scope("alter", &name)))
             }
             None => Err((
                 errors::UNKNOWN_TOPIC_OR_PARTITION,
@@ -365,11 +366,11 @@ pub fn describe_configs(kafka: &Kafka, caller: &Caller, r: DescribeConfigsReques
             .with_resource_type(res.resource_type)
             .with_resource_name(res.resource_name.clone());
         let entries = match res.resource_type {
-            TOPIC if !caller.grants.allows(Access::Read, &name) => {
+            TOPIC if !caller.grants.allows(Operation::DescribeConfigs, Resource::Topic(&name)) => {
                 results.push(
                     result
                         .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
-                        .with_error_message(Some(s(&no_scope("read", &name)))),
+                        .with_error_message(Some(s(&no_scope("describe the configs of", &name)))),
                 );
                 continue;
             }
@@ -450,8 +451,9 @@ pub fn describe_configs(kafka: &Kafka, caller: &Caller, r: DescribeConfigsReques
 /// InitProducerId for an idempotent producer (one with a transactional id goes to its
 /// coordinator, `transactions.rs`).
 pub async fn init_producer_id(kafka: &Kafka, caller: &Caller, _: InitProducerIdRequest) -> InitProducerIdResponse {
-    // An idempotent producer id is for writing: some `write` scope is needed.
-    if !caller.grants.allows_some(Access::Write) {
+    // An idempotent producer id is for writing: IDEMPOTENT_WRITE on the cluster, or
+    // WRITE on some topic (KIP-679), as metad judges it too.
+    if !weir_meta::model::user_commands::Need::ProducerIds.met_by(&caller.grants) {
         return InitProducerIdResponse::default()
             .with_error_code(errors::CLUSTER_AUTHORIZATION_FAILED)
             .with_producer_id((-1).into())
@@ -475,7 +477,7 @@ pub async fn init_producer_id(kafka: &Kafka, caller: &Caller, _: InitProducerIdR
     }
 }
 
-/// Why a topic request was refused by the token's scopes.
-fn no_scope(access: &str, topic: &str) -> String {
-    format!("the token has no '{access}' scope for topic '{topic}'")
+/// Why a topic request was refused by the caller's scopes and ACLs.
+fn no_scope(op: &str, topic: &str) -> String {
+    format!("the user may not {op} topic '{topic}'")
 }

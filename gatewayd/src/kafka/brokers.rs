@@ -15,7 +15,8 @@ use kafka_protocol::messages::metadata_response::{
 };
 use kafka_protocol::messages::{BrokerId, DescribeClusterResponse, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 use weir_meta::model::{Command, NodeKind, State, StreamConfig, TopicRow};
 
 pub use weir_meta::model::names::OFFSETS_TOPIC;
@@ -167,18 +168,22 @@ pub async fn metadata(kafka: &Kafka, caller: &Caller, r: MetadataRequest, versio
             let mut out = vec![];
             for (w, found) in wanted.into_iter().zip(described) {
                 out.push(match (found, w.name) {
-                    (Some((t, _)), _) if !visible(caller, &t) => MetadataResponseTopic::default()
+                    (Some((t, _)), _) if !visible(caller, Resource::Topic(&t)) => MetadataResponseTopic::default()
                         .with_name(Some(TopicName(StrBytes::from_string(t))))
                         .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED),
                     (Some((_, described)), _) => described,
-                    (None, Some(name)) if !visible(caller, name.0.as_str()) => MetadataResponseTopic::default()
-                        .with_name(Some(name))
-                        .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED),
+                    (None, Some(name)) if !visible(caller, Resource::Topic(name.0.as_str())) => {
+                        MetadataResponseTopic::default()
+                            .with_name(Some(name))
+                            .with_error_code(errors::TOPIC_AUTHORIZATION_FAILED)
+                    }
                     (None, Some(name)) => {
                         // Before v4 the request cannot say; Kafka then creates when enabled.
                         // Creating needs the `manage` scope.
                         let allowed = (version < 4 || r.allow_auto_topic_creation)
-                            && caller.grants.allows(Access::Manage, name.0.as_str());
+                            && caller
+                                .grants
+                                .allows(Operation::Create, Resource::Topic(name.0.as_str()));
                         let code = if kafka.auto_create_topics && allowed {
                             auto_create(kafka, caller, name.0.as_str()).await
                         } else {
@@ -231,7 +236,7 @@ fn every_topic(kafka: &Kafka, caller: &Caller) -> (Vec<Broker>, Vec<MetadataResp
                 };
                 let (mut read, mut last) = (0, None);
                 for t in chunk.map(|(_, t)| t).take(TOPICS_PER_READ) {
-                    if visible(caller, &t.name) {
+                    if visible(caller, Resource::Topic(&t.name)) {
                         topics.push(topic_metadata(t, brokers, s, gateways));
                     }
                     (read, last) = (read + 1, Some(t));
@@ -312,12 +317,11 @@ pub fn describe_cluster(kafka: &Kafka) -> DescribeClusterResponse {
         )
 }
 
-/// Whether the caller's token may see `name` (a topic in Metadata, a transactional
-/// id in the transaction APIs): any scope on it.
-pub(super) fn visible(caller: &Caller, name: &str) -> bool {
-    [Access::Read, Access::Write, Access::Manage]
-        .into_iter()
-        .any(|a| caller.grants.allows(a, name))
+/// Whether the caller may see `resource` (a topic in Metadata, a transactional id in
+/// the transaction APIs): DESCRIBE on it, which reading, writing, deleting or altering
+/// it implies.
+pub(super) fn visible(caller: &Caller, resource: Resource<'_>) -> bool {
+    caller.grants.allows(Operation::Describe, resource)
 }
 
 #[cfg(test)]

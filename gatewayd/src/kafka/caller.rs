@@ -4,7 +4,7 @@
 //! handler takes only this (issue 63).
 
 use std::net::SocketAddr;
-use weir_meta::model::scopes::Grants;
+use weir_meta::model::grants::Grants;
 use weir_meta::model::Proposer;
 
 pub struct Caller {

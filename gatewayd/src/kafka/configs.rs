@@ -8,8 +8,9 @@ use super::Kafka;
 use kafka_protocol::messages::describe_configs_response::DescribeConfigsResourceResult;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use weir_meta::model::acls::Operation;
 use weir_meta::model::command::ConfigTarget;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::grants::Resource;
 use weir_meta::model::{Command, RejectCode, StreamConfig};
 
 /// Resource types.
@@ -210,7 +211,7 @@ async fn alter_one(
     change: impl Fn(&mut StreamConfig) -> Result<(), String>,
 ) -> Result<(), (i16, String)> {
     match resource_type {
-        TOPIC if !caller.grants.allows(Access::Manage, name) => {
+        TOPIC if !caller.grants.allows(Operation::AlterConfigs, Resource::Topic(name)) => {
             return Err((
                 errors::TOPIC_AUTHORIZATION_FAILED,
                 format!("the token has no 'manage' scope for topic '{name}'"),

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use weir_meta::model::scopes::Grants;
+use weir_meta::model::grants::Grants;
 use weir_shared::listener::Guarded;
 use weir_shared::tls::MaybeTls;
 
@@ -45,7 +45,7 @@ pub struct Session {
 impl Session {
     fn authenticated(&mut self, who: sasl::Authenticated) {
         self.caller.principal = Some(who.name);
-        self.caller.grants = who.grants;
+        self.caller.grants = who.grants.at(self.caller.peer.ip());
         self.token_issued = Some(who.issued_index);
         self.principal_slot = Some(who.slot);
     }
@@ -288,6 +288,11 @@ pub async fn run(
                 return Ok(());
             }
         }
+        // Judged against the ACLs as they are now: a change applies to the next request.
+        if !session.caller.grants.is_super() {
+            let acls = kafka.gw.routes.view().with(|s| s.acls.clone());
+            session.caller.grants.set_acls(acls);
+        }
         let started = std::time::Instant::now();
         let done = move |answer| Done {
             key,
@@ -475,6 +480,17 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             &session.caller,
             r,
         ))),
+        RequestKind::DescribeAcls(r) => Respond(ResponseKind::DescribeAcls(super::acls::describe(
+            kafka,
+            &session.caller,
+            r,
+        ))),
+        RequestKind::CreateAcls(r) => Respond(ResponseKind::CreateAcls(
+            super::acls::create(kafka, &session.caller, r).await,
+        )),
+        RequestKind::DeleteAcls(r) => Respond(ResponseKind::DeleteAcls(
+            super::acls::delete(kafka, &session.caller, r).await,
+        )),
         RequestKind::DescribeUserScramCredentials(r) => Respond(ResponseKind::DescribeUserScramCredentials(
             super::scram_users::describe(kafka, &session.caller, r),
         )),

@@ -23,7 +23,8 @@ use kafka_protocol::ResponseError as KafkaError;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use weir_meta::model::scopes::{Access, Grants};
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::{Grants, Resource};
 
 pub const FETCH_SESSION_ID_NOT_FOUND: i16 = KafkaError::FetchSessionIdNotFound.code();
 pub const INVALID_FETCH_SESSION_EPOCH: i16 = KafkaError::InvalidFetchSessionEpoch.code();
@@ -302,7 +303,7 @@ fn has_news(p: &PartitionData) -> bool {
 pub async fn fetch(kafka: &Kafka, owner: &str, grants: &Grants, mut r: FetchRequest, version: i16) -> FetchResponse {
     let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
         .into_iter()
-        .partition(|t| grants.allows(Access::Read, t.topic.0.as_str()));
+        .partition(|t| grants.allows(Operation::Read, Resource::Topic(t.topic.0.as_str())));
     r.topics = allowed;
     let served = |r: FetchRequest| async move {
         if r.topics.is_empty() {

@@ -26,7 +26,8 @@ use kafka_protocol::messages::list_partition_reassignments_response::{
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use std::collections::BTreeMap;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 use weir_meta::model::{State, StreamRow};
 
 /// Kafka's "authorized operations not asked for".
@@ -85,7 +86,7 @@ fn visible_topics(kafka: &Kafka, caller: &Caller, from: &str, most: usize) -> Ve
             {
                 read += 1;
                 after = Some(name.clone());
-                if out.len() < most && brokers::visible(caller, name) {
+                if out.len() < most && brokers::visible(caller, Resource::Topic(name)) {
                     out.push(name.clone());
                 }
             }
@@ -118,7 +119,7 @@ pub fn describe_log_dirs(kafka: &Kafka, caller: &Caller, r: DescribeLogDirsReque
         kafka.gw.routes.view().with(|state| {
             let brokers = brokers::brokers_in(kafka, state);
             for (topic, only) in chunk {
-                if !brokers::visible(caller, topic) {
+                if !brokers::visible(caller, Resource::Topic(topic)) {
                     continue;
                 }
                 for (index, row) in partitions(state, topic) {
@@ -195,8 +196,8 @@ pub fn describe_topic_partitions(
             let answer = DescribeTopicPartitionsResponseTopic::default()
                 .with_name(Some(name(&topic)))
                 .with_topic_authorized_operations(OPERATIONS_NOT_ASKED);
-            let Some(row) = row.filter(|_| brokers::visible(caller, &topic)) else {
-                let code = if brokers::visible(caller, &topic) {
+            let Some(row) = row.filter(|_| brokers::visible(caller, Resource::Topic(&topic))) else {
+                let code = if brokers::visible(caller, Resource::Topic(&topic)) {
                     errors::UNKNOWN_TOPIC_OR_PARTITION
                 } else {
                     errors::TOPIC_AUTHORIZATION_FAILED
@@ -272,7 +273,7 @@ pub fn list_partition_reassignments(
                 ts.iter()
                     .any(|t| t.name.0.as_str() == topic && t.partition_indexes.contains(&(index as i32)))
             });
-            if !asked || !brokers::visible(caller, topic) {
+            if !asked || !brokers::visible(caller, Resource::Topic(topic)) {
                 continue;
             }
             let leader = BrokerId(brokers::leader_for(&brokers, &row.name));
@@ -328,10 +329,10 @@ fn elect_in(state: &State, caller: &Caller, wanted: &[(String, Option<Vec<i32>>)
             let results = indexes
                 .into_iter()
                 .map(|index| {
-                    let (code, message) = if !caller.grants.allows(Access::Manage, topic) {
+                    let (code, message) = if !caller.grants.allows(Operation::Alter, Resource::Topic(topic)) {
                         (
                             errors::TOPIC_AUTHORIZATION_FAILED,
-                            format!("the token has no 'manage' scope for topic '{topic}'"),
+                            format!("user may not alter topic '{topic}'"),
                         )
                     } else {
                         match rows.iter().find(|(i, _)| *i == index) {
@@ -384,10 +385,10 @@ pub async fn describe_producers(
             let answer = PartitionResponse::default().with_partition_index(index);
             let failed =
                 |code: i16, why: String| answer.clone().with_error_code(code).with_error_message(Some(s(&why)));
-            if !caller.grants.allows(Access::Read, &topic) {
+            if !caller.grants.allows(Operation::Read, Resource::Topic(&topic)) {
                 partitions.push(failed(
                     errors::TOPIC_AUTHORIZATION_FAILED,
-                    format!("the token has no 'read' scope for topic '{topic}'"),
+                    format!("user may not read topic '{topic}'"),
                 ));
                 continue;
             }

@@ -6,8 +6,9 @@ use super::errors;
 use super::Kafka;
 use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
 use kafka_protocol::messages::{OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse};
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::{Grants, Resource};
 use weir_meta::model::leader_epochs::{self, EpochEnd};
-use weir_meta::model::scopes::{Access, Grants};
 use weir_meta::model::State;
 
 /// A partition's leader epoch in `state`, given the gateway changes it shows
@@ -74,7 +75,7 @@ pub async fn offset_for_leader_epoch(
 ) -> OffsetForLeaderEpochResponse {
     let mut topics = Vec::with_capacity(r.topics.len());
     for t in r.topics {
-        let readable = grants.allows(Access::Read, t.topic.0.as_str());
+        let readable = grants.allows(Operation::Describe, Resource::Topic(t.topic.0.as_str()));
         let mut partitions = Vec::with_capacity(t.partitions.len());
         for p in &t.partitions {
             let (code, epoch, end) = if readable {

@@ -4,6 +4,7 @@
 //! by the owner of the group's offsets stream (`groups/`), and transactions by the
 //! owner of the transactional id's state stream (`transactions.rs`).
 
+pub mod acls;
 pub mod admin;
 pub mod brokers;
 pub mod caller;

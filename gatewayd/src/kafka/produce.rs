@@ -11,7 +11,8 @@ use futures::future::join_all;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
-use weir_meta::model::scopes::{Access, Grants};
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::{Grants, Resource};
 use weir_shared::batch::ProducerBatchError;
 
 /// One partition's outcome: (error code, base offset, message).
@@ -35,13 +36,13 @@ pub fn start<'k>(
     // A transactional producer writes for its transactional id: `write` on it too.
     let id_refused = transactional_id
         .as_deref()
-        .is_some_and(|id| !grants.allows(Access::Write, id));
+        .is_some_and(|id| !grants.allows(Operation::Write, Resource::TransactionalId(id)));
     let topics: Vec<_> = r
         .topic_data
         .into_iter()
         .map(|t| {
             let name = t.name.0.to_string();
-            let writable = grants.allows(Access::Write, &name);
+            let writable = grants.allows(Operation::Write, Resource::Topic(&name));
             let partitions: Vec<_> = t
                 .partition_data
                 .into_iter()

@@ -9,6 +9,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError as KafkaError;
+use weir_meta::model::grants::Grants;
 use weir_meta::scram::Mechanism;
 
 const UNSUPPORTED_SASL_MECHANISM: i16 = KafkaError::UnsupportedSaslMechanism.code();
@@ -71,7 +72,7 @@ pub fn scram_step(
         Some(started) => started.finish(&r.auth_bytes).and_then(|(token, server_final)| {
             let slot = kafka.principals.take(&token.name)?;
             let who = Authenticated {
-                grants: token.grants(),
+                grants: Grants::for_token(&token, Default::default()),
                 name: token.name,
                 issued_index: token.issued_index,
                 slot,
@@ -114,8 +115,8 @@ pub struct Authenticated {
     pub issued_index: u64,
     /// The principal's connection slot, held while the connection lives.
     pub slot: PrincipalSlot,
-    /// What the token's scopes grant.
-    pub grants: weir_meta::model::scopes::Grants,
+    /// What the token's scopes grant (the connection judges them with the ACLs).
+    pub grants: Grants,
 }
 
 /// Checks a PLAIN token; the principal, and its connection slot, on success.
@@ -130,14 +131,18 @@ pub fn authenticate(kafka: &Kafka, token: &[u8]) -> Result<Authenticated, String
     })
 }
 
-fn check_plain(kafka: &Kafka, token: &[u8]) -> Result<(String, u64, weir_meta::model::scopes::Grants), String> {
+fn check_plain(kafka: &Kafka, token: &[u8]) -> Result<(String, u64, Grants), String> {
     let (user, pass) = parse_plain(token)?;
     let hash = crate::api::auth::secret_hash(pass);
     let token = kafka.gw.routes.view().with(|s| s.tokens.get(user).cloned());
     match token {
         Some(t) if t.secret_sha256 == hash => match t.refusal(crate::api::auth::now_ms()) {
             Some(why) => Err(why),
-            None => Ok((t.name.clone(), t.issued_index, t.grants())),
+            None => Ok((
+                t.name.clone(),
+                t.issued_index,
+                Grants::for_token(&t, Default::default()),
+            )),
         },
         _ => Err("unknown token name or wrong secret".into()),
     }

@@ -9,7 +9,8 @@ use kafka_protocol::messages::fetch_request::FetchTopic;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse, ListOffsetsRequest, ListOffsetsResponse};
-use weir_meta::model::scopes::{Access, Grants};
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::{Grants, Resource};
 
 /// Fetch needs `read` on each topic: what a Fetch answers for the topics it may not
 /// read (`fetch_sessions::fetch` takes them out first).
@@ -45,7 +46,7 @@ pub async fn list_offsets(
 ) -> ListOffsetsResponse {
     let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
         .into_iter()
-        .partition(|t| grants.allows(Access::Read, t.name.0.as_str()));
+        .partition(|t| grants.allows(Operation::Describe, Resource::Topic(t.name.0.as_str())));
     let mut resp = super::fetch::list_offsets(kafka, r.with_topics(allowed)).await;
     resp.topics.extend(denied.into_iter().map(|t| {
         ListOffsetsTopicResponse::default().with_name(t.name).with_partitions(
@@ -74,7 +75,7 @@ pub async fn list_offsets(
 pub async fn delete_records(kafka: &Kafka, grants: &Grants, mut r: DeleteRecordsRequest) -> DeleteRecordsResponse {
     let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
         .into_iter()
-        .partition(|t| grants.allows(Access::Manage, t.name.0.as_str()));
+        .partition(|t| grants.allows(Operation::Delete, Resource::Topic(t.name.0.as_str())));
     let mut resp = super::delete_records::delete_records(kafka, r.with_topics(allowed)).await;
     resp.topics.extend(denied.into_iter().map(|t| {
         DeleteRecordsTopicResult::default().with_name(t.name).with_partitions(

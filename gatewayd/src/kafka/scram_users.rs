@@ -16,8 +16,9 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError as KafkaError;
 use std::collections::{BTreeMap, BTreeSet};
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 use weir_meta::model::rows::TokenRow;
-use weir_meta::model::scopes::Access;
 use weir_meta::model::{Command, RejectCode};
 use weir_meta::scram::{self, Mechanism, ScramCredential};
 
@@ -53,10 +54,10 @@ pub fn describe(
     r: DescribeUserScramCredentialsRequest,
 ) -> DescribeUserScramCredentialsResponse {
     let response = DescribeUserScramCredentialsResponse::default();
-    if !caller.grants.allows_some(Access::Admin) {
+    if !caller.grants.allows(Operation::Describe, Resource::Cluster) {
         return response
             .with_error_code(CLUSTER_AUTHORIZATION_FAILED)
-            .with_error_message(Some(s("describing SCRAM users needs the 'admin' scope")));
+            .with_error_message(Some(s("describing SCRAM users needs DESCRIBE on the cluster")));
     }
     // Null or empty: every user with a credential, as Kafka answers.
     let users = r.users.filter(|u| !u.is_empty());
@@ -163,13 +164,13 @@ pub async fn alter(
         add(&u.name, u.mechanism, credential);
     }
     // As Kafka does, authorization comes first: without it every user is refused so.
-    let authorized = caller.grants.allows_some(Access::Admin);
+    let authorized = caller.grants.allows(Operation::Alter, Resource::Cluster);
     let mut results = Vec::with_capacity(users.len());
     for (name, changes) in users {
         let outcome = match changes {
             _ if !authorized => Err((
                 CLUSTER_AUTHORIZATION_FAILED,
-                "changing SCRAM users needs the 'admin' scope".to_string(),
+                "changing SCRAM users needs ALTER on the cluster".to_string(),
             )),
             Err(e) => Err(e),
             Ok(changes) => apply(kafka, caller, &name, changes).await,

@@ -19,8 +19,9 @@ use kafka_protocol::messages::add_partitions_to_txn_response::{
 };
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable};
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 use weir_meta::model::names::{txn_state_stream, TXN_STATE_PARTITIONS, TXN_STATE_TOPIC};
-use weir_meta::model::scopes::Access;
 use weir_meta::model::{Applied, Command};
 use weir_proto::streamd::TxnRequest;
 use weir_shared::error_code::KafkaApi;
@@ -100,7 +101,7 @@ pub async fn init_producer_id(
             .with_producer_epoch(-1)
     };
     let id = r.transactional_id.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
-    if !caller.grants.allows(Access::Write, &id) {
+    if !caller.grants.allows(Operation::Write, Resource::TransactionalId(&id)) {
         return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
     let fresh = match admin::propose(kafka, caller, Command::AllocateProducerIds { count: 1 }).await {
@@ -149,12 +150,12 @@ pub async fn add_partitions(
         )
     };
     let id = r.v3_and_below_transactional_id.to_string();
-    if !caller.grants.allows(Access::Write, &id) {
+    if !caller.grants.allows(Operation::Write, Resource::TransactionalId(&id)) {
         return answer(&|_, _| errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
     let refusal = |t: &AddPartitionsToTxnTopic, p: i32| -> Option<i16> {
         let name = t.name.0.as_str();
-        if !caller.grants.allows(Access::Write, name) {
+        if !caller.grants.allows(Operation::Write, Resource::Topic(name)) {
             return Some(errors::TOPIC_AUTHORIZATION_FAILED);
         }
         if super::brokers::is_internal_topic(name) || kafka.gw.routes.stream(&format!("{name}/{p}")).is_none() {
@@ -184,10 +185,13 @@ pub async fn add_offsets(
 ) -> AddOffsetsToTxnResponse {
     let failed = |code: i16| AddOffsetsToTxnResponse::default().with_error_code(code);
     let id = r.transactional_id.to_string();
-    if !caller.grants.allows(Access::Write, &id) {
+    if !caller.grants.allows(Operation::Write, Resource::TransactionalId(&id)) {
         return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
-    if !caller.grants.allows(Access::Read, r.group_id.0.as_str()) {
+    if !caller
+        .grants
+        .allows(Operation::Read, Resource::Group(r.group_id.0.as_str()))
+    {
         return failed(errors::GROUP_AUTHORIZATION_FAILED);
     }
     // The group's offsets stream joins the transaction: it must exist for its marker.
@@ -213,7 +217,7 @@ pub async fn end(kafka: &Kafka, caller: &Caller, r: EndTxnRequest, version: i16)
             .with_producer_epoch(r.producer_epoch)
     };
     let id = r.transactional_id.to_string();
-    if !caller.grants.allows(Access::Write, &id) {
+    if !caller.grants.allows(Operation::Write, Resource::TransactionalId(&id)) {
         return failed(errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
     let body = encode(&r, version);
@@ -252,7 +256,7 @@ pub async fn list_transactions(
                     answer
                         .transaction_states
                         .into_iter()
-                        .filter(|t| super::brokers::visible(caller, &t.transactional_id.0)),
+                        .filter(|t| super::brokers::visible(caller, Resource::TransactionalId(&t.transactional_id.0))),
                 );
             }
             Err(code) => out.error_code = code,
@@ -280,7 +284,7 @@ pub async fn describe_transactions(
     let mut states = vec![];
     for id in &r.transactional_ids {
         // Any scope on the id, as Kafka's DESCRIBE on it.
-        if !super::brokers::visible(caller, &id.0) {
+        if !super::brokers::visible(caller, Resource::TransactionalId(&id.0)) {
             states.push(failed(id, errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED));
             continue;
         }

@@ -348,6 +348,15 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scram: Option<crate::scram::ScramCredential>,
     },
+    /// Adds ACLs (Kafka's CreateAcls, issue 59); one already there is left as it is.
+    CreateAcls {
+        bindings: Vec<crate::model::acls::AclBinding>,
+    },
+    /// Removes every ACL that matches one of `filters` (Kafka's DeleteAcls); answers
+    /// [`Applied::AclsDeleted`].
+    DeleteAcls {
+        filters: Vec<crate::model::acls::AclFilter>,
+    },
     /// Allocates `count` Kafka producer ids.
     AllocateProducerIds {
         count: u32,
@@ -458,6 +467,8 @@ impl Command {
             Command::IssueToken { .. } => "issue_token",
             Command::RevokeToken { .. } => "revoke_token",
             Command::SetScramCredential { .. } => "set_scram_credential",
+            Command::CreateAcls { .. } => "create_acls",
+            Command::DeleteAcls { .. } => "delete_acls",
             Command::AllocateProducerIds { .. } => "allocate_producer_ids",
             Command::DestroyStream { .. } => "destroy_stream",
             Command::ForgetReleased { .. } => "forget_released",
@@ -502,6 +513,11 @@ pub enum Applied {
     /// changed since the compactor read them.
     Compacted {
         skipped: Vec<StreamId>,
+    },
+    /// A `DeleteAcls` applied: the ACLs each filter removed, in the order of the filters
+    /// (a binding two filters match is listed under the first).
+    AclsDeleted {
+        matched: Vec<Vec<crate::model::acls::AclBinding>>,
     },
     /// A batch command applied: each item's outcome, in the order of the items, as the
     /// single command would have had it.

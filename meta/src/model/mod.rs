@@ -1,9 +1,11 @@
 //! The metadata log's data model: rows, commands, and the pure rules that apply one to the other.
 
+pub mod acls;
 pub mod apply;
 pub mod codec;
 pub mod command;
 pub mod format1;
+pub mod grants;
 pub mod index;
 pub mod leader_epochs;
 pub mod metadata;

@@ -405,12 +405,6 @@ pub struct TokenRow {
 }
 
 impl TokenRow {
-    /// What the token may do. Scopes were checked when it was issued; a row that
-    /// still fails to parse grants nothing.
-    pub fn grants(&self) -> crate::model::scopes::Grants {
-        crate::model::scopes::Grants::parse(&self.scopes).unwrap_or_else(|_| crate::model::scopes::Grants::nothing())
-    }
-
     /// Why the token may not authenticate at `now_ms` (Unix ms), if it may not.
     pub fn refusal(&self, now_ms: u64) -> Option<String> {
         if self.revoked {

@@ -9,8 +9,10 @@
 //! - `admin`: everything, on every name, and the admin endpoints (tokens, nodes).
 //!
 //! A token issued without scopes may read, write and manage every name, but not use
-//! the admin endpoints: what tokens could do before scopes existed.
+//! the admin endpoints: what tokens could do before scopes existed. Scopes are
+//! shorthand for ACLs (issue 59): [`Scopes::bindings`] spells out the bindings.
 
+use super::acls::{AclBinding, Operation, PatternType, Permission, ResourceType, CLUSTER_NAME};
 use std::fmt;
 
 /// One kind of access.
@@ -46,15 +48,16 @@ struct Grant {
     prefix: String,
 }
 
-/// A token's scopes, parsed.
+/// A token's scopes, parsed: shorthand for allow bindings of its user (issue 59), so a
+/// scope and an ACL are judged alike ([`super::grants::Grants`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Grants(Vec<Grant>);
+pub struct Scopes(Vec<Grant>);
 
-impl Grants {
+impl Scopes {
     /// Parses scopes as stored in a token row; the error names the first bad one.
-    pub fn parse(scopes: &[String]) -> Result<Grants, String> {
+    pub fn parse(scopes: &[String]) -> Result<Scopes, String> {
         if scopes.is_empty() {
-            return Ok(Grants(
+            return Ok(Scopes(
                 [Access::Read, Access::Write, Access::Manage]
                     .into_iter()
                     .map(|access| Grant {
@@ -68,33 +71,55 @@ impl Grants {
             .iter()
             .map(|s| parse_one(s))
             .collect::<Result<_, _>>()
-            .map(Grants)
+            .map(Scopes)
     }
 
-    /// No access at all.
-    pub fn nothing() -> Grants {
-        Grants(Vec::new())
+    /// Whether these include `admin`, Kafka's super user.
+    pub fn is_admin(&self) -> bool {
+        self.0.iter().any(|g| g.access == Access::Admin)
     }
 
-    /// What a request may do without `--auth`: everything.
-    pub fn everything() -> Grants {
-        Grants(vec![Grant {
-            access: Access::Admin,
-            prefix: String::new(),
-        }])
-    }
-
-    /// Whether `access` to `name` is granted (`admin` grants every access).
-    pub fn allows(&self, access: Access, name: &str) -> bool {
-        self.0
-            .iter()
-            .any(|g| (g.access == access || g.access == Access::Admin) && name.starts_with(&g.prefix))
-    }
-
-    /// Whether `access` is granted on some name (a request that names none, such as
-    /// listing streams or allocating a producer id).
-    pub fn allows_some(&self, access: Access) -> bool {
-        self.0.iter().any(|g| g.access == access || g.access == Access::Admin)
+    /// The allow bindings these scopes stand for, for `principal`:
+    /// - `read:P`: read topics (and so describe them and their configs) and groups;
+    /// - `write:P`: write topics and transactional ids, and idempotent producer ids;
+    /// - `manage:P`: create, delete, alter and configure topics, delete groups;
+    ///
+    /// each on the names starting with `P` (every name without one).
+    pub fn bindings(&self, principal: &str) -> Vec<AclBinding> {
+        use Operation::*;
+        use ResourceType::*;
+        let mut out = Vec::new();
+        for g in &self.0 {
+            let on: &[(ResourceType, Operation)] = match g.access {
+                Access::Read => &[(Topic, Read), (Topic, DescribeConfigs), (Group, Read)],
+                Access::Write => &[(Topic, Write), (TransactionalId, Write), (Cluster, IdempotentWrite)],
+                Access::Manage => &[
+                    (Topic, Create),
+                    (Topic, Delete),
+                    (Topic, Alter),
+                    (Topic, AlterConfigs),
+                    (Group, Delete),
+                ],
+                Access::Admin => &[],
+            };
+            for &(rt, op) in on {
+                let (pattern_type, resource_name) = match (rt, g.prefix.as_str()) {
+                    (Cluster, _) => (PatternType::Literal, CLUSTER_NAME.to_string()),
+                    (_, "") => (PatternType::Literal, "*".to_string()),
+                    (_, p) => (PatternType::Prefixed, p.to_string()),
+                };
+                out.push(AclBinding {
+                    resource_type: rt,
+                    pattern_type,
+                    resource_name,
+                    principal: principal.to_string(),
+                    host: "*".into(),
+                    operation: op,
+                    permission: Permission::Allow,
+                });
+            }
+        }
+        out
     }
 }
 
@@ -131,24 +156,47 @@ fn parse_one(scope: &str) -> Result<Grant, String> {
 mod tests {
     use super::*;
 
-    fn grants(s: &[&str]) -> Grants {
-        Grants::parse(&s.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
-    }
-
     #[test]
-    fn a_scope_grants_its_access_on_names_with_its_prefix() {
-        let g = grants(&["read:orders-", "write:orders-eu"]);
-        assert!(g.allows(Access::Read, "orders-us/0"));
-        assert!(!g.allows(Access::Read, "payments/0"));
-        assert!(g.allows(Access::Write, "orders-eu"));
-        assert!(!g.allows(Access::Write, "orders-us"));
-        assert!(!g.allows(Access::Manage, "orders-eu"));
-        assert!(!g.allows(Access::Admin, ""));
-        assert!(g.allows_some(Access::Write) && !g.allows_some(Access::Manage));
-        let admin = grants(&["admin"]);
-        assert!(admin.allows(Access::Manage, "anything") && admin.allows(Access::Admin, ""));
-        let legacy = grants(&[]);
-        assert!(legacy.allows(Access::Manage, "x") && !legacy.allows(Access::Admin, ""));
+    fn a_scope_stands_for_allow_bindings_on_names_with_its_prefix() {
+        let scopes = Scopes::parse(&["read:orders-".to_string(), "write".to_string()]).unwrap();
+        assert!(!scopes.is_admin());
+        let b = scopes.bindings("User:t");
+        let has = |rt, p, name: &str, op| {
+            b.iter().any(|x| {
+                x.resource_type == rt
+                    && x.pattern_type == p
+                    && x.resource_name == name
+                    && x.operation == op
+                    && x.principal == "User:t"
+                    && x.permission == Permission::Allow
+            })
+        };
+        assert!(has(
+            ResourceType::Topic,
+            PatternType::Prefixed,
+            "orders-",
+            Operation::Read
+        ));
+        assert!(has(
+            ResourceType::Group,
+            PatternType::Prefixed,
+            "orders-",
+            Operation::Read
+        ));
+        assert!(has(ResourceType::Topic, PatternType::Literal, "*", Operation::Write));
+        assert!(has(
+            ResourceType::Cluster,
+            PatternType::Literal,
+            CLUSTER_NAME,
+            Operation::IdempotentWrite
+        ));
+        assert!(!has(ResourceType::Topic, PatternType::Literal, "*", Operation::Create));
+        assert!(Scopes::parse(&["admin".to_string()]).unwrap().is_admin());
+        assert_eq!(
+            Scopes::parse(&[]).unwrap().bindings("User:t").len(),
+            11,
+            "read, write and manage"
+        );
     }
 
     #[test]
@@ -158,7 +206,7 @@ mod tests {
             ("admin:x", "admin covers every name"),
             ("read:", "prefix after ':' is empty"),
         ] {
-            let err = Grants::parse(&[bad.to_string()]).unwrap_err();
+            let err = Scopes::parse(&[bad.to_string()]).unwrap_err();
             assert!(err.contains(why), "{bad}: {err}");
         }
     }

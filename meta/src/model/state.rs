@@ -3,6 +3,7 @@
 //! It holds no per-object rows: those are in the object index (`index`, design 0002),
 //! so its size follows the number of streams, never time or bytes written (D-19).
 
+use super::acls::{AclBinding, Acls};
 use super::rows::*;
 use super::streams::Streams;
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,9 @@ pub struct State {
     #[serde(with = "takeover_list")]
     pub takeovers: BTreeMap<(NodeId, Epoch), TakeoverRow>,
     pub tokens: BTreeMap<String, TokenRow>,
+    /// The cluster's ACLs (issue 59).
+    #[serde(default)]
+    pub acls: Acls,
 }
 
 /// Addresses one row. The variant order is stable storage (`codec::row_key_bytes`).
@@ -39,6 +43,8 @@ pub enum RowKey {
     Lease(String),
     Takeover(NodeId, Epoch),
     Token(String),
+    /// An ACL is its own key: a binding is there or not.
+    Acl(AclBinding),
 }
 
 /// One row's value.
@@ -53,6 +59,7 @@ pub enum Row {
     Lease(LeaseRow),
     Takeover(TakeoverRow),
     Token(TokenRow),
+    Acl(AclBinding),
 }
 
 impl Row {
@@ -66,6 +73,7 @@ impl Row {
             Row::Lease(r) => RowKey::Lease(r.name.clone()),
             Row::Takeover(r) => RowKey::Takeover(r.dead.node.clone(), r.dead.epoch),
             Row::Token(r) => RowKey::Token(r.name.clone()),
+            Row::Acl(b) => RowKey::Acl(b.clone()),
         }
     }
 }
@@ -102,6 +110,7 @@ impl State {
             RowKey::Lease(n) => self.leases.get(n).cloned().map(Row::Lease),
             RowKey::Takeover(n, e) => self.takeovers.get(&(n.clone(), *e)).cloned().map(Row::Takeover),
             RowKey::Token(n) => self.tokens.get(n).cloned().map(Row::Token),
+            RowKey::Acl(b) => self.acls.contains(b).then(|| Row::Acl(b.clone())),
         }
     }
 
@@ -116,6 +125,7 @@ impl State {
         rows.extend(self.leases.values().cloned().map(Row::Lease));
         rows.extend(self.takeovers.values().cloned().map(Row::Takeover));
         rows.extend(self.tokens.values().cloned().map(Row::Token));
+        rows.extend(self.acls.iter().cloned().map(Row::Acl));
         rows
     }
 
@@ -161,6 +171,12 @@ impl State {
             }
             (RowKey::Token(n), None) => {
                 self.tokens.remove(n);
+            }
+            (RowKey::Acl(_), Some(Row::Acl(b))) => {
+                self.acls.insert(b);
+            }
+            (RowKey::Acl(b), None) => {
+                self.acls.remove(b);
             }
             (key, Some(row)) => {
                 // A row under a key of another kind is a bug in the writer, not data to keep.

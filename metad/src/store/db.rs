@@ -132,6 +132,12 @@ pub fn row_key_bytes(key: &RowKey) -> Vec<u8> {
             out.push(0x16);
             out.extend_from_slice(name.as_bytes());
         }
+        RowKey::Acl(b) => {
+            // The binding's JSON: its fields in a fixed order, so equal bindings have
+            // equal keys.
+            out.push(0x17);
+            out.extend_from_slice(&serde_json::to_vec(b).expect("an ACL binding serializes"));
+        }
     }
     out
 }

@@ -928,6 +928,59 @@ fn sweep_admin(c: &mut Conn, adv: &[(i16, i16, i16)]) {
             c.failures.push(format!("AlterUserScramCredentials v{v}: {r:?}"));
         }
     }
+    // Issue 59: ACLs. The sweep's token may not describe or alter the cluster, so all
+    // three answer at every version with Kafka's refusal, decoded at that version.
+    for (v, answer) in each_version(c, adv, ApiKey::DescribeAcls, false, |_| {
+        RequestKind::DescribeAcls(
+            DescribeAclsRequest::default()
+                .with_resource_type_filter(1)
+                .with_pattern_type_filter(1)
+                .with_operation(1)
+                .with_permission_type(1),
+        )
+    }) {
+        let ResponseKind::DescribeAcls(r) = answer else {
+            unreachable!()
+        };
+        if r.error_code != 31 {
+            c.failures.push(format!("DescribeAcls v{v}: {r:?}"));
+        }
+    }
+    for (v, answer) in each_version(c, adv, ApiKey::CreateAcls, false, |_| {
+        RequestKind::CreateAcls(CreateAclsRequest::default().with_creations(vec![
+            create_acls_request::AclCreation::default()
+                .with_resource_type(2)
+                .with_resource_name(s(TOPIC))
+                .with_resource_pattern_type(3)
+                .with_principal(s("User:sweep"))
+                .with_host(s("*"))
+                .with_operation(3)
+                .with_permission_type(3),
+        ]))
+    }) {
+        let ResponseKind::CreateAcls(r) = answer else {
+            unreachable!()
+        };
+        if r.results.len() != 1 || r.results[0].error_code != 31 {
+            c.failures.push(format!("CreateAcls v{v}: {r:?}"));
+        }
+    }
+    for (v, answer) in each_version(c, adv, ApiKey::DeleteAcls, false, |_| {
+        RequestKind::DeleteAcls(DeleteAclsRequest::default().with_filters(vec![
+            delete_acls_request::DeleteAclsFilter::default()
+                .with_resource_type_filter(1)
+                .with_pattern_type_filter(1)
+                .with_operation(1)
+                .with_permission_type(1),
+        ]))
+    }) {
+        let ResponseKind::DeleteAcls(r) = answer else {
+            unreachable!()
+        };
+        if r.filter_results.len() != 1 || r.filter_results[0].error_code != 31 {
+            c.failures.push(format!("DeleteAcls v{v}: {r:?}"));
+        }
+    }
 }
 
 /// SaslHandshake and SaslAuthenticate at every version, each on a new connection

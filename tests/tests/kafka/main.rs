@@ -946,6 +946,23 @@ async fn confluent_admin_client_manages_scram_users() {
     check_python_client(&gw, "scram_users.py", &[ops, alice]).await;
 }
 
+// Issue 59: ACLs are Weir's authority, managed with confluent-kafka's AdminClient
+// (`tests/clients/acls.py`): create_acls, describe_acls (everything, and a MATCH filter)
+// and delete_acls; a DENY WRITE refuses a Produce its token's scopes allow
+// (TOPIC_AUTHORIZATION_FAILED), a prefixed DENY READ a Fetch, a DENY WRITE on a stream
+// an HTTP append (403); an ALLOW WRITE lets a token write what its scopes do not; a
+// user without the cluster's DESCRIBE/ALTER may neither list nor delete ACLs; and once
+// the denies are deleted every acknowledged record reads back in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn confluent_admin_client_manages_acls_enforced_on_kafka_and_http() {
+    let (stack, gw) = kafka_stack(1, &["--auth", "--kafka-allow-plaintext-sasl"]).await;
+    let (ops, alice, bob) = ("weir_ops-secret", "weir_alice-secret", "weir_bob-secret");
+    stack.metad.issue_token("ops", ops, &["admin"]).await;
+    stack.metad.issue_token("alice", alice, &["read", "write"]).await;
+    stack.metad.issue_token("bob", bob, &["read:acl-"]).await;
+    check_python_client(&gw, "acls.py", &[&gw.http, ops, alice, bob]).await;
+}
+
 // Issue 5: SASL/PLAIN over the HTTP issue's tokens when auth is enabled.
 #[tokio::test(flavor = "multi_thread")]
 async fn sasl_plain_authenticates_with_tokens() {

@@ -7,8 +7,9 @@ use crate::kafka::Kafka;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable};
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 use weir_meta::model::names::offsets_stream;
-use weir_meta::model::scopes::Access;
 use weir_proto::streamd::GroupRequest;
 use weir_shared::error_code::KafkaApi;
 
@@ -29,12 +30,12 @@ pub(super) async fn call(
     version: i16,
     body: Bytes,
 ) -> Result<Bytes, i16> {
-    let access = if key == ApiKey::DeleteGroups {
-        Access::Manage
-    } else {
-        Access::Read
+    let op = match key {
+        ApiKey::DeleteGroups => Operation::Delete,
+        ApiKey::DescribeGroups | ApiKey::OffsetFetch => Operation::Describe,
+        _ => Operation::Read,
     };
-    if group.is_some_and(|g| !caller.grants.allows(access, g)) {
+    if group.is_some_and(|g| !caller.grants.allows(op, Resource::Group(g))) {
         return Err(errors::GROUP_AUTHORIZATION_FAILED);
     }
     // JoinGroup and SyncGroup wait at the coordinator for the rest of the group by

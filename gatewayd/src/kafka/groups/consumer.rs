@@ -9,7 +9,8 @@ use crate::kafka::Kafka;
 use bytes::Bytes;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::acls::{Operation, ResourceType};
+use weir_meta::model::grants::Resource;
 
 /// A described KIP-848 group names its members' topics: one the token may not read
 /// makes the group TOPIC_AUTHORIZATION_FAILED, as Kafka answers, so no topic name or
@@ -27,7 +28,7 @@ pub(super) fn hide_unreadable(
             .map(|t| &t.topic_name);
         assigned
             .chain(&m.subscribed_topic_names)
-            .any(|t| !caller.grants.allows(Access::Read, t.0.as_str()))
+            .any(|t| !caller.grants.allows(Operation::Read, Resource::Topic(t.0.as_str())))
     });
     if !unreadable {
         return g;
@@ -59,13 +60,13 @@ pub(super) async fn consumer_heartbeat(
         .iter()
         .flatten()
         .map(|t| t.0.as_str())
-        .filter(|t| !caller.grants.allows(Access::Read, t))
+        .filter(|t| !caller.grants.allows(Operation::Read, Resource::Topic(t)))
         .collect();
     // A regex may match any topic, and the coordinator resolves it without the token:
     // only a token that reads every topic (`read` with no prefix) subscribes by regex.
     let regex = r.subscribed_topic_regex.as_ref().is_some_and(|re| !re.is_empty());
-    if (!denied.is_empty() || (regex && !caller.grants.allows(Access::Read, "")))
-        && caller.grants.allows(Access::Read, &r.group_id.0)
+    if (!denied.is_empty() || (regex && !caller.grants.allows_every(Operation::Read, ResourceType::Topic)))
+        && caller.grants.allows(Operation::Read, Resource::Group(&r.group_id.0))
     {
         let message = if denied.is_empty() {
             "a regex subscription needs a token whose 'read' scope covers every topic".to_string()

@@ -10,9 +10,10 @@ use crate::kafka::Kafka;
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 use weir_meta::model::names::{offsets_stream, OFFSETS_PARTITIONS};
 use weir_meta::model::names::{txn_state_stream, TXN_STATE_PARTITIONS, TXN_STATE_TOPIC};
-use weir_meta::model::scopes::Access;
 use weir_meta::model::{Command, Proposer, StreamConfig};
 
 const GROUP_KEY: i8 = 0;
@@ -75,7 +76,7 @@ pub async fn find_coordinator(
                     .with_node_id((-1).into())
             };
             let stream = match r.key_type {
-                GROUP_KEY if !caller.grants.allows(Access::Read, &key) => {
+                GROUP_KEY if !caller.grants.allows(Operation::Describe, Resource::Group(&key)) => {
                     return refuse(
                         errors::GROUP_AUTHORIZATION_FAILED,
                         "the token has no 'read' scope for this group",
@@ -83,7 +84,11 @@ pub async fn find_coordinator(
                 }
                 GROUP_KEY => offsets_stream(&key),
                 // A transactional id is written for: `write` on its name (design 0005).
-                TXN_KEY if !caller.grants.allows(Access::Write, &key) => {
+                TXN_KEY
+                    if !caller
+                        .grants
+                        .allows(Operation::Describe, Resource::TransactionalId(&key)) =>
+                {
                     return refuse(
                         errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                         "the token has no 'write' scope for this transactional id",

@@ -27,7 +27,8 @@ use kafka_protocol::messages::describe_groups_response::DescribedGroup;
 use kafka_protocol::messages::leave_group_response::MemberResponse;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 
 pub use weir_meta::model::names::{offsets_stream, OFFSETS_PARTITIONS};
 
@@ -88,9 +89,11 @@ pub async fn forward(
         RequestKind::OffsetCommit(mut r) => {
             // Committing needs `read` on each topic too, as Kafka's authorizer asks:
             // the others are answered TOPIC_AUTHORIZATION_FAILED and not sent on.
-            let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
-                .into_iter()
-                .partition(|t| caller.grants.allows(Access::Read, t.name.0.as_str()));
+            let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics).into_iter().partition(|t| {
+                caller
+                    .grants
+                    .allows(Operation::Read, Resource::Topic(t.name.0.as_str()))
+            });
             let (known, unknown) = split_unknown(kafka, allowed);
             r.topics = known;
             let body = if denied.is_empty() && unknown.is_empty() {
@@ -111,9 +114,11 @@ pub async fn forward(
         }
         RequestKind::OffsetDelete(mut r) => {
             // As OffsetCommit: deleting needs `read` on each topic too.
-            let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics)
-                .into_iter()
-                .partition(|t| caller.grants.allows(Access::Read, t.name.0.as_str()));
+            let (allowed, denied): (Vec<_>, Vec<_>) = std::mem::take(&mut r.topics).into_iter().partition(|t| {
+                caller
+                    .grants
+                    .allows(Operation::Read, Resource::Topic(t.name.0.as_str()))
+            });
             r.topics = allowed;
             let body = if denied.is_empty() { body } else { encode(&r, version) };
             let mut resp = match call_group(kafka, caller, &r.group_id.0, ApiKey::OffsetDelete, version, body).await {
@@ -169,9 +174,11 @@ pub async fn forward(
             // all of them gets only the readable ones.
             let mut denied = vec![];
             if let Some(topics) = r.topics.as_mut() {
-                let (allowed, refused): (Vec<_>, Vec<_>) = std::mem::take(topics)
-                    .into_iter()
-                    .partition(|t| caller.grants.allows(Access::Read, t.name.0.as_str()));
+                let (allowed, refused): (Vec<_>, Vec<_>) = std::mem::take(topics).into_iter().partition(|t| {
+                    caller
+                        .grants
+                        .allows(Operation::Describe, Resource::Topic(t.name.0.as_str()))
+                });
                 *topics = allowed;
                 denied = refused;
             }
@@ -183,8 +190,11 @@ pub async fn forward(
                     .with_topics(fetch_failed(r.topics.iter().flatten(), code)),
             };
             let mut resp = resp;
-            resp.topics
-                .retain(|t| caller.grants.allows(Access::Read, t.name.0.as_str()));
+            resp.topics.retain(|t| {
+                caller
+                    .grants
+                    .allows(Operation::Describe, Resource::Topic(t.name.0.as_str()))
+            });
             resp.topics
                 .extend(fetch_failed(&denied, errors::TOPIC_AUTHORIZATION_FAILED));
             ResponseKind::OffsetFetch(resp)
@@ -236,11 +246,11 @@ pub async fn forward(
                         .and_then(|b| decode::<ListGroupsResponse>(b, version))
                     {
                         // A token lists the groups it may read.
-                        Ok(resp) => groups.extend(
-                            resp.groups
-                                .into_iter()
-                                .filter(|g| caller.grants.allows(Access::Read, &g.group_id.0)),
-                        ),
+                        Ok(resp) => groups.extend(resp.groups.into_iter().filter(|g| {
+                            caller
+                                .grants
+                                .allows(Operation::Describe, Resource::Group(&g.group_id.0))
+                        })),
                         Err(code) => error = code,
                     }
                 }

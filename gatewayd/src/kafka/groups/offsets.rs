@@ -11,7 +11,8 @@ use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponseParti
 use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponsePartition, OffsetFetchResponseTopic};
 use kafka_protocol::messages::*;
-use weir_meta::model::scopes::Access;
+use weir_meta::model::acls::Operation;
+use weir_meta::model::grants::Resource;
 
 /// OffsetFetch v8+: each group asked for goes to its own coordinator, with the topics
 /// the token may read (the others are answered TOPIC_AUTHORIZATION_FAILED).
@@ -27,9 +28,11 @@ pub(super) async fn offset_fetch_groups(
         let id = g.group_id.clone();
         let mut denied = vec![];
         if let Some(topics) = g.topics.as_mut() {
-            let (allowed, refused): (Vec<_>, Vec<_>) = std::mem::take(topics)
-                .into_iter()
-                .partition(|t| caller.grants.allows(Access::Read, t.name.0.as_str()));
+            let (allowed, refused): (Vec<_>, Vec<_>) = std::mem::take(topics).into_iter().partition(|t| {
+                caller
+                    .grants
+                    .allows(Operation::Describe, Resource::Topic(t.name.0.as_str()))
+            });
             *topics = allowed;
             denied = refused;
         }
@@ -55,9 +58,11 @@ pub(super) async fn offset_fetch_groups(
                 .with_group_id(id.clone())
                 .with_error_code(code),
         };
-        group
-            .topics
-            .retain(|t| caller.grants.allows(Access::Read, t.name.0.as_str()));
+        group.topics.retain(|t| {
+            caller
+                .grants
+                .allows(Operation::Describe, Resource::Topic(t.name.0.as_str()))
+        });
         // A group answered with an error carries no topics, as Kafka's do.
         if group.error_code != errors::NONE {
             groups.push(group);
@@ -139,11 +144,14 @@ pub(super) async fn txn_offset_commit(
                 .collect(),
         )
     };
-    if !caller.grants.allows(Access::Write, r.transactional_id.as_str()) {
+    if !caller
+        .grants
+        .allows(Operation::Write, Resource::TransactionalId(r.transactional_id.as_str()))
+    {
         return answer(&|_, _| errors::TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
     }
     let refusal = |topic: &str, p: i32| -> Option<i16> {
-        if !caller.grants.allows(Access::Read, topic) {
+        if !caller.grants.allows(Operation::Read, Resource::Topic(topic)) {
             return Some(errors::TOPIC_AUTHORIZATION_FAILED);
         }
         kafka

@@ -9,6 +9,7 @@ use super::state::{Change, RowKey, State};
 use std::collections::BTreeSet;
 use weir_shared::ids::{Incarnation, NodeId, StreamEpoch, StreamId};
 
+mod acls;
 mod compaction;
 mod damage;
 mod leases;
@@ -214,6 +215,8 @@ impl Txn<'_> {
             Command::SetScramCredential { name, mechanism, scram } => {
                 self.set_scram_credential(proposer, name, mechanism, scram.as_ref())
             }
+            Command::CreateAcls { bindings } => self.create_acls(proposer, bindings),
+            Command::DeleteAcls { filters } => self.delete_acls(proposer, filters),
             Command::AllocateProducerIds { count } => self.allocate_producer_ids(proposer, *count),
             Command::BeginTakeover { node, epoch, agent } => self.begin_takeover(proposer, node, *epoch, agent),
             Command::CompleteTakeover { node, epoch } => self.complete_takeover(proposer, node, *epoch),

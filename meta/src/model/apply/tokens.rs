@@ -27,7 +27,7 @@ impl Txn<'_> {
                 format!("token name '{name}' is reserved for the users of a gateway without --auth"),
             ));
         }
-        crate::model::scopes::Grants::parse(scopes).map_err(|why| reject(RejectCode::InvalidArgument, why))?;
+        crate::model::scopes::Scopes::parse(scopes).map_err(|why| reject(RejectCode::InvalidArgument, why))?;
         if let Some(c) = scram {
             crate::scram::validate(c).map_err(|why| reject(RejectCode::InvalidArgument, why))?;
         }
