@@ -6,6 +6,7 @@ pub mod config;
 pub mod kafka;
 pub mod metrics;
 pub mod ordered_appends;
+pub mod quotas;
 pub mod records;
 pub mod route;
 pub mod server;

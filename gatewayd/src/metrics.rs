@@ -33,6 +33,9 @@ pub struct GatewayMetrics {
     /// SD-INT-12: requests received in part (a Kafka frame, an HTTP body) and never admitted,
     /// discarded when the gateway stopped, by listener. Nothing of them was acknowledged.
     pub requests_dropped: IntCounterVec,
+    /// Issue 59: throttles earned by requests over a client quota, in milliseconds, by
+    /// listener (`kafka`: muted connections; `http`: 429 answers' wait).
+    pub quota_throttle_ms: IntCounterVec,
     /// Calls to a stream's owner refused or reset by its shutdown (`reason="shutdown"`)
     /// or failed in transport otherwise (`reason="transport"`) (OBS-15, SD-TD-7).
     pub peer_call_failures: IntCounterVec,
@@ -158,6 +161,16 @@ pub fn metrics() -> &'static GatewayMetrics {
                     Opts::new(
                         "gatewayd_requests_dropped_total",
                         "Requests received in part and never admitted, discarded at a stop, by listener",
+                    ),
+                    &["listener"],
+                )
+                .expect("valid metric"),
+            ),
+            quota_throttle_ms: register(
+                IntCounterVec::new(
+                    Opts::new(
+                        "gatewayd_quota_throttle_milliseconds_total",
+                        "Throttle time earned by requests over a client quota, by listener",
                     ),
                     &["listener"],
                 )

@@ -77,6 +77,7 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
         stopping: CancellationToken::new(),
         terminating: Default::default(),
         tasks: servers.clone(),
+        quotas: crate::quotas::Quotas::new(registered.view.clone()),
     });
 
     let tasks = TaskTracker::new();

@@ -9,6 +9,7 @@ pub mod health;
 mod in_flight;
 pub mod live_reads;
 pub mod nodes;
+pub mod quotas;
 pub mod read;
 pub mod sse;
 pub mod streams;
@@ -52,6 +53,8 @@ pub struct Gateway {
     /// Work a request leaves running (an SSE subscription's pump), waited for with the
     /// requests in drain-support.
     pub tasks: tokio_util::task::TaskTracker,
+    /// Client quotas metered on what this gateway serves (issue 59).
+    pub quotas: crate::quotas::Quotas,
 }
 
 impl Gateway {
@@ -143,6 +146,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/admin/nodes/{node}/uncordon", post(nodes::uncordon))
         .route("/admin/nodes/{node}/drain", post(nodes::drain))
         .route("/v1/admin/streams/{name}/transfer", post(nodes::transfer))
+        // Inside authentication: quotas are metered on the token's user.
+        .route_layer(middleware::from_fn_with_state(gw.clone(), quotas::enforce))
         .route_layer(middleware::from_fn_with_state(gw.clone(), auth::require_token))
         // Outermost: tokens are checked against the view too.
         .route_layer(middleware::from_fn_with_state(

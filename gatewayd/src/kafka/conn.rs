@@ -6,6 +6,7 @@
 use super::caller::Caller;
 use super::frame::{self, DecodeError, FrameError};
 use super::response_frame::SharedFrame;
+use super::throttle::Throttle;
 use super::{admin, brokers, groups, introspection, produce, sasl, transactions, versions, Kafka};
 use crate::ordered_appends::OrderedAppends;
 use futures::future::BoxFuture;
@@ -87,6 +88,12 @@ struct Done {
     answer: Answer,
     /// The request frame's bytes, counted against [`MAX_IN_FLIGHT_BYTES`] until answered.
     frame_bytes: usize,
+    /// The time a pipelined request took to admit: what it costs the request quota
+    /// (its wait for durability or data is not the gateway's work). Others cost the
+    /// time until answered.
+    admitted: Option<Duration>,
+    /// What a Produce owed its quota when admitted (its `throttle_time_ms`).
+    throttled: Duration,
 }
 
 type InFlight<'a> = FuturesOrdered<BoxFuture<'a, Done>>;
@@ -165,14 +172,17 @@ pub async fn run(
     let mut reading = next_frame(rd, &session);
     // RR-FEN-2: when this connection stops waiting for the gateway's catch-up.
     let mut admission_deadline: Option<tokio::time::Instant> = None;
+    let mut throttle = Throttle::new(kafka.gw.clone());
     let mut recheck = tokio::time::interval(TOKEN_RECHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // A connection over its quota reads nothing until its throttle is served (KIP-219).
+        let muted = throttle.muted_until();
         let (mut rd, frame) = tokio::select! {
             biased;
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                 bytes_in_flight = bytes_in_flight.saturating_sub(done.frame_bytes);
-                if !respond(&mut wr, &peer, done).await? {
+                if !respond(&mut wr, &peer, done, &mut throttle).await? {
                     return Ok(());
                 }
                 continue;
@@ -184,7 +194,7 @@ pub async fn run(
                     crate::metrics::metrics().requests_dropped.with_label_values(&["kafka"]).inc();
                     tracing::debug!(%peer, "kafka request dropped mid-frame: the gateway is stopping");
                 }
-                drain(&mut in_flight, &mut wr, &peer).await?;
+                drain(&mut in_flight, &mut wr, &peer, &mut throttle).await?;
                 return Ok(());
             }
             _ = recheck.tick(), if session.token_issued.is_some() => {
@@ -193,17 +203,18 @@ pub async fn run(
                 if let Err(why) = sasl::still_valid(&kafka, principal, issued) {
                     // Admitted requests were authorized when read; nothing more is.
                     tracing::warn!(%peer, principal, reason = %why, "kafka connection's token is no longer valid; closing the connection");
-                    drain(&mut in_flight, &mut wr, &peer).await?;
+                    drain(&mut in_flight, &mut wr, &peer, &mut throttle).await?;
                     return Ok(());
                 }
                 continue;
             }
-            read = &mut reading, if in_flight.is_empty() || (in_flight.len() < MAX_IN_FLIGHT && bytes_in_flight < MAX_IN_FLIGHT_BYTES) => read,
+            _ = tokio::time::sleep_until(muted.unwrap_or_else(tokio::time::Instant::now)), if muted.is_some() => continue,
+            read = &mut reading, if muted.is_none() && (in_flight.is_empty() || (in_flight.len() < MAX_IN_FLIGHT && bytes_in_flight < MAX_IN_FLIGHT_BYTES)) => read,
         };
         let frame = match frame {
             Ok(f) => f,
             Err(FrameError::Closed) => {
-                drain(&mut in_flight, &mut wr, &peer).await?;
+                drain(&mut in_flight, &mut wr, &peer, &mut throttle).await?;
                 return Ok(());
             }
             Err(e @ FrameError::TooLarge(..)) => {
@@ -231,7 +242,7 @@ pub async fn run(
                 ..
             }) => {
                 // Answered at v0 so any client can read it, with the versions we have.
-                drain(&mut in_flight, &mut wr, &peer).await?;
+                drain(&mut in_flight, &mut wr, &peer, &mut throttle).await?;
                 let body = ResponseKind::ApiVersions(versions::api_versions(UNSUPPORTED_VERSION));
                 write(&mut wr, correlation_id, ApiKey::ApiVersions, 0, &body).await?;
                 reading = next_frame(rd, &session);
@@ -277,41 +288,50 @@ pub async fn run(
                     // Stopping: the request was never admitted (SD-INT-12).
                     crate::metrics::metrics().requests_dropped.with_label_values(&["kafka"]).inc();
                     tracing::debug!(%peer, api = ?key, "kafka request dropped before the catch-up: the gateway is stopping");
-                    drain(&mut in_flight, &mut wr, &peer).await?;
+                    drain(&mut in_flight, &mut wr, &peer, &mut throttle).await?;
                     return Ok(());
                 }
             };
             if !admitted && !answerable_before_admission(&req.kind) {
                 refused("catching_up");
                 tracing::warn!(%peer, api = ?key, "kafka request before this gateway caught up with the metadata log; closing the connection");
-                drain(&mut in_flight, &mut wr, &peer).await?;
+                drain(&mut in_flight, &mut wr, &peer, &mut throttle).await?;
                 return Ok(());
             }
         }
+        throttle.follow(&session.caller);
         // Judged against the ACLs as they are now: a change applies to the next request.
         if !session.caller.grants.is_super() {
             let acls = kafka.gw.routes.view().with(|s| s.acls.clone());
             session.caller.grants.set_acls(acls);
         }
         let started = std::time::Instant::now();
-        let done = move |answer| Done {
+        let done = move |answer, admitted| Done {
             key,
             version,
             correlation_id,
             started,
             answer,
             frame_bytes,
+            admitted,
+            throttled: Duration::ZERO,
         };
         // Pipelined: admitted now, answered in order later.
         match req.kind {
             RequestKind::Produce(r) => {
                 bytes_in_flight = if in_flight.is_empty() { 0 } else { bytes_in_flight } + frame_bytes;
+                let throttled = throttle.produce_admitted(frame_bytes);
                 let produced = produce::start(&kafka, &appends, &session.caller.grants, r);
+                let admitted = Some(started.elapsed());
                 in_flight.push_back(Box::pin(async move {
-                    done(match produced.await {
+                    let answer = match produced.await {
                         Some(resp) => Answer::Respond(ResponseKind::Produce(resp)),
                         None => Answer::Silent,
-                    })
+                    };
+                    Done {
+                        throttled,
+                        ..done(answer, admitted)
+                    }
                 }));
                 reading = next_frame(rd, &session);
                 continue;
@@ -320,10 +340,14 @@ pub async fn run(
                 bytes_in_flight = if in_flight.is_empty() { 0 } else { bytes_in_flight } + frame_bytes;
                 let (kafka, grants) = (&kafka, session.caller.grants.clone());
                 let owner = session.caller.principal.clone().unwrap_or_default();
+                let admitted = Some(started.elapsed());
                 in_flight.push_back(Box::pin(async move {
-                    done(Answer::Respond(ResponseKind::Fetch(
-                        super::fetch_sessions::fetch(kafka, &owner, &grants, r, version).await,
-                    )))
+                    done(
+                        Answer::Respond(ResponseKind::Fetch(
+                            super::fetch_sessions::fetch(kafka, &owner, &grants, r, version).await,
+                        )),
+                        admitted,
+                    )
                 }));
                 reading = next_frame(rd, &session);
                 continue;
@@ -331,7 +355,7 @@ pub async fn run(
             _ => {}
         }
         // A barrier: everything before it is answered first.
-        drain(&mut in_flight, &mut wr, &peer).await?;
+        drain(&mut in_flight, &mut wr, &peer, &mut throttle).await?;
         // Boxed: a request's state lives only while it is handled, so an idle connection
         // costs its small loop state, not the largest request's (issue 19).
         let answer = Box::pin(dispatch(&kafka, &mut session, req.kind, req.body, version)).await;
@@ -354,7 +378,7 @@ pub async fn run(
                     return Ok(());
                 }
             }
-        } else if !respond(&mut wr, &peer, done(answer)).await? {
+        } else if !respond(&mut wr, &peer, done(answer, None), &mut throttle).await? {
             return Ok(());
         }
         reading = next_frame(rd, &session);
@@ -372,8 +396,13 @@ fn record(key: ApiKey, started: std::time::Instant) {
 }
 
 /// Writes one answered request's response; `false` when the connection must close.
-async fn respond(wr: &mut Writer, peer: &SocketAddr, done: Done) -> anyhow::Result<bool> {
+async fn respond(wr: &mut Writer, peer: &SocketAddr, mut done: Done, throttle: &mut Throttle) -> anyhow::Result<bool> {
     record(done.key, done.started);
+    let cost = done.admitted.unwrap_or_else(|| done.started.elapsed());
+    match &mut done.answer {
+        Answer::Respond(body) => throttle.meter(cost, done.throttled, Some(body)),
+        _ => throttle.meter(cost, done.throttled, None),
+    }
     match done.answer {
         Answer::Respond(body) => write(wr, done.correlation_id, done.key, done.version, &body).await?,
         Answer::Silent => {}
@@ -392,9 +421,14 @@ async fn respond(wr: &mut Writer, peer: &SocketAddr, done: Done) -> anyhow::Resu
 }
 
 /// Answers every request in flight, in order.
-async fn drain(in_flight: &mut InFlight<'_>, wr: &mut Writer, peer: &SocketAddr) -> anyhow::Result<()> {
+async fn drain(
+    in_flight: &mut InFlight<'_>,
+    wr: &mut Writer,
+    peer: &SocketAddr,
+    throttle: &mut Throttle,
+) -> anyhow::Result<()> {
     while let Some(done) = in_flight.next().await {
-        respond(wr, peer, done).await?;
+        respond(wr, peer, done, throttle).await?;
     }
     Ok(())
 }
@@ -480,6 +514,12 @@ async fn dispatch(kafka: &Kafka, session: &mut Session, kind: RequestKind, body:
             &session.caller,
             r,
         ))),
+        RequestKind::DescribeClientQuotas(r) => Respond(ResponseKind::DescribeClientQuotas(
+            super::client_quotas::describe(kafka, &session.caller, r),
+        )),
+        RequestKind::AlterClientQuotas(r) => Respond(ResponseKind::AlterClientQuotas(
+            super::client_quotas::alter(kafka, &session.caller, r).await,
+        )),
         RequestKind::DescribeAcls(r) => Respond(ResponseKind::DescribeAcls(super::acls::describe(
             kafka,
             &session.caller,

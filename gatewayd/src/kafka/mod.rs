@@ -8,6 +8,7 @@ pub mod acls;
 pub mod admin;
 pub mod brokers;
 pub mod caller;
+pub mod client_quotas;
 pub mod configs;
 pub mod conn;
 pub mod delete_records;
@@ -27,6 +28,7 @@ pub mod sasl;
 pub mod scopes;
 pub mod scram;
 pub mod scram_users;
+pub mod throttle;
 pub mod transactions;
 pub mod versions;
 

@@ -357,6 +357,14 @@ pub enum Command {
     DeleteAcls {
         filters: Vec<crate::model::acls::AclFilter>,
     },
+    /// Sets and removes client quotas of one entity (Kafka's AlterClientQuotas, issue 59).
+    AlterClientQuotas {
+        entity: crate::model::quotas::QuotaEntity,
+        #[serde(default)]
+        set: std::collections::BTreeMap<crate::model::quotas::QuotaKey, crate::model::quotas::QuotaValue>,
+        #[serde(default)]
+        remove: Vec<crate::model::quotas::QuotaKey>,
+    },
     /// Allocates `count` Kafka producer ids.
     AllocateProducerIds {
         count: u32,
@@ -469,6 +477,7 @@ impl Command {
             Command::SetScramCredential { .. } => "set_scram_credential",
             Command::CreateAcls { .. } => "create_acls",
             Command::DeleteAcls { .. } => "delete_acls",
+            Command::AlterClientQuotas { .. } => "alter_client_quotas",
             Command::AllocateProducerIds { .. } => "allocate_producer_ids",
             Command::DestroyStream { .. } => "destroy_stream",
             Command::ForgetReleased { .. } => "forget_released",

@@ -10,6 +10,7 @@ pub mod index;
 pub mod leader_epochs;
 pub mod metadata;
 pub mod names;
+pub mod quotas;
 pub mod rows;
 pub mod scopes;
 pub mod state;

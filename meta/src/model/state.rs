@@ -4,6 +4,7 @@
 //! so its size follows the number of streams, never time or bytes written (D-19).
 
 use super::acls::{AclBinding, Acls};
+use super::quotas::{QuotaEntity, QuotaRow};
 use super::rows::*;
 use super::streams::Streams;
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,9 @@ pub struct State {
     /// The cluster's ACLs (issue 59).
     #[serde(default)]
     pub acls: Acls,
+    /// Client quotas by entity (issue 59), stored as a list of rows.
+    #[serde(default, with = "quota_list")]
+    pub quotas: BTreeMap<QuotaEntity, QuotaRow>,
 }
 
 /// Addresses one row. The variant order is stable storage (`codec::row_key_bytes`).
@@ -45,6 +49,7 @@ pub enum RowKey {
     Token(String),
     /// An ACL is its own key: a binding is there or not.
     Acl(AclBinding),
+    Quota(QuotaEntity),
 }
 
 /// One row's value.
@@ -60,6 +65,7 @@ pub enum Row {
     Takeover(TakeoverRow),
     Token(TokenRow),
     Acl(AclBinding),
+    Quota(QuotaRow),
 }
 
 impl Row {
@@ -74,6 +80,7 @@ impl Row {
             Row::Takeover(r) => RowKey::Takeover(r.dead.node.clone(), r.dead.epoch),
             Row::Token(r) => RowKey::Token(r.name.clone()),
             Row::Acl(b) => RowKey::Acl(b.clone()),
+            Row::Quota(q) => RowKey::Quota(q.entity.clone()),
         }
     }
 }
@@ -111,6 +118,7 @@ impl State {
             RowKey::Takeover(n, e) => self.takeovers.get(&(n.clone(), *e)).cloned().map(Row::Takeover),
             RowKey::Token(n) => self.tokens.get(n).cloned().map(Row::Token),
             RowKey::Acl(b) => self.acls.contains(b).then(|| Row::Acl(b.clone())),
+            RowKey::Quota(e) => self.quotas.get(e).cloned().map(Row::Quota),
         }
     }
 
@@ -126,6 +134,7 @@ impl State {
         rows.extend(self.takeovers.values().cloned().map(Row::Takeover));
         rows.extend(self.tokens.values().cloned().map(Row::Token));
         rows.extend(self.acls.iter().cloned().map(Row::Acl));
+        rows.extend(self.quotas.values().cloned().map(Row::Quota));
         rows
     }
 
@@ -177,6 +186,12 @@ impl State {
             }
             (RowKey::Acl(b), None) => {
                 self.acls.remove(b);
+            }
+            (RowKey::Quota(_), Some(Row::Quota(q))) => {
+                self.quotas.insert(q.entity.clone(), q);
+            }
+            (RowKey::Quota(e), None) => {
+                self.quotas.remove(e);
             }
             (key, Some(row)) => {
                 // A row under a key of another kind is a bug in the writer, not data to keep.
@@ -235,5 +250,23 @@ mod takeover_list {
             Stored::Empty(m) if m.is_empty() => Map::new(),
             Stored::Empty(_) => return Err(serde::de::Error::custom("takeovers must be a list of rows")),
         })
+    }
+}
+
+/// (De)serializes the quota map as the list of its rows (an entity is no JSON map key).
+mod quota_list {
+    use super::{QuotaEntity, QuotaRow};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+
+    pub fn serialize<S: Serializer>(map: &BTreeMap<QuotaEntity, QuotaRow>, s: S) -> Result<S::Ok, S::Error> {
+        map.values().collect::<Vec<_>>().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<QuotaEntity, QuotaRow>, D::Error> {
+        Ok(Vec::<QuotaRow>::deserialize(d)?
+            .into_iter()
+            .map(|r| (r.entity.clone(), r))
+            .collect())
     }
 }

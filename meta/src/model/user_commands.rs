@@ -63,6 +63,7 @@ pub fn needed(command: &Command) -> Option<Need<'_>> {
         Command::SetScramCredential { .. } | Command::CreateAcls { .. } | Command::DeleteAcls { .. } => {
             Need::On(Operation::Alter, Resource::Cluster)
         }
+        Command::AlterClientQuotas { .. } => Need::On(Operation::AlterConfigs, Resource::Cluster),
         Command::IssueToken { .. }
         | Command::RevokeToken { .. }
         | Command::Cordon {

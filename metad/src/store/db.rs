@@ -138,6 +138,10 @@ pub fn row_key_bytes(key: &RowKey) -> Vec<u8> {
             out.push(0x17);
             out.extend_from_slice(&serde_json::to_vec(b).expect("an ACL binding serializes"));
         }
+        RowKey::Quota(entity) => {
+            out.push(0x18);
+            out.extend_from_slice(&serde_json::to_vec(entity).expect("a quota entity serializes"));
+        }
     }
     out
 }

@@ -928,6 +928,37 @@ fn sweep_admin(c: &mut Conn, adv: &[(i16, i16, i16)]) {
             c.failures.push(format!("AlterUserScramCredentials v{v}: {r:?}"));
         }
     }
+    // Issue 59: client quotas need the cluster's DESCRIBE_CONFIGS and ALTER_CONFIGS,
+    // which the sweep's token lacks: both answer at every version, refusing it.
+    for (v, answer) in each_version(c, adv, ApiKey::DescribeClientQuotas, false, |_| {
+        RequestKind::DescribeClientQuotas(DescribeClientQuotasRequest::default())
+    }) {
+        let ResponseKind::DescribeClientQuotas(r) = answer else {
+            unreachable!()
+        };
+        if r.error_code != 31 {
+            c.failures.push(format!("DescribeClientQuotas v{v}: {r:?}"));
+        }
+    }
+    for (v, answer) in each_version(c, adv, ApiKey::AlterClientQuotas, false, |_| {
+        use alter_client_quotas_request::{EntityData, EntryData, OpData};
+        RequestKind::AlterClientQuotas(
+            AlterClientQuotasRequest::default().with_entries(vec![EntryData::default()
+                .with_entity(vec![EntityData::default()
+                    .with_entity_type(s("user"))
+                    .with_entity_name(Some(s("sweep")))])
+                .with_ops(vec![OpData::default()
+                    .with_key(s("producer_byte_rate"))
+                    .with_value(1024.0)])]),
+        )
+    }) {
+        let ResponseKind::AlterClientQuotas(r) = answer else {
+            unreachable!()
+        };
+        if r.entries.len() != 1 || r.entries[0].error_code != 31 {
+            c.failures.push(format!("AlterClientQuotas v{v}: {r:?}"));
+        }
+    }
     // Issue 59: ACLs. The sweep's token may not describe or alter the cluster, so all
     // three answer at every version with Kafka's refusal, decoded at that version.
     for (v, answer) in each_version(c, adv, ApiKey::DescribeAcls, false, |_| {

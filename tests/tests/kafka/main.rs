@@ -30,6 +30,7 @@ mod consumer_protocol;
 mod consumer_side;
 mod disk_full;
 mod leader_epochs;
+mod quotas;
 mod transactions;
 
 const T: Duration = Duration::from_secs(30);

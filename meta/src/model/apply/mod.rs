@@ -15,6 +15,7 @@ mod damage;
 mod leases;
 mod nodes;
 mod objects;
+mod quotas;
 mod retention;
 mod streams;
 mod takeover;
@@ -217,6 +218,9 @@ impl Txn<'_> {
             }
             Command::CreateAcls { bindings } => self.create_acls(proposer, bindings),
             Command::DeleteAcls { filters } => self.delete_acls(proposer, filters),
+            Command::AlterClientQuotas { entity, set, remove } => {
+                self.alter_client_quotas(proposer, entity, set, remove)
+            }
             Command::AllocateProducerIds { count } => self.allocate_producer_ids(proposer, *count),
             Command::BeginTakeover { node, epoch, agent } => self.begin_takeover(proposer, node, *epoch, agent),
             Command::CompleteTakeover { node, epoch } => self.complete_takeover(proposer, node, *epoch),
