@@ -391,3 +391,15 @@ async fn delete_topics_by_id_answers_each_malformed_or_unknown_entry_as_kafka_do
     })
     .await;
 }
+
+// Issue 59: the introspection admin APIs through kafka-python 3
+// (`tests/clients/admin_introspection.py`; confluent-kafka's Python binding has none of
+// them): list_transactions and describe_transactions show an open transaction ongoing
+// with its producer id, describe_producers shows that producer and the offset its
+// transaction starts at, and delete_group_offsets (OffsetDelete) removes the committed
+// offset of a group no member subscribes with.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_python_lists_transactions_describes_producers_and_deletes_group_offsets() {
+    let (_stack, gw) = kafka_stack(1, &[]).await;
+    python(&gw, "admin_introspection.py", &[&gw.kafka], "3").await;
+}
