@@ -1415,3 +1415,60 @@ async fn inv_9_overlapping_failover_holders_cannot_make_two_writers() {
     // acknowledged at, and no refused one appears: one writer per stream epoch.
     assert!(problems.is_empty(), "seed {seed}: {problems:#?}");
 }
+
+/// SD-PH-6: a forced ending abandons the remaining phases. A streamd stopped by SIGTERM,
+/// then SIGINT while it still serves (drain-support, 30 s), exits 130 at once: it hands
+/// nothing off and does not fence itself, so the cluster meets it as a crash. The lease
+/// holder fences it after the node timeout, its WAL is taken over, and every record it
+/// acknowledged (held in its WAL only, never uploaded) reads back from the survivor.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forced_ending_abandons_the_hand_off_and_is_recovered_as_a_crash() {
+    use nix::sys::signal::Signal;
+    let args: Vec<&str> = WAL_ONLY
+        .iter()
+        .copied()
+        .chain([
+            "--shutdown-drain-sec",
+            "30",
+            "--drain-timeout-sec",
+            "60",
+            "--shutdown-deadline-sec",
+            "60",
+        ])
+        .collect();
+    let mut stack = Stack::start_with(2, Backend::FileWal, &args, &[]).await;
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    gw.create_stream("forced").await;
+    gw.wait_open("forced").await;
+    let acked = append_n(&gw, "forced", "f", 10).await;
+    let (victim, _) = owner(&stack, &gw, "forced").await.expect("open");
+    let survivor = 1 - victim;
+    let node = &mut stack.nodes[victim];
+    node.signal(Signal::SIGTERM);
+    wait_for("stop-requested finished", Duration::from_secs(10), || async {
+        node.log_text()
+            .contains("shutdown stop-requested phase finished")
+            .then_some(())
+    })
+    .await;
+    node.signal(Signal::SIGINT);
+    // SD-PH-6: the repeated signal ends the process at once, with the shell's status.
+    assert_eq!(node.wait_exit(Duration::from_secs(10)).await, Some(130));
+    let log = node.log_text();
+    // SD-PH-6: no later phase ran: nothing handed off, no self-fence.
+    assert!(
+        !log.contains("shutdown drain-support phase finished") && !log.contains("fenced self"),
+        "{log}"
+    );
+    // SD-PH-6: the cluster recovers it as a crash: the stream moves to the survivor.
+    wait_for("forced moved", Duration::from_secs(60), || async {
+        owner(&stack, &gw, "forced")
+            .await
+            .filter(|(i, _)| *i == survivor)
+            .map(|_| ())
+    })
+    .await;
+    // SD-PH-6, INV-2: every acknowledged record reads back, once, in order.
+    assert_all_read_back(&gw, "forced", &acked).await;
+}

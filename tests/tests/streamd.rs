@@ -1168,6 +1168,84 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
     .await;
 }
 
+/// INV-17: a well-formed data object uploaded for a stream, holding a record for the
+/// offset after its committed tail, is never read while the metadata log does not
+/// commit it: a read at the tail finds nothing, the next append takes that offset with
+/// its own record, and reads (from the WAL, then from the committed object) show that
+/// record, never the uploaded one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inv_17_an_uploaded_object_the_log_never_committed_is_never_read() {
+    use object_store::{ObjectStoreExt, PutPayload};
+    use weir_streamd::object::format::{read_index, ObjectBuilder};
+    with_timeout(async {
+        let stack = secure_stack(1, Backend::FileWal, &["--upload-interval-ms", "100"]).await;
+        stack.create_stream("inv17", 0).await;
+        let mut c = stack.nodes[0].client().await;
+        let append = |value: &'static [u8]| AppendRequest {
+            stream: "inv17".into(),
+            batches: batch(value).into(),
+            match_next_offset: None,
+            transactional_id: None,
+        };
+        c.append(append(b"kept")).await.expect("append");
+        stack.wait_committed(0, "inv17", 1).await;
+        // The committed object names the stream and its epoch; a ghost beside it claims
+        // offset 1 for the same stream and epoch, and no commit names it.
+        let bucket = stack.s3.dir.path().join(weir_tests::s3::BUCKET);
+        let committed = weir_tests::files_under(&bucket.join("data"))
+            .into_iter()
+            .find(|p| p.extension().is_some_and(|e| e == "wdo"))
+            .expect("the committed object");
+        let chunk = read_index(&std::fs::read(&committed).expect("read the object"))
+            .expect("a data object")
+            .into_iter()
+            .next()
+            .expect("its chunk");
+        let mut ghost = ObjectBuilder::new();
+        ghost.add(chunk.stream, chunk.stream_epoch, 1, 2, &[batch(b"ghost").into()]);
+        let (ghost, _) = ghost.finish();
+        let dir = committed
+            .parent()
+            .and_then(|d| d.strip_prefix(&bucket).ok())
+            .expect("under the bucket")
+            .to_string_lossy()
+            .into_owned();
+        s3_store(&stack)
+            .put(
+                &object_store::path::Path::from(format!("{dir}/ghost.wdo")),
+                PutPayload::from(ghost),
+            )
+            .await
+            .expect("put the ghost");
+        let at_tail = c
+            .read(ReadRequest {
+                stream: "inv17".into(),
+                offset: 1,
+                max_bytes: 64 * 1024,
+                wait_ms: 0,
+                exact_max_bytes: false,
+                read_committed: false,
+            })
+            .await;
+        // INV-17: the uncommitted object's record is not visible at the tail.
+        if let Ok(r) = &at_tail {
+            assert!(
+                values(&r.get_ref().batches).is_empty(),
+                "a read at the tail found {:?}",
+                values(&r.get_ref().batches)
+            );
+        }
+        c.append(append(b"next")).await.expect("append");
+        let want = vec![(0, b"kept".to_vec()), (1, b"next".to_vec())];
+        // INV-17: offset 1 is the append's record, never the uploaded one, from the WAL ...
+        assert_eq!(read_all(&stack, 0, "inv17", 0, 2).await, want);
+        stack.wait_committed(0, "inv17", 2).await;
+        // INV-17: ... and from the committed objects.
+        assert_eq!(read_all(&stack, 0, "inv17", 0, 2).await, want);
+    })
+    .await;
+}
+
 /// F "Clean shutdown" steps 5–6 (FO-FEN-3): on SIGTERM a node closes its streams,
 /// uploading every buffered record first, fences itself, and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
