@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use weir_meta::model::{StreamRow, StreamState};
+use weir_meta::model::{StreamRow, StreamState, TakeoverState};
 use weir_meta::view::View;
 use weir_proto::streamd::streamd_client::StreamdClient;
 use weir_shared::error_code::ErrorCode;
@@ -102,6 +102,22 @@ fn classify(status: &tonic::Status) -> Retry {
     }
 }
 
+/// Where a call goes: the stream's live owner or, for a read while its failed owner's
+/// WAL is taken over, the takeover's agent, which serves what is committed (issue 60).
+#[derive(Clone, Debug, PartialEq)]
+enum Target {
+    Owner(Incarnation),
+    Recovering { agent: Incarnation, dead: Incarnation },
+}
+
+impl Target {
+    fn incarnation(&self) -> &Incarnation {
+        match self {
+            Target::Owner(i) | Target::Recovering { agent: i, .. } => i,
+        }
+    }
+}
+
 /// The gateway's routing table: the view, and one client per owner incarnation.
 pub struct Routes {
     view: Arc<View>,
@@ -185,6 +201,13 @@ impl Routes {
 
     /// The stream's live owner incarnation, and a client of it.
     pub fn owner_client(&self, name: &str) -> Result<(Incarnation, StreamdClient<Channel>), RouteError> {
+        let (target, client) = self.target_client(name, false)?;
+        Ok((target.incarnation().clone(), client))
+    }
+
+    /// Where a call on stream `name` goes, and a client of it: its live owner or, with
+    /// `reads`, the agent recovering its failed owner.
+    fn target_client(&self, name: &str, reads: bool) -> Result<(Target, StreamdClient<Channel>), RouteError> {
         if !self.is_admitted() {
             return Err(RouteError::CatchingUp);
         }
@@ -192,7 +215,7 @@ impl Routes {
             stream: name.to_string(),
             why: why.to_string(),
         };
-        let (owner, addr) = self.view.with(|s| {
+        let (target, addr) = self.view.with(|s| {
             let row = s
                 .stream_by_name(name)
                 .ok_or_else(|| RouteError::NotFound(name.to_string()))?;
@@ -206,14 +229,31 @@ impl Routes {
                 return Err(no_owner("it is being placed, moved or recovered"));
             }
             let owner = row.owner.clone().ok_or_else(|| no_owner("it is not placed"))?;
-            match s.nodes.get(&owner.node) {
-                Some(node) if node.epoch == owner.epoch && !node.fenced => Ok((owner, node.addrs.grpc.clone())),
-                _ => Err(no_owner("its owner is fenced; failover is recovering it")),
+            let live = |inc: &Incarnation| {
+                s.nodes
+                    .get(&inc.node)
+                    .filter(|n| n.epoch == inc.epoch && !n.fenced)
+                    .map(|n| n.addrs.grpc.clone())
+            };
+            if let Some(addr) = live(&owner) {
+                return Ok((Target::Owner(owner), addr));
+            }
+            // A dead owner's pending takeover: its live agent serves committed reads.
+            let agent = s
+                .takeovers
+                .get(&(owner.node.clone(), owner.epoch))
+                .filter(|t| reads && t.state == TakeoverState::Pending)
+                .and_then(|t| t.agent.clone())
+                .and_then(|agent| live(&agent).map(|addr| (agent, addr)));
+            match agent {
+                Some((agent, addr)) => Ok((Target::Recovering { agent, dead: owner }, addr)),
+                None => Err(no_owner("its owner is fenced; failover is recovering it")),
             }
         })?;
+        let inc = target.incarnation().clone();
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = clients.get(&owner) {
-            return Ok((owner, c.clone()));
+        if let Some(c) = clients.get(&inc) {
+            return Ok((target, c.clone()));
         }
         let channel = weir_shared::grpc::channel(&addr).map_err(|e| no_owner(&format!("owner address {addr}: {e}")))?;
         let client = StreamdClient::new(channel)
@@ -224,8 +264,8 @@ impl Routes {
             self.view
                 .with(|s| s.nodes.get(&inc.node).is_some_and(|n| n.epoch == inc.epoch))
         });
-        clients.insert(owner.clone(), client.clone());
-        Ok((owner, client))
+        clients.insert(inc, client.clone());
+        Ok((target, client))
     }
 
     /// Whether the view still names `owner` the stream's live owner; with
@@ -243,6 +283,20 @@ impl Routes {
         })
     }
 
+    /// Whether `agent` is live and still the agent of the pending takeover of `dead`.
+    fn still_recovering(&self, agent: &Incarnation, dead: &Incarnation) -> bool {
+        self.view.with(|s| {
+            let live = s
+                .nodes
+                .get(&agent.node)
+                .is_some_and(|n| n.epoch == agent.epoch && !n.fenced);
+            live && s
+                .takeovers
+                .get(&(dead.node.clone(), dead.epoch))
+                .is_some_and(|t| t.state == TakeoverState::Pending && t.agent.as_ref() == Some(agent))
+        })
+    }
+
     /// Resolves once a call in flight to `owner` should stop waiting for its answer.
     ///
     /// A call that is safe to send again (`safe_to_retry`) stops as soon as the view
@@ -252,8 +306,18 @@ impl Routes {
     /// letting the stream go, so cutting such a call short would turn a known outcome
     /// into an unknown one.
     pub async fn owner_left(&self, name: &str, owner: &Incarnation, safe_to_retry: bool) {
+        self.target_left(name, &Target::Owner(owner.clone()), safe_to_retry)
+            .await
+    }
+
+    /// [`Routes::owner_left`] for any target: a recovering agent is left once the
+    /// takeover it serves reads for is no longer pending with it, or it is gone itself.
+    async fn target_left(&self, name: &str, target: &Target, safe_to_retry: bool) {
         let mut changed = self.view.subscribe();
-        while self.still_serving(name, owner, safe_to_retry) {
+        while match target {
+            Target::Owner(owner) => self.still_serving(name, owner, safe_to_retry),
+            Target::Recovering { agent, dead } => self.still_recovering(agent, dead),
+        } {
             if changed.changed().await.is_err() {
                 // The view stopped: nothing will move; the call's own deadline ends it.
                 std::future::pending::<()>().await;
@@ -289,6 +353,32 @@ impl Routes {
         stream: &str,
         safe_to_retry: bool,
         wait: Duration,
+        f: F,
+    ) -> Result<T, RouteError>
+    where
+        F: FnMut(StreamdClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call_routed(stream, safe_to_retry, false, wait, f).await
+    }
+
+    /// [`Routes::call_waiting`] for a read (`Read`, which is safe to retry): while the
+    /// stream's owner is dead and its WAL being taken over, it goes to the takeover's
+    /// agent, which serves what is committed (issue 60).
+    pub async fn read_waiting<T, F, Fut>(&self, stream: &str, wait: Duration, f: F) -> Result<T, RouteError>
+    where
+        F: FnMut(StreamdClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call_routed(stream, true, true, wait, f).await
+    }
+
+    async fn call_routed<T, F, Fut>(
+        &self,
+        stream: &str,
+        safe_to_retry: bool,
+        reads: bool,
+        wait: Duration,
         mut f: F,
     ) -> Result<T, RouteError>
     where
@@ -298,13 +388,14 @@ impl Routes {
         let mut deadline = tokio::time::Instant::now() + self.retry_for;
         let mut changed = self.view.subscribe();
         loop {
-            let err = match self.owner_client(stream) {
-                Ok((owner, client)) => {
+            let err = match self.target_client(stream, reads) {
+                Ok((target, client)) => {
+                    let owner = target.incarnation().clone();
                     let outcome = tokio::select! {
                         r = tokio::time::timeout(wait + self.call_deadline(), f(client)) => r.unwrap_or_else(|_| {
                             Err(tonic::Status::deadline_exceeded(format!("owner {owner} did not answer within the node timeout")))
                         }),
-                        _ = self.owner_left(stream, &owner, safe_to_retry) => {
+                        _ = self.target_left(stream, &target, safe_to_retry) => {
                             // The route retry time counts again from the move.
                             deadline = deadline.max(tokio::time::Instant::now() + self.retry_for);
                             Err(tonic::Status::cancelled(format!("owner {owner} was replaced while the request was in flight")))

@@ -1472,3 +1472,82 @@ async fn a_forced_ending_abandons_the_hand_off_and_is_recovered_as_a_crash() {
     // SD-PH-6, INV-2: every acknowledged record reads back, once, in order.
     assert_all_read_back(&gw, "forced", &acked).await;
 }
+
+/// Reads `stream` from `seq_num` through the gateway without waiting: the status, and
+/// the page's bodies and tail when it is one.
+async fn read_at(gw: &Gatewayd, stream: &str, seq_num: u64) -> (StatusCode, Vec<String>, Option<u64>) {
+    let path = format!("/v1/streams/{stream}/records?seq_num={seq_num}&wait=0");
+    let (status, body) = gw.send(gw.request(Method::GET, &path)).await;
+    let bodies = body["records"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .filter_map(|r| r["body"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    (status, bodies, body["tail"].as_u64())
+}
+
+// Issue 60, takeover without space: the object store's volume is full when a streamd
+// holding records only in its WAL is killed, so the survivor's takeover cannot upload
+// them and keeps retrying. Meanwhile the stream stays readable up to its last committed
+// offset, served by the takeover's agent: reads below it answer, a read at it finds
+// nothing new, one past it is refused retryably (503). Once space returns the upload
+// succeeds, the stream moves, and every acknowledged record reads back, in order, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_that_cannot_upload_serves_what_is_committed_until_it_can() {
+    let mut stack = Stack::start_with(2, Backend::FileWal, &["--upload-interval-ms", "100"], &[]).await;
+    // The S3 server's root on a small volume of its own (s3s-fs stages each object
+    // there before renaming it into the bucket), mounted before anything is uploaded.
+    let objects = weir_tests::disk::LoopDisk::mount(stack.s3.dir.path(), 64);
+    std::fs::create_dir_all(objects.at.join(weir_tests::s3::BUCKET)).expect("bucket on the volume");
+    let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
+    gw.wait_ready().await;
+    gw.create_stream("rc").await;
+    gw.wait_open("rc").await;
+    let mut acked = append_n(&gw, "rc", "uploaded", 20).await;
+    let (victim, _) = owner(&stack, &gw, "rc").await.expect("open");
+    let survivor = 1 - victim;
+    stack.wait_committed(victim, "rc", 20).await;
+
+    objects.fill_up();
+    acked.extend(append_n(&gw, "rc", "wal-only", 10).await);
+    stack.nodes[victim].kill();
+
+    // Fenced after the node timeout; the survivor's takeover cannot upload, and the
+    // stream is read meanwhile (before, every read answered 503 until it completed).
+    let (bodies, tail) = wait_for("a read during the takeover", Duration::from_secs(60), || async {
+        let (status, bodies, tail) = read_at(&gw, "rc", 0).await;
+        (status == StatusCode::OK).then_some((bodies, tail))
+    })
+    .await;
+    assert_eq!(tail, Some(20), "the tail is the committed end");
+    assert_eq!(bodies, acked[..20], "every committed record, in order");
+    let (status, bodies, tail) = read_at(&gw, "rc", 12).await;
+    assert_eq!((status, tail), (StatusCode::OK, Some(20)));
+    assert_eq!(bodies, acked[12..20]);
+    let (status, bodies, tail) = read_at(&gw, "rc", 20).await;
+    assert_eq!(
+        (status, bodies.len(), tail),
+        (StatusCode::OK, 0, Some(20)),
+        "nothing new at the committed end"
+    );
+    let (status, _, _) = read_at(&gw, "rc", 25).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "past the committed end: not known yet"
+    );
+    assert!(
+        owner(&stack, &gw, "rc").await.is_some_and(|(i, _)| i == victim),
+        "the stream is still its dead owner's while the takeover is pending"
+    );
+
+    objects.free_filler();
+    wait_for("the stream moved to the survivor", Duration::from_secs(60), || async {
+        owner(&stack, &gw, "rc").await.filter(|(i, _)| *i == survivor)
+    })
+    .await;
+    assert_all_read_back(&gw, "rc", &acked).await;
+}

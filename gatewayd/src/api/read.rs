@@ -97,7 +97,7 @@ pub async fn read_page(gw: &Gateway, name: &str, from: u64, limits: Limits) -> R
     for _ in 0..2 {
         let reply = gw
             .routes
-            .call_waiting(name, true, Duration::from_millis(limits.wait_ms.into()), |mut c| {
+            .read_waiting(name, Duration::from_millis(limits.wait_ms.into()), |mut c| {
                 let request = ReadRequest {
                     stream: name.to_string(),
                     offset: from,

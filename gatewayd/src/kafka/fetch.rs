@@ -95,7 +95,7 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration, limit: Limit) -> Got {
     let result = kafka
         .gw
         .routes
-        .call_waiting(&p.stream, true, wait, |mut c| {
+        .read_waiting(&p.stream, wait, |mut c| {
             let req = ReadRequest {
                 stream: p.stream.clone(),
                 offset: p.offset as u64,

@@ -9,6 +9,7 @@ use super::Node;
 use crate::error::StreamdError;
 use crate::stream::StreamHandle;
 use weir_meta::model::AbortedTxn;
+use weir_shared::ids::StreamId;
 
 impl Node {
     /// Aborted transactions with data in `[from, to)` of `handle`'s stream.
@@ -27,10 +28,27 @@ impl Node {
             let inner = handle.inner.lock().await;
             (inner.committed_end, inner.txns.aborted_overlapping(from, to))
         };
+        let (mut out, complete) = self.aborted_committed(handle.id, committed, from, to).await?;
+        if !complete {
+            out.extend(unuploaded);
+        }
+        Ok(out)
+    }
+
+    /// Aborted transactions with data in `[from, to)` of `stream` found in the
+    /// summaries of its committed ranges below `committed`, and whether those are all:
+    /// false when a transaction with data in the read may end past `committed`.
+    pub(super) async fn aborted_committed(
+        &self,
+        stream: StreamId,
+        committed: u64,
+        from: u64,
+        to: u64,
+    ) -> Result<(Vec<AbortedTxn>, bool), StreamdError> {
         let mut out = Vec::new();
         let mut at = from;
         while at < committed {
-            let range = self.range_at(handle.id, at).await?;
+            let range = self.range_at(stream, at).await?;
             out.extend(
                 range
                     .txns
@@ -42,10 +60,9 @@ impl Node {
             // Past the read, with nothing begun below `to` open: every later marker
             // ends a transaction that has no data in the read.
             if at >= to && range.txns.lso_at_end.is_none_or(|l| l >= to) {
-                return Ok(out);
+                return Ok((out, true));
             }
         }
-        out.extend(unuploaded);
-        Ok(out)
+        Ok((out, false))
     }
 }

@@ -14,6 +14,7 @@ mod producers;
 pub mod ranges;
 mod read;
 mod reconcile;
+mod recovering_reads;
 mod retention;
 mod takeover;
 mod uploader;

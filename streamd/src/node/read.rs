@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use weir_meta::model::{AbortedTxn, ObjectRange};
 use weir_shared::batch::{batches_from, split_batches_by_header};
+use weir_shared::ids::StreamId;
 
 /// Ranged GETs one read or open has in flight at once.
 pub const FETCH_CONCURRENCY: usize = 16;
@@ -37,11 +38,21 @@ fn append_tail(
     }
 }
 
+/// A stream whose committed ranges a read walks: one served here, whose handle
+/// remembers where reads stopped, or one recovering from a failed owner, read-only.
+pub(super) struct CommittedStream<'a> {
+    pub id: StreamId,
+    pub name: &'a str,
+    /// Its committed end when the read began.
+    pub end: u64,
+    pub handle: Option<&'a StreamHandle>,
+}
+
 /// A read's answer as it is gathered: slices of cached ranges and buffered batches,
 /// joined into one buffer only when they are not already one, so a read inside one
 /// cached range is answered without a copy (issue 17).
 #[derive(Default)]
-struct Gathered {
+pub(super) struct Gathered {
     /// Each piece is a span of its parent; pieces that continue each other in the
     /// same parent are one span.
     spans: Vec<(Bytes, std::ops::Range<usize>)>,
@@ -63,7 +74,7 @@ impl Gathered {
         self.spans.push((parent.clone(), span));
     }
 
-    fn into_bytes(self) -> Bytes {
+    pub(super) fn into_bytes(self) -> Bytes {
         match &self.spans[..] {
             [] => Bytes::new(),
             [(parent, range)] => parent.slice(range.clone()),
@@ -80,11 +91,11 @@ impl Gathered {
 
 /// A read's byte limit.
 #[derive(Debug, Clone, Copy)]
-struct Budget {
-    bytes: usize,
+pub(super) struct Budget {
+    pub bytes: usize,
     /// The first batch is returned even when it alone is over `bytes`, so a reader of
     /// batches larger than its limit still makes progress (Kafka's rule).
-    at_least_one: bool,
+    pub at_least_one: bool,
 }
 
 impl Budget {
@@ -133,7 +144,20 @@ impl Node {
             bytes: if at_least_one { max_bytes.max(1) } else { max_bytes },
             at_least_one,
         };
-        let handle = self.stream(stream)?;
+        let handle = match self.stream(stream) {
+            Ok(handle) => handle,
+            // Its owner failed and this incarnation takes its WAL over: what is
+            // committed is readable meanwhile (issue 60).
+            Err(not_owner @ StreamdError::NotOwner { .. }) => match self.recovering(stream) {
+                Some(recovering) => {
+                    return self
+                        .read_recovering(stream, recovering, offset, budget, wait, isolation)
+                        .await
+                }
+                None => return Err(not_owner),
+            },
+            Err(e) => return Err(e),
+        };
         // The last stable offset needs the transactions open in the stream.
         if isolation == Isolation::ReadCommitted {
             self.tail_state(&handle).await?;
@@ -211,27 +235,61 @@ impl Node {
         durable_end: u64,
         max_bytes: Budget,
     ) -> Result<Bytes, StreamdError> {
-        // The tail buffer covers offsets from its first batch on.
-        {
-            let inner = handle.inner.lock().await;
-            if inner.buffer.front().is_some_and(|b| b.start <= offset) {
-                let mut out = Gathered::default();
-                append_tail(&inner.buffer, offset, durable_end, max_bytes, &mut out);
-                return Ok(out.into_bytes());
+        let mut out = Gathered::default();
+        let mut at = offset;
+        loop {
+            // The tail buffer covers offsets from its first batch on.
+            {
+                let inner = handle.inner.lock().await;
+                if inner.buffer.front().is_some_and(|b| b.start <= at) {
+                    append_tail(&inner.buffer, at, durable_end, max_bytes, &mut out);
+                    return Ok(out.into_bytes());
+                }
+            }
+            // Below the buffer: committed ranges. A read that reaches the committed end
+            // goes on, so it fills its budget however the records are split between
+            // objects and memory, even when an upload moved them from one to the other
+            // while this read fetched (the buffer then starts past where it stopped).
+            let committed = CommittedStream {
+                id: handle.id,
+                name: &handle.name,
+                end: handle.inner.lock().await.committed_end,
+                handle: Some(handle),
+            };
+            match self
+                .read_committed(&committed, at, durable_end, max_bytes, &mut out)
+                .await?
+            {
+                Some(reached) if reached > at && reached < durable_end => at = reached,
+                _ => return Ok(out.into_bytes()),
             }
         }
-        // Committed ranges from `offset` until `max_bytes` (at least one batch) or the
-        // start of the tail buffer: found first (mostly in the range cache), then
-        // fetched several at a time, and cut in order.
-        let committed = handle.inner.lock().await.committed_end;
+    }
+
+    /// Adds committed ranges from `offset` to `out` until the budget (at least one
+    /// batch), `durable_end` or the start of the tail buffer: found first (mostly in
+    /// the range cache), then fetched several at a time, and cut in order. Answers
+    /// the offset it reached when the read may go on past it, `None` when it must stop.
+    pub(super) async fn read_committed(
+        &self,
+        stream: &CommittedStream<'_>,
+        offset: u64,
+        durable_end: u64,
+        max_bytes: Budget,
+        out: &mut Gathered,
+    ) -> Result<Option<u64>, StreamdError> {
+        let id = stream.id;
         // Marked damage is refused at once, and a read from below it stops at it.
-        self.check_damage(handle.id, &handle.name, offset)?;
-        let damaged_from = self.damage(handle.id).map(|d| d.from.0).filter(|f| *f > offset);
-        let stop = committed.min(durable_end).min(damaged_from.unwrap_or(u64::MAX));
+        self.check_damage(id, stream.name, offset)?;
+        let damaged_from = self.damage(id).map(|d| d.from.0).filter(|f| *f > offset);
+        let stop = stream.end.min(durable_end).min(damaged_from.unwrap_or(u64::MAX));
+        if offset >= stop {
+            return Ok(None);
+        }
         let mut ranges = Vec::new();
         let (mut at, mut planned) = (offset, 0u64);
         loop {
-            let range = self.range_at(handle.id, at).await?;
+            let range = self.range_at(id, at).await?;
             planned += range.len;
             at = range.end.0;
             ranges.push(range);
@@ -240,7 +298,7 @@ impl Node {
             }
         }
         if let Some(last) = ranges.last() {
-            self.read_ahead_after(handle, last, stop);
+            self.read_ahead_after(id, last, stop);
         }
         let mut chunks = futures::stream::iter(ranges)
             .map(|range| async move {
@@ -248,58 +306,57 @@ impl Node {
                 if matches!(fetched, Err(StreamdError::ObjectGone(_))) {
                     // Looked up before a compaction replaced it: the next read rereads
                     // the index, linearizably.
-                    self.ranges.forget_unsettled(handle.id);
+                    self.ranges.forget_unsettled(id);
                 }
-                let chunk = self.note_damage(handle.id, &range, fetched)?;
+                let chunk = self.note_damage(id, &range, fetched)?;
                 Ok::<_, StreamdError>((range, chunk))
             })
             .buffered(FETCH_CONCURRENCY);
-        let mut out = Gathered::default();
         let mut at = offset;
         while let Some(fetched) = chunks.next().await {
             let (range, chunk) = fetched?;
             // Checked whole against the range's CRC when it was fetched, so headers
             // alone split it; from where the last read stopped, if it stopped here.
-            let from = handle.read_hint(&range.key, range.pos, at).unwrap_or(0);
+            let from = stream
+                .handle
+                .and_then(|h| h.read_hint(&range.key, range.pos, at))
+                .unwrap_or(0);
             for batch in batches_from(&chunk, from) {
                 let batch = batch.map_err(|e| StreamdError::Corrupt(format!("object {}: {e}", range.key)));
-                let (pos, header, bytes) = self.note_damage(handle.id, &range, batch)?;
+                let (pos, header, bytes) = self.note_damage(id, &range, batch)?;
                 let start = header.base_offset as u64;
                 if start + header.offset_count() <= at {
                     continue;
                 }
                 if start >= durable_end {
-                    return Ok(out.into_bytes());
+                    return Ok(None);
                 }
                 if max_bytes.full(out.len, bytes.len()) {
-                    handle.remember_read(ReadHint {
-                        key: range.key.clone(),
-                        pos: range.pos,
-                        offset: start,
-                        at: pos,
-                    });
-                    return Ok(out.into_bytes());
+                    if let Some(handle) = stream.handle {
+                        handle.remember_read(ReadHint {
+                            key: range.key.clone(),
+                            pos: range.pos,
+                            offset: start,
+                            at: pos,
+                        });
+                    }
+                    return Ok(None);
                 }
                 out.push(&chunk, bytes);
             }
             at = range.end.0;
         }
-        // A read that reached the committed end goes on into the tail buffer, so it
-        // fills its budget however the records are split between objects and memory.
-        if out.len < max_bytes.bytes && at < durable_end && damaged_from.is_none_or(|f| at < f) {
-            let inner = handle.inner.lock().await;
-            append_tail(&inner.buffer, at, durable_end, max_bytes, &mut out);
-        }
-        Ok(out.into_bytes())
+        let more = out.len < max_bytes.bytes && damaged_from.is_none_or(|f| at < f);
+        Ok(more.then_some(at))
     }
 
     /// A reader in `range` most likely reads the next committed range next: fetch it
     /// into the cache now, if the index cache knows it and it is below `stop`.
-    fn read_ahead_after(&self, handle: &StreamHandle, range: &ObjectRange, stop: u64) {
+    fn read_ahead_after(&self, stream: StreamId, range: &ObjectRange, stop: u64) {
         if range.end.0 >= stop {
             return;
         }
-        if let Some(next) = self.ranges.find(handle.id, range.end.0) {
+        if let Some(next) = self.ranges.find(stream, range.end.0) {
             self.range_reads.read_ahead(&next);
         }
     }
@@ -337,7 +394,7 @@ impl Node {
 }
 
 /// The offset after the last batch in `batches`.
-fn last_end(batches: &[u8]) -> Option<u64> {
+pub(super) fn last_end(batches: &[u8]) -> Option<u64> {
     split_batches_by_header(batches)
         .ok()?
         .last()
