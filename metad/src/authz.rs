@@ -423,14 +423,10 @@ mod tests {
         // Issue 59: the cluster's ACLs are judged with the scopes: a deny takes away
         // what a scope grants, an allow grants what none does.
         let mut acls = weir_meta::model::acls::Acls::default();
-        let binding = |name: &str, permission| weir_meta::model::acls::AclBinding {
-            resource_type: weir_meta::model::acls::ResourceType::Topic,
-            pattern_type: weir_meta::model::acls::PatternType::Literal,
-            resource_name: name.into(),
-            principal: "User:orders".into(),
-            host: "*".into(),
-            operation: weir_meta::model::acls::Operation::Create,
-            permission,
+        use weir_meta::model::acls::{AclBinding, Operation, PatternType, ResourceType};
+        let binding = |name: &str, permission| {
+            let topic = (PatternType::Literal, name);
+            AclBinding::from_any_host("User:orders", ResourceType::Topic, topic, Operation::Create, permission)
         };
         acls.insert(binding("orders-eu", weir_meta::model::acls::Permission::Deny));
         acls.insert(binding("payments", weir_meta::model::acls::Permission::Allow));

@@ -20,6 +20,17 @@ pub const PRODUCTION_WAL: &[&str] = &["--wal-segment-bytes", "67108864"];
 /// close or a takeover), for tests of what a stop or a crash does with them.
 pub const WAL_ONLY: &[&str] = &["--upload-interval-ms", "600000", "--upload-bytes", "1000000000"];
 
+/// A stop that stays 30 s in its readiness drain, well inside its drain timeout and
+/// deadline: time for a test to act on a process mid-stop.
+pub const LONG_DRAIN: &[&str] = &[
+    "--shutdown-drain-sec",
+    "30",
+    "--drain-timeout-sec",
+    "60",
+    "--shutdown-deadline-sec",
+    "60",
+];
+
 /// One streamd process.
 pub struct Streamd {
     pub id: String,

@@ -878,7 +878,8 @@ async fn a_drain_continues_with_the_next_leader_when_the_leader_dies() {
 // fail on the leader (failpoints `release=hang`, `release=return(err)`,
 // `release_reply=drop`) is logged with its own string, and drain-support is Abandoned
 // even though every stream was handed over. A release that never committed leaves the
-// node cordoned; one whose reply was dropped had committed.
+// node cordoned, across a restart, taking no placement until an operator uncordons it;
+// one whose reply was dropped had committed.
 #[tokio::test(flavor = "multi_thread")]
 async fn each_failed_release_of_the_drain_cordon_is_reported() {
     let cases = [
@@ -903,7 +904,7 @@ async fn each_failed_release_of_the_drain_cordon_is_reported() {
     ];
     for (var, action, message, stays_cordoned) in cases {
         let stack = Stack::start_replicas_with_env(1, 2, Backend::FileWal, SHORT, &[], &[(var, action)]).await;
-        let (mut stack, _gw) = with_streams_on_the_first(stack, &["rl-a"]).await;
+        let (mut stack, gw) = with_streams_on_the_first(stack, &["rl-a"]).await;
         let a = stack.nodes[0].id.clone();
         stack.nodes[0].term();
         let code = stack.nodes[0].wait_exit(Duration::from_secs(30)).await;
@@ -922,6 +923,41 @@ async fn each_failed_release_of_the_drain_cordon_is_reported() {
         let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
         // INV-16: /admin/nodes shows the drain cordon exactly when its release never committed.
         assert_eq!(node_row(&nodes, &a)["cordoned"], stays_cordoned, "{action}");
+
+        // SD-REL-11: restarted, the node is still cordoned exactly when the release never
+        // committed, and then takes no placement until an operator uncordons it. It holds
+        // no stream, so without the cordon placement would pick it (least loaded).
+        stack.nodes[0].start();
+        stack.nodes[0].wait_ready().await;
+        let nodes = stack.metad.replicas[0].http_json("/admin/nodes").await.expect("nodes");
+        assert_eq!(
+            node_row(&nodes, &a)["cordoned"],
+            stays_cordoned,
+            "{action}: after the restart"
+        );
+        let b = stack.nodes[1].id.clone();
+        gw.create_stream("rl-after-restart").await;
+        gw.wait_open("rl-after-restart").await;
+        let placed = owner_of(&gw, "rl-after-restart").await;
+        let expected = if stays_cordoned { &b } else { &a };
+        assert_eq!(
+            placed.as_deref(),
+            Some(expected.as_str()),
+            "{action}: placed after the restart"
+        );
+        if stays_cordoned {
+            let (status, body) = gw
+                .send(gw.request(Method::POST, &format!("/admin/nodes/{a}/uncordon")))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            gw.create_stream("rl-after-uncordon").await;
+            gw.wait_open("rl-after-uncordon").await;
+            assert_eq!(
+                owner_of(&gw, "rl-after-uncordon").await.as_deref(),
+                Some(a.as_str()),
+                "{action}: placed after the uncordon"
+            );
+        }
     }
 }
 

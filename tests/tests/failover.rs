@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::time::Duration;
 use weir_tests::gateway::Gatewayd;
-use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
+use weir_tests::streamd::{Backend, Stack, LONG_DRAIN, WAL_ONLY};
 use weir_tests::wait_for;
 
 /// Two streamd nodes (1 s heartbeats, 3 s timeout), metad placing streams, one gateway.
@@ -1424,18 +1424,7 @@ async fn inv_9_overlapping_failover_holders_cannot_make_two_writers() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forced_ending_abandons_the_hand_off_and_is_recovered_as_a_crash() {
     use nix::sys::signal::Signal;
-    let args: Vec<&str> = WAL_ONLY
-        .iter()
-        .copied()
-        .chain([
-            "--shutdown-drain-sec",
-            "30",
-            "--drain-timeout-sec",
-            "60",
-            "--shutdown-deadline-sec",
-            "60",
-        ])
-        .collect();
+    let args: Vec<&str> = WAL_ONLY.iter().chain(LONG_DRAIN).copied().collect();
     let mut stack = Stack::start_with(2, Backend::FileWal, &args, &[]).await;
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weir_tests::gateway::Gatewayd;
-use weir_tests::streamd::{Backend, Stack, WAL_ONLY};
+use weir_tests::streamd::{Backend, Stack, LONG_DRAIN, WAL_ONLY};
 use weir_tests::{get_text, metric_value, records, seconds_of_day, wait_for};
 
 /// H2 of requirements.md: short shutdown timing for tests.
@@ -182,20 +182,7 @@ async fn sigterm_hands_off_and_every_service_logs_three_phases_and_exits_0() {
 // neither the self-fence nor terminal teardown.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_repeated_signal_exits_at_once_with_130_or_143() {
-    let mut stack = Stack::start_with(
-        2,
-        Backend::FileWal,
-        &[
-            "--shutdown-drain-sec",
-            "30",
-            "--drain-timeout-sec",
-            "60",
-            "--shutdown-deadline-sec",
-            "60",
-        ],
-        &[],
-    )
-    .await;
+    let mut stack = Stack::start_with(2, Backend::FileWal, LONG_DRAIN, &[]).await;
     for (i, (first, second, code)) in [
         (Signal::SIGTERM, Signal::SIGINT, 130),
         (Signal::SIGINT, Signal::SIGTERM, 143),

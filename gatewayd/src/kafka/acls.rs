@@ -5,6 +5,7 @@
 use super::caller::Caller;
 use super::Kafka;
 use kafka_protocol::messages::create_acls_response::AclCreationResult;
+use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
 use kafka_protocol::messages::delete_acls_response::{DeleteAclsFilterResult, DeleteAclsMatchingAcl};
 use kafka_protocol::messages::describe_acls_response::{AclDescription, DescribeAclsResource};
 use kafka_protocol::messages::*;
@@ -60,17 +61,56 @@ fn binding(c: &create_acls_request::AclCreation) -> Result<AclBinding, String> {
     }
 }
 
-/// A filter from the fields DescribeAcls and DeleteAcls share.
-#[allow(clippy::too_many_arguments)]
-fn filter(
+/// The fields DescribeAcls and DeleteAcls share, which make a filter.
+struct FilterFields<'a> {
     resource_type: i8,
-    resource_name: Option<&StrBytes>,
+    resource_name: Option<&'a StrBytes>,
     pattern_type: i8,
-    principal: Option<&StrBytes>,
-    host: Option<&StrBytes>,
+    principal: Option<&'a StrBytes>,
+    host: Option<&'a StrBytes>,
     operation: i8,
     permission: i8,
-) -> Result<AclFilter, String> {
+}
+
+impl<'a> From<&'a DescribeAclsRequest> for FilterFields<'a> {
+    fn from(r: &'a DescribeAclsRequest) -> Self {
+        Self {
+            resource_type: r.resource_type_filter,
+            resource_name: r.resource_name_filter.as_ref(),
+            pattern_type: r.pattern_type_filter,
+            principal: r.principal_filter.as_ref(),
+            host: r.host_filter.as_ref(),
+            operation: r.operation,
+            permission: r.permission_type,
+        }
+    }
+}
+
+impl<'a> From<&'a DeleteAclsFilter> for FilterFields<'a> {
+    fn from(f: &'a DeleteAclsFilter) -> Self {
+        Self {
+            resource_type: f.resource_type_filter,
+            resource_name: f.resource_name_filter.as_ref(),
+            pattern_type: f.pattern_type_filter,
+            principal: f.principal_filter.as_ref(),
+            host: f.host_filter.as_ref(),
+            operation: f.operation,
+            permission: f.permission_type,
+        }
+    }
+}
+
+/// The filter `fields` name, or why they name none.
+fn filter(fields: FilterFields) -> Result<AclFilter, String> {
+    let FilterFields {
+        resource_type,
+        resource_name,
+        pattern_type,
+        principal,
+        host,
+        operation,
+        permission,
+    } = fields;
     let any_or = |code: i8, what: &str, known: Option<()>| match (code, known) {
         (ANY, _) | (_, Some(())) => Ok(()),
         _ => Err(format!("{what} {code} is not one a filter names")),
@@ -105,15 +145,7 @@ pub fn describe(kafka: &Kafka, caller: &Caller, r: DescribeAclsRequest) -> Descr
             .with_error_code(CLUSTER_AUTHORIZATION_FAILED)
             .with_error_message(Some(s("describing ACLs needs DESCRIBE on the cluster")));
     }
-    let f = match filter(
-        r.resource_type_filter,
-        r.resource_name_filter.as_ref(),
-        r.pattern_type_filter,
-        r.principal_filter.as_ref(),
-        r.host_filter.as_ref(),
-        r.operation,
-        r.permission_type,
-    ) {
+    let f = match filter(FilterFields::from(&r)) {
         Ok(f) => f,
         Err(why) => {
             return response
@@ -202,21 +234,7 @@ pub async fn delete(kafka: &Kafka, caller: &Caller, r: DeleteAclsRequest) -> Del
             .collect();
         return DeleteAclsResponse::default().with_filter_results(results);
     }
-    let parsed: Vec<Result<AclFilter, String>> = r
-        .filters
-        .iter()
-        .map(|f| {
-            filter(
-                f.resource_type_filter,
-                f.resource_name_filter.as_ref(),
-                f.pattern_type_filter,
-                f.principal_filter.as_ref(),
-                f.host_filter.as_ref(),
-                f.operation,
-                f.permission_type,
-            )
-        })
-        .collect();
+    let parsed: Vec<Result<AclFilter, String>> = r.filters.iter().map(|f| filter(FilterFields::from(f))).collect();
     let valid: Vec<AclFilter> = parsed.iter().filter_map(|f| f.as_ref().ok().cloned()).collect();
     let outcome = match valid.is_empty() {
         true => Ok(Vec::new()),
@@ -286,13 +304,20 @@ mod tests {
 
     #[test]
     fn a_filter_takes_any_and_match() {
-        let f = filter(ANY, None, MATCH, None, None, ANY, 3).unwrap();
+        let r = DescribeAclsRequest::default()
+            .with_resource_type_filter(ANY)
+            .with_pattern_type_filter(MATCH)
+            .with_operation(ANY)
+            .with_permission_type(3);
+        let f = filter(FilterFields::from(&r)).unwrap();
         assert_eq!(f.resource_type, None);
         assert_eq!(f.pattern, PatternFilter::Match);
         assert_eq!(f.permission, Some(Permission::Allow));
-        assert!(
-            filter(0, None, ANY, None, None, ANY, ANY).is_err(),
-            "UNKNOWN is no filter"
-        );
+        let unknown = DeleteAclsFilter::default()
+            .with_resource_type_filter(0)
+            .with_pattern_type_filter(ANY)
+            .with_operation(ANY)
+            .with_permission_type(ANY);
+        assert!(filter(FilterFields::from(&unknown)).is_err(), "UNKNOWN is no filter");
     }
 }

@@ -186,6 +186,26 @@ pub struct AclBinding {
 }
 
 impl AclBinding {
+    /// `permission` of `operation` on the resources `pattern` names, for `principal`
+    /// from any host.
+    pub fn from_any_host(
+        principal: &str,
+        resource_type: ResourceType,
+        pattern: (PatternType, &str),
+        operation: Operation,
+        permission: Permission,
+    ) -> Self {
+        Self {
+            resource_type,
+            pattern_type: pattern.0,
+            resource_name: pattern.1.to_string(),
+            principal: principal.to_string(),
+            host: "*".into(),
+            operation,
+            permission,
+        }
+    }
+
     /// Why this binding cannot be stored, if it cannot.
     pub fn invalid(&self) -> Option<String> {
         if self.resource_name.is_empty() {
@@ -323,16 +343,8 @@ impl<'de> Deserialize<'de> for Acls {
 mod tests {
     use super::*;
 
-    pub(crate) fn binding(rt: ResourceType, p: PatternType, name: &str, op: Operation, perm: Permission) -> AclBinding {
-        AclBinding {
-            resource_type: rt,
-            pattern_type: p,
-            resource_name: name.into(),
-            principal: "User:alice".into(),
-            host: "*".into(),
-            operation: op,
-            permission: perm,
-        }
+    fn binding(rt: ResourceType, p: PatternType, name: &str, op: Operation, perm: Permission) -> AclBinding {
+        AclBinding::from_any_host("User:alice", rt, (p, name), op, perm)
     }
 
     #[test]

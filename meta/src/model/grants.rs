@@ -249,15 +249,7 @@ mod tests {
         op: Operation,
         perm: Permission,
     ) -> AclBinding {
-        AclBinding {
-            resource_type: rt,
-            pattern_type: pattern.0,
-            resource_name: pattern.1.into(),
-            principal: principal.into(),
-            host: "*".into(),
-            operation: op,
-            permission: perm,
-        }
+        AclBinding::from_any_host(principal, rt, pattern, op, perm)
     }
 
     fn table(bindings: Vec<AclBinding>) -> Acls {

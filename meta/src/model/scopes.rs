@@ -108,15 +108,13 @@ impl Scopes {
                     (_, "") => (PatternType::Literal, "*".to_string()),
                     (_, p) => (PatternType::Prefixed, p.to_string()),
                 };
-                out.push(AclBinding {
-                    resource_type: rt,
-                    pattern_type,
-                    resource_name,
-                    principal: principal.to_string(),
-                    host: "*".into(),
-                    operation: op,
-                    permission: Permission::Allow,
-                });
+                out.push(AclBinding::from_any_host(
+                    principal,
+                    rt,
+                    (pattern_type, &resource_name),
+                    op,
+                    Permission::Allow,
+                ));
             }
         }
         out

@@ -64,15 +64,8 @@ mod tests {
     use crate::model::Command;
 
     fn binding(name: &str, op: Operation, perm: Permission) -> AclBinding {
-        AclBinding {
-            resource_type: ResourceType::Topic,
-            pattern_type: PatternType::Literal,
-            resource_name: name.into(),
-            principal: "User:alice".into(),
-            host: "*".into(),
-            operation: op,
-            permission: perm,
-        }
+        let topic = (PatternType::Literal, name);
+        AclBinding::from_any_host("User:alice", ResourceType::Topic, topic, op, perm)
     }
 
     #[test]
