@@ -15,6 +15,7 @@ mod leader;
 mod metrics;
 mod network;
 mod placement_loop;
+mod raft_health;
 mod raft_service;
 mod raft_types;
 mod server;

@@ -132,7 +132,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
 
     let http = weir_shared::http_server::serve(
         Listener::new(http_listener, "http", limits),
-        crate::admin_http::router(raft.clone(), sm.clone(), args.id, disk, stopping.clone()),
+        crate::admin_http::router(raft.clone(), sm.clone(), args.id, disk.clone(), stopping.clone()),
         None,
         shutdown.clone().cancelled_owned(),
     );
@@ -201,7 +201,14 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
         init_cluster_settings(raft.clone(), hub.clone(), config.clone(), background_stop.clone()),
     );
 
-    stopping.token().cancelled().await;
+    // A Raft core that stops on its own (a storage write failed) ends the replica.
+    let stop_requested = stopping.token();
+    tokio::select! {
+        _ = stop_requested.cancelled() => {}
+        why = crate::raft_health::stopped_on_its_own(&raft) => {
+            return Err(crate::raft_health::failure(&why, &disk));
+        }
+    }
     stopping
         .run_phases(&mut MetadStop {
             stopping: &stopping,

@@ -1478,12 +1478,47 @@ async fn read_at(gw: &Gatewayd, stream: &str, seq_num: u64) -> (StatusCode, Vec<
     (status, bodies, body["tail"].as_u64())
 }
 
+/// Consumes partition 0 of `topic` from its beginning (ListOffsets EARLIEST) with a
+/// real Kafka client (librdkafka, `read_committed`) until `n` records arrive or 30 s
+/// pass: their values.
+async fn consume(kafka: &str, topic: &str, n: usize) -> Vec<String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+    let (kafka, topic) = (kafka.to_string(), topic.to_string());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &kafka)
+            .set("group.id", "takeover-reader")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .expect("consumer");
+        let mut partitions = TopicPartitionList::new();
+        partitions
+            .add_partition_offset(&topic, 0, Offset::Beginning)
+            .expect("partition");
+        consumer.assign(&partitions).expect("assign");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut values = Vec::new();
+        while values.len() < n && std::time::Instant::now() < deadline {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+                values.push(String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned());
+            }
+        }
+        values
+    })
+    .await
+    .expect("consumer thread")
+}
+
 // Issue 60, takeover without space: the object store's volume is full when a streamd
 // holding records only in its WAL is killed, so the survivor's takeover cannot upload
-// them and keeps retrying. Meanwhile the stream stays readable up to its last committed
-// offset, served by the takeover's agent: reads below it answer, a read at it finds
-// nothing new, one past it is refused retryably (503). Once space returns the upload
-// succeeds, the stream moves, and every acknowledged record reads back, in order, once.
+// them and keeps retrying. Meanwhile the partition stays readable up to its last
+// committed offset, served by the takeover's agent: over HTTP reads below it answer, a
+// read at it finds nothing new, one past it is refused retryably (503); a Kafka
+// consumer (read_committed) reads every committed record. Once space returns the
+// upload succeeds, the partition moves, and every acknowledged record reads back, in
+// order, once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_takeover_that_cannot_upload_serves_what_is_committed_until_it_can() {
     let mut stack = Stack::start_with(2, Backend::FileWal, &["--upload-interval-ms", "100"], &[]).await;
@@ -1493,50 +1528,61 @@ async fn a_takeover_that_cannot_upload_serves_what_is_committed_until_it_can() {
     std::fs::create_dir_all(objects.at.join(weir_tests::s3::BUCKET)).expect("bucket on the volume");
     let gw = Gatewayd::start("gw-1", &stack.metad.replicas[0].grpc, stack.dir.path(), &[]);
     gw.wait_ready().await;
-    gw.create_stream("rc").await;
-    gw.wait_open("rc").await;
-    let mut acked = append_n(&gw, "rc", "uploaded", 20).await;
-    let (victim, _) = owner(&stack, &gw, "rc").await.expect("open");
+    stack.metad.create_topic("rc", 1).await;
+    gw.wait_open("rc/0").await;
+    // The partition's stream over HTTP (its slash escaped in a path).
+    let rc = "rc%2F0";
+    let mut acked = append_n(&gw, rc, "uploaded", 20).await;
+    let (victim, _) = owner(&stack, &gw, rc).await.expect("open");
     let survivor = 1 - victim;
-    stack.wait_committed(victim, "rc", 20).await;
+    stack.wait_committed(victim, "rc/0", 20).await;
 
     objects.fill_up();
-    acked.extend(append_n(&gw, "rc", "wal-only", 10).await);
+    acked.extend(append_n(&gw, rc, "wal-only", 10).await);
     stack.nodes[victim].kill();
 
     // Fenced after the node timeout; the survivor's takeover cannot upload, and the
     // stream is read meanwhile (before, every read answered 503 until it completed).
     let (bodies, tail) = wait_for("a read during the takeover", Duration::from_secs(60), || async {
-        let (status, bodies, tail) = read_at(&gw, "rc", 0).await;
+        let (status, bodies, tail) = read_at(&gw, rc, 0).await;
         (status == StatusCode::OK).then_some((bodies, tail))
     })
     .await;
     assert_eq!(tail, Some(20), "the tail is the committed end");
     assert_eq!(bodies, acked[..20], "every committed record, in order");
-    let (status, bodies, tail) = read_at(&gw, "rc", 12).await;
+    let (status, bodies, tail) = read_at(&gw, rc, 12).await;
     assert_eq!((status, tail), (StatusCode::OK, Some(20)));
     assert_eq!(bodies, acked[12..20]);
-    let (status, bodies, tail) = read_at(&gw, "rc", 20).await;
+    let (status, bodies, tail) = read_at(&gw, rc, 20).await;
     assert_eq!(
         (status, bodies.len(), tail),
         (StatusCode::OK, 0, Some(20)),
         "nothing new at the committed end"
     );
-    let (status, _, _) = read_at(&gw, "rc", 25).await;
+    let (status, _, _) = read_at(&gw, rc, 25).await;
     assert_eq!(
         status,
         StatusCode::SERVICE_UNAVAILABLE,
         "past the committed end: not known yet"
     );
+    let (status, body) = gw
+        .send(gw.request(Method::GET, &format!("/v1/streams/{rc}/records/tail")))
+        .await;
+    assert_eq!((status, body["tail"].as_u64()), (StatusCode::OK, Some(20)), "{body}");
+    assert_eq!(
+        consume(&gw.kafka, "rc", 20).await,
+        acked[..20],
+        "a Kafka consumer reads them too"
+    );
     assert!(
-        owner(&stack, &gw, "rc").await.is_some_and(|(i, _)| i == victim),
-        "the stream is still its dead owner's while the takeover is pending"
+        owner(&stack, &gw, rc).await.is_some_and(|(i, _)| i == victim),
+        "the partition is still its dead owner's while the takeover is pending"
     );
 
     objects.free_filler();
     wait_for("the stream moved to the survivor", Duration::from_secs(60), || async {
-        owner(&stack, &gw, "rc").await.filter(|(i, _)| *i == survivor)
+        owner(&stack, &gw, rc).await.filter(|(i, _)| *i == survivor)
     })
     .await;
-    assert_all_read_back(&gw, "rc", &acked).await;
+    assert_all_read_back(&gw, rc, &acked).await;
 }

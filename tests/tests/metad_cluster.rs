@@ -963,6 +963,76 @@ async fn obs_17_sd_td_6_a_full_disk_at_close_is_logged_at_error_and_loses_no_ent
     .await;
 }
 
+// Issue 60: another process fills metad's volume, bytes and inodes, past where its marks
+// would act (they are off here). The next snapshot (every 10 entries) cannot be
+// written, so Raft stops on a storage error. The replica does not run on half-alive: it
+// logs why, naming its volume and its free space, and exits 1. Its store is intact: once
+// space returns the same directory starts again with every entry it applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metad_whose_store_fails_on_a_full_disk_exits_naming_it_and_recovers_when_freed() {
+    with_timeout(async {
+        let flags = [
+            "--disk-refuse-free-bytes",
+            "0",
+            "--disk-alert-free-bytes",
+            "0",
+            "--snapshot-logs",
+            "10",
+            "--snapshot-rows-percent",
+            "0",
+        ];
+        let mut cluster = Cluster::start(1, &flags).await;
+        let client = cluster.client();
+        propose_until_applied(&client, topic("before-full")).await;
+        cluster.replicas[0].signal(nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(cluster.replicas[0].wait_exit(Duration::from_secs(20)).await, Some(0));
+        let small = cluster.replicas[0].data_dir.with_file_name("full-store-disk");
+        let disk = Tmpfs::mount(&small, "48m", 4096);
+        restart_on(&mut cluster.replicas[0], &small);
+        cluster.wait_leader(&[]).await;
+
+        disk.fill();
+        let mut code = None;
+        for i in 0..200 {
+            // Answers may fail once Raft has stopped; only the exit counts.
+            let answer = tokio::time::timeout(
+                Duration::from_secs(2),
+                client.propose(&operator(), topic(&format!("while-full-{i}"))),
+            )
+            .await;
+            println!("while full, proposal {i}: {answer:?}");
+            code = cluster.replicas[0].exited_within(Duration::from_millis(100)).await;
+            if code.is_some() {
+                break;
+            }
+        }
+        let log = cluster.replicas[0].log_text();
+        assert_eq!(code, Some(1), "a replica whose store failed exits 1:\n{log}");
+        let failure = log
+            .lines()
+            .find(|l| l.contains("the metadata store failed and Raft stopped"))
+            .unwrap_or_else(|| panic!("no failure logged:\n{log}"));
+        println!("{failure}");
+        assert!(failure.contains("\"ERROR\""), "logged at error: {failure}");
+        let volume = format!("the metadata volume {}", cluster.replicas[0].data_dir.display());
+        assert!(failure.contains(&volume), "names its volume ({volume}): {failure}");
+
+        disk.free();
+        cluster.replicas[0].start();
+        cluster.wait_leader(&[]).await;
+        let topics = wait_for("the topics after the restart", Duration::from_secs(20), || async {
+            topics_of(&cluster, 0).await
+        })
+        .await;
+        assert!(topics.contains(&"before-full".to_string()), "{topics:?}");
+        propose_until_applied(&client, topic("after-full")).await;
+        cluster.replicas[0].signal(nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(cluster.replicas[0].wait_exit(Duration::from_secs(20)).await, Some(0));
+        drop(disk);
+    })
+    .await;
+}
+
 // Issue 60: metad's volume fills: another file takes it below the refuse mark. The
 // leader refuses new topics with `storage_full`, naming the volume, and keeps taking
 // what keeps the cluster running and frees space (a delete here); `/ready` says why.
