@@ -362,9 +362,9 @@ impl Routes {
         self.call_routed(stream, safe_to_retry, false, wait, f).await
     }
 
-    /// [`Routes::call_waiting`] for a read (`Read` or `Status`, safe to retry): while
-    /// the stream's owner is dead and its WAL being taken over, it goes to the
-    /// takeover's agent, which serves what is committed (issue 60).
+    /// [`Routes::call_waiting`] for a read (`Read`, which is safe to retry): while the
+    /// stream's owner is dead and its WAL being taken over, it goes to the takeover's
+    /// agent, which serves what is committed (issue 60).
     pub async fn read_waiting<T, F, Fut>(&self, stream: &str, wait: Duration, f: F) -> Result<T, RouteError>
     where
         F: FnMut(StreamdClient<Channel>) -> Fut,

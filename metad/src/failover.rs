@@ -21,6 +21,8 @@ use weir_shared::ids::{Incarnation, NodeId};
 
 /// How often the holder looks for takeover steps to take when nothing is applied.
 const STEP_TICK: Duration = Duration::from_millis(250);
+/// How often the holder judges every node's liveness (FO-LIV-3).
+const JUDGE_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs until `cancel`: registers (again whenever this incarnation is fenced), heartbeats,
 /// and runs the failover ticks.
@@ -80,7 +82,7 @@ async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, reap_beats:
     let mut tick = tokio::time::interval(STEP_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut applied = hub.applied_changes();
-    let mut last_judged: Option<tokio::time::Instant> = None;
+    let mut next_judgement: Option<tokio::time::Instant> = None;
     let mut clock = Clock::default();
     let mut holding = false;
     let proposer = Proposer::Node(me.clone());
@@ -114,9 +116,17 @@ async fn ticks(metad: &MetadClient, hub: &ViewHub, me: &Incarnation, reap_beats:
                 tracing::info!(node_id = %me.node, epoch = %me.epoch, "holding the failover lease");
             }
         }
-        let judge = last_judged.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        let now = tokio::time::Instant::now();
+        let judge = next_judgement.is_none_or(|t| now >= t);
         if judge {
-            last_judged = Some(tokio::time::Instant::now());
+            // On a fixed one-second grid, so waking between its points (step ticks,
+            // applied entries) never stretches it; a loop that fell more than a second
+            // behind (a slow proposal) starts the grid again from now.
+            next_judgement = Some(match next_judgement {
+                Some(t) if t + JUDGE_EVERY > now => t + JUDGE_EVERY,
+                _ => now + JUDGE_EVERY,
+            });
+            crate::metrics::metrics().failover_judgements.inc();
         }
         let commands = hub.with_state(|s| holder_commands(s, me, &mut clock, judge, reap_beats));
         for command in commands {

@@ -20,6 +20,8 @@ pub struct MetadMetrics {
     pub failover_actions: IntCounterVec,
     /// 1 while this replica holds the failover lease.
     pub failover_holder: IntGauge,
+    /// Liveness judgements of every node row by the lease holder: one a second (FO-LIV-3).
+    pub failover_judgements: IntCounter,
     /// Planned transfers this replica coordinated, by outcome (`moved`, `failed`) and
     /// reason (`drain`, `shutdown`, `transfer`).
     pub transfers: IntCounterVec,
@@ -61,6 +63,13 @@ pub fn metrics() -> &'static MetadMetrics {
                 .expect("valid metric"),
             ),
             failover_holder: gauge("metad_failover_holder", "1 while this replica holds the failover lease"),
+            failover_judgements: register(
+                IntCounter::new(
+                    "metad_failover_judgements_total",
+                    "Liveness judgements of every node row by the failover lease holder, one a second",
+                )
+                .expect("valid metric"),
+            ),
             transfers: register(
                 IntCounterVec::new(
                     Opts::new(

@@ -134,28 +134,7 @@ impl Streamd for DataPlane {
     async fn status(&self, req: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         weir_shared::peer::require(&req, CLIENTS, "Status")?;
         let name = req.into_inner().stream;
-        let h = match self.node.stream(&name) {
-            Ok(h) => h,
-            // Its owner failed and this incarnation takes its WAL over: what is
-            // committed is readable meanwhile, and its status says how far (issue 60).
-            Err(not_owner @ crate::error::StreamdError::NotOwner { .. }) => {
-                return match self.node.recovering_status(&name).await? {
-                    Some(r) => Ok(Response::new(StatusReply {
-                        stream: name,
-                        stream_id: r.id.0,
-                        stream_epoch: r.epoch.0,
-                        start_offset: r.start,
-                        end_offset: r.end,
-                        last_stable_offset: r.last_stable,
-                        committed_end: r.end,
-                        buffered_bytes: 0,
-                        leader_epoch: (r.leader_epoch >= 0).then_some(r.leader_epoch),
-                    })),
-                    None => Err(not_owner.into()),
-                };
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let h = self.node.stream(&name)?;
         // Its last stable offset needs the transactions open in the stream.
         self.node.tail_state(&h).await?;
         let inner = h.inner.lock().await;

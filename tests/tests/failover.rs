@@ -1478,9 +1478,8 @@ async fn read_at(gw: &Gatewayd, stream: &str, seq_num: u64) -> (StatusCode, Vec<
     (status, bodies, body["tail"].as_u64())
 }
 
-/// Consumes partition 0 of `topic` from its beginning (ListOffsets EARLIEST) with a
-/// real Kafka client (librdkafka, `read_committed`) until `n` records arrive or 30 s
-/// pass: their values.
+/// Consumes partition 0 of `topic` from offset 0 with a real Kafka client (librdkafka,
+/// `read_committed`) until `n` records arrive or 30 s pass: their values.
 async fn consume(kafka: &str, topic: &str, n: usize) -> Vec<String> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -1495,7 +1494,7 @@ async fn consume(kafka: &str, topic: &str, n: usize) -> Vec<String> {
             .expect("consumer");
         let mut partitions = TopicPartitionList::new();
         partitions
-            .add_partition_offset(&topic, 0, Offset::Beginning)
+            .add_partition_offset(&topic, 0, Offset::Offset(0))
             .expect("partition");
         consumer.assign(&partitions).expect("assign");
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -1565,10 +1564,13 @@ async fn a_takeover_that_cannot_upload_serves_what_is_committed_until_it_can() {
         StatusCode::SERVICE_UNAVAILABLE,
         "past the committed end: not known yet"
     );
-    let (status, body) = gw
+    // The stream's end is not answered meanwhile: a client would take the committed
+    // end for the stream's end (the HTTP tail is how clients, and these tests, see a
+    // stream open again).
+    let (status, _) = gw
         .send(gw.request(Method::GET, &format!("/v1/streams/{rc}/records/tail")))
         .await;
-    assert_eq!((status, body["tail"].as_u64()), (StatusCode::OK, Some(20)), "{body}");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
         consume(&gw.kafka, "rc", 20).await,
         acked[..20],

@@ -1101,3 +1101,52 @@ async fn a_metad_volume_under_its_refuse_mark_refuses_new_topics_and_recovers_wh
     })
     .await;
 }
+
+/// The lease holder's liveness judgements so far, from its `/metrics`.
+async fn judgements(replica: &weir_tests::metad::Replica) -> Option<f64> {
+    let text = weir_tests::get_text(&format!("http://{}/metrics", replica.http)).await;
+    weir_tests::metric_value(&text, "weir_metad_failover_judgements_total")
+}
+
+// FO-LIV-3: the lease holder judges every node row once a second, on a fixed grid:
+// 10 judgements take 10 s, give or take one step tick, whatever else wakes its loop
+// (here the registrations and heartbeats of three metad replicas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fo_liv_3_the_lease_holder_judges_liveness_once_a_second() {
+    with_timeout(async {
+        let cluster = Cluster::start(3, &[]).await;
+        let holder = wait_for("a failover lease holder", Duration::from_secs(30), || async {
+            for r in &cluster.replicas {
+                let text = weir_tests::get_text(&format!("http://{}/metrics", r.http)).await;
+                if weir_tests::metric_value(&text, "weir_metad_failover_holder") == Some(1.0) {
+                    return Some(r);
+                }
+            }
+            None
+        })
+        .await;
+        // Timed from a judgement seen as it happens to the tenth after it.
+        let seen = wait_for("a judgement", Duration::from_secs(10), || async {
+            judgements(holder).await.filter(|n| *n >= 1.0)
+        })
+        .await;
+        let first = wait_for("the next judgement", Duration::from_secs(10), || async {
+            judgements(holder).await.filter(|n| *n > seen)
+        })
+        .await;
+        let started = Instant::now();
+        wait_for("ten more judgements", Duration::from_secs(20), || async {
+            judgements(holder).await.filter(|n| *n >= first + 10.0)
+        })
+        .await;
+        let took = started.elapsed();
+        println!("10 judgements took {took:?}");
+        // FO-LIV-3: one judgement a second (60 a minute): ten take 10 s, within a step
+        // tick (0.25 s) and the scrapes' polling.
+        assert!(
+            took >= Duration::from_millis(9_500) && took <= Duration::from_millis(10_600),
+            "10 judgements took {took:?}"
+        );
+    })
+    .await;
+}

@@ -158,7 +158,7 @@ pub async fn read_page(gw: &Gateway, name: &str, from: u64, limits: Limits) -> R
 async fn range(gw: &Gateway, name: &str) -> Result<(u64, u64), ApiError> {
     let status = gw
         .routes
-        .read_waiting(name, Duration::ZERO, |mut c| {
+        .call(name, true, |mut c| {
             let stream = name.to_string();
             async move { c.status(StatusRequest { stream }).await }
         })

@@ -2,7 +2,7 @@
 //! `max_wait_ms` when nothing is there) and ListOffsets (earliest, latest, by timestamp).
 
 use super::errors;
-use super::owner::readable_status;
+use super::owner::owner_status;
 use super::Kafka;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -130,7 +130,7 @@ async fn read(kafka: &Kafka, p: &Part, wait: Duration, limit: Limit) -> Got {
 
 /// A partition past the request's byte budget: its offsets, and no records read.
 async fn offsets_only(kafka: &Kafka, p: &Part) -> Got {
-    match readable_status(kafka, &p.stream).await {
+    match owner_status(kafka, &p.stream).await {
         Ok(s) if (p.offset as u64) < s.start_offset || (p.offset as u64) > s.end_offset => {
             Got::failed(errors::OFFSET_OUT_OF_RANGE)
         }
@@ -333,7 +333,7 @@ impl Found {
 /// consistently with it, so it is −1 (the client then validates nothing). In
 /// `read_committed` the latest offset is the last stable offset (issue 23).
 async fn lookup(kafka: &Kafka, stream: &str, spec: i64, read_committed: bool) -> Result<Found, i16> {
-    let status = readable_status(kafka, stream).await?;
+    let status = owner_status(kafka, stream).await?;
     match spec {
         LATEST => Ok(Found {
             offset: if read_committed {

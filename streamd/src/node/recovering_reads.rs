@@ -14,27 +14,14 @@ use super::Node;
 use crate::error::StreamdError;
 use std::time::Duration;
 use weir_meta::model::{StreamState, TakeoverState};
-use weir_shared::ids::{StreamEpoch, StreamId};
+use weir_shared::ids::StreamId;
 
 /// A stream this incarnation may read while it recovers the stream's failed owner.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Recovering {
     pub id: StreamId,
-    pub epoch: StreamEpoch,
-    /// The leader epoch the dead owner's open stamped (Kafka's), -1 if none.
-    pub leader_epoch: i32,
     pub start: u64,
     pub committed_end: u64,
-}
-
-/// A recovering stream's offsets, as its reads see them: its end is its committed end.
-pub struct RecoveringStatus {
-    pub id: StreamId,
-    pub epoch: StreamEpoch,
-    pub leader_epoch: i32,
-    pub start: u64,
-    pub end: u64,
-    pub last_stable: u64,
 }
 
 impl Node {
@@ -55,36 +42,9 @@ impl Node {
             let mine = takeover.state == TakeoverState::Pending && takeover.agent.as_ref() == Some(&self.me);
             (me_live && mine && row.state == StreamState::Open).then_some(Recovering {
                 id: row.id,
-                epoch: row.epoch,
-                leader_epoch: weir_meta::model::leader_epochs::stamped_at(row, row.epoch),
                 start: row.start_offset.0,
                 committed_end: row.committed_end.0,
             })
-        })
-    }
-
-    /// The offsets of stream `name` if this incarnation serves its reads while it
-    /// recovers the stream's failed owner.
-    pub(crate) async fn recovering_status(&self, name: &str) -> Result<Option<RecoveringStatus>, StreamdError> {
-        let Some(r) = self.recovering(name) else {
-            return Ok(None);
-        };
-        Ok(Some(RecoveringStatus {
-            id: r.id,
-            epoch: r.epoch,
-            leader_epoch: r.leader_epoch,
-            start: r.start,
-            end: r.committed_end,
-            last_stable: self.stable_at(r.id, r.committed_end).await?,
-        }))
-    }
-
-    /// The last stable offset at committed end `end` of `stream`: the transactions
-    /// open there are in its last range's summary.
-    async fn stable_at(&self, stream: StreamId, end: u64) -> Result<u64, StreamdError> {
-        Ok(match end {
-            0 => 0,
-            _ => self.range_at(stream, end - 1).await?.txns.lso_at_end.unwrap_or(end),
         })
     }
 
@@ -102,7 +62,11 @@ impl Node {
         wait: Duration,
         isolation: Isolation,
     ) -> Result<ReadResult, StreamdError> {
-        let (id, start, end) = (stream.id, stream.start, stream.committed_end);
+        let Recovering {
+            id,
+            start,
+            committed_end: end,
+        } = stream;
         if offset < start {
             return Err(StreamdError::OffsetOutOfRange { offset, start, end });
         }
@@ -111,7 +75,11 @@ impl Node {
                 "stream '{name}' is being recovered from its failed owner's write-ahead log; offsets from {end} on are readable once that completes"
             )));
         }
-        let lso = self.stable_at(id, end).await?;
+        // The transactions open at the committed end are in its last range's summary.
+        let lso = match end {
+            0 => 0,
+            _ => self.range_at(id, end - 1).await?.txns.lso_at_end.unwrap_or(end),
+        };
         let limit = match isolation {
             Isolation::ReadUncommitted => end,
             Isolation::ReadCommitted => lso,
