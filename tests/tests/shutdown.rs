@@ -1319,15 +1319,7 @@ const GOAWAY: u8 = 0x7;
 async fn sd_td_8_a_forced_ending_closes_connections_without_a_goaway() {
     let mut stack = Stack::start_with(0, Backend::FileWal, &[], &[]).await;
     stack.add_node("streamd-1", Backend::FileWal, QUICK_STOP);
-    let slow_stop = [
-        "--shutdown-drain-sec",
-        "30",
-        "--drain-timeout-sec",
-        "60",
-        "--shutdown-deadline-sec",
-        "60",
-    ];
-    stack.add_node("streamd-2", Backend::FileWal, &slow_stop);
+    stack.add_node("streamd-2", Backend::FileWal, LONG_DRAIN);
     for n in &stack.nodes {
         n.wait_ready().await;
     }
