@@ -8,6 +8,7 @@ dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)   # bindgen, for Ro
 dpkg -s clang >/dev/null 2>&1 || need+=(clang)
 command -v g++ >/dev/null 2>&1 || need+=(g++)                    # RocksDB is C++
 command -v kcat >/dev/null 2>&1 || need+=(kcat)                  # a real Kafka client (librdkafka 2.0)
+command -v strace >/dev/null 2>&1 || need+=(strace)              # syscall order: acks after fdatasync
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)    # the compose base image, without a registry
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

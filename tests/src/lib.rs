@@ -17,6 +17,7 @@ pub mod readback;
 pub mod s3;
 pub mod scale;
 pub mod streamd;
+pub mod syscalls;
 pub mod tls;
 pub mod writer;
 

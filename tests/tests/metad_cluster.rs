@@ -175,6 +175,51 @@ async fn restart_of_all_three_replicas_keeps_identical_state() {
     .await;
 }
 
+/// Issue 61: SIGKILL keeps the page cache, so the restart tests above pass with
+/// metad's syncs deleted. What power loss would reveal, an entry acknowledged before
+/// it was synced, shows in the order of the replica's system calls: on a lone replica
+/// each proposal's answer follows two synced RocksDB WAL writes, the appended entry
+/// and its applied range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_is_answered_only_after_its_entry_and_its_apply_are_synced() {
+    with_timeout(async {
+        let cluster = Cluster::start(1, &[]).await;
+        let client = cluster.client();
+        propose_until_applied(&client, topic("first")).await;
+        let replica = &cluster.replicas[0];
+        let dir = replica.data_dir.parent().expect("the cluster's directory");
+        let trace = weir_tests::syscalls::SyscallTrace::attach(replica.pid(), dir).await;
+        let mut windows = Vec::new();
+        for i in 0..20 {
+            let sent = weir_tests::syscalls::now();
+            client
+                .propose(&operator(), topic(&format!("synced-{i}")))
+                .await
+                .expect("propose")
+                .1
+                .expect("applied");
+            windows.push((sent, weir_tests::syscalls::now()));
+        }
+        let calls = trace.finish();
+        let data_dir = replica.data_dir.display().to_string();
+        // RocksDB's write-ahead log files: NNNNNN.log.
+        let rocksdb_wal = |p: &str| p.starts_with(&data_dir) && p.ends_with(".log");
+        for (i, (sent, answered)) in windows.iter().enumerate() {
+            // RR-WAL-3: the log append and the applied range were each synced first.
+            let synced = weir_tests::syscalls::synced_writes(&calls, rocksdb_wal, *sent, *answered);
+            assert!(
+                synced >= 2,
+                "proposal {i} was answered after {synced} synced WAL writes, not 2: {:?}",
+                calls
+                    .iter()
+                    .filter(|c| rocksdb_wal(&c.path) && c.start >= *sent && c.start <= *answered)
+                    .collect::<Vec<_>>()
+            );
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_behind_the_purged_log_catches_up_by_snapshot() {
     with_timeout(async {

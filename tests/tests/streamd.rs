@@ -408,6 +408,55 @@ async fn object_wal_replay_after_sigkill_returns_every_acknowledged_record_once(
     with_timeout(check_replay_after_sigkill(Backend::ObjectWal)).await;
 }
 
+/// Issue 61: SIGKILL keeps the page cache, so the replay test above passes with the
+/// WAL's fdatasync deleted. What power loss would reveal, an acknowledgement given
+/// before its record was synced, shows in the order of the owner's system calls:
+/// within every append's window a WAL write returned and then a sync of it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_wal_acknowledges_an_append_only_after_syncing_its_write() {
+    with_timeout(async {
+        let stack = secure_stack(1, Backend::FileWal, &["--upload-interval-ms", "600000"]).await;
+        stack.create_stream("synced", 0).await;
+        let mut client = stack.nodes[0].client().await;
+        let append = |i: u64| AppendRequest {
+            stream: "synced".into(),
+            batches: batch(format!("s-{i}").as_bytes()).into(),
+            match_next_offset: None,
+            transactional_id: None,
+        };
+        // The first append opens the segment; the windows checked are the later ones.
+        client.append(append(0)).await.expect("append");
+        let trace = weir_tests::syscalls::SyscallTrace::attach(stack.nodes[0].pid(), stack.dir.path()).await;
+        let mut windows = Vec::new();
+        for i in 1..=40u64 {
+            let sent = weir_tests::syscalls::now();
+            client.append(append(i)).await.expect("append");
+            windows.push((sent, weir_tests::syscalls::now()));
+        }
+        let calls = trace.finish();
+        let wal_root = stack.wal_root.display().to_string();
+        let in_wal = |p: &str| p.starts_with(&wal_root);
+        assert!(
+            calls.iter().any(|c| in_wal(&c.path) && !c.is_sync()),
+            "no WAL write traced under {wal_root}: {:?}",
+            &calls[..calls.len().min(20)]
+        );
+        for (i, (sent, acked)) in windows.iter().enumerate() {
+            // RR-WAL-2: the acknowledgement came after a WAL write and its fdatasync.
+            assert!(
+                weir_tests::syscalls::synced_writes(&calls, in_wal, *sent, *acked) >= 1,
+                "append {} was acknowledged without a synced WAL write in its window: {:?}",
+                i + 1,
+                calls
+                    .iter()
+                    .filter(|c| in_wal(&c.path) && c.start >= *sent && c.start <= *acked)
+                    .collect::<Vec<_>>()
+            );
+        }
+    })
+    .await;
+}
+
 /// INV-7, FO-FEN-8: a takeover (racing the writer's appends where the store's
 /// conditional put is atomic) fences the writer: it acknowledges nothing afterwards,
 /// exits 75, and every record it acknowledged is in the replay. s3s-fs's put-if-absent
