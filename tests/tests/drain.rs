@@ -403,6 +403,96 @@ async fn a_transfer_dry_run_names_the_first_failing_check_and_a_transfer_moves_t
     assert_eq!(gw.bodies("tr-a").await, acked, "INV-2");
 }
 
+// Issue 61: a transfer while a raw client appends straight to the old owner's data
+// plane, as a client with a stale route would. Once the old owner has let the stream
+// go it refuses every direct append, retryably, and never acknowledges one again; the
+// stream holds each acknowledged payload once, in order, and none that was refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn fo_fen_9_a_moved_streams_old_owner_refuses_every_direct_append() {
+    use weir_shared::error_code::ErrorCode;
+    let (stack, gw) = two_nodes_with_streams_on_the_first(&["direct"]).await;
+    let mut a = stack.nodes[0].client().await;
+    let moved = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Each attempt: its payload, whether it began after the transfer returned, and the
+    // answer (the offset, or the error).
+    let tried_after = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let raw = {
+        let (moved, stop, tried_after) = (moved.clone(), stop.clone(), tried_after.clone());
+        tokio::spawn(async move {
+            let mut attempts: Vec<(String, bool, Result<u64, tonic::Status>)> = Vec::new();
+            for i in 0.. {
+                let after_move = moved.load(Ordering::SeqCst);
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let payload = format!("direct-{i}");
+                let answer = a
+                    .append(weir_proto::streamd::AppendRequest {
+                        stream: "direct".into(),
+                        batches: weir_tests::batches::batch(payload.as_bytes()).into(),
+                        match_next_offset: None,
+                        transactional_id: None,
+                    })
+                    .await
+                    .map(|r| r.into_inner().base_offset);
+                attempts.push((payload, after_move, answer));
+                if after_move {
+                    tried_after.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            attempts
+        })
+    };
+    wait_for("direct appends acknowledged", Duration::from_secs(10), || async {
+        (gw.read_all("direct").await.len() >= 5).then_some(())
+    })
+    .await;
+    let b = stack.nodes[1].id.clone();
+    let (status, body) = gw
+        .send(
+            gw.request(Method::POST, "/v1/admin/streams/direct/transfer")
+                .json(&json!({"to": b})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["moved"], true, "{body}");
+    moved.store(true, Ordering::SeqCst);
+    // A client that keeps using its stale route for a while.
+    wait_for("direct appends after the move", Duration::from_secs(10), || async {
+        (tried_after.load(Ordering::SeqCst) >= 10).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let attempts = raw.await.expect("raw appender");
+    let first_refused = attempts
+        .iter()
+        .position(|(_, _, r)| r.is_err())
+        .expect("the old owner refused nothing");
+    let acked: Vec<String> = attempts[..first_refused].iter().map(|(p, _, _)| p.clone()).collect();
+    assert!(acked.len() >= 5, "{} acknowledged before the move", acked.len());
+    let after_move = attempts.iter().filter(|(_, after, _)| *after).count();
+    assert!(after_move >= 10, "only {after_move} direct appends after the move");
+    for (payload, after, answer) in &attempts[first_refused..] {
+        // FO-FEN-9: once refused, never acknowledged again, and always retryably.
+        let err = answer
+            .as_ref()
+            .expect_err(&format!("{payload} acknowledged after a refusal"));
+        let code = ErrorCode::of_status(err);
+        assert!(
+            code.is_some_and(ErrorCode::is_retryable),
+            "{payload} refused with {code:?}: {err}"
+        );
+        if *after {
+            // After the view moved the stream: not its owner.
+            assert_eq!(code, Some(ErrorCode::NotOwner), "{payload}: {err}");
+        }
+    }
+    assert_eq!(owner_of(&gw, "direct").await.as_deref(), Some(b.as_str()));
+    // INV-2: every acknowledged payload once, in order, and no refused one.
+    assert_eq!(gw.bodies("direct").await, acked);
+}
+
 // FO-TKO-11/12, INV-2: a planned transfer leaves the old owner alive, and it answers
 // what it applied before letting the stream go. An unkeyed append whose answer is still
 // on its way when the gateway's view moves the stream waits for that answer: it is
