@@ -95,7 +95,8 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
 
     let servers_stop = CancellationToken::new();
     let http = weir_shared::http_server::serve(
-        Listener::new(http_listener, "http", limits),
+        // SD-INT-3: once the listeners stop, a client that reads nothing holds nothing.
+        Listener::new(http_listener, "http", limits).ending_stalled_writes(servers_stop.clone()),
         router(gw.clone()),
         http_tls.clone(),
         servers_stop.clone().cancelled_owned(),
@@ -128,7 +129,7 @@ pub async fn run(args: GatewaydArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<
     servers.spawn(watch_listener(
         "kafka",
         crate::kafka::serve(
-            Listener::new(kafka_listener, "kafka", limits),
+            Listener::new(kafka_listener, "kafka", limits).ending_stalled_writes(servers_stop.clone()),
             kafka,
             servers.clone(),
             servers_stop.clone(),

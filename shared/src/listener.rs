@@ -3,6 +3,8 @@
 //! thousands of connections, or opens one and trickles bytes into it, costs a bounded
 //! amount and never holds a slot forever. Refusals and timeouts are counted in
 //! `weir_listener_connections_refused_total` and `weir_listener_connections_closed_total`.
+//! Once its service stops, a listener may also end connections whose client reads
+//! nothing (SD-INT-3), so a stop never waits on a full TCP window.
 
 use prometheus::{IntCounterVec, IntGaugeVec, Opts};
 use std::collections::HashMap;
@@ -129,7 +131,7 @@ fn metrics() -> &'static Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "listener_connections_closed_total",
-                    "Connections closed by a limit or a failed start: reason idle_timeout, header_read_timeout or tls_handshake.",
+                    "Connections closed by a limit or a failed start: reason idle_timeout, header_read_timeout, stalled_at_stop or tls_handshake.",
                 ),
                 &["listener", "reason"],
             )
@@ -169,12 +171,18 @@ struct Counts {
     per_ip: HashMap<IpAddr, usize>,
 }
 
+/// How long, once the service stops, a write may make no progress before the
+/// connection fails (SD-INT-3). A client that reads, even over a slow link, frees
+/// window within a round trip; one whose window stays full is not reading.
+pub const STALLED_AT_STOP: Duration = Duration::from_millis(250);
+
 /// A TCP listener that accepts only connections within its [`Limits`].
 pub struct Listener {
     inner: TcpListener,
     name: &'static str,
     limits: Limits,
     counts: Arc<Mutex<Counts>>,
+    stopping: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Listener {
@@ -185,7 +193,16 @@ impl Listener {
             name,
             limits,
             counts: Default::default(),
+            stopping: None,
         }
+    }
+
+    /// SD-INT-3: once `stopping` is cancelled, a connection whose write makes no
+    /// progress for [`STALLED_AT_STOP`] fails it, so the service's stop never waits for
+    /// a client to read.
+    pub fn ending_stalled_writes(mut self, stopping: tokio_util::sync::CancellationToken) -> Self {
+        self.stopping = Some(stopping);
+        self
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -221,6 +238,7 @@ impl Listener {
                             last: Instant::now(),
                             timer: Box::pin(tokio::time::sleep(self.limits.idle_timeout)),
                             head: None,
+                            stall: self.stopping.clone().map(StallAtStop::new),
                         },
                         peer,
                     );
@@ -286,6 +304,45 @@ pub struct Guarded {
     timer: Pin<Box<Sleep>>,
     /// Bytes still to arrive before the deadline (the HTTP/2 preface).
     head: Option<(usize, Instant)>,
+    /// Set when the listener ends stalled writes at its service's stop.
+    stall: Option<StallAtStop>,
+}
+
+/// When a connection's writes last moved, and whether its service has stopped. Polled
+/// only by writes, with a timer of its own, so a pending read cannot take its wake-up.
+struct StallAtStop {
+    stopping: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    stopped_at: Option<Instant>,
+    last_written: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl StallAtStop {
+    fn new(stopping: tokio_util::sync::CancellationToken) -> Self {
+        StallAtStop {
+            stopping: Box::pin(stopping.cancelled_owned()),
+            stopped_at: None,
+            last_written: Instant::now(),
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        }
+    }
+
+    /// Ready with the error once a write stalled for [`STALLED_AT_STOP`] after the
+    /// stop; pending otherwise, woken by the stop or the stall's end.
+    fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let stopped_at = match self.stopped_at {
+            Some(at) => at,
+            None => {
+                ready!(self.stopping.as_mut().poll(cx));
+                *self.stopped_at.insert(Instant::now())
+            }
+        };
+        let deadline = self.last_written.max(stopped_at) + STALLED_AT_STOP;
+        if self.timer.deadline() != deadline {
+            self.timer.as_mut().reset(deadline);
+        }
+        self.timer.as_mut().poll(cx)
+    }
 }
 
 impl Guarded {
@@ -316,6 +373,30 @@ impl Guarded {
                     format!("connection closed: {reason} passed"),
                 ));
             }
+        }
+    }
+
+    /// A pending write: fails once stalled at the stop, else as [`Self::poll_expired`].
+    fn poll_write_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if let Some(stall) = self.stall.as_mut() {
+            if stall.poll_stalled(cx).is_ready() {
+                metrics()
+                    .closed
+                    .with_label_values(&[self.slot.name, "stalled_at_stop"])
+                    .inc();
+                return Poll::Ready(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connection closed: the service is stopping and the client reads nothing",
+                ));
+            }
+        }
+        self.poll_expired(cx)
+    }
+
+    fn written(&mut self) {
+        self.last = Instant::now();
+        if let Some(stall) = self.stall.as_mut() {
+            stall.last_written = self.last;
         }
     }
 
@@ -350,12 +431,12 @@ impl AsyncWrite for Guarded {
         let this = self.get_mut();
         match Pin::new(&mut this.io).poll_write(cx, buf) {
             Poll::Ready(Ok(n)) => {
-                this.last = Instant::now();
+                this.written();
                 Poll::Ready(Ok(n))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             // A peer that reads nothing we write is as idle as one that sends nothing.
-            Poll::Pending => this.poll_expired(cx).map(Err),
+            Poll::Pending => this.poll_write_expired(cx).map(Err),
         }
     }
 
@@ -367,11 +448,11 @@ impl AsyncWrite for Guarded {
         let this = self.get_mut();
         match Pin::new(&mut this.io).poll_write_vectored(cx, bufs) {
             Poll::Ready(Ok(n)) => {
-                this.last = Instant::now();
+                this.written();
                 Poll::Ready(Ok(n))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => this.poll_expired(cx).map(Err),
+            Poll::Pending => this.poll_write_expired(cx).map(Err),
         }
     }
 
@@ -456,6 +537,43 @@ mod tests {
             started.elapsed()
         );
         client.abort();
+    }
+
+    // SD-INT-3: a client that reads nothing holds a write pending; once the service
+    // stops, that write fails within the stall bound instead of waiting on the client.
+    #[tokio::test]
+    async fn a_write_the_client_never_reads_fails_soon_after_the_stop() {
+        let (l, addr) = listener(Limits::default()).await;
+        let stopping = tokio_util::sync::CancellationToken::new();
+        let l = l.ending_stalled_writes(stopping.clone());
+        let client = TcpStream::connect(addr).await.expect("connect");
+        let (mut io, _) = l.accept().await;
+        // Fill the client's window and the socket buffers: the next write waits.
+        let chunk = vec![7u8; 64 << 10];
+        let full = loop {
+            match tokio::time::timeout(Duration::from_millis(200), io.write_all(&chunk)).await {
+                Ok(written) => written.expect("a write before the stop"),
+                Err(_) => break true,
+            }
+        };
+        assert!(full);
+        // Before the stop a stalled write just waits.
+        assert!(tokio::time::timeout(Duration::from_millis(600), io.write_all(&chunk))
+            .await
+            .is_err());
+        stopping.cancel();
+        let started = Instant::now();
+        let err = tokio::time::timeout(Duration::from_secs(5), io.write_all(&chunk))
+            .await
+            .expect("the write ended")
+            .expect_err("nothing was read");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        let took = started.elapsed();
+        assert!(
+            took >= STALLED_AT_STOP && took < STALLED_AT_STOP + Duration::from_millis(500),
+            "{took:?}"
+        );
+        drop(client);
     }
 
     // Issue 19: the listener counts connections per peer address and gives slots back.
