@@ -209,6 +209,9 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
             return Err(crate::raft_health::failure(&why, &disk));
         }
     }
+    // The services, Raft and the loops hold their own handles; this one would keep the
+    // store open past teardown (SD-TD-5).
+    drop(sm);
     stopping
         .run_phases(&mut MetadStop {
             stopping: &stopping,
@@ -221,7 +224,7 @@ pub async fn run(config: MetadConfig, stopping: Arc<Shutdown>) -> anyhow::Result
             raft,
             tasks,
             moves,
-            db,
+            db: Some(db),
         })
         .await;
     Ok(Exit::Clean)
@@ -243,7 +246,8 @@ struct MetadStop<'a> {
     raft: Raft,
     tasks: TaskTracker,
     moves: TaskTracker,
-    db: Arc<rocksdb::DB>,
+    /// Taken and dropped at the end of teardown, closing the store.
+    db: Option<Arc<rocksdb::DB>>,
 }
 
 impl StopSteps for MetadStop<'_> {
@@ -297,14 +301,36 @@ impl StopSteps for MetadStop<'_> {
             self.stopping.transport_drain(end).await
         };
         TeardownStep::Storage.begin();
+        let Some(db) = self.db.take() else { return links };
         // Flush RocksDB and stop its workers before the handle is released.
-        if let Err(e) = crate::store::db::prepare_close(&self.db) {
+        if let Err(e) = crate::store::db::prepare_close(&db) {
             // OBS-17: a storage failure at close is an error; the handle is released anyway.
             tracing::error!(error = %e, "flushing the metadata store failed");
         }
         tracing::debug!("storage idle; releasing the database");
+        release_store(db, Duration::from_secs(1).min(self.stopping.deadline_left())).await;
         links
     }
+}
+
+/// SD-TD-5: closes the store within teardown, so its LOCK is released by the process
+/// rather than by the OS at exit. Raft's core and the listeners' requests drop their
+/// handles as they end (all stopped above); this waits, within `bound`, for the last.
+async fn release_store(db: Arc<rocksdb::DB>, bound: Duration) {
+    let until = tokio::time::Instant::now() + bound;
+    while Arc::strong_count(&db) > 1 {
+        if tokio::time::Instant::now() >= until {
+            tracing::warn!(
+                holders = Arc::strong_count(&db) - 1,
+                "the metadata store is still in use; its lock is released when the process exits"
+            );
+            return;
+        }
+        // Nothing announces a dropped handle; the holders are tasks already stopping.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(db);
+    tracing::info!("metadata store closed and its lock released");
 }
 
 /// SD-TRM-5, SD-REL-7: this replica's `metad-<id>` incarnation is marked terminating,
