@@ -277,12 +277,27 @@ mod tests {
     use super::*;
     use crate::model::{Applied, ClusterSettings, Command, CordonBy, NodeAddrs, Proposal, Proposer};
 
+    /// The `reason` label of `weir_metad_transfers_total` and of the drain log lines,
+    /// as docs/operations/shutdown.md lists it for dashboards and alerts.
+    #[test]
+    fn reasons_carry_their_documented_labels() {
+        for (reason, label) in [
+            (Reason::Drain, "drain"),
+            (Reason::Shutdown, "shutdown"),
+            (Reason::Transfer, "transfer"),
+        ] {
+            assert_eq!(reason.label(), label);
+        }
+    }
+
     /// SD-DRN-6: with a 30 s budget, a unit is bounded by 30 − 5 = 25 s and its
     /// preparation by 4/5 of that, 20 s; later units get what is left less the reserve.
     #[test]
     fn unit_bounds_follow_the_budget() {
         let start = Instant::now();
         let budget = Budget::new(Duration::from_secs(30), start);
+        // The whole budget, as the `drain started` line reports it.
+        assert_eq!(budget.total(), Duration::from_secs(30));
         let unit = budget.unit_bound_at(start).unwrap();
         // SD-DRN-6: a unit's bound is the time left less 1/6 of the initial budget.
         assert_eq!(unit, Duration::from_secs(25));
@@ -426,6 +441,8 @@ mod tests {
         let start = Instant::now();
         let budget = Budget::new(Duration::from_secs(60), start);
         let mut plan = DrainPlan::new(&log.state, a.clone());
+        // The stopping node's own question: is there a replacement for its streams?
+        assert_eq!(choose_destination(&log.state, &a.node), Some(b.node.clone()));
         // SD-DRN-6: 10 s left of 60 is no more than the 10 s reserve: no budget for a unit.
         assert_eq!(
             next_step(&log.state, &mut plan, &budget, start + Duration::from_secs(50), 1),
@@ -440,11 +457,25 @@ mod tests {
             next_step(&log.state, &mut plan, &budget, start, 1),
             Step::Stop(Stopped::NoDestination)
         );
+        assert_eq!(choose_destination(&log.state, &a.node), None);
         log.register("a");
         // SD-TRM-8: the source's restart (a new epoch) invalidates the plan.
         assert_eq!(
             next_step(&log.state, &mut plan, &budget, start, 1),
             Step::Stop(Stopped::SourceChanged)
+        );
+        // The drain's report says why it stopped, in the words operators read.
+        assert_eq!(
+            Stopped::SourceChanged.message(&a.node),
+            "node 'a' restarted or was fenced during the drain; the plan was dropped"
+        );
+        assert_eq!(
+            Stopped::BudgetSpent.message(&a.node),
+            "the drain budget is spent; the remaining streams were not tried"
+        );
+        assert_eq!(
+            Stopped::NoDestination.message(&a.node),
+            "no live schedulable replacement node remains"
         );
     }
 

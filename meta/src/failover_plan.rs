@@ -225,7 +225,7 @@ pub fn takeover_steps(state: &State) -> Vec<Command> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::rows::{ClusterSettings, StreamState};
+    use crate::model::rows::{ClusterSettings, StreamState, TakeoverRow};
     use crate::model::{Applied, NodeAddrs, Proposal, Proposer};
     use weir_shared::ids::Epoch;
 
@@ -560,6 +560,63 @@ mod tests {
             rows_to_reap(&w.s, &holder, &mut clock, 3).is_empty(),
             "a fenced holder reaps nothing"
         );
+    }
+
+    /// A fenced row whose WAL takeover is still pending stays (its agent reads the
+    /// row's epoch); another node's pending takeover, or its own finished one, does not
+    /// hold it (issue 61: mutants of this condition survived).
+    #[test]
+    fn a_fenced_row_stays_while_its_own_takeover_is_pending() {
+        let mut w = World::new(30);
+        let holder = w.register("metad-1", NodeKind::Metad);
+        let pending = w.register("pending", NodeKind::Streamd);
+        let done = w.register("done", NodeKind::Streamd);
+        for dead in [&pending, &done] {
+            w.fence(dead);
+        }
+        let takeover = |dead: &Incarnation, state| TakeoverRow {
+            dead: dead.clone(),
+            agent: Some(holder.clone()),
+            state,
+        };
+        w.s.takeovers.insert(
+            (pending.node.clone(), pending.epoch),
+            takeover(&pending, TakeoverState::Pending),
+        );
+        w.s.takeovers
+            .insert((done.node.clone(), done.epoch), takeover(&done, TakeoverState::Done));
+        let mut clock = Clock::default();
+        for _ in 0..3 {
+            rows_to_reap(&w.s, &holder, &mut clock, 3);
+            w.beat(&holder);
+        }
+        assert_eq!(
+            rows_to_reap(&w.s, &holder, &mut clock, 3),
+            vec![Command::ReapNode {
+                node: done.node.clone(),
+                epoch: done.epoch,
+            }],
+            "only the row whose takeover finished is reaped"
+        );
+    }
+
+    /// The reap clock forgets a fenced incarnation once its row moves on: after the
+    /// node registers again and is fenced again, only the new incarnation is timed
+    /// (issue 61: a mutant that kept the old entry survived).
+    #[test]
+    fn a_replaced_fenced_incarnation_leaves_the_reap_clock() {
+        let mut w = World::new(30);
+        let holder = w.register("metad-1", NodeKind::Metad);
+        let first = w.register("x", NodeKind::Streamd);
+        w.fence(&first);
+        let mut clock = Clock::default();
+        rows_to_reap(&w.s, &holder, &mut clock, 3);
+        assert!(clock.fenced_since.contains_key(&first));
+        let second = w.register("x", NodeKind::Streamd);
+        assert_ne!(first, second);
+        w.fence(&second);
+        rows_to_reap(&w.s, &holder, &mut clock, 3);
+        assert_eq!(clock.fenced_since.keys().collect::<Vec<_>>(), vec![&second]);
     }
 
     /// FO-LIV-10: a re-registered node's clock restarts.
