@@ -312,36 +312,38 @@ pub struct Guarded {
 /// only by writes, with a timer of its own, so a pending read cannot take its wake-up.
 struct StallAtStop {
     stopping: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
-    stopped_at: Option<Instant>,
     last_written: Instant,
-    timer: Pin<Box<Sleep>>,
+    /// Set once the stop is seen: the stall's deadline. Most connections never get one.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl StallAtStop {
     fn new(stopping: tokio_util::sync::CancellationToken) -> Self {
         StallAtStop {
             stopping: Box::pin(stopping.cancelled_owned()),
-            stopped_at: None,
             last_written: Instant::now(),
-            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            timer: None,
         }
     }
 
     /// Ready with the error once a write stalled for [`STALLED_AT_STOP`] after the
     /// stop; pending otherwise, woken by the stop or the stall's end.
     fn poll_stalled(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let stopped_at = match self.stopped_at {
-            Some(at) => at,
+        let timer = match &mut self.timer {
+            Some(timer) => timer,
             None => {
                 ready!(self.stopping.as_mut().poll(cx));
-                *self.stopped_at.insert(Instant::now())
+                let stopped_at = Instant::now();
+                self.last_written = self.last_written.max(stopped_at);
+                self.timer
+                    .insert(Box::pin(tokio::time::sleep_until(stopped_at + STALLED_AT_STOP)))
             }
         };
-        let deadline = self.last_written.max(stopped_at) + STALLED_AT_STOP;
-        if self.timer.deadline() != deadline {
-            self.timer.as_mut().reset(deadline);
+        let deadline = self.last_written + STALLED_AT_STOP;
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
         }
-        self.timer.as_mut().poll(cx)
+        timer.as_mut().poll(cx)
     }
 }
 
@@ -550,13 +552,9 @@ mod tests {
         let (mut io, _) = l.accept().await;
         // Fill the client's window and the socket buffers: the next write waits.
         let chunk = vec![7u8; 64 << 10];
-        let full = loop {
-            match tokio::time::timeout(Duration::from_millis(200), io.write_all(&chunk)).await {
-                Ok(written) => written.expect("a write before the stop"),
-                Err(_) => break true,
-            }
-        };
-        assert!(full);
+        while let Ok(written) = tokio::time::timeout(Duration::from_millis(200), io.write_all(&chunk)).await {
+            written.expect("a write before the stop");
+        }
         // Before the stop a stalled write just waits.
         assert!(tokio::time::timeout(Duration::from_millis(600), io.write_all(&chunk))
             .await
