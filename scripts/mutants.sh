@@ -8,10 +8,12 @@
 #   scripts/mutants.sh                 every module below
 #   scripts/mutants.sh failover_plan   the modules whose name contains this
 #   WEIR_MUTANTS_BUDGET_SEC=900        the time bound per module (default 1200)
+#   WEIR_MUTANTS_JOBS=2                mutants built and tested at once (default 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo-mutants >/dev/null 2>&1 || cargo install --locked cargo-mutants
 budget="${WEIR_MUTANTS_BUDGET_SEC:-1200}"
+jobs="${WEIR_MUTANTS_JOBS:-1}"
 only="${1:-}"
 out_root="${CARGO_TARGET_DIR:-target}/mutants"
 # Mutants build in a target directory of their own. Cargo names a workspace's
@@ -29,6 +31,7 @@ modules=(
   "wal|weir-streamd|streamd/src/wal/*.rs"
   "takeover|weir-streamd|streamd/src/node/takeover.rs streamd/src/node/reconcile.rs"
   "gateway_errors|weir-gatewayd|gatewayd/src/kafka/errors.rs"
+  "error_code|weir-shared|shared/src/error_code.rs"
 )
 printf '%-16s %8s %8s %8s %8s %7s\n' module caught missed timeout unviable score
 for m in "${modules[@]}"; do
@@ -36,7 +39,7 @@ for m in "${modules[@]}"; do
   [ -n "$only" ] && [[ "$name" != *"$only"* ]] && continue
   out="$out_root/$name"
   mkdir -p "$out"
-  args=(--package "$package" --output "$out" --no-shuffle --test-tool cargo -- --lib)
+  args=(--package "$package" --output "$out" --no-shuffle --jobs "$jobs" --test-tool cargo -- --lib)
   file_args=()
   for f in $files; do file_args+=(--file "$f"); done
   # cargo-mutants exits non-zero when mutants survive; the counts say how it went.

@@ -239,6 +239,21 @@ mod tests {
         assert_eq!(ErrorCode::of_status(&tonic::Status::unavailable("reset")), None);
     }
 
+    /// The name travels as the code's Display too (log fields and JSON bodies use it),
+    /// and only a status marked draining reads as a stopping sender's refusal (SD-INT-8).
+    #[test]
+    fn display_is_the_stable_name_and_only_a_marked_status_is_draining() {
+        for code in ALL {
+            assert_eq!(code.to_string(), code.as_str());
+        }
+        let mut status = ErrorCode::Unavailable.status("stopping");
+        assert!(!is_draining(&status));
+        status
+            .metadata_mut()
+            .insert(DRAINING_KEY, MetadataValue::from_static("true"));
+        assert!(is_draining(&status));
+    }
+
     /// Retryable codes are exactly the 503s and 507s: a client told to retry gets `Retry-After`.
     #[test]
     fn an_unknown_outcome_is_504_interrupted_and_not_a_retryable_refusal() {

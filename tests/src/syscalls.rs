@@ -23,8 +23,6 @@ pub struct Call {
     /// Wall-clock seconds when it began and when it returned.
     pub start: f64,
     pub end: f64,
-    /// The line strace printed (of its call's start, for a call split by another's).
-    pub line: String,
 }
 
 impl Call {
@@ -45,17 +43,11 @@ impl SyscallTrace {
     /// Attaches strace to every thread of `pid` (and those it starts); returns once all
     /// are attached. Fails the test with a message when strace cannot attach.
     pub async fn attach(pid: u32, dir: &Path) -> SyscallTrace {
-        Self::attach_to(pid, dir, "write,pwrite64,writev,pwritev,pwritev2,fdatasync,fsync", 0).await
-    }
-
-    /// As [`Self::attach`], tracing the calls `syscalls` names (strace's `trace=` list),
-    /// and printing the first `string_bytes` of each buffer written.
-    pub async fn attach_to(pid: u32, dir: &Path, syscalls: &str, string_bytes: usize) -> SyscallTrace {
         let out = dir.join(format!("strace-{pid}.txt"));
         let err = dir.join(format!("strace-{pid}.err"));
         let strace = std::process::Command::new("strace")
-            .args(["-f", "-ttt", "-T", "-y", "-s", &string_bytes.to_string()])
-            .args(["-e", &format!("trace={syscalls}")])
+            .args(["-f", "-ttt", "-T", "-y", "-s", "0"])
+            .args(["-e", "trace=write,pwrite64,writev,pwritev,pwritev2,fdatasync,fsync"])
             .arg("-o")
             .arg(&out)
             .args(["-p", &pid.to_string()])
@@ -85,7 +77,7 @@ impl SyscallTrace {
 
 /// Parses `strace -f -ttt -T -y` output, joining calls split by another thread's.
 fn parse(text: &str) -> Vec<Call> {
-    let mut pending: std::collections::HashMap<&str, (String, String, f64, &str)> = Default::default();
+    let mut pending: std::collections::HashMap<&str, (String, String, f64)> = Default::default();
     let mut calls = Vec::new();
     for line in text.lines() {
         let mut fields = line.splitn(3, ' ');
@@ -93,11 +85,11 @@ fn parse(text: &str) -> Vec<Call> {
             continue;
         };
         let Ok(stamp) = stamp.parse::<f64>() else { continue };
-        let (name, path, start, first, tail) = if rest.starts_with("<... ") {
-            let Some((name, path, start, first)) = pending.remove(tid) else {
+        let (name, path, start) = if rest.starts_with("<... ") {
+            let Some(started) = pending.remove(tid) else {
                 continue;
             };
-            (name, path, start, first, rest)
+            started
         } else {
             let Some((name, args)) = rest.split_once('(') else {
                 continue;
@@ -109,13 +101,13 @@ fn parse(text: &str) -> Vec<Call> {
                 .map(|(p, _)| p.to_string())
                 .unwrap_or_default();
             if rest.ends_with("<unfinished ...>") {
-                pending.insert(tid, (name.to_string(), path, stamp, rest));
+                pending.insert(tid, (name.to_string(), path, stamp));
                 continue;
             }
-            (name.to_string(), path, stamp, rest, rest)
+            (name.to_string(), path, stamp)
         };
         // `= 0 <0.000461>`: a call that failed says `= -1 E...`.
-        let Some((result, took)) = tail.rsplit_once(" = ").map(|(_, r)| r).and_then(|r| r.split_once(" <")) else {
+        let Some((result, took)) = rest.rsplit_once(" = ").map(|(_, r)| r).and_then(|r| r.split_once(" <")) else {
             continue;
         };
         if result.starts_with('-') || !path.starts_with('/') {
@@ -127,7 +119,6 @@ fn parse(text: &str) -> Vec<Call> {
             path,
             start,
             end: start + took,
-            line: first.to_string(),
         });
     }
     calls.sort_by(|a, b| a.start.total_cmp(&b.start));

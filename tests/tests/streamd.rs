@@ -1148,7 +1148,7 @@ async fn appends_continue_through_a_metadata_outage_and_commits_land_after_it() 
     .await;
 }
 
-/// RR-WAL-4, RR-WAL-5, INV-17: an uploaded but uncommitted object is never read and is
+/// RR-WAL-4, INV-17: an uploaded but uncommitted object is never read and is
 /// collected after the safety delay; committed objects stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncommitted_objects_are_collected_after_the_safety_delay() {
@@ -1213,6 +1213,100 @@ async fn uncommitted_objects_are_collected_after_the_safety_delay() {
             "a committed object was collected"
         );
         assert_eq!(read_all(&stack, 0, "gc", 0, 1).await, vec![(0, b"kept".to_vec())]);
+    })
+    .await;
+}
+
+/// RR-WAL-5: an upload cut off by a forced ending leaves no partial version and no
+/// staging artifact. Weir uploads a data object as one PUT of the whole object (no
+/// multipart upload, no staging prefix) under `data/<node>/<incarnation>/`, so a node
+/// killed between its PUT and its commit leaves a whole object no commit names, and GC
+/// removes it once it is older than the safety delay. Object keys never carry a user's
+/// name, so a stream named `.x` (the seed's staging prefix) cannot collide with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rr_wal_5_an_upload_cut_off_by_sigkill_leaves_nothing_once_gc_has_run() {
+    with_timeout(async {
+        // streamd-1's commits fail while this file exists: its uploads land, uncommitted.
+        let failing = tempfile::NamedTempFile::new().expect("failing file");
+        let commit = format!("return(err) while exists({})", failing.path().display());
+        let gc = [
+            "--upload-interval-ms",
+            "100",
+            "--gc-delay-sec",
+            "4",
+            "--gc-grace-sec",
+            "1",
+        ];
+        let mut stack = Stack::secure(1, 0, Backend::FileWal, &[], &[]).await;
+        stack.add_node_with_env(
+            "streamd-1",
+            Backend::FileWal,
+            &gc,
+            &[("WEIR_FAILPOINT_COMMIT_OBJECTS", commit.as_str())],
+        );
+        stack.add_node("streamd-2", Backend::FileWal, &gc);
+        for n in &stack.nodes {
+            n.wait_ready().await;
+        }
+        stack.create_stream(".x", 0).await;
+        let mut c = stack.nodes[0].client().await;
+        for value in ["a", "b", "c"] {
+            c.append(AppendRequest {
+                stream: ".x".into(),
+                batches: batch(value.as_bytes()).into(),
+                match_next_offset: None,
+                transactional_id: None,
+            })
+            .await
+            .expect("append");
+        }
+        let bucket = stack.s3.dir.path().join(weir_tests::s3::BUCKET);
+        let uploaded = |node: &str| {
+            weir_tests::files_under(&bucket.join("data").join(node))
+                .into_iter()
+                .filter(|p| p.extension().is_some_and(|e| e == "wdo"))
+                .collect::<Vec<_>>()
+        };
+        let orphans = wait_for("streamd-1's upload, uncommitted", Duration::from_secs(30), || {
+            let found = uploaded("streamd-1");
+            async move { (!found.is_empty()).then_some(found) }
+        })
+        .await;
+        // Cut off between its PUT and its commit.
+        stack.nodes[0].kill();
+        // streamd-2 takes over the dead incarnation's WAL and commits its records in
+        // objects of its own; the killed node's upload is never read.
+        stack.wait_serving(".x", 1).await;
+        stack.wait_committed(1, ".x", 3).await;
+        assert_eq!(
+            read_all(&stack, 1, ".x", 0, 3).await,
+            vec![(0, b"a".to_vec()), (1, b"b".to_vec()), (2, b"c".to_vec())]
+        );
+        // RR-WAL-5: GC removes what the cut-off upload left.
+        wait_for("the cut-off upload collected", Duration::from_secs(60), || {
+            let left: Vec<_> = orphans.iter().filter(|p| p.exists()).collect();
+            async move { left.is_empty().then_some(()) }
+        })
+        .await;
+        assert!(!uploaded("streamd-2").is_empty(), "the takeover's own objects stay");
+        let everything = weir_tests::files_under(stack.s3.dir.path());
+        // RR-WAL-5: no multipart upload and no partial object is left behind (s3s-fs keeps
+        // those as `.upload*` and `.tmp.*` files at its root).
+        let staged: Vec<_> = everything
+            .iter()
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(".upload") || n.starts_with(".tmp."))
+            })
+            .collect();
+        assert!(staged.is_empty(), "staging artifacts left: {staged:?}");
+        // RR-WAL-5: no key is named after the stream.
+        let named: Vec<_> = everything
+            .iter()
+            .filter(|p| p.components().any(|c| c.as_os_str() == ".x"))
+            .collect();
+        assert!(named.is_empty(), "object keys carry the stream's name: {named:?}");
     })
     .await;
 }

@@ -15,6 +15,7 @@ pub mod rows;
 pub mod scopes;
 pub mod state;
 pub mod streams;
+pub mod takeover_agents;
 pub mod user_commands;
 
 pub use apply::{check_destination, Effects};

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use weir_meta::model::{Command, RangeTxns, RejectCode, TakeoverState};
+use weir_meta::model::{Command, RangeTxns, RejectCode};
 use weir_shared::batch::split_batches;
 use weir_shared::ids::{Incarnation, ObjectKey, Offset, StreamEpoch, StreamId};
 
@@ -57,16 +57,10 @@ impl Node {
         // A fenced or replaced incarnation takes nothing over: its proposals would be
         // refused, and its claim on a dead node's WAL would only stand in the next
         // agent's way. The view may say so before reconcile has stopped the node.
-        if !self.row_current() {
+        if self.fenced.is_cancelled() {
             return;
         }
-        let mine: Vec<Incarnation> = self.view.with(|s| {
-            s.takeovers
-                .values()
-                .filter(|t| t.state == TakeoverState::Pending && t.agent.as_ref() == Some(&self.me))
-                .map(|t| t.dead.clone())
-                .collect()
-        });
+        let mine = self.view.with(|s| s.takeovers_due(&self.me));
         for dead in mine {
             let fresh = self
                 .takeovers_running
@@ -117,25 +111,10 @@ impl Node {
         }
     }
 
-    /// Whether the view still names this incarnation the agent of a pending takeover of `dead`.
+    /// Whether the view still names this incarnation, unfenced, the agent of a pending
+    /// takeover of `dead`.
     fn still_agent_of(&self, dead: &Incarnation) -> bool {
-        self.row_current()
-            && self.view.with(|s| {
-                s.takeovers
-                    .get(&(dead.node.clone(), dead.epoch))
-                    .is_some_and(|t| t.state == TakeoverState::Pending && t.agent.as_ref() == Some(&self.me))
-            })
-    }
-
-    /// Whether this incarnation is live in its own right: not fenced, and its node row
-    /// in the view is still this epoch's and not fenced.
-    fn row_current(&self) -> bool {
-        !self.fenced.is_cancelled()
-            && self.view.with(|s| {
-                s.nodes
-                    .get(&self.me.node)
-                    .is_some_and(|r| r.epoch == self.me.epoch && !r.fenced)
-            })
+        !self.fenced.is_cancelled() && self.view.with(|s| s.is_takeover_agent(&self.me, dead))
     }
 
     /// One attempt; `clean` says whether its replay found the WAL undamaged (a damaged
@@ -306,11 +285,7 @@ impl Node {
 
     /// Whether the view shows the takeover of `dead` recovered by this incarnation.
     fn recovered_by_me(&self, dead: &Incarnation) -> bool {
-        self.view.with(|s| {
-            s.takeovers
-                .get(&(dead.node.clone(), dead.epoch))
-                .is_some_and(|t| t.state == TakeoverState::Recovered && t.agent.as_ref() == Some(&self.me))
-        })
+        self.view.with(|s| s.recovered_by(&self.me, dead))
     }
 }
 
