@@ -112,6 +112,26 @@ mod tests {
         assert_eq!(log.meta.state.acls.iter().collect::<Vec<_>>(), vec![&other]);
     }
 
+    /// One entry creates at most `MAX_ACLS_PER_COMMAND` ACLs: the bound applies, one
+    /// more is refused whole.
+    #[test]
+    fn a_create_holds_at_most_max_acls_per_command() {
+        use crate::model::apply::acls::MAX_ACLS_PER_COMMAND;
+        let mut log = Log::new();
+        let many = |n: usize| Command::CreateAcls {
+            bindings: (0..n)
+                .map(|i| binding(&format!("t{i}"), Operation::Read, Permission::Allow))
+                .collect(),
+        };
+        assert_eq!(
+            log.apply(op(), many(MAX_ACLS_PER_COMMAND + 1)),
+            Err(RejectCode::InvalidArgument)
+        );
+        assert!(log.meta.state.acls.is_empty());
+        assert_eq!(log.apply(op(), many(MAX_ACLS_PER_COMMAND)), Ok(Applied::Done));
+        assert_eq!(log.meta.state.acls.len(), MAX_ACLS_PER_COMMAND);
+    }
+
     #[test]
     fn an_invalid_acl_or_a_node_changes_nothing() {
         let mut log = Log::new();

@@ -613,6 +613,17 @@ mod tests {
                 swaps[1].ranges[0].key = ObjectKey("data/1".into());
                 compact_streams(&[("data/s/1", 400), ("data/1", 400)], swaps)
             }),
+            ("a gap in the replaced run", {
+                let mut swaps = both(&log);
+                assert!(swaps[0].replaced.len() >= 3, "a run of three uploads");
+                swaps[0].replaced.remove(1);
+                compact_streams(&[("data/s/1", 400)], swaps)
+            }),
+            ("an empty replaced range", {
+                let mut swaps = both(&log);
+                swaps[0].replaced[0].end = swaps[0].replaced[0].start;
+                compact_streams(&[("data/s/1", 400)], swaps)
+            }),
             ("two ranges of a stream in one object", {
                 let mut swaps = both(&log);
                 let whole = swaps[0].ranges[0].clone();
@@ -629,5 +640,35 @@ mod tests {
             assert_eq!(log.apply(node(), command), Err(RejectCode::InvalidArgument), "{what}");
             assert_eq!(log.meta.index, before.index, "{what}");
         }
+    }
+
+    /// One compaction replaces at most `MAX_REPLACED` ranges, so one entry's apply stays
+    /// bounded: one more is refused for that, and the bound itself is not.
+    #[test]
+    fn a_compaction_replaces_at_most_max_replaced_ranges() {
+        let log = three_uploads();
+        let objects = [NewObject {
+            key: ObjectKey("data/s/1".into()),
+            size: 400,
+        }];
+        let with = |n: usize| {
+            let mut swap = swap_all(&log, 0, "data/s/1", 8, 300);
+            let one = swap.replaced[0].clone();
+            swap.replaced = vec![one; n];
+            super::check_command(&objects, &[swap])
+                .err()
+                .map(|r| r.message)
+                .unwrap_or_default()
+        };
+        assert!(
+            with(super::MAX_REPLACED + 1).contains("at most"),
+            "{}",
+            with(super::MAX_REPLACED + 1)
+        );
+        assert!(
+            !with(super::MAX_REPLACED).contains("at most"),
+            "{}",
+            with(super::MAX_REPLACED)
+        );
     }
 }

@@ -297,6 +297,32 @@ mod tests {
         assert_eq!(log.apply(op(), by_id(new)), Ok(Applied::Done));
     }
 
+    /// D-23: a batch command holds 1 to `MAX_BATCH` items. At the bound it applies item
+    /// by item, each refused or applied on its own; empty or past the bound it is
+    /// refused whole, so one entry's apply stays bounded.
+    #[test]
+    fn a_batch_holds_one_to_max_batch_items() {
+        use crate::model::command::{Placement, MAX_BATCH};
+        let mut log = Log::new();
+        let place = |n: u64| Command::PlaceStreams {
+            placements: (0..n)
+                .map(|i| Placement {
+                    stream: StreamId(1_000 + i),
+                    node: weir_shared::ids::NodeId::new("n"),
+                })
+                .collect(),
+        };
+        let bound = MAX_BATCH as u64;
+        assert_eq!(log.apply(op(), place(0)), Err(RejectCode::InvalidArgument));
+        assert_eq!(log.apply(op(), place(bound + 1)), Err(RejectCode::InvalidArgument));
+        let Ok(Applied::Each { outcomes }) = log.apply(op(), place(bound)) else {
+            panic!("a batch at the bound applies item by item")
+        };
+        assert_eq!(outcomes.len(), MAX_BATCH);
+        // No such streams: each item is refused on its own.
+        assert!(outcomes.iter().all(|o| o.is_err()), "{:?}", &outcomes[..1]);
+    }
+
     /// Issue 22: each open records the leader epoch it starts at the committed end, and
     /// a retried open records nothing more.
     #[test]

@@ -290,6 +290,38 @@ mod tests {
         assert_eq!(log.state.streams[&y].owner, None);
     }
 
+    /// INV-6: a close or a transfer made at a stream epoch the stream has left (the
+    /// owner of an earlier opening) is refused `not_owner` and changes nothing.
+    #[test]
+    fn a_close_or_transfer_at_a_stream_epoch_since_left_is_refused() {
+        let mut log = Log::new();
+        let a = log.register("a", NodeKind::Streamd);
+        log.register("b", NodeKind::Streamd);
+        let (x, first) = log.open_stream("x", &a);
+        log.close(Proposer::Node(a.clone()), x, first).unwrap();
+        log.op(Command::PlaceStream {
+            stream: x,
+            node: NodeId::new("a"),
+        })
+        .unwrap();
+        let Ok(Applied::StreamOpened {
+            stream_epoch: second, ..
+        }) = log.run(Proposer::Node(a.clone()), Command::open(x))
+        else {
+            panic!("opened again")
+        };
+        assert!(second > first);
+        let before = log.state.streams[&x].clone();
+        // INV-6: the earlier epoch's close and transfer are refused as not the owner's.
+        let stale_close = log.close(Proposer::Node(a.clone()), x, first).unwrap_err();
+        assert_eq!(stale_close.code, RejectCode::NotOwner, "{stale_close}");
+        let stale_transfer = log.begin(x, first, "b").unwrap_err();
+        assert_eq!(stale_transfer.code, RejectCode::NotOwner, "{stale_transfer}");
+        assert_eq!(log.state.streams[&x], before, "nothing changed");
+        log.begin(x, second, "b").expect("at the current epoch");
+        log.close(Proposer::Node(a), x, second).expect("at the current epoch");
+    }
+
     /// A destination that became ineligible after the transfer began does not get the
     /// stream: the close leaves it to placement.
     #[test]
