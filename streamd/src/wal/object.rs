@@ -457,6 +457,34 @@ mod tests {
         assert_eq!(keys(&store).await.len(), 21, "one fence, reused");
     }
 
+    // The key layout is stable storage: a takeover by another version, and GC's sweep of
+    // `data/` only, read it. Each incarnation writes under a prefix of its own, so a new
+    // incarnation never writes a key the one before it may still be writing.
+    #[tokio::test]
+    async fn wal_objects_are_keyed_by_incarnation_then_sequence() {
+        use futures::TryStreamExt;
+        let store = Arc::new(ScriptedStore::default());
+        written(store.clone(), 2).await;
+        let mut listed: Vec<String> = store
+            .list(None)
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .expect("list");
+        listed.sort();
+        assert_eq!(
+            listed,
+            [
+                "wal/streamd-9/00000000000000000001/00000000000000000001",
+                "wal/streamd-9/00000000000000000001/00000000000000000002",
+            ]
+        );
+        assert_eq!(
+            incarnation_prefix(&NodeId::new(NODE), Epoch(2)).to_string(),
+            "wal/streamd-9/00000000000000000002"
+        );
+    }
+
     // Two agents that raced each put a fence; the log ends at the lower one.
     #[tokio::test]
     async fn a_racing_agents_fence_ends_the_log() {

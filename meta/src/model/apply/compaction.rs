@@ -624,6 +624,19 @@ mod tests {
                 swaps[0].replaced[0].end = swaps[0].replaced[0].start;
                 compact_streams(&[("data/s/1", 400)], swaps)
             }),
+            ("a new range starting past the run", {
+                let mut swaps = both(&log);
+                swaps[0].ranges[0].start = Offset(swaps[0].ranges[0].start.0 + 1);
+                compact_streams(&[("data/s/1", 400)], swaps)
+            }),
+            ("an empty new range", {
+                let mut swaps = both(&log);
+                let mut empty = swaps[0].ranges[0].clone();
+                empty.key = ObjectKey("data/s/2".into());
+                (empty.start, empty.pos, empty.len) = (empty.end, 0, 0);
+                swaps[0].ranges.push(empty);
+                compact_streams(&[("data/s/1", 400), ("data/s/2", 10)], swaps)
+            }),
             ("two ranges of a stream in one object", {
                 let mut swaps = both(&log);
                 let whole = swaps[0].ranges[0].clone();
