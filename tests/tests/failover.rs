@@ -1081,7 +1081,14 @@ async fn a_node_restarted_while_cut_from_metad_serves_nothing_until_it_registers
     })
     .await
     .expect("a direct call is answered, not left waiting");
-    direct.expect_err("nothing is served while registering");
+    let refused = direct.expect_err("nothing is served while registering");
+    // RR-FEN-4: no answer from its service at all (which would carry an error code such
+    // as not_owner): the transport refused the call.
+    assert_eq!(
+        weir_shared::error_code::ErrorCode::of_status(&refused),
+        None,
+        "the data plane answered while registering: {refused:?}"
+    );
 
     metad_link.set(weir_tests::proxy::Mode::Pass);
     stack.nodes[0].wait_ready().await;
@@ -1095,6 +1102,18 @@ async fn a_node_restarted_while_cut_from_metad_serves_nothing_until_it_registers
         appends_answered(&stack.nodes[0]).await,
         0,
         "the restarted process answered no append, during the cut or since"
+    );
+    // RR-FEN-4: asked directly, the process itself now answers that it does not own rf.
+    let asked = stack.nodes[0]
+        .client()
+        .await
+        .status(weir_proto::streamd::StatusRequest { stream: "rf".into() })
+        .await
+        .expect_err("the restarted process does not serve rf");
+    assert_eq!(
+        weir_shared::error_code::ErrorCode::of_status(&asked).map(|c| c.as_str()),
+        Some("not_owner"),
+        "{asked:?}"
     );
     // RR-FEN-4: the stream's traffic reaches its current owner, B.
     assert_eq!(owner(&stack, &gw, "rf").await.map(|o| o.0), Some(1));

@@ -485,6 +485,50 @@ mod tests {
         );
     }
 
+    // The fence is put only where no object is (put-if-absent): a writer's object that
+    // lands at the fence's key after the listing is read and replayed, never overwritten.
+    #[tokio::test]
+    async fn a_writers_object_landing_at_the_fence_key_is_replayed_not_overwritten() {
+        let prefix = incarnation_prefix(&NodeId::new(NODE), Epoch(1));
+        let other = Arc::new(ScriptedStore::default());
+        written(other.clone(), 3).await;
+        let third = other
+            .get(&key(&prefix, 3))
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("bytes");
+        let store = Arc::new(ScriptedStore::default());
+        written(store.clone(), 2).await;
+        store.lands_before_fence(3, PutPayload::from(third));
+        assert_eq!(take_over_as(&store, "agent-a").await, vec![0, 1, 2]);
+        assert_eq!(keys(&store).await, vec![1, 2, 3, 4], "the fence went to the next key");
+    }
+
+    // A fence key found taken by an object reclaimed before it could be read: its records
+    // were committed, and the fence goes to the next key.
+    #[tokio::test]
+    async fn a_fence_key_taken_and_reclaimed_moves_the_fence_to_the_next_key() {
+        let store = Arc::new(ScriptedStore::default());
+        written(store.clone(), 2).await;
+        store.vanishes_before_fence(3);
+        assert_eq!(take_over_as(&store, "agent-a").await, vec![0, 1]);
+        assert_eq!(keys(&store).await, vec![1, 2, 4]);
+    }
+
+    // A WAL object cut inside its header is damage, reported, not a panic.
+    #[test]
+    fn an_object_cut_inside_its_header_is_corrupt() {
+        let cut = Bytes::from([OBJECT_MAGIC.as_slice(), &[0, 0, 1]].concat());
+        assert!(matches!(parse(7, cut), Err(WalError::Corrupt(_))));
+        let whole = Bytes::from([OBJECT_MAGIC.as_slice(), &5u64.to_be_bytes(), b"seg"].concat());
+        let Ok(Object::Records { floor, segment }) = parse(7, whole) else {
+            panic!("a whole header parses")
+        };
+        assert_eq!((floor, &segment[..]), (5, &b"seg"[..]));
+    }
+
     // Two agents that raced each put a fence; the log ends at the lower one.
     #[tokio::test]
     async fn a_racing_agents_fence_ends_the_log() {

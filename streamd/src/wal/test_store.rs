@@ -29,6 +29,18 @@ pub struct ScriptedStore {
     scripts: Mutex<HashMap<u64, ScriptEntry>>,
     /// PUTs that reached the store (scripted or not), by key sequence.
     pub puts_started: Mutex<Vec<u64>>,
+    /// What a takeover's fence PUT meets at a key, once.
+    fence_races: Mutex<HashMap<u64, FenceRace>>,
+}
+
+/// A writer's PUT racing a takeover's fence at the same key.
+#[derive(Debug)]
+enum FenceRace {
+    /// The writer's object lands at the key just before the fence PUT.
+    Lands(PutPayload),
+    /// The fence PUT finds the key taken, and the object is gone (reclaimed) by the
+    /// time it is read.
+    Vanished,
 }
 
 #[derive(Debug)]
@@ -83,6 +95,17 @@ impl ScriptedStore {
             .insert(seq, ScriptEntry(ScriptKind::FailTimes(times)));
     }
 
+    /// The writer's object `payload` lands at key `seq` just before a fence PUT there.
+    pub fn lands_before_fence(&self, seq: u64, payload: PutPayload) {
+        let mut races = self.fence_races.lock().expect("lock");
+        races.insert(seq, FenceRace::Lands(payload));
+    }
+
+    /// A fence PUT at key `seq` finds it taken by an object that is gone when read.
+    pub fn vanishes_before_fence(&self, seq: u64) {
+        self.fence_races.lock().expect("lock").insert(seq, FenceRace::Vanished);
+    }
+
     fn script(&self, location: &Path) -> Option<Script> {
         let seq = seq(location)?;
         let mut scripts = self.scripts.lock().expect("lock");
@@ -109,7 +132,21 @@ impl ObjectStore for ScriptedStore {
     async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
         // Fence markers are the takeover's, never scripted.
         let is_fence = payload.iter().next().is_some_and(|b| b.starts_with(b"WEIRFENCE"));
-        if !is_fence {
+        if is_fence {
+            let race = seq(location).and_then(|s| self.fence_races.lock().expect("lock").remove(&s));
+            match race {
+                Some(FenceRace::Lands(object)) => {
+                    self.inner.put_opts(location, object, PutOptions::default()).await?;
+                }
+                Some(FenceRace::Vanished) => {
+                    return Err(object_store::Error::AlreadyExists {
+                        path: location.to_string(),
+                        source: "scripted: taken, then reclaimed".into(),
+                    })
+                }
+                None => {}
+            }
+        } else {
             if let Some(s) = seq(location) {
                 self.puts_started.lock().expect("lock").push(s);
             }

@@ -232,6 +232,28 @@ mod tests {
         ));
     }
 
+    /// A loss past the committed end on a stream still open (its dead owner's takeover
+    /// still recovering it) is not trimmed past yet: the offsets may still be recovered.
+    #[test]
+    fn an_uncommitted_loss_is_not_trimmed_past_while_the_stream_is_open() {
+        let mut log = Log::new();
+        log.commit("data/1", &[(0, 10, 100)]);
+        log.apply(node(), report(10, 15)).expect("report");
+        assert_eq!(
+            log.apply(op(), resolve(DamageRemedy::TrimPast)),
+            Err(RejectCode::Conflict)
+        );
+        assert_eq!(
+            (log.row(0).start_offset, log.row(0).committed_end),
+            (Offset(0), Offset(10))
+        );
+        log.close(0);
+        assert_eq!(
+            log.apply(op(), resolve(DamageRemedy::TrimPast)),
+            Ok(Applied::Trimmed { start: Offset(15) })
+        );
+    }
+
     /// Damage already marked, then a takeover finds later records lost before their
     /// commit: the stream stays closed until trimmed past the later loss, so its
     /// offsets are never handed out again.

@@ -281,6 +281,34 @@ mod tests {
     use crate::model::Command;
     use weir_shared::ids::NodeId;
 
+    // FO-LIV-14: one clock for the whole cluster. Initialising again with the same
+    // settings is harmless, with others a conflict; a node whose heartbeat interval or
+    // node timeout differs (either one alone) does not register.
+    #[test]
+    fn the_cluster_keeps_one_clock() {
+        let mut log = Log::new();
+        let init = |heartbeat_interval_sec, node_timeout_sec| Command::InitCluster {
+            settings: ClusterSettings {
+                heartbeat_interval_sec,
+                node_timeout_sec,
+            },
+        };
+        assert_eq!(log.apply(op(), init(1, 3)), Ok(crate::model::command::Applied::Done));
+        assert_eq!(log.apply(op(), init(1, 4)), Err(RejectCode::Conflict));
+        assert_eq!(log.apply(op(), init(2, 3)), Err(RejectCode::Conflict));
+        let register = |heartbeat_interval_sec, node_timeout_sec| Command::RegisterNode {
+            node: NodeId::new("m"),
+            kind: NodeKind::Streamd,
+            addrs: NodeAddrs::default(),
+            heartbeat_interval_sec,
+            node_timeout_sec,
+        };
+        assert_eq!(log.apply(op(), register(1, 4)), Err(RejectCode::InvalidArgument));
+        assert_eq!(log.apply(op(), register(2, 3)), Err(RejectCode::InvalidArgument));
+        assert!(!log.meta.state.nodes.contains_key(&NodeId::new("m")));
+        assert!(log.apply(op(), register(1, 3)).is_ok());
+    }
+
     fn cordon(by: CordonBy) -> Command {
         Command::Cordon {
             node: NodeId::new("n"),
