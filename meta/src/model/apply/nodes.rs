@@ -309,6 +309,58 @@ mod tests {
         assert!(log.apply(op(), register(1, 3)).is_ok());
     }
 
+    // A fenced row is reaped only once no takeover of it is pending: the takeover's
+    // agent still needs the row; a finished takeover goes with it.
+    #[test]
+    fn a_fenced_row_is_reaped_only_once_its_takeover_is_over() {
+        use weir_shared::ids::{Epoch, Incarnation};
+        let mut log = Log::new();
+        let m = NodeId::new("m");
+        log.apply(
+            op(),
+            Command::RegisterNode {
+                node: m.clone(),
+                kind: NodeKind::Streamd,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            },
+        )
+        .expect("register m");
+        let epoch = log.meta.state.nodes[&m].epoch;
+        log.apply(
+            op(),
+            Command::FenceNode {
+                node: m.clone(),
+                epoch,
+                seen_heartbeats: 0,
+            },
+        )
+        .expect("fence m");
+        let key = (m.clone(), epoch);
+        log.meta.state.takeovers.insert(
+            key.clone(),
+            TakeoverRow {
+                dead: Incarnation { node: m.clone(), epoch },
+                agent: Some(Incarnation {
+                    node: NodeId::new("n"),
+                    epoch: Epoch(1),
+                }),
+                state: TakeoverState::Pending,
+            },
+        );
+        let reap = Command::ReapNode { node: m.clone(), epoch };
+        assert_eq!(log.apply(op(), reap.clone()), Err(RejectCode::Conflict));
+        assert!(log.meta.state.nodes.contains_key(&m));
+        log.meta.state.takeovers.get_mut(&key).expect("row").state = TakeoverState::Done;
+        assert!(log.apply(op(), reap).is_ok());
+        assert!(!log.meta.state.nodes.contains_key(&m));
+        assert!(
+            !log.meta.state.takeovers.contains_key(&key),
+            "its takeover rows go with it"
+        );
+    }
+
     fn cordon(by: CordonBy) -> Command {
         Command::Cordon {
             node: NodeId::new("n"),
