@@ -374,11 +374,16 @@ mod tests {
 
     /// A writer whose failed PUTs are tried again for `put_retry`.
     fn writer_retrying(store: Arc<ScriptedStore>, put_retry: Duration) -> (WalWriter, TaskTracker, CancellationToken) {
-        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
         let pipelining = Pipelining {
             put_retry,
             ..Pipelining::default()
         };
+        writer_with(store, pipelining)
+    }
+
+    /// A writer pipelining as `pipelining` says.
+    fn writer_with(store: Arc<ScriptedStore>, pipelining: Pipelining) -> (WalWriter, TaskTracker, CancellationToken) {
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
         let sink = ObjectSink::create(store, &NodeId::new(NODE), Epoch(1), pipelining);
         let wal = WalWriter::start(Sink::Object(sink), u64::MAX, &tasks, stop.clone()).expect("writer");
         (wal, tasks, stop)
@@ -455,6 +460,55 @@ mod tests {
         assert!(gets <= 20, "{gets} GETs to take over 20 segments");
         assert_eq!(take_over_as(&store, "agent-b").await.len(), 20, "retried takeover");
         assert_eq!(keys(&store).await.len(), 21, "one fence, reused");
+    }
+
+    // Issue 58: a group goes out at once while no object is in flight; with one in
+    // flight it waits up to the linger for more appends, unless it is full.
+    #[tokio::test]
+    async fn a_group_lingers_only_while_another_object_is_in_flight_and_not_full() {
+        let store = Arc::new(ScriptedStore::default());
+        let first = store.hold(1);
+        let linger = Duration::from_secs(1);
+        let pipelining = Pipelining {
+            max_inflight: 4,
+            max_bytes: 64,
+            linger,
+            put_retry: Duration::ZERO,
+        };
+        let (wal, tasks, stop) = writer_with(store.clone(), pipelining);
+        let wal = Arc::new(wal);
+        let append = |i: u64, batches: Bytes| {
+            let wal = wal.clone();
+            tokio::spawn(async move {
+                let mut r = record(i);
+                r.batches = batches;
+                wal.append(&r).await
+            })
+        };
+        let started = std::time::Instant::now();
+        let a = append(0, Bytes::from_static(b"a"));
+        put_started(&store, 1).await;
+        // Object 1 is in flight (held): a small group lingers.
+        let b = append(1, Bytes::from_static(b"b"));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(
+            !store.puts_started.lock().expect("lock").contains(&2),
+            "a small group was sent before its linger while an object was in flight"
+        );
+        put_started(&store, 2).await;
+        assert!(started.elapsed() >= linger, "sent after {:?}", started.elapsed());
+        // A full group does not linger, even with objects in flight.
+        let full = std::time::Instant::now();
+        let c = append(2, Bytes::from(vec![b'c'; 200]));
+        put_started(&store, 3).await;
+        assert!(full.elapsed() < linger, "a full group lingered {:?}", full.elapsed());
+        first.release();
+        for done in [a, b, c] {
+            done.await.expect("task").expect("durable");
+        }
+        assert_eq!(keys(&store).await, vec![1, 2, 3]);
+        drop(wal);
+        stopped(tasks, stop).await;
     }
 
     // The key layout is stable storage: a takeover by another version, and GC's sweep of
