@@ -477,9 +477,10 @@ mod tests {
         };
         let (wal, tasks, stop) = writer_with(store.clone(), pipelining);
         let wal = Arc::new(wal);
+        let appends = TaskTracker::new();
         let append = |i: u64, batches: Bytes| {
             let wal = wal.clone();
-            tokio::spawn(async move {
+            appends.spawn(async move {
                 let mut r = record(i);
                 r.batches = batches;
                 wal.append(&r).await
