@@ -446,6 +446,53 @@ mod tests {
         assert_eq!(epoch_of_a(&log), before + i32::try_from(joined + 2).unwrap());
     }
 
+    /// SD-DRN-10, SD-REL: an operator's cordon outranks a drain's: a drain neither
+    /// downgrades nor releases it, and releasing a drain sets no release mark on an
+    /// operator's uncordon. A node drains only itself; an operator sets no drain cordon.
+    #[test]
+    fn an_operators_cordon_outranks_a_drain_and_a_node_drains_only_itself() {
+        use crate::model::command::Proposer;
+        use weir_shared::ids::Incarnation;
+        let mut log = Log::new();
+        log.apply(op(), cordon(CordonBy::Operator)).expect("operator cordon");
+        log.apply(node(), cordon(CordonBy::Drain))
+            .expect("drain on a cordoned node");
+        assert_eq!(row(&log).cordon, Some(CordonBy::Operator), "not downgraded");
+        log.apply(node(), uncordon(CordonBy::Drain)).expect("drain released");
+        assert_eq!(
+            row(&log).cordon,
+            Some(CordonBy::Operator),
+            "a drain releases only its own"
+        );
+        log.register_n().expect("a new incarnation");
+        log.apply(op(), uncordon(CordonBy::Operator))
+            .expect("operator uncordon");
+        assert_eq!(row(&log).cordon, None);
+        assert!(!row(&log).drain_released, "an operator's uncordon is no drain release");
+        let Ok(crate::model::command::Applied::Registered { epoch }) = log.apply(
+            op(),
+            Command::RegisterNode {
+                node: NodeId::new("m"),
+                kind: NodeKind::Streamd,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            },
+        ) else {
+            panic!("register m")
+        };
+        let m = Proposer::Node(Incarnation {
+            node: NodeId::new("m"),
+            epoch,
+        });
+        assert_eq!(log.apply(m, cordon(CordonBy::Drain)), Err(RejectCode::InvalidArgument));
+        assert_eq!(
+            log.apply(op(), cordon(CordonBy::Drain)),
+            Err(RejectCode::InvalidArgument)
+        );
+        assert_eq!(row(&log).cordon, None);
+    }
+
     /// A drain cordon set and released in order, as a completed stop does.
     #[test]
     fn a_drain_cordon_is_set_then_released_by_its_node() {
