@@ -129,3 +129,76 @@ impl Txn<'_> {
         Ok(Applied::Done)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_log::{op, Log};
+    use crate::model::command::{Applied, Proposer, RejectCode};
+    use crate::model::rows::*;
+    use crate::model::Command;
+    use weir_shared::ids::{Epoch, Incarnation, NodeId};
+
+    fn register(log: &mut Log, name: &str) -> Incarnation {
+        let command = Command::RegisterNode {
+            node: NodeId::new(name),
+            kind: NodeKind::Streamd,
+            addrs: NodeAddrs::default(),
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        let Ok(Applied::Registered { epoch }) = log.apply(op(), command) else {
+            panic!("register {name}")
+        };
+        Incarnation {
+            node: NodeId::new(name),
+            epoch,
+        }
+    }
+
+    // FO-TKO, INV-8: a dead owner's records are committed only by the agent of its
+    // pending takeover: not by another live node, and not once the takeover is over.
+    #[test]
+    fn only_the_pending_takeovers_agent_commits_for_a_dead_owner() {
+        let mut log = Log::new();
+        let agent = register(&mut log, "m");
+        let other = register(&mut log, "k");
+        log.apply(
+            op(),
+            Command::FenceNode {
+                node: NodeId::new("n"),
+                epoch: Epoch(1),
+                seen_heartbeats: 0,
+            },
+        )
+        .expect("fence n");
+        let dead = Incarnation {
+            node: NodeId::new("n"),
+            epoch: Epoch(1),
+        };
+        let key = (dead.node.clone(), dead.epoch);
+        log.meta.state.takeovers.insert(
+            key.clone(),
+            TakeoverRow {
+                dead,
+                agent: Some(agent.clone()),
+                state: TakeoverState::Pending,
+            },
+        );
+        let by = |who: &Incarnation| Proposer::Node(who.clone());
+        assert_eq!(
+            log.commit_as(by(&other), "data/k/1", &[(0, 5, 50)]),
+            Err(RejectCode::NotOwner),
+            "not the agent"
+        );
+        log.commit_as(by(&agent), "data/m/1", &[(0, 5, 50)])
+            .expect("the agent commits the dead owner's records");
+        assert_eq!(log.row(0).committed_end.0, 5);
+        log.meta.state.takeovers.get_mut(&key).expect("row").state = TakeoverState::Recovered;
+        assert_eq!(
+            log.commit_as(by(&agent), "data/m/2", &[(0, 5, 50)]),
+            Err(RejectCode::NotOwner),
+            "the takeover is over"
+        );
+        assert_eq!(log.row(0).committed_end.0, 5);
+    }
+}

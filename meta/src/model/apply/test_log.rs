@@ -87,6 +87,16 @@ impl Log {
 
     /// Commits object `key` holding `ranges` of (stream, records, bytes).
     pub fn commit(&mut self, key: &str, ranges: &[(u64, u64, u64)]) {
+        self.commit_as(node(), key, ranges).expect("commit");
+    }
+
+    /// As [`Log::commit`], proposed by `proposer`; its outcome.
+    pub fn commit_as(
+        &mut self,
+        proposer: Proposer,
+        key: &str,
+        ranges: &[(u64, u64, u64)],
+    ) -> Result<Applied, RejectCode> {
         let mut pos = 0;
         let ranges = ranges
             .iter()
@@ -112,7 +122,7 @@ impl Log {
             size: pos,
             ranges,
         };
-        self.apply(node(), command).expect("commit");
+        self.apply(proposer, command)
     }
 
     /// Closes stream `s` at its epoch, as its owner `n`.
