@@ -28,6 +28,7 @@ modules=(
   "drain_plan|weir-meta|meta/src/drain_plan.rs"
   "model_apply|weir-meta|meta/src/model/apply/*.rs"
   "catch_up|weir-meta|meta/src/catch_up.rs"
+  "takeover_agents|weir-meta|meta/src/model/takeover_agents.rs"
   "wal_object|weir-streamd|streamd/src/wal/object.rs streamd/src/wal/object_writer.rs"
   "wal_file|weir-streamd|streamd/src/wal/file.rs streamd/src/wal/file_writer.rs streamd/src/wal/direct.rs"
   "wal_commit|weir-streamd|streamd/src/wal/group_commit.rs streamd/src/wal/writer.rs streamd/src/wal/stall.rs streamd/src/wal/mod.rs"

@@ -512,6 +512,43 @@ mod tests {
         stopped(tasks, stop).await;
     }
 
+    // Issue 58: at most `max_inflight` WAL objects are in flight; the next waits for a
+    // slot (--wal-max-inflight-puts).
+    #[tokio::test]
+    async fn no_more_objects_are_in_flight_than_the_bound() {
+        let store = Arc::new(ScriptedStore::default());
+        let (first, second) = (store.hold(1), store.hold(2));
+        let pipelining = Pipelining {
+            max_inflight: 2,
+            max_bytes: 1,
+            linger: Duration::ZERO,
+            put_retry: Duration::ZERO,
+        };
+        let (wal, tasks, stop) = writer_with(store.clone(), pipelining);
+        let wal = Arc::new(wal);
+        let appends = TaskTracker::new();
+        let waits: Vec<_> = (0..3)
+            .map(|i| {
+                let wal = wal.clone();
+                appends.spawn(async move { wal.append(&record(i)).await })
+            })
+            .collect();
+        put_started(&store, 2).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !store.puts_started.lock().expect("lock").contains(&3),
+            "a third object went out with two in flight"
+        );
+        first.release();
+        put_started(&store, 3).await;
+        second.release();
+        for done in waits {
+            done.await.expect("task").expect("durable");
+        }
+        drop(wal);
+        stopped(tasks, stop).await;
+    }
+
     // The key layout is stable storage: a takeover by another version, and GC's sweep of
     // `data/` only, read it. Each incarnation writes under a prefix of its own, so a new
     // incarnation never writes a key the one before it may still be writing.
