@@ -297,6 +297,80 @@ mod tests {
         assert_eq!(log.apply(op(), by_id(new)), Ok(Applied::Done));
     }
 
+    fn register(log: &mut Log, name: &str, kind: crate::model::rows::NodeKind) {
+        let command = Command::RegisterNode {
+            node: weir_shared::ids::NodeId::new(name),
+            kind,
+            addrs: Default::default(),
+            heartbeat_interval_sec: 1,
+            node_timeout_sec: 3,
+        };
+        log.apply(op(), command).expect("register");
+    }
+
+    /// A deleted stream its live owner still holds is destroyed by that owner only,
+    /// once it has stopped serving it; after the owner is fenced, by anyone privileged.
+    #[test]
+    fn a_deleted_stream_is_destroyed_by_its_live_owner_only() {
+        use super::super::test_log::node;
+        let mut log = Log::new();
+        let delete = |name: &str| Command::DeleteStream {
+            name: name.into(),
+            id: None,
+        };
+        log.apply(op(), delete("a")).expect("delete a");
+        log.apply(op(), delete("b")).expect("delete b");
+        let destroy = |s| Command::DestroyStream { stream: StreamId(s) };
+        assert_eq!(log.apply(op(), destroy(0)), Err(RejectCode::Conflict));
+        assert_eq!(log.apply(node(), destroy(0)), Ok(Applied::Done));
+        assert!(!log.meta.state.streams.contains_key(&StreamId(0)));
+        log.apply(
+            op(),
+            Command::FenceNode {
+                node: weir_shared::ids::NodeId::new("n"),
+                epoch: weir_shared::ids::Epoch(1),
+                seen_heartbeats: 0,
+            },
+        )
+        .expect("fence n");
+        assert_eq!(log.apply(op(), destroy(1)), Ok(Applied::Done), "its owner is gone");
+    }
+
+    /// A stream placed on a live node and not yet opened is placed again only on that
+    /// node; and damage wholly inside committed data does not keep it from opening.
+    #[test]
+    fn a_closed_stream_of_a_live_owner_is_placed_only_on_its_node() {
+        use super::super::test_log::node;
+        use crate::model::rows::NodeKind;
+        use weir_shared::ids::{NodeId, Offset};
+        let mut log = Log::new();
+        register(&mut log, "m", NodeKind::Streamd);
+        log.commit("data/1", &[(0, 10, 100)]);
+        log.apply(
+            node(),
+            Command::ReportDamage {
+                stream: StreamId(0),
+                from: Offset(5),
+                until: Offset(10),
+                what: "a range fails its checksum".into(),
+            },
+        )
+        .expect("damage in committed data");
+        log.close(0);
+        let place = |to: &str| Command::PlaceStream {
+            stream: StreamId(0),
+            node: NodeId::new(to),
+        };
+        log.apply(op(), place("n")).expect("placed on n");
+        // Placed, not yet opened: its placement on live n stands.
+        assert_eq!(log.apply(op(), place("m")), Err(RejectCode::Conflict));
+        log.apply(op(), place("n")).expect("placed on n again");
+        assert!(
+            matches!(log.apply(node(), Log::open_by_n(0)), Ok(Applied::StreamOpened { .. })),
+            "damage below the committed end does not hold the open"
+        );
+    }
+
     /// D-23: a batch command holds 1 to `MAX_BATCH` items. At the bound it applies item
     /// by item, each refused or applied on its own; empty or past the bound it is
     /// refused whole, so one entry's apply stays bounded.

@@ -84,3 +84,54 @@ impl Txn<'_> {
         Ok(Applied::Done)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_log::{op, Log};
+    use crate::model::command::RejectCode;
+    use crate::model::rows::*;
+    use crate::model::Command;
+    use weir_shared::ids::{Epoch, NodeId};
+
+    // FO-TKO-3: a takeover's agent is a live streamd: not a gateway, not a fenced node.
+    #[test]
+    fn a_takeovers_agent_is_a_live_streamd() {
+        let mut log = Log::new();
+        for (name, kind) in [
+            ("gw", NodeKind::Gatewayd),
+            ("m", NodeKind::Streamd),
+            ("k", NodeKind::Streamd),
+        ] {
+            let register = Command::RegisterNode {
+                node: NodeId::new(name),
+                kind,
+                addrs: NodeAddrs::default(),
+                heartbeat_interval_sec: 1,
+                node_timeout_sec: 3,
+            };
+            log.apply(op(), register).expect("register");
+        }
+        let fence = |name: &str| Command::FenceNode {
+            node: NodeId::new(name),
+            epoch: Epoch(1),
+            seen_heartbeats: 0,
+        };
+        log.apply(op(), fence("n")).expect("fence n");
+        log.apply(op(), fence("k")).expect("fence k");
+        let begin = |agent: &str| Command::BeginTakeover {
+            node: NodeId::new("n"),
+            epoch: Epoch(1),
+            agent: NodeId::new(agent),
+        };
+        assert_eq!(log.apply(op(), begin("gw")), Err(RejectCode::Conflict), "a gateway");
+        assert_eq!(
+            log.apply(op(), begin("k")),
+            Err(RejectCode::Conflict),
+            "a fenced streamd"
+        );
+        assert!(log.meta.state.takeovers.is_empty());
+        log.apply(op(), begin("m")).expect("a live streamd");
+        let row = &log.meta.state.takeovers[&(NodeId::new("n"), Epoch(1))];
+        assert_eq!(row.agent.as_ref().map(|a| a.node.as_str()), Some("m"));
+    }
+}
