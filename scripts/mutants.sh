@@ -20,6 +20,8 @@ out_root="${CARGO_TARGET_DIR:-target}/mutants"
 # artifacts by paths relative to it, so mutated copies built into the shared one would
 # replace its artifacts with mutants that a later build there, seeing older sources,
 # keeps using (and a build there meanwhile would test mutants against the original).
+# For the same reason, run one mutants.sh at a time per CARGO_TARGET_DIR: two runs
+# sharing it build each other's mutants and report false survivors.
 export CARGO_TARGET_DIR="$out_root/target"
 # name | package | files (space-separated globs); each runs the package's unit tests (--lib)
 modules=(
