@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub struct SyscallTrace {
     strace: std::process::Child,
     out: PathBuf,
+    err: PathBuf,
 }
 
 /// One completed call on a file.
@@ -54,7 +55,11 @@ impl SyscallTrace {
             .stderr(std::fs::File::create(&err).expect("strace log"))
             .spawn()
             .expect("this test needs strace (scripts/install-deps.sh installs it)");
-        let mut trace = SyscallTrace { strace, out };
+        let mut trace = SyscallTrace {
+            strace,
+            out,
+            err: err.clone(),
+        };
         // `strace: Process N attached with T threads`, once all are.
         crate::wait_for("strace attached to every thread", Duration::from_secs(20), || {
             let said = std::fs::read_to_string(&err).unwrap_or_default();
@@ -71,7 +76,15 @@ impl SyscallTrace {
     pub fn finish(mut self) -> Vec<Call> {
         crate::signal(self.strace.id(), nix::sys::signal::Signal::SIGINT);
         self.strace.wait().expect("strace exits");
-        parse(&std::fs::read_to_string(&self.out).expect("strace output"))
+        let text = std::fs::read_to_string(&self.out).expect("strace output");
+        let calls = parse(&text);
+        if calls.is_empty() {
+            // A trace of nothing is strace's failure, not the process's: say what it saw.
+            let said = std::fs::read_to_string(&self.err).unwrap_or_default();
+            let head: String = text.chars().take(2000).collect();
+            eprintln!("strace traced no call on a file; its log: {said:?}; its output began: {head:?}");
+        }
+        calls
     }
 }
 
@@ -80,8 +93,12 @@ fn parse(text: &str) -> Vec<Call> {
     let mut pending: std::collections::HashMap<&str, (String, String, f64)> = Default::default();
     let mut calls = Vec::new();
     for line in text.lines() {
-        let mut fields = line.splitn(3, ' ');
-        let (Some(tid), Some(stamp), Some(rest)) = (fields.next(), fields.next(), fields.next()) else {
+        // `1185  1796674539.760108 pwrite64(...)`: strace pads the thread id to a width,
+        // so fields are split on runs of spaces.
+        let Some((tid, after)) = line.trim_start().split_once(' ') else {
+            continue;
+        };
+        let Some((stamp, rest)) = after.trim_start().split_once(' ') else {
             continue;
         };
         let Ok(stamp) = stamp.parse::<f64>() else { continue };
@@ -156,7 +173,7 @@ mod tests {
     #[test]
     fn joins_split_calls_and_pairs_writes_with_later_syncs() {
         let text = "\
-7 100.000000 pwrite64(9</w/seg>, \"\"..., 4096, 0) = 4096 <0.000010>
+7  100.000000 pwrite64(9</w/seg>, \"\"..., 4096, 0) = 4096 <0.000010>
 8 100.000100 fdatasync(9</w/seg> <unfinished ...>
 7 100.000150 write(4<socket:[1]>, \"\"..., 9) = 9 <0.000005>
 8 100.000400 <... fdatasync resumed>) = 0 <0.000300>
