@@ -101,6 +101,7 @@ mod tests {
             ("gw", NodeKind::Gatewayd),
             ("m", NodeKind::Streamd),
             ("k", NodeKind::Streamd),
+            ("j", NodeKind::Streamd),
         ] {
             let register = Command::RegisterNode {
                 node: NodeId::new(name),
@@ -131,7 +132,15 @@ mod tests {
         );
         assert!(log.meta.state.takeovers.is_empty());
         log.apply(op(), begin("m")).expect("a live streamd");
-        let row = &log.meta.state.takeovers[&(NodeId::new("n"), Epoch(1))];
+        let key = (NodeId::new("n"), Epoch(1));
+        let row = &log.meta.state.takeovers[&key];
+        assert_eq!(row.agent.as_ref().map(|a| a.node.as_str()), Some("m"));
+        // A takeover that recovered its WAL is not begun again, whoever a late proposal
+        // names: it stays recovered by its agent.
+        log.meta.state.takeovers.get_mut(&key).expect("row").state = TakeoverState::Recovered;
+        log.apply(op(), begin("j")).expect("a late begin is harmless");
+        let row = &log.meta.state.takeovers[&key];
+        assert_eq!(row.state, TakeoverState::Recovered);
         assert_eq!(row.agent.as_ref().map(|a| a.node.as_str()), Some("m"));
     }
 }

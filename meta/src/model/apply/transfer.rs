@@ -319,6 +319,13 @@ mod tests {
         assert_eq!(stale_transfer.code, RejectCode::NotOwner, "{stale_transfer}");
         assert_eq!(log.state.streams[&x], before, "nothing changed");
         log.begin(x, second, "b").expect("at the current epoch");
+        // A cancel made at the earlier epoch leaves the current transfer alone.
+        log.op(Command::CancelTransfer {
+            stream: x,
+            stream_epoch: first,
+        })
+        .expect("a stale cancel is harmless");
+        assert_eq!(log.state.streams[&x].transfer_target, Some(NodeId::new("b")));
         log.close(Proposer::Node(a), x, second).expect("at the current epoch");
     }
 
