@@ -62,6 +62,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // SD-TRG-6: the signal handlers come before any other work.
     let shutdown = Shutdown::install(&args.shutdown);
     let _telemetry = weir_shared::telemetry::init("weir-dev", &args.telemetry)?;
+    // One process: the gateway calls streamd without the network (issue 62).
+    weir_shared::in_process::enable();
     args.shutdown.warn_if_drain_outlasts_deadline();
     let metad = MetadArgs {
         id: 1,

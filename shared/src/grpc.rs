@@ -16,7 +16,11 @@ pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
 
 /// As [`channel`], with `tls` (`https`, the server checked against the cluster's CA by
 /// the host of `addr`, and the client's certificate if it has one) or plaintext without.
+/// A service this process serves at `addr` is called in process ([`crate::in_process`]).
 pub fn channel_with(addr: &str, tls: Option<ClientTlsConfig>) -> Result<Channel, tonic::transport::Error> {
+    if let Some(local) = crate::in_process::lookup(addr) {
+        return Ok(local.into());
+    }
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
         .connect_timeout(Duration::from_secs(2))
@@ -34,7 +38,7 @@ pub fn channel_with(addr: &str, tls: Option<ClientTlsConfig>) -> Result<Channel,
     if let Some(tls) = tls {
         endpoint = endpoint.tls_config(tls)?;
     }
-    Ok(endpoint.connect_lazy().into())
+    Ok(Channel::network(endpoint.connect_lazy(), addr))
 }
 
 /// Largest message of metad's client and admin APIs, both ways, set explicitly on every

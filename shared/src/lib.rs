@@ -12,6 +12,7 @@ pub mod failpoint;
 pub mod grpc;
 pub mod http_server;
 pub mod ids;
+pub mod in_process;
 pub mod inflate;
 pub mod listener;
 pub mod metrics;

@@ -56,14 +56,50 @@ impl Drop for Call {
 }
 
 /// A tonic channel whose calls are counted; every client of Weir's services uses it.
+/// It reaches its peer over the network, or calls a service of this process directly
+/// ([`crate::in_process`]).
 #[derive(Clone, Debug)]
 pub struct Channel {
-    inner: tonic::transport::Channel,
+    inner: Route,
+}
+
+#[derive(Clone, Debug)]
+enum Route {
+    /// With the address, when the peer may yet turn out to be served in this process
+    /// (it registers after it is known: a gateway may route to it before then).
+    Network(tonic::transport::Channel, Option<std::sync::Arc<str>>),
+    InProcess(crate::in_process::Local),
 }
 
 impl From<tonic::transport::Channel> for Channel {
     fn from(inner: tonic::transport::Channel) -> Self {
-        Self { inner }
+        Self {
+            inner: Route::Network(inner, None),
+        }
+    }
+}
+
+impl From<crate::in_process::Local> for Channel {
+    fn from(local: crate::in_process::Local) -> Self {
+        Self {
+            inner: Route::InProcess(local),
+        }
+    }
+}
+
+impl Channel {
+    /// A channel over the network to `addr` that moves in process once a service of
+    /// this process serves `addr`.
+    pub(crate) fn network(channel: tonic::transport::Channel, addr: &str) -> Self {
+        let addr = crate::in_process::is_enabled().then(|| addr.into());
+        Self {
+            inner: Route::Network(channel, addr),
+        }
+    }
+
+    /// Whether calls on this channel stay in this process.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.inner, Route::InProcess(_))
     }
 }
 
@@ -73,13 +109,25 @@ impl tower_service::Service<http::Request<Body>> for Channel {
     type Future = CountedCall;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        tower_service::Service::poll_ready(&mut self.inner, cx)
+        if let Route::Network(_, Some(addr)) = &self.inner {
+            if let Some(local) = crate::in_process::lookup(addr) {
+                self.inner = Route::InProcess(local);
+            }
+        }
+        match &mut self.inner {
+            Route::Network(channel, _) => tower_service::Service::poll_ready(channel, cx),
+            Route::InProcess(_) => Poll::Ready(Ok(())),
+        }
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let call = Call::start();
+        let inner = match &mut self.inner {
+            Route::Network(channel, _) => Head::Network(tower_service::Service::call(channel, request)),
+            Route::InProcess(local) => Head::InProcess(local.call(request)),
+        };
         CountedCall {
-            inner: tower_service::Service::call(&mut self.inner, request),
+            inner,
             call: Some(call),
         }
     }
@@ -87,15 +135,23 @@ impl tower_service::Service<http::Request<Body>> for Channel {
 
 /// A call waiting for its response head; the count passes on to the body.
 pub struct CountedCall {
-    inner: tonic::transport::channel::ResponseFuture,
+    inner: Head,
     call: Option<Call>,
+}
+
+enum Head {
+    Network(tonic::transport::channel::ResponseFuture),
+    InProcess(futures::future::BoxFuture<'static, http::Response<Body>>),
 }
 
 impl Future for CountedCall {
     type Output = Result<http::Response<CountedBody>, tonic::transport::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let head = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
+        let head = match &mut self.inner {
+            Head::Network(f) => std::task::ready!(Pin::new(f).poll(cx)),
+            Head::InProcess(f) => Ok(std::task::ready!(f.as_mut().poll(cx))),
+        };
         let call = self.call.take();
         Poll::Ready(head.map(|response| response.map(|inner| CountedBody { inner, _call: call })))
     }

@@ -192,12 +192,13 @@ pub async fn run(args: StreamdArgs, shutdown: Arc<Shutdown>) -> anyhow::Result<E
     // teardown can give in-flight calls their own bound (SD-CS-5).
     let servers = TaskTracker::new();
     let grpc_stop = CancellationToken::new();
+    let data_plane = StreamdServer::new(DataPlane::new(node.clone(), txns.clone()))
+        .max_decoding_message_size(max_message(&args))
+        .max_encoding_message_size(max_message(&args));
+    // In `weir dev` the gateway beside this node calls it in process (issue 62).
+    weir_shared::in_process::serve(&addrs.grpc, data_plane.clone(), grpc_stop.clone(), servers.clone());
     let grpc = weir_shared::grpc::server(&limits)?
-        .add_service(
-            StreamdServer::new(DataPlane::new(node.clone(), txns.clone()))
-                .max_decoding_message_size(max_message(&args))
-                .max_encoding_message_size(max_message(&args)),
-        )
+        .add_service(data_plane)
         .serve_with_incoming_shutdown(
             grpc_incoming(Listener::new(grpc_listener, "grpc", limits)),
             grpc_stop.clone().cancelled_owned(),

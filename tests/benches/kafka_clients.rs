@@ -29,6 +29,9 @@
 //! servers to CPU 0 and the clients to CPU 1 (needs 2 CPUs).
 //! `WEIR_BENCH_PRODUCER` (`plain`, `idempotent`, `transactional`) picks confluent-kafka's
 //! producer (`tests/clients/confluent_bench.py`; issue 23's transactional ratio).
+//! `WEIR_BENCH_DEV=1` runs `weir dev` instead: metad, streamd and the gateway in one
+//! process, the gateway calling streamd in process (issue 62); its CPU per MB is that
+//! process's, printed as the gateway's.
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
@@ -263,10 +266,13 @@ struct ServerCpu {
 }
 
 impl ServerCpu {
-    fn now(gw: &Gatewayd, stack: &Stack) -> ServerCpu {
+    /// Under `weir dev` the gateway's process is the whole server.
+    fn now(gw: &Gatewayd, stack: Option<&Stack>) -> ServerCpu {
         ServerCpu {
             gateway: weir_tests::process::cpu_time(gw.pid()),
-            streamd: stack.nodes.iter().map(|n| weir_tests::process::cpu_time(n.pid())).sum(),
+            streamd: stack
+                .map(|s| s.nodes.iter().map(|n| weir_tests::process::cpu_time(n.pid())).sum())
+                .unwrap_or_default(),
         }
     }
 
@@ -366,9 +372,11 @@ async fn main() {
         !kinds.contains(&true) || clients == [Client::Confluent],
         "WEIR_BENCH_TLS={mode} needs WEIR_BENCH_CLIENTS=confluent (the rdkafka crate here has no OpenSSL)"
     );
+    // `WEIR_BENCH_DEV=1`: `weir dev`, one process (issue 62's in-process hop).
+    let dev = env_or("WEIR_BENCH_DEV", 0u8) == 1;
     let mut listeners = vec![];
     for &tls in kinds {
-        listeners.push(Listener::start(&store, cluster, tls).await);
+        listeners.push(Listener::start(&store, cluster, tls, dev).await);
     }
     // `WEIR_BENCH_PIN=1`: the servers on CPU 0, this process and the clients it starts
     // on CPU 1, so what TLS costs a client is not taken from the servers' CPU, as when
@@ -376,20 +384,25 @@ async fn main() {
     let pinned = env_or("WEIR_BENCH_PIN", 0u8) == 1;
     if pinned {
         for l in &listeners {
-            let stack = &l.stack;
-            let servers = stack.metad.replicas.iter().map(|r| r.pid());
-            let servers = servers.chain(stack.nodes.iter().map(|n| n.pid()));
+            let stack = l.stack.iter();
+            let servers = stack.clone().flat_map(|s| s.metad.replicas.iter().map(|r| r.pid()));
+            let servers = servers.chain(stack.flat_map(|s| s.nodes.iter().map(|n| n.pid())));
             for pid in servers.chain([l.gw.pid()]) {
                 pin(pid, "0");
             }
         }
         pin(std::process::id(), "1");
     }
+    let (metads, streamds) = listeners[0]
+        .stack
+        .as_ref()
+        .map_or((1, 1), |s| (s.metad.replicas.len(), s.nodes.len()));
     println!(
-        "{} stack(s) of {} metad, {} streamd and one gatewayd; kafka listeners: {}; {}",
+        "{} stack(s) of {} metad, {} streamd and one gatewayd{}; kafka listeners: {}; {}",
         listeners.len(),
-        listeners[0].stack.metad.replicas.len(),
-        listeners[0].stack.nodes.len(),
+        metads,
+        streamds,
+        if dev { ", all in one weir dev process" } else { "" },
         listeners.iter().map(|l| l.name).collect::<Vec<_>>().join(", "),
         if pinned {
             "servers on CPU 0, clients on CPU 1"
@@ -398,8 +411,8 @@ async fn main() {
         }
     );
     // The disk under the stack, measured in the same run (the figures are ratios of it).
-    let raw = weir_tests::disk::raw_sync(listeners[0].stack.dir.path());
-    let seq = weir_tests::disk::sequential_bandwidth(listeners[0].stack.dir.path());
+    let raw = weir_tests::disk::raw_sync(&listeners[0].dir);
+    let seq = weir_tests::disk::sequential_bandwidth(&listeners[0].dir);
     println!(
         "disk: 4 KiB write+fdatasync {:.0}/s (p50 {:?}, p99 {:?}, max {:?}), sequential write {seq:.0} MB/s",
         raw.rate, raw.p50, raw.p99, raw.max
@@ -419,7 +432,7 @@ async fn main() {
                         settle(&listeners).await;
                     }
                     let topic = l.create(format!("{client:?}-{size}-{run}").to_lowercase()).await;
-                    let (gw, stack) = (&l.gw, &l.stack);
+                    let (gw, stack) = (&l.gw, l.stack.as_ref());
                     let args = |phase: &str| [phase.to_string(), topic.clone(), size.to_string(), count.to_string()];
                     let before = ServerCpu::now(gw, stack);
                     let p = match client {
@@ -461,15 +474,25 @@ async fn main() {
                     let cpu: Option<Duration> = runs.iter().map(|f| f.client_cpu).sum();
                     cpu.map_or("–".to_string(), |d| format!("{:.2} ms", per_mb(d)))
                 };
-                println!(
-                    "  CPU per MB: produce gateway {:.2} ms, streamd {:.2} ms, client {}; consume gateway {:.2} ms, streamd {:.2} ms, client {}",
-                    per_mb(result.produce_cpu.gateway),
-                    per_mb(result.produce_cpu.streamd),
-                    client(&result.produced),
-                    per_mb(result.consume_cpu.gateway),
-                    per_mb(result.consume_cpu.streamd),
-                    client(&result.consumed),
-                );
+                if l.stack.is_some() {
+                    println!(
+                        "  CPU per MB: produce gateway {:.2} ms, streamd {:.2} ms, client {}; consume gateway {:.2} ms, streamd {:.2} ms, client {}",
+                        per_mb(result.produce_cpu.gateway),
+                        per_mb(result.produce_cpu.streamd),
+                        client(&result.produced),
+                        per_mb(result.consume_cpu.gateway),
+                        per_mb(result.consume_cpu.streamd),
+                        client(&result.consumed),
+                    );
+                } else {
+                    println!(
+                        "  CPU per MB: produce weir dev {:.2} ms, client {}; consume weir dev {:.2} ms, client {}",
+                        per_mb(result.produce_cpu.gateway),
+                        client(&result.produced),
+                        per_mb(result.consume_cpu.gateway),
+                        client(&result.consumed),
+                    );
+                }
                 summaries.push([
                     (p.mb_s, per_mb(result.produce_cpu.total())),
                     (c.mb_s, per_mb(result.consume_cpu.total())),
@@ -495,7 +518,11 @@ async fn main() {
         }
         for l in &listeners {
             let gw = &l.gw;
-            let nodes: Vec<String> = l.stack.nodes.iter().map(|n| n.http.clone()).collect();
+            // Under `weir dev` streamd's histograms are in the gateway's /metrics.
+            let nodes: Vec<String> = match &l.stack {
+                Some(stack) => stack.nodes.iter().map(|n| n.http.clone()).collect(),
+                None => vec![l.gw.http.clone()],
+            };
             let mut lat = vec![];
             let before = ServerLatency::scrape(gw, &nodes).await;
             for run in 0..runs {
@@ -541,11 +568,10 @@ async fn settle(listeners: &[Listener]) {
         listeners
             .iter()
             .map(|l| {
-                let stack = &l.stack;
+                let stack = l.stack.as_ref();
                 let metad: Duration = stack
-                    .metad
-                    .replicas
                     .iter()
+                    .flat_map(|s| s.metad.replicas.iter())
                     .map(|r| weir_tests::process::cpu_time(r.pid()))
                     .sum();
                 metad + ServerCpu::now(&l.gw, stack).total()
@@ -585,14 +611,34 @@ struct Listener {
     /// The CA its certificate is from, under TLS.
     ca: Option<std::path::PathBuf>,
     admin: AdminClient<DefaultClientContext>,
-    stack: Stack,
-    /// Data objects with `WEIR_BENCH_OBJECT_STORE=file`.
+    /// `None` under `weir dev`, whose gateway process holds the whole server.
+    stack: Option<Stack>,
+    /// Where the servers keep their data (the disk measured).
+    dir: std::path::PathBuf,
+    /// Data objects with `WEIR_BENCH_OBJECT_STORE=file`; `weir dev`'s data directory.
     _objects: tempfile::TempDir,
 }
 
 impl Listener {
-    async fn start(store: &str, cluster: bool, tls: bool) -> Listener {
+    async fn start(store: &str, cluster: bool, tls: bool, dev: bool) -> Listener {
         let objects = tempfile::tempdir().expect("temp dir");
+        if dev {
+            assert!(
+                store == "file" && !cluster && !tls,
+                "WEIR_BENCH_DEV=1 runs weir dev: data objects on its local disk, one of each service, no TLS"
+            );
+            let gw = Gatewayd::dev(objects.path());
+            gw.wait_ready().await;
+            return Listener {
+                name: "PLAINTEXT (weir dev)",
+                admin: config(&gw).create().expect("admin"),
+                gw,
+                ca: None,
+                stack: None,
+                dir: objects.path().to_path_buf(),
+                _objects: objects,
+            };
+        }
         let objects_url = format!("file://{}", objects.path().display());
         let mut flags = weir_tests::streamd::PRODUCTION_WAL.to_vec();
         if store == "file" {
@@ -617,7 +663,8 @@ impl Listener {
             admin: config(&gw).create().expect("admin"),
             gw,
             ca,
-            stack,
+            dir: stack.dir.path().to_path_buf(),
+            stack: Some(stack),
             _objects: objects,
         }
     }
@@ -627,7 +674,7 @@ impl Listener {
         if self.ca.is_some() {
             weir_tests::tls::weir(&[
                 "--metad",
-                &self.stack.metad_addrs(),
+                &self.stack.as_ref().expect("TLS runs a stack").metad_addrs(),
                 "topics",
                 "create",
                 &topic,

@@ -14,6 +14,8 @@ pub struct Gatewayd {
     pub http: String,
     /// The Kafka listener (bootstrap servers).
     pub kafka: String,
+    /// The program run: `gatewayd`, or `weir` for [`Gatewayd::dev`].
+    binary: &'static str,
     args: Vec<String>,
     env: Vec<(String, String)>,
     proc: Proc,
@@ -74,12 +76,48 @@ impl Gatewayd {
         ];
         crate::override_flags(&mut args, extra);
         let mut g = Gatewayd {
+            binary: "gatewayd",
             id: id.into(),
             http: format!("127.0.0.1:{}", free_port()),
             kafka: format!("127.0.0.1:{}", free_port()),
             args,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             proc: Proc::new(id, dir.join(format!("{id}.log"))),
+            http_client: crate::http_builder()
+                .timeout(Duration::from_secs(90))
+                .build()
+                .expect("http client"),
+            token: None,
+            scheme: "http",
+        };
+        g.spawn();
+        g
+    }
+
+    /// Runs `weir dev` (metad, streamd and the gateway in one process) with its data in
+    /// `dir`: the gateway is this process's (issue 62 measures the in-process hop).
+    pub fn dev(dir: &Path) -> Gatewayd {
+        let mut args: Vec<String> = vec![
+            "dev".into(),
+            "--data-dir".into(),
+            dir.join("data").display().to_string(),
+        ];
+        for flag in [
+            "--metad-listen",
+            "--metad-http-listen",
+            "--streamd-listen",
+            "--streamd-http-listen",
+        ] {
+            args.extend([flag.to_string(), format!("127.0.0.1:{}", free_port())]);
+        }
+        let mut g = Gatewayd {
+            binary: "weir",
+            id: "weir-dev".into(),
+            http: format!("127.0.0.1:{}", free_port()),
+            kafka: format!("127.0.0.1:{}", free_port()),
+            args,
+            env: vec![],
+            proc: Proc::new("weir-dev", dir.join("weir-dev.log")),
             http_client: crate::http_builder()
                 .timeout(Duration::from_secs(90))
                 .build()
@@ -102,7 +140,7 @@ impl Gatewayd {
     }
 
     pub fn spawn(&mut self) {
-        let mut command = Command::new(bin_path("gatewayd"));
+        let mut command = Command::new(bin_path(self.binary));
         command
             .args(&self.args)
             .args(["--http-listen", &self.http, "--kafka-listen", &self.kafka])
