@@ -10,7 +10,9 @@
 //! whenever its queue holds 100,000 messages, which made consume rates bimodal. The
 //! gateway's and the streamd nodes' CPU time per MB is printed for each phase
 //! (`/proc/<pid>/stat`), with confluent-kafka's own, so a TLS run's cost on the server
-//! can be told from its client's. Prints; asserts nothing.
+//! can be told from its client's. For each message size it prints the bytes the servers
+//! wrote to disk per byte produced (`/proc/<pid>/io`: WAL, objects, compaction, metad),
+//! from idle before the first run to idle after the last. Prints; asserts nothing.
 //!
 //! Run: `cargo bench -p weir-tests --bench kafka_clients` (needs s3s-fs and
 //! confluent-kafka, see .ci/run). `WEIR_BENCH_MAX_IN_FLIGHT` caps the producer's
@@ -29,7 +31,8 @@
 //! servers to CPU 0 and the clients to CPU 1 (needs 2 CPUs).
 //! `WEIR_BENCH_PRODUCER` (`plain`, `idempotent`, `transactional`) picks confluent-kafka's
 //! producer (`tests/clients/confluent_bench.py`; issue 23's transactional ratio).
-//! `WEIR_BENCH_DEV=1` runs `weir dev` instead: metad, streamd and the gateway in one
+//! `WEIR_BENCH_PARTITIONS` (1) spreads the throughput runs' keyed messages over that many
+//! partitions (issue 62's 16-partition figures). `WEIR_BENCH_DEV=1` runs `weir dev` instead: metad, streamd and the gateway in one
 //! process, the gateway calling streamd in process (issue 62); its CPU per MB is that
 //! process's, printed as the gateway's.
 // Test tasks end with the test process; the services spawn only on trackers (clippy.toml).
@@ -86,7 +89,7 @@ async fn produce(gw: &Gatewayd, topic: &str, size: usize, count: usize) -> Figur
 
 /// Consumes `count` messages of `size` bytes from the start; the rate counts from the
 /// first message, whose wait is `first`.
-fn consume(gw: &Gatewayd, topic: &str, size: usize, count: usize) -> Figure {
+fn consume(gw: &Gatewayd, topic: &str, partitions: i32, size: usize, count: usize) -> Figure {
     let c: BaseConsumer = config(gw)
         .set("group.id", "bench")
         .set("enable.auto.commit", "false")
@@ -95,7 +98,9 @@ fn consume(gw: &Gatewayd, topic: &str, size: usize, count: usize) -> Figure {
         .create()
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning).expect("tpl");
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
+    }
     c.assign(&tpl).expect("assign");
     let started = Instant::now();
     let mut first = None;
@@ -372,6 +377,9 @@ async fn main() {
         !kinds.contains(&true) || clients == [Client::Confluent],
         "WEIR_BENCH_TLS={mode} needs WEIR_BENCH_CLIENTS=confluent (the rdkafka crate here has no OpenSSL)"
     );
+    // `WEIR_BENCH_PARTITIONS`: the throughput topics' partitions (keyed messages spread
+    // over them); latency stays on one.
+    let partitions: i32 = env_or("WEIR_BENCH_PARTITIONS", 1).max(1);
     // `WEIR_BENCH_DEV=1`: `weir dev`, one process (issue 62's in-process hop).
     let dev = env_or("WEIR_BENCH_DEV", 0u8) == 1;
     let mut listeners = vec![];
@@ -417,13 +425,19 @@ async fn main() {
         "disk: 4 KiB write+fdatasync {:.0}/s (p50 {:?}, p99 {:?}, max {:?}), sequential write {seq:.0} MB/s",
         raw.rate, raw.p50, raw.p99, raw.max
     );
-    println!("{count} messages per run, median of {runs} runs (range in brackets), data objects on {store}");
+    println!(
+        "{count} messages per run over {partitions} partition(s), median of {runs} runs (range in brackets), data objects on {store}"
+    );
     for client in clients {
         for size in [100, 1024] {
             if !phases.contains(&"throughput") {
                 break;
             }
             let mut results: Vec<Throughput> = listeners.iter().map(|_| Throughput::default()).collect();
+            // Issue 62: bytes the servers wrote to disk per byte produced, from before the
+            // first run to when the uploads and compaction the runs left have ended.
+            settle(&listeners).await;
+            let written_before: Vec<u64> = listeners.iter().map(Listener::bytes_written).collect();
             for run in 0..runs {
                 // One run on each listener in turn, so drift (the disk, compaction)
                 // falls on both alike.
@@ -431,7 +445,9 @@ async fn main() {
                     if listeners.len() > 1 {
                         settle(&listeners).await;
                     }
-                    let topic = l.create(format!("{client:?}-{size}-{run}").to_lowercase()).await;
+                    let topic = l
+                        .create(format!("{client:?}-{size}-{run}").to_lowercase(), partitions)
+                        .await;
                     let (gw, stack) = (&l.gw, l.stack.as_ref());
                     let args = |phase: &str| [phase.to_string(), topic.clone(), size.to_string(), count.to_string()];
                     let before = ServerCpu::now(gw, stack);
@@ -445,7 +461,7 @@ async fn main() {
                     result.produce_cpu.add(&before, &mid);
                     let before = mid;
                     let c = tokio::task::block_in_place(|| match client {
-                        Client::Rdkafka => consume(gw, &topic, size, count),
+                        Client::Rdkafka => consume(gw, &topic, partitions, size, count),
                         Client::Confluent => Figure::from_json(&confluent(gw, l.ca.as_deref(), &args("consume"))),
                     });
                     result.consume_cpu.add(&before, &ServerCpu::now(gw, stack));
@@ -454,8 +470,10 @@ async fn main() {
                 }
             }
             let mb = (size * count * runs) as f64 / 1e6;
+            settle(&listeners).await;
             let mut summaries = vec![];
-            for (l, result) in listeners.iter().zip(results) {
+            for ((l, result), before) in listeners.iter().zip(results).zip(written_before) {
+                let written = l.bytes_written().saturating_sub(before);
                 let ((p, plo, phi), (c, clo, chi)) = (median(result.produced.clone()), median(result.consumed.clone()));
                 println!(
                     "{client:?} {size} B over {}: produce acks=all {:.0} msg/s, {:.2} MB/s [{plo:.1}–{phi:.1}] ({:.1} % of sequential); \
@@ -468,6 +486,10 @@ async fn main() {
                     c.mb_s,
                     c.mb_s / seq * 100.0,
                     c.first.unwrap_or_default(),
+                );
+                println!(
+                    "  disk bytes written per byte produced: {:.2} (WAL, objects, compaction and metad, from /proc/<pid>/io, once the servers were idle)",
+                    written as f64 / (mb * 1e6)
                 );
                 let per_mb = |d: Duration| d.as_secs_f64() * 1e3 / mb;
                 let client = |runs: &[Figure]| {
@@ -526,7 +548,7 @@ async fn main() {
             let mut lat = vec![];
             let before = ServerLatency::scrape(gw, &nodes).await;
             for run in 0..runs {
-                let topic = l.create(format!("{client:?}-lat-{run}").to_lowercase()).await;
+                let topic = l.create(format!("{client:?}-lat-{run}").to_lowercase(), 1).await;
                 lat.push(match client {
                     Client::Rdkafka => latency(gw, &topic).await,
                     Client::Confluent => tokio::task::block_in_place(|| {
@@ -669,8 +691,21 @@ impl Listener {
         }
     }
 
-    /// Creates a topic of one partition and waits until the gateway serves it.
-    async fn create(&self, topic: String) -> String {
+    /// Bytes the servers' processes have written to disk so far.
+    fn bytes_written(&self) -> u64 {
+        let stack = self.stack.iter();
+        let metad = stack.clone().flat_map(|s| s.metad.replicas.iter().map(|r| r.pid()));
+        let streamd = stack.flat_map(|s| s.nodes.iter().map(|n| n.pid()));
+        metad
+            .chain(streamd)
+            .chain([self.gw.pid()])
+            .map(weir_tests::process::bytes_written)
+            .sum()
+    }
+
+    /// Creates a topic of `partitions` partitions and waits until the gateway serves
+    /// each.
+    async fn create(&self, topic: String, partitions: i32) -> String {
         if self.ca.is_some() {
             weir_tests::tls::weir(&[
                 "--metad",
@@ -679,18 +714,20 @@ impl Listener {
                 "create",
                 &topic,
                 "--partitions",
-                "1",
+                &partitions.to_string(),
             ]);
         } else {
             self.admin
                 .create_topics(
-                    &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+                    &[NewTopic::new(&topic, partitions, TopicReplication::Fixed(1))],
                     &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
                 )
                 .await
                 .expect("create");
         }
-        self.gw.wait_open(&format!("{topic}/0")).await;
+        for p in 0..partitions {
+            self.gw.wait_open(&format!("{topic}/{p}")).await;
+        }
         topic
     }
 }

@@ -7,10 +7,11 @@ Driven by the `kafka_clients` bench, which starts the stack and creates the topi
     confluent_bench.py BOOTSTRAP latency TOPIC RATE SECONDS
 
 Each prints one JSON line; produce and consume give the client's CPU time (`cpu_s`, its
-Python and librdkafka threads) over the phase. Produce: acks=all, linger 5 ms, one partition. Consume: from
-the beginning; `first_ms` is the time to the first message (connection, metadata,
-ListOffsets), and MB/s counts from that message on, as kafka-consumer-perf-test separates
-its setup from its fetch time. Latency: single 1 KiB messages at RATE per second.
+Python and librdkafka threads) over the phase. Produce: acks=all, linger 5 ms, keys
+spread over the topic's partitions. Consume: every partition from the beginning;
+`first_ms` is the time to the first message (connection, metadata, ListOffsets), and
+MB/s counts from that message on, as kafka-consumer-perf-test separates its setup from
+its fetch time. Latency: single 1 KiB messages at RATE per second.
 
 `WEIR_BENCH_PRODUCER` picks the producer: `plain` (the default), `idempotent`, or
 `transactional` (issue 23: a transactional id, each 1,000 messages one committed
@@ -103,7 +104,9 @@ def consume(bootstrap, topic, size, count):
         # or not by chance. Kafka's Java consumer has no such pause.
         "fetch.queue.backoff.ms": 10,
     })
-    c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    # Every partition of the topic (the bench's WEIR_BENCH_PARTITIONS spreads keys).
+    partitions = c.list_topics(topic, timeout=30).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
     started, cpu = time.perf_counter(), time.process_time()
     first, first_batch = None, 0
     n = 0

@@ -140,6 +140,21 @@ pub fn cpu_time(pid: u32) -> std::time::Duration {
     std::time::Duration::from_millis(ticks * 10)
 }
 
+/// Bytes process `pid` has sent to the storage layer so far, direct writes and pages it
+/// dirtied alike, less those truncated before writeback (`/proc/<pid>/io`); zero once it
+/// is gone.
+pub fn bytes_written(pid: u32) -> u64 {
+    let Ok(io) = std::fs::read_to_string(format!("/proc/{pid}/io")) else {
+        return 0;
+    };
+    let field = |name: &str| -> u64 {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(": ")?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    field("write_bytes").saturating_sub(field("cancelled_write_bytes"))
+}
+
 #[cfg(test)]
 mod cpu_time_tests {
     #[test]

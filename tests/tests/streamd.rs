@@ -665,6 +665,11 @@ async fn object_wal_sigkill_with_puts_in_flight_at_s3_latency_loses_no_ack() {
             let (mut client, acked) = (stack.nodes[0].client().await, acked.clone());
             writers.push(tokio::spawn(async move {
                 for i in 0u64.. {
+                    // Writers that wait for each answer move in lockstep: their appends
+                    // all land in one WAL object, and the next ones in the next. A pause
+                    // that differs by writer and append spreads them over a PUT's latency,
+                    // so several WAL objects are in flight at once whatever the machine.
+                    tokio::time::sleep(Duration::from_millis((i * 7 + s as u64 * 5) % 23)).await;
                     let value = format!("v-{s}-{i}");
                     let req = AppendRequest {
                         stream: format!("lat-{s}"),
