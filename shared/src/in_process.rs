@@ -15,22 +15,20 @@
 //! - no identity: a call carries no certificate, as on a plaintext cluster. This is why
 //!   it is off unless [`enable`]d, which only `weir dev` does (it has no cluster TLS).
 
-use bytes::Bytes;
+use crate::outgoing_calls::HeldBody;
 use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::{Arc, LazyLock, Mutex};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::task_tracker::{TaskTracker, TaskTrackerToken};
+use tokio_util::task::TaskTracker;
 use tonic::body::Body;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// Services served in this process, by the address each advertises.
-static SERVED: Mutex<Option<HashMap<String, Local>>> = Mutex::new(None);
+static SERVED: LazyLock<Mutex<HashMap<String, Local>>> = LazyLock::new(Mutex::default);
 
 /// Lets this process's services call each other in process from now on. Call it
 /// before the services start; it cannot be undone.
@@ -43,7 +41,7 @@ pub fn is_enabled() -> bool {
     ENABLED.load(Ordering::Acquire)
 }
 
-fn served() -> std::sync::MutexGuard<'static, Option<HashMap<String, Local>>> {
+fn served() -> std::sync::MutexGuard<'static, HashMap<String, Local>> {
     SERVED.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -96,9 +94,7 @@ where
         stop,
         calls,
     };
-    served()
-        .get_or_insert_with(HashMap::new)
-        .insert(addr.to_string(), local);
+    served().insert(addr.to_string(), local);
 }
 
 /// The service `addr` names in this process, if one serves it and has not stopped.
@@ -107,10 +103,9 @@ pub fn lookup(addr: &str) -> Option<Local> {
         return None;
     }
     let mut served = served();
-    let map = served.as_mut()?;
-    match map.get(addr) {
+    match served.get(addr) {
         Some(local) if local.stop.is_cancelled() => {
-            map.remove(addr);
+            served.remove(addr);
             None
         }
         found => found.cloned(),
@@ -127,7 +122,8 @@ impl Local {
         }
         let open = self.calls.token();
         let reply = (self.call)(request);
-        Box::pin(async move { reply.await.map(|body| Body::new(Tracked { body, _open: open })) })
+        // The reply body keeps the call counted on the server's tracker until it ends.
+        Box::pin(async move { reply.await.map(|body| Body::new(HeldBody::new(body, open))) })
     }
 }
 
@@ -146,36 +142,11 @@ fn calls_total() -> &'static prometheus::IntCounter {
     })
 }
 
-/// A reply body that keeps its call counted on the server's tracker until it ends.
-struct Tracked {
-    body: Body,
-    _open: TaskTrackerToken,
-}
-
-impl http_body::Body for Tracked {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::grpc::channel;
+    use std::task::{Context, Poll};
     use std::time::Duration;
     use tower_service::Service;
 

@@ -38,7 +38,7 @@ pub async fn all_ended() {
 
 /// One open call; it ends when dropped.
 #[derive(Debug)]
-struct Call;
+pub struct Call;
 
 impl Call {
     fn start() -> Self {
@@ -153,17 +153,27 @@ impl Future for CountedCall {
             Head::InProcess(f) => Ok(std::task::ready!(f.as_mut().poll(cx))),
         };
         let call = self.call.take();
-        Poll::Ready(head.map(|response| response.map(|inner| CountedBody { inner, _call: call })))
+        Poll::Ready(head.map(|response| response.map(|inner| HeldBody::new(inner, call))))
     }
 }
 
 /// A response body that holds its call open until it is read to its end or dropped.
-pub struct CountedBody {
+pub type CountedBody = HeldBody<Option<Call>>;
+
+/// A response body that holds `G` (a count of what is open) until it is read to its end
+/// or dropped.
+pub struct HeldBody<G> {
     inner: Body,
-    _call: Option<Call>,
+    _held: G,
 }
 
-impl http_body::Body for CountedBody {
+impl<G> HeldBody<G> {
+    pub(crate) fn new(inner: Body, held: G) -> Self {
+        Self { inner, _held: held }
+    }
+}
+
+impl<G: Unpin> http_body::Body for HeldBody<G> {
     type Data = Bytes;
     type Error = tonic::Status;
 

@@ -75,13 +75,20 @@ impl Gatewayd {
             "json".into(),
         ];
         crate::override_flags(&mut args, extra);
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Self::spawned("gatewayd", id, args, env, dir)
+    }
+
+    /// Runs `binary` with `args` and `env`, its HTTP and Kafka listeners on free ports,
+    /// logging to `dir/ID.log`.
+    fn spawned(binary: &'static str, id: &str, args: Vec<String>, env: Vec<(String, String)>, dir: &Path) -> Gatewayd {
         let mut g = Gatewayd {
-            binary: "gatewayd",
+            binary,
             id: id.into(),
             http: format!("127.0.0.1:{}", free_port()),
             kafka: format!("127.0.0.1:{}", free_port()),
             args,
-            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            env,
             proc: Proc::new(id, dir.join(format!("{id}.log"))),
             http_client: crate::http_builder()
                 .timeout(Duration::from_secs(90))
@@ -110,23 +117,7 @@ impl Gatewayd {
         ] {
             args.extend([flag.to_string(), format!("127.0.0.1:{}", free_port())]);
         }
-        let mut g = Gatewayd {
-            binary: "weir",
-            id: "weir-dev".into(),
-            http: format!("127.0.0.1:{}", free_port()),
-            kafka: format!("127.0.0.1:{}", free_port()),
-            args,
-            env: vec![],
-            proc: Proc::new("weir-dev", dir.join("weir-dev.log")),
-            http_client: crate::http_builder()
-                .timeout(Duration::from_secs(90))
-                .build()
-                .expect("http client"),
-            token: None,
-            scheme: "http",
-        };
-        g.spawn();
-        g
+        Self::spawned("weir", "weir-dev", args, vec![], dir)
     }
 
     /// Talks HTTPS to a gateway started with `--tls-cert`, trusting only the CA `ca`.

@@ -67,14 +67,7 @@ async fn weir_dev_serves_http_and_kafka_on_local_disk_and_stops_cleanly() {
     assert_eq!(read["records"][0]["body"], "hello, weir");
     // Issue 62: the gateway called streamd in process, not over loopback gRPC (the
     // create's placement, the append and the read went to streamd at least twice).
-    let metrics = client
-        .get(url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = weir_tests::get_text(&url("/metrics")).await;
     let in_process = weir_tests::metric_value(&metrics, "weir_in_process_calls_total").unwrap_or(0.0);
     assert!(in_process >= 2.0, "in-process calls: {in_process}\n{metrics}");
 
