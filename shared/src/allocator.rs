@@ -20,7 +20,7 @@ pub use tikv_jemallocator;
 /// its first allocation.
 #[doc(hidden)]
 #[repr(transparent)]
-pub struct MallocConf(pub *const std::ffi::c_char);
+pub struct MallocConf(pub *const u8);
 
 // SAFETY: it points to a static, immutable byte string.
 #[allow(unsafe_code)]
@@ -28,7 +28,7 @@ unsafe impl Sync for MallocConf {}
 
 /// The options: no dedicated arena for large allocations (above).
 #[doc(hidden)]
-pub const MALLOC_CONF: MallocConf = MallocConf(c"oversize_threshold:0".as_ptr());
+pub const MALLOC_CONF: MallocConf = MallocConf(b"oversize_threshold:0\0".as_ptr());
 
 /// Installs jemalloc, tuned as above, as the global allocator of the binary whose root
 /// module invokes it.
