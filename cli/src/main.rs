@@ -10,8 +10,12 @@ use weir_meta::client::MetadClient;
 use weir_meta::model::{Command, CordonBy, DamageRemedy, Proposer, StreamConfig};
 use weir_proto::metad::{DrainRequest, TransferRequest};
 
-// jemalloc, tuned (weir_shared::allocator says why).
-weir_shared::jemalloc!();
+// jemalloc returns freed memory to the system. glibc's malloc kept the peaks of
+// transient buffers (compaction windows, object reads) resident, so RSS rose for as
+// long as a soak ran although the live heap stayed bounded (issue 23).
+#[cfg(unix)]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser)]
 #[command(name = "weir", version, about = "Weir: durable streams on object storage")]

@@ -1,7 +1,6 @@
 //! What every Weir binary shares: configuration habits, ids, the error-code table,
 //! gRPC channels, the service entry point and shutdown sequence, tracing and metrics.
 
-pub mod allocator;
 pub mod backoff;
 pub mod batch;
 pub mod cluster_tls;

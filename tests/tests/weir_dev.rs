@@ -155,24 +155,3 @@ async fn weir_dev_exits_naming_metad_when_its_port_is_held() {
     .await
     .expect("test timed out");
 }
-
-/// Issue 62: every binary runs jemalloc without its arena for allocations of 8 MiB and
-/// more, which unmapped each upload's object and compaction window when freed, so the
-/// next one faulted in every page again (a third of the server's CPU at 400 MB/s).
-/// jemalloc prints the options in effect when asked to by its environment.
-#[test]
-fn every_binary_allocates_large_buffers_from_its_ordinary_arenas() {
-    for binary in ["weir", "metad", "streamd", "gatewayd"] {
-        let out = Command::new(bin_path(binary))
-            .arg("--help")
-            .env("_RJEM_MALLOC_CONF", "stats_print:true")
-            .output()
-            .expect("runs");
-        let text = String::from_utf8_lossy(&out.stderr);
-        let threshold = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("opt.oversize_threshold: "))
-            .unwrap_or_else(|| panic!("{binary}: no jemalloc statistics (is jemalloc its allocator?)\n{text}"));
-        assert_eq!(threshold, "0", "{binary}");
-    }
-}
