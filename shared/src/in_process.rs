@@ -15,7 +15,7 @@
 //! - no identity: a call carries no certificate, as on a plaintext cluster. This is why
 //!   it is off unless [`enable`]d, which only `weir dev` does (it has no cluster TLS).
 
-use crate::outgoing_calls::HeldBody;
+use crate::held_body::HeldBody;
 use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::convert::Infallible;

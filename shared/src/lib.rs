@@ -10,6 +10,7 @@ pub mod durable_dir;
 pub mod error_code;
 pub mod failpoint;
 pub mod grpc;
+pub mod held_body;
 pub mod http_server;
 pub mod ids;
 pub mod in_process;

@@ -4,7 +4,6 @@
 //! phase budget stopped waiting for still gets its answer, bounded by 10 s and the
 //! deadline, instead of being cut off with the runtime.
 
-use bytes::Bytes;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -153,45 +152,12 @@ impl Future for CountedCall {
             Head::InProcess(f) => Ok(std::task::ready!(f.as_mut().poll(cx))),
         };
         let call = self.call.take();
-        Poll::Ready(head.map(|response| response.map(|inner| HeldBody::new(inner, call))))
+        Poll::Ready(head.map(|response| response.map(|inner| crate::held_body::HeldBody::new(inner, call))))
     }
 }
 
 /// A response body that holds its call open until it is read to its end or dropped.
-pub type CountedBody = HeldBody<Option<Call>>;
-
-/// A response body that holds `G` (a count of what is open) until it is read to its end
-/// or dropped.
-pub struct HeldBody<G> {
-    inner: Body,
-    _held: G,
-}
-
-impl<G> HeldBody<G> {
-    pub(crate) fn new(inner: Body, held: G) -> Self {
-        Self { inner, _held: held }
-    }
-}
-
-impl<G: Unpin> http_body::Body for HeldBody<G> {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
+pub type CountedBody = crate::held_body::HeldBody<Option<Call>>;
 
 #[cfg(test)]
 mod tests {
