@@ -106,7 +106,7 @@ proptest! {
         let mut o = weir_streamd::object::format::ObjectBuilder::new();
         o.add(StreamId(1), StreamEpoch(1), 0, 3, &[Bytes::from(batch(&[b"a", b"b", b"c"], Compression::None))]);
         o.add(StreamId(2), StreamEpoch(4), 10, 11, &[Bytes::from(batch(&[b"d"], Compression::Zstd))]);
-        vec![o.finish().0.to_vec()]
+        vec![Bytes::from(o.finish().0).to_vec()]
     })) {
         fuzz::object_format(&data);
     }

@@ -1323,7 +1323,7 @@ async fn rr_wal_5_an_upload_cut_off_by_sigkill_leaves_nothing_once_gc_has_run() 
 /// record, never the uploaded one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inv_17_an_uploaded_object_the_log_never_committed_is_never_read() {
-    use object_store::{ObjectStoreExt, PutPayload};
+    use object_store::ObjectStoreExt;
     use weir_streamd::object::format::{read_index, ObjectBuilder};
     with_timeout(async {
         let stack = secure_stack(1, Backend::FileWal, &["--upload-interval-ms", "100"]).await;
@@ -1359,10 +1359,7 @@ async fn inv_17_an_uploaded_object_the_log_never_committed_is_never_read() {
             .to_string_lossy()
             .into_owned();
         s3_store(&stack)
-            .put(
-                &object_store::path::Path::from(format!("{dir}/ghost.wdo")),
-                PutPayload::from(ghost),
-            )
+            .put(&object_store::path::Path::from(format!("{dir}/ghost.wdo")), ghost)
             .await
             .expect("put the ghost");
         let at_tail = c

@@ -177,11 +177,10 @@ impl Node {
             return;
         }
         // Built on a blocking thread: at full produce rate an object is tens of MiB to
-        // copy and checksum, which on a runtime worker would stall the appends queued
-        // behind it. A panic there is a bug, and is raised here as it would have been.
+        // checksum, which on a runtime worker would stall the appends queued behind it.
+        // A panic there is a bug, and is raised here as it would have been.
         let (object, parts) = tokio::task::spawn_blocking(move || {
-            let bytes = taken.iter().flat_map(|t| &t.4).map(Bytes::len).sum();
-            let mut builder = ObjectBuilder::with_capacity(bytes);
+            let mut builder = ObjectBuilder::new();
             let parts: Vec<Part> = taken
                 .into_iter()
                 .map(|(stream, epoch, from, end, batches, txns)| Part {
@@ -201,7 +200,7 @@ impl Node {
             self.me.epoch.0,
             rand::random::<u32>()
         ));
-        let size = object.len() as u64;
+        let size = object.content_length() as u64;
         let commit = self.put_and_commit(&key, object, &parts).await;
         let m = crate::metrics::metrics();
         if commit != Commit::Refused {
@@ -214,7 +213,7 @@ impl Node {
     }
 
     /// PUTs the object and commits it, retrying through outages.
-    pub(super) async fn put_and_commit(&self, key: &ObjectKey, object: Bytes, parts: &[Part]) -> Commit {
+    pub(super) async fn put_and_commit(&self, key: &ObjectKey, object: PutPayload, parts: &[Part]) -> Commit {
         let path = object_store::path::Path::from(key.0.as_str());
         let ranges: Vec<CommitRange> = parts
             .iter()
@@ -232,7 +231,7 @@ impl Node {
             .collect();
         let command = Command::CommitObjects {
             key: key.clone(),
-            size: object.len() as u64,
+            size: object.content_length() as u64,
             ranges,
         };
         let mut backoff = Duration::from_millis(100);
@@ -243,7 +242,7 @@ impl Node {
             }
             // (Re-)put when never put, or when a long outage may have let GC take it.
             if put_at.is_none_or(|t| t.elapsed() > self.tunables.reupload_after) {
-                match self.store.put(&path, PutPayload::from_bytes(object.clone())).await {
+                match self.store.put(&path, object.clone()).await {
                     Ok(_) => put_at = Some(Instant::now()),
                     Err(e) => {
                         tracing::warn!(object_key = %key, error = %e, "data object upload failed; retrying");

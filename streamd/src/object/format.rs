@@ -8,6 +8,7 @@
 //! Integers are big-endian. A reader refuses an unknown version with a clear error.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use object_store::{PutPayload, PutPayloadMut};
 use weir_shared::ids::{StreamEpoch, StreamId};
 
 pub const OBJECT_MAGIC: &[u8; 7] = b"WEIROBJ";
@@ -40,9 +41,20 @@ pub enum ObjectFormatError {
     Corrupt(String),
 }
 
-/// Builds an object from per-stream chunks of batches.
+/// Batches at least this large go into an object as they are, without a copy; smaller
+/// ones are copied together into blocks of [`BLOCK_BYTES`], so an object of many small
+/// batches is written in few large pieces.
+const PASS_THROUGH_BYTES: usize = 64 << 10;
+
+/// The blocks small batches are copied into: well below the allocator's huge sizes,
+/// which are mapped fresh and unmapped on free (design 0009).
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// Builds an object from per-stream chunks of batches, as the list of pieces a PUT
+/// sends: the batches themselves where they are large, so building an object does not
+/// copy the bytes it uploads (issue 62).
 pub struct ObjectBuilder {
-    body: BytesMut,
+    body: PutPayloadMut,
     chunks: Vec<Chunk>,
 }
 
@@ -54,14 +66,9 @@ impl Default for ObjectBuilder {
 
 impl ObjectBuilder {
     pub fn new() -> Self {
-        Self::with_capacity(0)
-    }
-
-    /// A builder whose body has room for `bytes` of batches without growing.
-    pub fn with_capacity(bytes: usize) -> Self {
-        let mut body = BytesMut::with_capacity(bytes + 64);
-        body.put_slice(OBJECT_MAGIC);
-        body.put_u8(OBJECT_VERSION);
+        let mut body = PutPayloadMut::new().with_block_size(BLOCK_BYTES);
+        body.extend_from_slice(OBJECT_MAGIC);
+        body.extend_from_slice(&[OBJECT_VERSION]);
         Self {
             body,
             chunks: Vec::new(),
@@ -77,12 +84,16 @@ impl ObjectBuilder {
         end: u64,
         batches: &[Bytes],
     ) -> &Chunk {
-        let pos = self.body.len() as u64;
+        let pos = self.body.content_length() as u64;
         let mut hasher = 0u32;
         let mut len = 0u64;
         for b in batches {
             hasher = crc32c::crc32c_append(hasher, b);
-            self.body.put_slice(b);
+            if b.len() >= PASS_THROUGH_BYTES {
+                self.body.push(b.clone());
+            } else {
+                self.body.extend_from_slice(b);
+            }
             len += b.len() as u64;
         }
         self.chunks.push(Chunk {
@@ -101,10 +112,10 @@ impl ObjectBuilder {
         self.chunks.is_empty()
     }
 
-    /// The finished object and its chunks.
-    pub fn finish(mut self) -> (Bytes, Vec<Chunk>) {
-        let index_pos = self.body.len() as u64;
-        let mut index = BytesMut::new();
+    /// The finished object, as the pieces to PUT, and its chunks.
+    pub fn finish(mut self) -> (PutPayload, Vec<Chunk>) {
+        let index_pos = self.body.content_length() as u64;
+        let mut index = BytesMut::with_capacity(4 + self.chunks.len() * INDEX_ENTRY + FOOTER_LEN);
         index.put_u32(self.chunks.len() as u32);
         for c in &self.chunks {
             index.put_u64(c.stream.0);
@@ -117,12 +128,12 @@ impl ObjectBuilder {
         }
         let index_crc = crc32c::crc32c(&index);
         let index_len = index.len() as u32;
-        self.body.put_slice(&index);
-        self.body.put_u64(index_pos);
-        self.body.put_u32(index_len);
-        self.body.put_u32(index_crc);
-        self.body.put_u8(OBJECT_VERSION);
-        self.body.put_slice(FOOTER_MAGIC);
+        index.put_u64(index_pos);
+        index.put_u32(index_len);
+        index.put_u32(index_crc);
+        index.put_u8(OBJECT_VERSION);
+        index.put_slice(FOOTER_MAGIC);
+        self.body.push(index.freeze());
         (self.body.freeze(), self.chunks)
     }
 }
@@ -225,6 +236,7 @@ mod tests {
         );
         b.add(StreamId(7), StreamEpoch(1), 10, 11, &[Bytes::from_static(b"z")]);
         let (obj, chunks) = b.finish();
+        let obj = Bytes::from(obj);
         assert_eq!(read_index(&obj).unwrap(), chunks);
         let c = &chunks[0];
         verify_chunk(c, &obj[c.pos as usize..(c.pos + c.len) as usize]).unwrap();
@@ -241,5 +253,38 @@ mod tests {
         let n = idx.len();
         idx[n - 30] ^= 1;
         assert!(read_index(&idx).is_err());
+    }
+
+    /// Issue 62: a large batch goes into the PUT as the same bytes, not a copy; small
+    /// ones share blocks; either way the object reads back whole.
+    #[test]
+    fn large_batches_are_not_copied_and_small_ones_are_packed() {
+        let large = Bytes::from(vec![7u8; PASS_THROUGH_BYTES]);
+        let small: Vec<Bytes> = (0..100u8).map(|i| Bytes::from(vec![i; 1000])).collect();
+        let mut b = ObjectBuilder::new();
+        b.add(StreamId(1), StreamEpoch(1), 0, 100, &small);
+        b.add(StreamId(2), StreamEpoch(1), 0, 1, std::slice::from_ref(&large));
+        let (payload, chunks) = b.finish();
+        let pieces: Vec<&Bytes> = payload.iter().collect();
+        assert!(
+            pieces
+                .iter()
+                .any(|p| p.as_ptr() == large.as_ptr() && p.len() == large.len()),
+            "the large batch is sent as it is"
+        );
+        // Header and 100 small batches in one block, the large batch, the index.
+        assert_eq!(
+            pieces.len(),
+            3,
+            "{:?}",
+            pieces.iter().map(|p| p.len()).collect::<Vec<_>>()
+        );
+        let obj = Bytes::from(payload);
+        assert_eq!(read_index(&obj).unwrap(), chunks);
+        for (c, want) in chunks.iter().zip([small.concat(), large.to_vec()]) {
+            let got = &obj[c.pos as usize..(c.pos + c.len) as usize];
+            assert_eq!(got, &want[..]);
+            verify_chunk(c, got).unwrap();
+        }
     }
 }

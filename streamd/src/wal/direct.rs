@@ -10,6 +10,7 @@
 //! byte for byte what buffered writes make of it, and a torn write leaves the same
 //! marks: sectors that were never written read back as the zeros they held.
 
+use super::record::Framed;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
@@ -19,7 +20,7 @@ pub const BLOCK: usize = 4096;
 
 /// A buffer held past one write at most this large; a larger one (a single huge
 /// record) is given back after its write.
-const KEEP_BYTES: usize = 16 << 20;
+pub const KEEP_BYTES: usize = 16 << 20;
 
 /// A zeroed heap buffer whose start is aligned to [`BLOCK`], as direct I/O needs.
 pub struct AlignedBuf {
@@ -37,15 +38,39 @@ impl AlignedBuf {
     }
 
     /// Makes the buffer `len` bytes long, for its owner to fill: what it held is not kept.
+    #[cfg(test)]
     fn set_len(&mut self, len: usize) {
-        if self.start + len > self.raw.len() {
+        self.reserve(len);
+        self.len = len;
+    }
+
+    /// Room for `len` bytes from the aligned start, reallocating (aligned) only if
+    /// there is not.
+    fn reserve(&mut self, len: usize) {
+        if self.start + len > self.raw.capacity() {
             *self = Self::zeroed(len);
         }
+    }
+
+    /// Refills the buffer, `len` bytes long: `fill` writes the first bytes, and zeros
+    /// pad the rest. The bytes are written where they go, without a copy in between; a
+    /// fill that writes more than `len` is a bug, refused before it could move the
+    /// buffer off its alignment.
+    fn refill(&mut self, len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
+        self.reserve(len);
+        let at = self.raw.as_ptr();
+        self.raw.truncate(self.start);
+        fill(&mut self.raw);
+        assert!(
+            self.raw.len() <= self.start + len && self.raw.as_ptr() == at,
+            "a direct write's buffer was filled past its length"
+        );
+        self.raw.resize(self.start + len, 0);
         self.len = len;
     }
 
     fn capacity(&self) -> usize {
-        self.raw.len() - self.start
+        self.raw.capacity() - self.start
     }
 }
 
@@ -80,16 +105,17 @@ impl DirectAppender {
     }
 
     /// Writes `group` at byte `len` of `file` (the segment's data ends there): the
-    /// last block's bytes, then `group`, padded with zeros to a whole block.
-    pub fn write_at(&mut self, file: &File, len: u64, group: &[u8]) -> std::io::Result<()> {
+    /// last block's bytes, then `group` framed straight into the aligned buffer,
+    /// padded with zeros to a whole block.
+    pub fn write_at(&mut self, file: &File, len: u64, group: &(impl Framed + ?Sized)) -> std::io::Result<()> {
         let carried = self.tail.len();
         debug_assert_eq!(len % BLOCK as u64, carried as u64);
-        let data = carried + group.len();
-        self.buf.set_len(data.div_ceil(BLOCK) * BLOCK);
-        let out = self.buf.as_mut();
-        out[..carried].copy_from_slice(&self.tail);
-        out[carried..data].copy_from_slice(group);
-        out[data..].fill(0);
+        let data = carried + group.framed_len();
+        let tail = &self.tail;
+        self.buf.refill(data.div_ceil(BLOCK) * BLOCK, |out| {
+            out.extend_from_slice(tail);
+            group.frame_into(out);
+        });
         file.write_all_at(self.buf.as_ref(), len - carried as u64)?;
         // The bytes of the block this write ended in start the next one.
         let ends_in = data - data % BLOCK;
@@ -139,5 +165,26 @@ mod tests {
         buf.set_len(3 * BLOCK + 1);
         assert_eq!(buf.as_ref().as_ptr() as usize % BLOCK, 0);
         assert_eq!(buf.as_ref().len(), 3 * BLOCK + 1);
+    }
+
+    /// Issue 62: a refill writes in place, pads with zeros, and keeps the buffer (and
+    /// its alignment) while it fits; a fill past its length is refused.
+    #[test]
+    fn a_refill_reuses_the_aligned_buffer_and_pads_with_zeros() {
+        let mut buf = AlignedBuf::zeroed(4 * BLOCK);
+        let at = buf.as_ref().as_ptr();
+        buf.refill(2 * BLOCK, |out| out.extend_from_slice(&[9u8; 5000]));
+        assert_eq!(buf.as_ref().as_ptr(), at, "no new buffer");
+        assert_eq!(&buf.as_ref()[..5000], &[9u8; 5000][..]);
+        assert!(buf.as_ref()[5000..].iter().all(|b| *b == 0));
+        assert_eq!(buf.as_ref().len(), 2 * BLOCK);
+        buf.refill(BLOCK, |out| out.push(1));
+        assert_eq!(buf.as_ref()[..2], [1, 0], "what an earlier fill left is zeroed");
+        buf.refill(8 * BLOCK, |out| out.extend_from_slice(&[3u8; 8 * BLOCK]));
+        assert_eq!(buf.as_ref().as_ptr() as usize % BLOCK, 0);
+        let over = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            buf.refill(BLOCK, |out| out.extend_from_slice(&[1u8; BLOCK + 1]))
+        }));
+        assert!(over.is_err(), "a fill past its length is refused");
     }
 }

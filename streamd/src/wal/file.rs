@@ -16,7 +16,7 @@
 
 use super::direct::{self, AlignedBuf, DirectAppender, BLOCK};
 use super::record::{
-    classify_tail, decode_past_damage, decode_segment, segment_header, SegmentEnd, Tail, SEGMENT_HEADER_LEN,
+    classify_tail, decode_past_damage, decode_segment, segment_header, Framed, SegmentEnd, Tail, SEGMENT_HEADER_LEN,
 };
 use super::{Replay, SegmentId, WalDamage, WalError};
 use std::fs::{self, File, OpenOptions};
@@ -173,6 +173,8 @@ struct Inner {
     direct: bool,
     /// The next segment being zero-filled in the background, if started.
     preparing: Option<JoinHandle<std::io::Result<Prepared>>>,
+    /// Where a buffered write frames its group, kept from one write to the next.
+    framed: Vec<u8>,
 }
 
 /// The writer side of a file WAL. Its calls block on the disk: the WAL writer runs it on
@@ -215,6 +217,7 @@ impl FileSink {
             segment_bytes,
             direct,
             preparing: None,
+            framed: Vec::new(),
         };
         // The first segment is ready by the first append, most likely.
         inner.start_preparing();
@@ -226,7 +229,7 @@ impl FileSink {
     }
 
     /// Writes and syncs `group` (whole encoded records); the segment holding it, and its length.
-    pub fn persist(&mut self, group: &[u8]) -> Result<(SegmentId, u64), WalError> {
+    pub fn persist(&mut self, group: &(impl Framed + ?Sized)) -> Result<(SegmentId, u64), WalError> {
         self.inner.persist(group)
     }
 
@@ -254,7 +257,7 @@ impl Inner {
         fs::metadata(&self.dir).is_ok_and(|m| (m.dev(), m.ino()) == self.identity)
     }
 
-    fn persist(&mut self, group: &[u8]) -> Result<(SegmentId, u64), WalError> {
+    fn persist(&mut self, group: &(impl Framed + ?Sized)) -> Result<(SegmentId, u64), WalError> {
         if self.active.as_ref().is_none_or(|a| a.len >= self.segment_bytes) {
             self.roll()?;
         }
@@ -264,12 +267,21 @@ impl Inner {
         // a replay reads as a torn tail.
         match &mut active.direct {
             Some(direct) => direct.write_at(&active.file, active.len, group),
-            None => active.file.write_all_at(group, active.len),
+            None => {
+                self.framed.clear();
+                group.frame_into(&mut self.framed);
+                let written = active.file.write_all_at(&self.framed, active.len);
+                if self.framed.capacity() > direct::KEEP_BYTES {
+                    self.framed = Vec::new();
+                }
+                written
+            }
         }
         .map_err(write_failed)?;
         active.file.sync_data().map_err(io)?;
-        active.len += group.len() as u64;
-        let (at, filled) = ((active.id, group.len() as u64), active.len);
+        let len = group.framed_len() as u64;
+        active.len += len;
+        let (at, filled) = ((active.id, len), active.len);
         // The next segment is prepared once this one is half full: ready in time, and a
         // node that writes little keeps one preallocated segment, not two.
         if self.preparing.is_none() && filled >= self.segment_bytes / 2 {
@@ -561,7 +573,7 @@ mod tests {
         let node = NodeId::new("n");
         let mut sink = FileSink::create(root.path(), &node, Epoch(1), 1 << 20).expect("create");
         for i in 0..3 {
-            sink.persist(&record(i, 100).encode()).expect("persist");
+            sink.persist(&record(i, 100).encode()[..]).expect("persist");
         }
         let dir = incarnation_dir(root.path(), &node, Epoch(1));
         let files = segments(&dir);
@@ -582,7 +594,7 @@ mod tests {
         let mut sink = FileSink::create(root.path(), &node, Epoch(1), 64 << 10).expect("create");
         // Past half the segment, so the next one is being prepared.
         for i in 0..300 {
-            sink.persist(&record(i, 100).encode()).expect("persist");
+            sink.persist(&record(i, 100).encode()[..]).expect("persist");
         }
         assert!(sink.inner.preparing.is_some());
         sink.close();
@@ -617,8 +629,8 @@ mod tests {
                 // Some groups hold two records.
                 group.extend_from_slice(&record(1000 + i as u64, 10).encode());
             }
-            let at = direct.persist(&group).expect("direct persist");
-            assert_eq!(at, buffered.persist(&group).expect("buffered persist"));
+            let at = direct.persist(&group[..]).expect("direct persist");
+            assert_eq!(at, buffered.persist(&group[..]).expect("buffered persist"));
             let active = direct.inner.active.as_ref().expect("active");
             assert!(
                 direct::is_direct(&active.file),
@@ -655,7 +667,7 @@ mod tests {
         let node = NodeId::new("n");
         let mut sink = FileSink::create(root.path(), &node, Epoch(1), 4096).expect("create");
         for i in 0..20 {
-            sink.persist(&record(i, 1000).encode()).expect("persist");
+            sink.persist(&record(i, 1000).encode()[..]).expect("persist");
         }
         let dir = incarnation_dir(root.path(), &node, Epoch(1));
         let files = segments(&dir);

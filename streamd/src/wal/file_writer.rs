@@ -61,7 +61,7 @@ fn persist_until_space(
     loop {
         let result = match log.failure() {
             Some(e) => Err(e.clone()),
-            None => file.persist(&group.data),
+            None => file.persist(group),
         };
         let Err(WalError::NoSpace(why)) = result else {
             log.space_returned();

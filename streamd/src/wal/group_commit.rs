@@ -3,10 +3,10 @@
 //! holds, whether the log failed), which answers appends and finds segments to reclaim.
 //! Both backends' writers (`file_writer`, `object_writer`) share it.
 
-use super::record::WalRecord;
+use super::record::{Framed, WalRecord};
 use super::stall::Stall;
 use super::{SegmentId, WalError};
-use bytes::BytesMut;
+use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +17,7 @@ use weir_shared::ids::StreamId;
 const MAX_GROUP_BYTES: usize = 8 * 1024 * 1024;
 
 pub(super) enum Request {
-    /// Framed by the writer into its group, so the batches are copied once.
+    /// Framed by the writer into the buffer it writes from, so the batches are copied once.
     Append {
         record: WalRecord,
         done: Answer,
@@ -65,7 +65,11 @@ pub(super) struct Log {
 /// Appends gathered for one write.
 #[derive(Default)]
 pub(super) struct Group {
-    pub(super) data: BytesMut,
+    /// Kept as they came until the write frames them: framing into a buffer of its
+    /// own would copy every byte once more, and grow that buffer a doubling at a time.
+    records: Vec<WalRecord>,
+    /// Bytes the records take framed.
+    bytes: usize,
     pub(super) waiters: Vec<(Answer, Option<OnDurable>)>,
     ends: Vec<(StreamId, u64)>,
     /// Committed ends were reported.
@@ -93,9 +97,10 @@ impl Group {
                 done,
                 on_durable,
             } => {
-                record.encode_into(&mut self.data);
-                self.waiters.push((done, on_durable));
+                self.bytes += record.encoded_len();
                 self.ends.push((record.stream, record.end_offset()));
+                self.records.push(record);
+                self.waiters.push((done, on_durable));
             }
             Request::Reclaim => self.reclaim = true,
             Request::Wake => {}
@@ -103,7 +108,28 @@ impl Group {
     }
 
     pub(super) fn is_full(&self) -> bool {
-        self.data.len() >= MAX_GROUP_BYTES
+        self.bytes >= MAX_GROUP_BYTES
+    }
+
+    /// The records framed into one buffer of exactly their size, let go of here (an
+    /// object WAL's group waits for its PUT holding these bytes only).
+    pub(super) fn take_framed(&mut self) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.bytes);
+        self.frame_into(&mut out);
+        self.records = Vec::new();
+        out.freeze()
+    }
+}
+
+impl Framed for Group {
+    fn framed_len(&self) -> usize {
+        self.bytes
+    }
+
+    fn frame_into(&self, out: &mut impl BufMut) {
+        for record in &self.records {
+            record.encode_into(out);
+        }
     }
 }
 
@@ -297,5 +323,40 @@ mod tests {
         }
         log.forget_reclaimed();
         assert!(log.committed.is_empty(), "no live segment holds streams 1 and 2");
+    }
+
+    /// Issue 62: a group keeps its records until the write frames them; framed, they
+    /// are byte for byte each record framed alone, one after another, in a buffer of
+    /// exactly the group's length.
+    #[test]
+    fn a_group_frames_its_records_as_each_frames_alone() {
+        use weir_shared::ids::StreamEpoch;
+        let records: Vec<WalRecord> = (0..5u64)
+            .map(|i| WalRecord {
+                stream: StreamId(i % 2),
+                stream_epoch: StreamEpoch(1),
+                base_offset: i * 10,
+                offset_count: 10,
+                batches: bytes::Bytes::from(vec![i as u8; 1000 * i as usize + 1]),
+            })
+            .collect();
+        let mut group = Group::default();
+        for record in &records {
+            let (done, _answer) = oneshot::channel();
+            group.take(Request::Append {
+                record: record.clone(),
+                done,
+                on_durable: None,
+            });
+        }
+        let alone: Vec<u8> = records.iter().flat_map(|r| r.encode()).collect();
+        assert_eq!(group.framed_len(), alone.len());
+        let mut framed = Vec::new();
+        group.frame_into(&mut framed);
+        assert_eq!(framed, alone);
+        let taken = group.take_framed();
+        assert_eq!(&taken[..], &alone[..]);
+        assert!(group.records.is_empty(), "the records are let go once framed");
+        assert_eq!(group.waiters.len(), 5, "the waiters stay to be answered");
     }
 }

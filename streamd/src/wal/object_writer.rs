@@ -16,6 +16,7 @@
 
 use super::group_commit::{Group, Log, Request};
 use super::object::ObjectSink;
+use super::record::Framed;
 use super::{SegmentId, WalError};
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
@@ -66,7 +67,7 @@ pub(super) async fn run(sink: ObjectSink, mut rx: mpsc::Receiver<Request>, log: 
         if !open && w.inflight.is_empty() && w.pending.waiters.is_empty() && w.deleting.is_none() {
             return;
         }
-        let room = w.pending.data.len() < tuning.max_bytes;
+        let room = w.pending.framed_len() < tuning.max_bytes;
         let linger_at = w
             .pending_since
             .filter(|_| w.inflight.len() < tuning.max_inflight)
@@ -76,7 +77,7 @@ pub(super) async fn run(sink: ObjectSink, mut rx: mpsc::Receiver<Request>, log: 
                 Some(req) => {
                     w.take(req);
                     // And whatever else is already waiting, up to an object's bytes.
-                    while w.pending.data.len() < tuning.max_bytes {
+                    while w.pending.framed_len() < tuning.max_bytes {
                         match rx.try_recv() {
                             Ok(req) => w.take(req),
                             Err(_) => break,
@@ -120,7 +121,7 @@ impl Writer {
         }
         while !self.pending.waiters.is_empty() && self.inflight.len() < tuning.max_inflight {
             let lingered = self.pending_since.is_some_and(|t| t.elapsed() >= tuning.linger);
-            let full = self.pending.data.len() >= tuning.max_bytes;
+            let full = self.pending.framed_len() >= tuning.max_bytes;
             if !(self.inflight.is_empty() || full || lingered || !open) {
                 return;
             }
@@ -140,7 +141,7 @@ impl Writer {
     /// Puts `group` at the next key, carrying the current floor.
     fn send(&mut self, mut group: Group) {
         let (seq, floor) = (self.sink.next_key(), self.floor);
-        let put = self.sink.put(seq, floor, group.data.split().freeze(), self.log.stall());
+        let put = self.sink.put(seq, floor, group.take_framed(), self.log.stall());
         let inflight = &crate::metrics::metrics().wal_puts_inflight;
         inflight.inc();
         self.inflight.push_back(

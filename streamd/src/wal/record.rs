@@ -54,21 +54,41 @@ impl WalRecord {
     }
 
     /// Appends the framed record to `out`: the group commit frames each record straight
-    /// into its write, so the batches are copied once on their way to the disk.
-    pub fn encode_into(&self, out: &mut BytesMut) {
+    /// into the buffer it writes from, so the batches are copied once on their way to
+    /// the disk. The checksum is taken over the header and the batches as they are, so
+    /// `out` is only written, never read back.
+    pub fn encode_into(&self, out: &mut impl BufMut) {
         let body_len = BODY_FIXED + self.batches.len();
-        let start = out.len();
-        out.reserve(RECORD_PREFIX + body_len);
-        out.put_u32(body_len as u32);
-        out.put_u32(0);
-        out.put_u8(KIND_BATCHES);
-        out.put_u64(self.stream.0);
-        out.put_u64(self.stream_epoch.0);
-        out.put_u64(self.base_offset);
-        out.put_u32(self.offset_count);
+        let mut head = [0u8; RECORD_PREFIX + BODY_FIXED];
+        let mut fixed = &mut head[RECORD_PREFIX..];
+        fixed.put_u8(KIND_BATCHES);
+        fixed.put_u64(self.stream.0);
+        fixed.put_u64(self.stream_epoch.0);
+        fixed.put_u64(self.base_offset);
+        fixed.put_u32(self.offset_count);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&head[RECORD_PREFIX..]), &self.batches);
+        head[..4].copy_from_slice(&(body_len as u32).to_be_bytes());
+        head[4..8].copy_from_slice(&crc.to_be_bytes());
+        out.put_slice(&head);
         out.put_slice(&self.batches);
-        let crc = crc32c::crc32c(&out[start + RECORD_PREFIX..]);
-        out[start + 4..start + 8].copy_from_slice(&crc.to_be_bytes());
+    }
+}
+
+/// Framed records on their way to a write: how many bytes they take, and a way to
+/// frame them into the buffer the write goes from.
+pub trait Framed {
+    fn framed_len(&self) -> usize;
+    fn frame_into(&self, out: &mut impl BufMut);
+}
+
+/// Records framed already (tests, tools).
+impl Framed for [u8] {
+    fn framed_len(&self) -> usize {
+        self.len()
+    }
+
+    fn frame_into(&self, out: &mut impl BufMut) {
+        out.put_slice(self);
     }
 }
 

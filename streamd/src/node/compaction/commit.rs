@@ -71,7 +71,6 @@ impl Node {
                             epoch: window.handle.epoch,
                             start: piece.start,
                             end: piece.end,
-                            bytes: piece.bytes,
                             batches: piece.batches.clone(),
                             txns: piece.txns.clone(),
                         }
@@ -100,7 +99,7 @@ impl Node {
             .iter()
             .map(|(key, object)| NewObject {
                 key: key.clone(),
-                size: object.len() as u64,
+                size: object.content_length() as u64,
             })
             .collect();
         weir_shared::failpoint::pause("compaction_write").await;
@@ -114,7 +113,7 @@ impl Node {
             .map(|(key, object)| async move {
                 let path = object_store::path::Path::from(key.0.as_str());
                 self.store
-                    .put_opts(&path, PutPayload::from_bytes(object), paced(&self.compaction_pace))
+                    .put_opts(&path, object, paced(&self.compaction_pace))
                     .await
                     .map_err(|e| StreamdError::Unavailable(format!("writing compacted object {key}: {e}")))
             })
@@ -241,15 +240,14 @@ struct Member {
     epoch: weir_shared::ids::StreamEpoch,
     start: u64,
     end: u64,
-    bytes: u64,
     batches: Vec<Bytes>,
     txns: weir_meta::model::RangeTxns,
 }
 
 /// Builds one compacted object from its members: the object, and each member's new
 /// range by (window, piece).
-fn build(key: ObjectKey, members: Vec<Member>) -> (ObjectKey, Bytes, Vec<(usize, usize, ObjectRange)>) {
-    let mut builder = ObjectBuilder::with_capacity(members.iter().map(|m| m.bytes as usize).sum());
+fn build(key: ObjectKey, members: Vec<Member>) -> (ObjectKey, PutPayload, Vec<(usize, usize, ObjectRange)>) {
+    let mut builder = ObjectBuilder::new();
     let mut ranges = Vec::with_capacity(members.len());
     for m in members {
         let chunk = builder.add(m.stream, m.epoch, m.start, m.end, &m.batches).clone();
