@@ -348,13 +348,8 @@ impl Node {
             if commit == Commit::Committed {
                 // Write-through, so tail readers just past the buffer stay off object
                 // storage. Cached before the buffer lets go of the batches, so a read finds
-                // them in one or the other; copied before the stream's lock is taken, so
-                // appends do not wait on the copy.
-                let mut joined = Vec::with_capacity(part.chunk.len as usize);
-                for b in &part.batches {
-                    joined.extend_from_slice(b);
-                }
-                self.cache.insert(&key.0, part.chunk.pos, Bytes::from(joined));
+                // them in one or the other; the same batches, not a copy (issue 62).
+                self.cache.insert_batches(&key.0, part.chunk.pos, part.batches.clone());
             }
             let mut inner = handle.inner.lock().await;
             if committed {
